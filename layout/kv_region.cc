@@ -1,0 +1,1 @@
+#include "layout/kv_region.h"

@@ -1,0 +1,115 @@
+// KvRegion: one registered KV cache described by vLLM's standardized layout model.
+//
+// A region is a logical tensor over axes L (layer), B (block), H (local KV head), N (token slot
+// in a block), C (content bytes of one head-token) and optionally S (K/V, size 2), stored in any
+// order with a byte stride per axis. C is always contiguous (stride 1). For attention caches C
+// packs K then V; with an S axis, C is K (or V) alone. See ../DESIGN.md, "The layout model".
+//
+// A KvRegion is an immutable value: cheap to copy, safe to share between threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "layout/status.h"
+
+namespace kv {
+
+enum class Axis : int { kL = 0, kB, kH, kN, kS, kC };
+inline constexpr int kNumAxes = 6;
+char AxisName(Axis a);  // 'L', 'B', ...
+
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
+// Where a region's bytes live. device is the CUDA ordinal for kCuda, -1 for host.
+struct MemoryLocation {
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;
+  static MemoryLocation Host() { return {}; }
+  static MemoryLocation Cuda(int ordinal) { return {MemoryKind::kCuda, ordinal}; }
+  bool operator==(const MemoryLocation&) const = default;
+};
+
+// What a user writes (and what the wire carries): sizes, an order and optional strides.
+struct LayoutSpec {
+  // Physical order, outermost first: a permutation of "LBHNC", optionally with 'S' anywhere
+  // before 'C'. An order without 'L' ("SBNHC", "BSNHC": vLLM's per-layer legacy tensors) gets
+  // L prepended as the outermost axis.
+  std::string order = "LBNHC";
+  int64_t layers = 0;
+  int64_t blocks = 0;
+  int64_t heads = 0;          // local KV heads on this rank
+  int64_t block_size = 0;     // tokens per block (N)
+  int64_t content_bytes = 0;  // C: bytes of one head-token (K+V packed, or K alone with S)
+  // Byte strides indexed by Axis; 0 means "dense default from the order". C's stride is 1.
+  // Padding is allowed: a stride may exceed the dense size of everything inside it.
+  std::array<int64_t, kNumAxes> strides{};
+  // Tensor parallelism: see KvRegion::global_head().
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t total_heads = 0;  // 0 means heads * tp_size (heads when replicated)
+  bool replicated = false;  // MLA-style: every rank holds every head
+};
+
+class KvRegion {
+ public:
+  // Validates the spec: sizes positive, order a permutation, strides that neither overlap one
+  // another nor let elements collide, TP rank/size/heads consistent. `span_bytes` of the
+  // created region is the smallest byte count that holds every element.
+  static Result<KvRegion> Create(const LayoutSpec& spec,
+                                 MemoryLocation where = MemoryLocation::Host());
+
+  const LayoutSpec& spec() const { return spec_; }
+  MemoryLocation location() const { return where_; }
+  // The order with L always present ("LSBNHC" for a spec of "SBNHC").
+  const std::string& order() const { return order_; }
+
+  bool has_kv_axis() const { return spec_.order.find('S') != std::string::npos; }
+  int64_t size(Axis a) const { return sizes_[static_cast<int>(a)]; }      // S is 1 when absent
+  int64_t stride(Axis a) const { return strides_[static_cast<int>(a)]; }  // bytes
+  uint64_t span_bytes() const { return span_bytes_; }
+
+  // Logical content of one (layer, block, head, token): C, or 2·C with S (K first, then V).
+  int64_t logical_content_bytes() const;
+
+  // Byte offset from the region's base of content byte 0 of element (l, b, h, n, s).
+  uint64_t offset(int64_t l, int64_t b, int64_t h, int64_t n, int64_t s = 0) const;
+
+  // ---- Page view ----------------------------------------------------------------------------
+  // Blocks-first (B outermost): a page is one block of every layer, and the region is viewed as
+  // (num_blocks, page_bytes) with row stride stride(B). Otherwise a page is one block of one
+  // layer at page_offset(l, b). page_is_contiguous() says whether a page's bytes are one range
+  // (false for orders like LHBNC, where heads sit outside blocks).
+  bool blocks_first() const;
+  bool page_is_contiguous() const;
+  uint64_t page_bytes() const;                          // dense bytes of one page
+  uint64_t page_offset(int64_t layer, int64_t block) const;  // layer ignored when blocks-first
+
+  // ---- Virtual K/V split ----------------------------------------------------------------------
+  // Where K and V of (layer, block, head, token) lie: the halves of C, or S = 0 and S = 1.
+  struct KvLocation {
+    uint64_t k_offset;
+    uint64_t v_offset;
+    uint64_t bytes;  // bytes of K (== bytes of V)
+  };
+  KvLocation kv(int64_t l, int64_t b, int64_t h, int64_t n) const;
+
+  // ---- Tensor parallelism ---------------------------------------------------------------------
+  // Global KV head held by local head h, as vLLM assigns them: rank r holds [r·H, (r+1)·H) when
+  // total_heads ≥ tp_size; the one replicated head floor(r·total_heads/tp_size) when
+  // total_heads < tp_size; every head (global == local) when replicated.
+  int64_t global_head(int64_t local_head) const;
+  // Local head holding global head g, or -1 when this rank does not hold it.
+  int64_t local_head(int64_t global_head) const;
+
+ private:
+  LayoutSpec spec_;
+  MemoryLocation where_;
+  std::string order_;
+  std::array<int64_t, kNumAxes> sizes_{};
+  std::array<int64_t, kNumAxes> strides_{};
+  uint64_t span_bytes_ = 0;
+};
+
+}  // namespace kv

@@ -1,0 +1,1 @@
+#include "layout/plan.h"

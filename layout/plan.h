@@ -1,0 +1,52 @@
+// The transfer planner: turns a request stated in logical coordinates into byte runs.
+//
+// For every layer in [layer_begin, layer_end), every token t < tokens (at
+// (src_blocks[t / Ns], t % Ns) in the source and (dst_blocks[t / Nd], t % Nd) in the
+// destination), every global head held by both regions and every logical content byte, the
+// destination byte takes the source byte. Runs are merged wherever one continues another
+// contiguously on both sides, so the run count is the minimum. See ../DESIGN.md.
+//
+// Pure functions; thread-safe. Cost after validation is O(runs).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "layout/kv_region.h"
+#include "layout/status.h"
+
+namespace kv {
+
+// One contiguous copy: `length` bytes from src_offset (from the source region's base) to
+// dst_offset (from the destination region's base).
+struct Run {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t length = 0;
+  bool operator==(const Run&) const = default;
+};
+
+struct TransferSpec {
+  std::span<const int64_t> src_blocks;
+  std::span<const int64_t> dst_blocks;
+  int64_t tokens = 0;
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;  // -1: every layer
+};
+
+struct Plan {
+  std::vector<Run> runs;
+  uint64_t bytes = 0;  // sum of run lengths
+};
+
+// Errors: kOutOfRange (block id outside the region), kInvalidArgument (too few blocks for
+// `tokens`, bad layer range, negative tokens), kIncompatible (different layer counts, different
+// logical content sizes, no head in common).
+Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec);
+
+// Checks that every run lies inside [0, src_bytes) on the source and [0, dst_bytes) on the
+// destination; used where runs arrive from elsewhere (a peer, a file) before they touch memory.
+Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes);
+
+}  // namespace kv

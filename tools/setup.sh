@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs kvd's build dependencies from Debian packages. Idempotent; silent when all is present.
+# CUDA (with NCCL) is optional and expected at /usr/local/cuda; it is never installed here.
+set -euo pipefail
+
+pkgs=(cmake ninja-build g++ pkg-config libucx-dev ucx-utils libboost-dev libprotobuf-dev
+      protobuf-compiler libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+[[ $(id -u) -ne 0 ]] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,116 @@
+// Transport: moves the bytes of plan runs between registered memory of two processes.
+//
+// Verbs, after NCCL/UCX practice: register memory once (large slabs), connect to a peer by its
+// address blob, post batches of runs as one-sided writes (put) or reads (get), send small
+// notifications that arrive only after the data of every batch posted before them to that peer,
+// close. Each backend lives in its own folder and is chosen at run time by CreateTransport().
+//
+// Threading: every method is thread-safe. Completions and notification handlers run on the
+// transport's own progress thread; they must not block and must not call back into post()
+// synchronously with a lock the caller holds.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "layout/kv_region.h"
+#include "layout/plan.h"
+#include "layout/status.h"
+
+namespace kv::transport {
+
+using Clock = std::chrono::steady_clock;
+using PeerId = uint64_t;
+
+// A registered range of local memory. Destroying it deregisters; the owner keeps it alive for as
+// long as any batch that names it is in flight.
+class MemoryRegistration {
+ public:
+  virtual ~MemoryRegistration() = default;
+  virtual void* base() const = 0;
+  virtual uint64_t length() const = 0;
+  virtual MemoryLocation location() const = 0;
+  // Opaque descriptor a peer passes to Transport::import_remote(); it grants access to exactly
+  // [base, base + length) and nothing else.
+  virtual std::string packed_descriptor() const = 0;
+};
+
+// A peer's registered range, unpacked for one connected peer. Runs against it are checked to
+// lie inside [0, length) before anything is posted.
+class RemoteMemory {
+ public:
+  virtual ~RemoteMemory() = default;
+  virtual PeerId peer() const = 0;
+  virtual uint64_t length() const = 0;
+};
+
+enum class Op : uint8_t {
+  kPut,  // run.src_offset is local, run.dst_offset is remote
+  kGet,  // run.src_offset is remote, run.dst_offset is local
+};
+
+struct Batch {
+  Op op = Op::kPut;
+  const MemoryRegistration* local = nullptr;
+  const RemoteMemory* remote = nullptr;
+  std::span<const Run> runs;  // copied by post(); need not outlive the call
+  Clock::time_point deadline;
+};
+
+// Called exactly once per accepted batch: OK when every byte landed, else the first error
+// (kTimeout past the deadline, kUnavailable when the peer failed).
+using Completion = std::function<void(Status)>;
+// Called for each notification received, in the order the sender sent them.
+using NotificationHandler = std::function<void(std::string_view message)>;
+
+struct TransportOptions {
+  // Backend-specific tuning, e.g. {"UCX_TLS", "tcp"}; empty means the backend's defaults.
+  std::vector<std::pair<std::string, std::string>> settings;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const = 0;
+  // The blob a peer passes to connect(); opaque, stable for this transport's lifetime.
+  virtual std::string address() const = 0;
+  // Whether register_memory() accepts memory of this kind directly.
+  virtual bool supports(MemoryKind kind) const = 0;
+
+  // kUnsupported for memory this backend cannot reach (e.g. CUDA memory without CUDA-aware UCX).
+  virtual Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
+                                                                      MemoryLocation where) = 0;
+
+  virtual Result<PeerId> connect(std::string_view peer_address) = 0;
+  // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound.
+  virtual void disconnect(PeerId peer) = 0;
+
+  virtual Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
+                                                              std::string_view packed) = 0;
+
+  // Validates every run against both registrations first: a run outside either range rejects
+  // the whole batch (kOutOfRange) with nothing posted, and `done` is not called. Otherwise the
+  // batch is accepted and `done` runs exactly once.
+  virtual Status post(const Batch& batch, Completion done) = 0;
+
+  // Delivered to the peer's handler only after the data of every batch this side posted to that
+  // peer before the call has landed there.
+  virtual Status notify(PeerId peer, std::string message) = 0;
+  virtual void set_notification_handler(NotificationHandler handler) = 0;
+};
+
+// Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests), and,
+// where built, "nccl" and "cuda_ipc". kUnsupported when this build lacks the backend.
+Result<std::unique_ptr<Transport>> CreateTransport(std::string_view backend,
+                                                   const TransportOptions& options = {});
+// The backends this build has, in order of preference for "auto".
+std::vector<std::string> AvailableTransports();
+
+}  // namespace kv::transport

@@ -50,6 +50,9 @@ struct LayoutSpec {
   int tp_size = 1;
   int64_t total_heads = 0;  // 0 means heads * tp_size (heads when replicated)
   bool replicated = false;  // MLA-style: every rank holds every head
+  // Bytes registered for the region; 0 means exactly the span of the strides. Create fails when
+  // the strides reach past it.
+  int64_t region_bytes = 0;
 };
 
 class KvRegion {
@@ -57,6 +60,12 @@ class KvRegion {
   // Validates the spec: sizes positive, order a permutation, strides that neither overlap one
   // another nor let elements collide, TP rank/size/heads consistent. `span_bytes` of the
   // created region is the smallest byte count that holds every element.
+  //
+  // Strides nest in the order's sense: each axis's stride is at least the bytes spanned by the
+  // axis just inside it (size × stride), so distinct elements never share a byte and offsets
+  // grow with the order's lexicographic order. The stored spec() is normalised: every stride
+  // filled in (S's is 0 without an S axis), total_heads resolved. Spans are capped at 2^62
+  // bytes so that offset arithmetic can never wrap. Errors: kInvalidArgument naming the field.
   static Result<KvRegion> Create(const LayoutSpec& spec,
                                  MemoryLocation where = MemoryLocation::Host());
 
@@ -83,7 +92,7 @@ class KvRegion {
   // (false for orders like LHBNC, where heads sit outside blocks).
   bool blocks_first() const;
   bool page_is_contiguous() const;
-  uint64_t page_bytes() const;                          // dense bytes of one page
+  uint64_t page_bytes() const;                               // dense bytes of one page
   uint64_t page_offset(int64_t layer, int64_t block) const;  // layer ignored when blocks-first
 
   // ---- Virtual K/V split ----------------------------------------------------------------------
@@ -93,6 +102,8 @@ class KvRegion {
     uint64_t v_offset;
     uint64_t bytes;  // bytes of K (== bytes of V)
   };
+  // With packed C, K is the first C/2 bytes and V the next C/2: meaningful for attention caches
+  // only (an opaque Mamba page has no K/V; callers do not ask).
   KvLocation kv(int64_t l, int64_t b, int64_t h, int64_t n) const;
 
   // ---- Tensor parallelism ---------------------------------------------------------------------
@@ -102,6 +113,10 @@ class KvRegion {
   int64_t global_head(int64_t local_head) const;
   // Local head holding global head g, or -1 when this rank does not hold it.
   int64_t local_head(int64_t global_head) const;
+  // Global heads held by this rank: [first_global_head(), first_global_head() + size(kH)), one
+  // contiguous range in every case above.
+  int64_t first_global_head() const { return global_head(0); }
+  int64_t total_heads() const { return spec_.total_heads; }
 
  private:
   LayoutSpec spec_;

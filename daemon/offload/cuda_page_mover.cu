@@ -1,0 +1,188 @@
+// The GPU side of the pool's copies. Kept free of spdlog/fmt: nvcc cannot compile them.
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "daemon/offload/page_mover.h"
+#include "kernels/plan_copy.h"
+
+namespace kv::offload {
+namespace {
+
+Status CudaError(const char* what, cudaError_t err) {
+  cudaGetLastError();
+  return Status::Unavailable(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+#define KV_CUDA_RETURN(what, call)                               \
+  do {                                                           \
+    cudaError_t kv_err_ = (call);                                \
+    if (kv_err_ != cudaSuccess) return CudaError(what, kv_err_); \
+  } while (0)
+
+// One submitted job, shared by the completion entries of its phases.
+struct JobState {
+  std::function<void(size_t)> on_phase;
+  std::function<void(Status)> done;
+  bool finished = false;  // touched only by the completion thread
+};
+
+// The completion thread's unit of work: wait for `event`, then report `phase` of `job`; the
+// entry that carries `last` (or an error) also finishes the job.
+struct Pending {
+  std::shared_ptr<JobState> job;
+  cudaEvent_t event = nullptr;
+  size_t phase = 0;
+  bool last = false;
+  Status error;
+};
+
+class CudaPageMover final : public PageMover {
+ public:
+  static Result<std::unique_ptr<PageMover>> Create(int device) {
+    KV_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device));
+    cudaStream_t stream;
+    KV_CUDA_RETURN("cudaStreamCreate", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto copier = kernels::PlanCopier::Create();
+    if (!copier.ok()) {
+      cudaStreamDestroy(stream);
+      return copier.status();
+    }
+    return std::unique_ptr<PageMover>(new CudaPageMover(device, stream, std::move(copier).value()));
+  }
+
+  ~CudaPageMover() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    completer_.join();
+    copier_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  Status Submit(CopyJob job) override {
+    std::lock_guard submit_lock(submit_mu_);  // PlanCopier is single-threaded
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return Status::Aborted("cuda page mover is shutting down");
+    }
+    KV_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+    cudaPointerAttributes attrs{};
+    KV_CUDA_RETURN("cudaPointerGetAttributes", cudaPointerGetAttributes(&attrs, job.src_base));
+    const auto direction = attrs.type == cudaMemoryTypeDevice
+                               ? kernels::CopyDirection::kDeviceToHost
+                               : kernels::CopyDirection::kHostToDevice;
+    if (job.ready_event != nullptr) {
+      KV_CUDA_RETURN("cudaStreamWaitEvent",
+                     cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready_event), 0));
+    }
+    auto state = std::make_shared<JobState>();
+    state->on_phase = std::move(job.on_phase);
+    state->done = std::move(job.done);
+    // From here on the job is accepted: a failure finishes it through the completion thread,
+    // after the phases already on the stream have landed.
+    std::deque<Pending> entries;
+    for (size_t p = 0; p < job.phases.size(); ++p) {
+      Pending entry{state, nullptr, p, p + 1 == job.phases.size(), Status::Ok()};
+      entry.error = Enqueue(job.src_base, job.dst_base, job.phases[p], direction);
+      if (entry.error.ok()) entry.error = RecordEvent(&entry.event);
+      bool failed = !entry.error.ok();
+      if (failed) entry.last = true;
+      entries.push_back(std::move(entry));
+      if (failed) break;
+    }
+    if (entries.empty()) entries.push_back({state, nullptr, 0, true, Status::Ok()});
+    {
+      std::lock_guard lock(mu_);
+      for (auto& e : entries) pending_.push_back(std::move(e));
+    }
+    wake_.notify_one();
+    return Status::Ok();
+  }
+
+  const char* name() const override { return name_.c_str(); }
+
+ private:
+  CudaPageMover(int device, cudaStream_t stream, std::unique_ptr<kernels::PlanCopier> copier)
+      : device_(device),
+        name_("cuda:" + std::to_string(device)),
+        stream_(stream),
+        copier_(std::move(copier)),
+        completer_([this] { Complete(); }) {}
+
+  Status Enqueue(const std::byte* src, std::byte* dst, const std::vector<Run>& runs,
+                 kernels::CopyDirection direction) {
+    if (runs.empty()) return Status::Ok();
+    if (kernels::ChooseCopyPath(runs, direction, stream_) == kernels::CopyPath::kCopyEngine) {
+      return kernels::LaunchBatchCopy(src, dst, runs, stream_);
+    }
+    return copier_->Copy(src, dst, runs, stream_);
+  }
+
+  Status RecordEvent(cudaEvent_t* event) {
+    // Blocking sync: the completion thread sleeps in the driver instead of spinning a core.
+    KV_CUDA_RETURN("cudaEventCreate",
+                   cudaEventCreateWithFlags(event, cudaEventDisableTiming | cudaEventBlockingSync));
+    cudaError_t err = cudaEventRecord(*event, stream_);
+    if (err != cudaSuccess) {
+      cudaEventDestroy(*event);
+      *event = nullptr;
+      return CudaError("cudaEventRecord", err);
+    }
+    return Status::Ok();
+  }
+
+  void Complete() {
+    cudaSetDevice(device_);
+    std::unique_lock lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;
+      Pending entry = std::move(pending_.front());
+      pending_.pop_front();
+      lock.unlock();
+      Status status = entry.error;
+      if (entry.event != nullptr) {
+        cudaError_t err = cudaEventSynchronize(entry.event);
+        cudaEventDestroy(entry.event);
+        if (err != cudaSuccess && status.ok())
+          status = CudaError("copy on the offload stream", err);
+      }
+      JobState& job = *entry.job;
+      if (!job.finished) {
+        if (status.ok() && job.on_phase) job.on_phase(entry.phase);
+        if (entry.last || !status.ok()) {
+          job.finished = true;
+          job.done(status);
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  const int device_;
+  const std::string name_;
+  cudaStream_t stream_;
+  std::unique_ptr<kernels::PlanCopier> copier_;
+  std::mutex submit_mu_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Pending> pending_;
+  bool stopping_ = false;
+  std::thread completer_;  // last: starts after every member it uses exists
+};
+
+}  // namespace
+
+Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device) {
+  return CudaPageMover::Create(device);
+}
+
+}  // namespace kv::offload

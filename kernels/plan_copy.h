@@ -1,0 +1,101 @@
+// Executing a transfer plan (layout/plan.h) on one machine: host memory, device memory, pinned
+// host memory and a peer GPU's memory.
+//
+// Three executors of the same contract ("for every run, dst_base[dst_offset, +length) takes
+// src_base[src_offset, +length)"), chosen at run time:
+//  - CopyRunsHost: the CPU reference; what host-only regions use.
+//  - The copy kernel: the whole run table in one launch. Work is split into chunks of at most
+//    kPlanCopyChunkBytes, one warp per chunk, so megabyte runs and one-byte runs balance; 16-byte
+//    vectors where source, destination and length allow, narrower accesses otherwise. The grid
+//    is capped (PlanCopyOptions::max_ctas) so it can run beside model kernels.
+//  - The copy engine: cudaMemcpyBatchAsync, best for few large runs and for pinned-host copies
+//    that should leave the SMs alone.
+// ChooseCopyPath picks between the last two by run size and direction.
+//
+// Runs must not overlap on the destination, and no run may read bytes another run writes; the
+// plan guarantees both. Runs are trusted to lie inside both buffers: check runs that come from
+// elsewhere with kv::ValidateRuns first. Peer memory needs cudaDeviceEnablePeerAccess by the
+// caller; pinned host memory must be mapped (cudaHostAlloc/cudaHostRegister under UVA).
+//
+// Streams are cudaStream_t passed as void*, so this header builds without CUDA. In a build
+// without CUDA every device entry point returns kUnsupported.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "layout/plan.h"
+#include "layout/status.h"
+
+namespace kv::kernels {
+
+// ---- CPU reference ---------------------------------------------------------------------------
+void CopyRunsHost(const void* src_base, void* dst_base, std::span<const Run> runs);
+
+// ---- The copy kernel -------------------------------------------------------------------------
+inline constexpr uint64_t kPlanCopyChunkBytes = 32 * 1024;
+
+struct PlanCopyOptions {
+  int max_ctas = 0;  // grid cap; 0 means one CTA per SM of the current device
+};
+
+// The device-side run table: the runs, then for each run the index of its first chunk (an
+// exclusive prefix sum, num_runs + 1 entries). It is built on the host, moved to the device by
+// an asynchronous copy on the launch stream, and read by the kernel.
+uint64_t PlanCopyTableBytes(size_t num_runs);
+// Encodes `runs` into `table` (table_bytes ≥ PlanCopyTableBytes(runs.size())); returns the
+// number of chunks. kInvalidArgument when the table is too small.
+Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uint64_t table_bytes);
+
+// One launch over a table already resident on the device. Asynchronous on `stream`.
+Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_table,
+                      size_t num_runs, uint64_t num_chunks, const PlanCopyOptions& options,
+                      void* stream);
+
+// Owns the device copy of the run table and a pinned staging buffer for it, so that Copy() puts
+// the table on the device without a synchronous copy: encode into pinned memory, copy
+// asynchronously on the caller's stream, launch. Grows as needed (rarely; growth waits for the
+// previous copy's table upload). Not thread-safe: one PlanCopier per thread. Copies on different
+// streams are ordered through an event so the shared device table is never overwritten early.
+class PlanCopier {
+ public:
+  // Allocates on the current CUDA device. kUnsupported without CUDA.
+  static Result<std::unique_ptr<PlanCopier>> Create(const PlanCopyOptions& options = {});
+  ~PlanCopier();
+  PlanCopier(const PlanCopier&) = delete;
+  PlanCopier& operator=(const PlanCopier&) = delete;
+
+  Status Copy(const void* src_base, void* dst_base, std::span<const Run> runs, void* stream);
+
+ private:
+  struct Impl;
+  explicit PlanCopier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- The copy engine -------------------------------------------------------------------------
+enum class CopyDirection : uint8_t { kDeviceToDevice, kDeviceToHost, kHostToDevice, kPeer };
+
+// All runs through cudaMemcpyBatchAsync (in slices of at most kMaxBatchRuns descriptors; very
+// large batches have crashed drivers). Sources are read in stream order: a device→host copy
+// issued after the kernel that writes its pages must see those writes, which the driver does
+// not promise under "any order" source access (vLLM PR 39306). The legacy default stream is
+// not accepted by the batch API: kInvalidArgument for a null stream.
+inline constexpr size_t kMaxBatchRuns = 4096;
+Status LaunchBatchCopy(const void* src_base, void* dst_base, std::span<const Run> runs,
+                       void* stream);
+
+// ---- Choosing --------------------------------------------------------------------------------
+enum class CopyPath : uint8_t { kKernel, kCopyEngine };
+const char* CopyPathName(CopyPath path);
+// Copy engine when runs are large on average (≥ kCopyEngineMinMeanRun) or the copy crosses
+// PCIe with runs of at least kCopyEngineMinHostRun (DMA leaves the SMs to the model and
+// reaches PCIe bandwidth without them); the kernel otherwise. Never the copy engine for a null
+// stream.
+inline constexpr uint64_t kCopyEngineMinMeanRun = 1 << 20;
+inline constexpr uint64_t kCopyEngineMinHostRun = 256 << 10;
+CopyPath ChooseCopyPath(std::span<const Run> runs, CopyDirection direction, void* stream);
+
+}  // namespace kv::kernels

@@ -1,0 +1,79 @@
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/plan_copy.h"
+
+namespace kv::kernels {
+namespace {
+
+// Runs with lengths from 1 byte to `max_len`, disjoint destinations in random order.
+std::vector<kv::Run> RandomRuns(std::mt19937_64& rng, uint64_t src_bytes, uint64_t* dst_bytes,
+                                int count, uint64_t max_len) {
+  std::vector<kv::Run> runs;
+  std::uniform_int_distribution<uint64_t> len(1, max_len), gap(0, 7);
+  uint64_t dst = 0;
+  for (int i = 0; i < count; ++i) {
+    kv::Run r;
+    r.length = len(rng);
+    dst += gap(rng);
+    r.dst_offset = dst;
+    dst += r.length;
+    r.src_offset = std::uniform_int_distribution<uint64_t>(0, src_bytes - r.length)(rng);
+    runs.push_back(r);
+  }
+  std::shuffle(runs.begin(), runs.end(), rng);
+  *dst_bytes = dst;
+  return runs;
+}
+
+TEST(PlanCopyRef, MatchesBytewiseDefinition) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const uint64_t src_bytes = 1 << 16;
+    uint64_t dst_bytes = 0;
+    auto runs = RandomRuns(rng, src_bytes, &dst_bytes, 1 + trial * 10, 1 + trial * 400);
+    std::vector<unsigned char> src(src_bytes), dst(dst_bytes, 0xEE), want(dst_bytes, 0xEE);
+    for (auto& b : src) b = static_cast<unsigned char>(rng());
+    for (const kv::Run& r : runs) {
+      for (uint64_t i = 0; i < r.length; ++i) want[r.dst_offset + i] = src[r.src_offset + i];
+    }
+    CopyRunsHost(src.data(), dst.data(), runs);
+    ASSERT_EQ(dst, want) << "trial " << trial;
+  }
+}
+
+TEST(PlanCopyRef, TableHoldsRunsAndChunkPrefix) {
+  const std::vector<kv::Run> runs = {{0, 0, 1},
+                                     {10, 100, kPlanCopyChunkBytes},
+                                     {20, 200, kPlanCopyChunkBytes + 1},
+                                     {30, 300, 5 * kPlanCopyChunkBytes - 3}};
+  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size()));
+  auto chunks = EncodePlanCopyTable(runs, table.data(), table.size());
+  ASSERT_TRUE(chunks.ok()) << chunks.status().ToString();
+  EXPECT_EQ(*chunks, 1u + 1u + 2u + 5u);
+  const kv::Run* stored = reinterpret_cast<const kv::Run*>(table.data());
+  const auto* first =
+      reinterpret_cast<const uint64_t*>(table.data() + runs.size() * sizeof(kv::Run));
+  for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(stored[i], runs[i]);
+  EXPECT_EQ(std::vector<uint64_t>(first, first + 5), (std::vector<uint64_t>{0, 1, 2, 4, 9}));
+  EXPECT_FALSE(EncodePlanCopyTable(runs, table.data(), table.size() - 1).ok());
+}
+
+TEST(PlanCopyRef, ChooserPrefersCopyEngineForLargeRuns) {
+  int dummy_stream = 0;
+  void* stream = &dummy_stream;
+  const std::vector<kv::Run> small(1000, kv::Run{0, 0, 16 << 10});
+  const std::vector<kv::Run> large(8, kv::Run{0, 0, 4 << 20});
+  const std::vector<kv::Run> medium(64, kv::Run{0, 0, 512 << 10});
+  EXPECT_EQ(ChooseCopyPath(small, CopyDirection::kDeviceToDevice, stream), CopyPath::kKernel);
+  EXPECT_EQ(ChooseCopyPath(large, CopyDirection::kDeviceToDevice, stream), CopyPath::kCopyEngine);
+  EXPECT_EQ(ChooseCopyPath(medium, CopyDirection::kDeviceToDevice, stream), CopyPath::kKernel);
+  EXPECT_EQ(ChooseCopyPath(medium, CopyDirection::kDeviceToHost, stream), CopyPath::kCopyEngine);
+  EXPECT_EQ(ChooseCopyPath(large, CopyDirection::kDeviceToHost, nullptr), CopyPath::kKernel);
+}
+
+}  // namespace
+}  // namespace kv::kernels

@@ -1,8 +1,311 @@
+// How PlanTransfer reaches the minimal run count in O(runs) work.
+//
+// A logical byte is (layer, token, common head, half, byte-in-piece): `half` exists only when
+// either side has an S axis (K and V are then separate pieces of half the logical content),
+// and a piece of either side is contiguous. Every coordinate but the token is affine on both
+// sides, so the transfer is a loop nest. Tokens are cut into ranges on which both sides are
+// affine too (a range ends where a block ends and the next block is not adjacent).
+//
+// The nest runs in the destination's physical order, so pieces come out in ascending
+// destination offset. Destination bytes are written once (used destination blocks are
+// distinct), so each byte pair has at most one successor (s+1, d+1): the byte mapping splits
+// uniquely into maximal diagonal stretches, any valid run list needs one run per stretch, and
+// appending pieces in destination order while joining a piece to the previous run whenever it
+// continues it on both sides yields exactly those stretches.
+//
+// To keep the work proportional to the runs, the innermost loops are folded into one piece
+// whenever they are contiguous on both sides, first below the token level, then (for a
+// destination block filled by one token range) the loops between B and N as well.
 #include "layout/plan.h"
 
+#include <algorithm>
 #include <string>
 
+#include "layout/kv_region.h"
+
 namespace kv {
+namespace {
+
+// `count` steps, each advancing the source by src_stride and the destination by dst_stride.
+struct Loop {
+  int64_t count;
+  int64_t src_stride;
+  int64_t dst_stride;
+};
+
+// Tokens on which both sides are affine: token i of the range lies at src + i·stride(N) in
+// the source and dst + i·stride(N) in the destination. `group` is the destination coordinate
+// of the token axis that sits outside the other one (the block when B is outside N, the slot
+// otherwise): ranges of different groups are separated by the loops between B and N.
+struct TokenRange {
+  int64_t src;
+  int64_t dst;
+  int64_t count;
+  int64_t group;
+};
+
+// Appends pieces in ascending destination order, joining each to the previous run when it
+// continues it on both sides.
+class RunWriter {
+ public:
+  explicit RunWriter(Plan* plan) : plan_(plan) {}
+  void Add(int64_t src, int64_t dst, int64_t length) {
+    plan_->bytes += static_cast<uint64_t>(length);
+    auto& runs = plan_->runs;
+    if (!runs.empty()) {
+      Run& last = runs.back();
+      if (last.src_offset + last.length == static_cast<uint64_t>(src) &&
+          last.dst_offset + last.length == static_cast<uint64_t>(dst)) {
+        last.length += static_cast<uint64_t>(length);
+        return;
+      }
+    }
+    runs.push_back(
+        {static_cast<uint64_t>(src), static_cast<uint64_t>(dst), static_cast<uint64_t>(length)});
+  }
+
+ private:
+  Plan* plan_;
+};
+
+template <typename Fn>
+void ForEach(std::span<const Loop> loops, int64_t src, int64_t dst, const Fn& fn) {
+  if (loops.empty()) {
+    fn(src, dst);
+    return;
+  }
+  const Loop& loop = loops.front();
+  for (int64_t i = 0; i < loop.count; ++i) {
+    ForEach(loops.subspan(1), src + i * loop.src_stride, dst + i * loop.dst_stride, fn);
+  }
+}
+
+// Folds the innermost loops into `*unit` while they are contiguous on both sides.
+void FoldContiguous(std::vector<Loop>& loops, int64_t* unit) {
+  while (!loops.empty() && loops.back().src_stride == *unit && loops.back().dst_stride == *unit) {
+    *unit *= loops.back().count;
+    loops.pop_back();
+  }
+}
+
+Status CheckBlockIds(const char* side, std::span<const int64_t> ids, int64_t blocks) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= blocks)
+      return Status::OutOfRange(std::string(side) + " block id " + std::to_string(ids[i]) +
+                                " (position " + std::to_string(i) + ") is outside [0, " +
+                                std::to_string(blocks) + ")");
+  }
+  return Status::Ok();
+}
+
+Status CheckBlockCount(const char* side, size_t given, int64_t tokens, int64_t block_size) {
+  const int64_t needed = (tokens + block_size - 1) / block_size;
+  if (static_cast<int64_t>(given) >= needed) return Status::Ok();
+  return Status::InvalidArgument("too few " + std::string(side) +
+                                 " blocks: " + std::to_string(tokens) + " tokens in blocks of " +
+                                 std::to_string(block_size) + " need " + std::to_string(needed) +
+                                 ", got " + std::to_string(given));
+}
+
+// Each destination byte must be written once, so the blocks that tokens use must be distinct.
+Status CheckDistinctDestination(std::span<const int64_t> blocks, int64_t tokens,
+                                int64_t block_size) {
+  std::vector<int64_t> used(blocks.begin(),
+                            blocks.begin() + (tokens + block_size - 1) / block_size);
+  std::sort(used.begin(), used.end());
+  auto twice = std::adjacent_find(used.begin(), used.end());
+  if (twice == used.end()) return Status::Ok();
+  return Status::InvalidArgument("destination block " + std::to_string(*twice) +
+                                 " is used twice: its bytes would be written twice");
+}
+
+Status CheckCompatible(const KvRegion& src, const KvRegion& dst) {
+  if (src.size(Axis::kL) != dst.size(Axis::kL))
+    return Status::Incompatible("different layer counts: source " +
+                                std::to_string(src.size(Axis::kL)) + ", destination " +
+                                std::to_string(dst.size(Axis::kL)));
+  if (src.logical_content_bytes() != dst.logical_content_bytes())
+    return Status::Incompatible(
+        "different logical content sizes: source " + std::to_string(src.logical_content_bytes()) +
+        " bytes per head-token, destination " + std::to_string(dst.logical_content_bytes()));
+  if (src.total_heads() != dst.total_heads())
+    return Status::Incompatible("different total head counts: source " +
+                                std::to_string(src.total_heads()) + ", destination " +
+                                std::to_string(dst.total_heads()));
+  return Status::Ok();
+}
+
+// Cuts [0, tokens) where a block of either side ends, joins neighbours (in destination order)
+// that stay affine on both sides, and returns the ranges in ascending destination order.
+std::vector<TokenRange> TokenRanges(const KvRegion& src, const KvRegion& dst,
+                                    const TransferSpec& spec, bool slot_outside_block,
+                                    bool join_groups) {
+  const int64_t ns = src.size(Axis::kN), nd = dst.size(Axis::kN);
+  const int64_t src_n = src.stride(Axis::kN), dst_n = dst.stride(Axis::kN);
+  std::vector<TokenRange> pieces;
+  for (int64_t t = 0; t < spec.tokens;) {
+    const int64_t slot_s = t % ns, slot_d = t % nd;
+    int64_t count = std::min({ns - slot_s, nd - slot_d, spec.tokens - t});
+    const int64_t block_d = spec.dst_blocks[t / nd];
+    const int64_t src0 = spec.src_blocks[t / ns] * src.stride(Axis::kB) + slot_s * src_n;
+    const int64_t dst0 = block_d * dst.stride(Axis::kB) + slot_d * dst_n;
+    if (slot_outside_block) {
+      // Slots of one block are not neighbours in destination order: one range per token.
+      for (int64_t i = 0; i < count; ++i)
+        pieces.push_back({src0 + i * src_n, dst0 + i * dst_n, 1, slot_d + i});
+    } else {
+      pieces.push_back({src0, dst0, count, block_d});
+    }
+    t += count;
+  }
+  auto by_dst = [](const TokenRange& a, const TokenRange& b) { return a.dst < b.dst; };
+  if (!std::is_sorted(pieces.begin(), pieces.end(), by_dst))
+    std::sort(pieces.begin(), pieces.end(), by_dst);
+  std::vector<TokenRange> ranges;
+  for (const TokenRange& p : pieces) {
+    if (!ranges.empty()) {
+      TokenRange& last = ranges.back();
+      if ((join_groups || last.group == p.group) && last.dst + last.count * dst_n == p.dst &&
+          last.src + last.count * src_n == p.src) {
+        last.count += p.count;
+        continue;
+      }
+    }
+    ranges.push_back(p);
+  }
+  return ranges;
+}
+
+}  // namespace
+
+Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
+  KV_RETURN_IF_ERROR(CheckCompatible(src, dst));
+  const int64_t layers = src.size(Axis::kL);
+  const int64_t layer_end = spec.layer_end == -1 ? layers : spec.layer_end;
+  if (spec.layer_begin < 0 || spec.layer_begin > layer_end || layer_end > layers)
+    return Status::InvalidArgument("layer range [" + std::to_string(spec.layer_begin) + ", " +
+                                   std::to_string(spec.layer_end) + ") is not inside [0, " +
+                                   std::to_string(layers) + "]");
+  if (spec.tokens < 0)
+    return Status::InvalidArgument("tokens must not be negative, got " +
+                                   std::to_string(spec.tokens));
+  KV_RETURN_IF_ERROR(CheckBlockIds("source", spec.src_blocks, src.size(Axis::kB)));
+  KV_RETURN_IF_ERROR(CheckBlockIds("destination", spec.dst_blocks, dst.size(Axis::kB)));
+  KV_RETURN_IF_ERROR(
+      CheckBlockCount("source", spec.src_blocks.size(), spec.tokens, src.size(Axis::kN)));
+  KV_RETURN_IF_ERROR(
+      CheckBlockCount("destination", spec.dst_blocks.size(), spec.tokens, dst.size(Axis::kN)));
+  KV_RETURN_IF_ERROR(CheckDistinctDestination(spec.dst_blocks, spec.tokens, dst.size(Axis::kN)));
+
+  const int64_t head_begin = std::max(src.first_global_head(), dst.first_global_head());
+  const int64_t head_end = std::min(src.first_global_head() + src.size(Axis::kH),
+                                    dst.first_global_head() + dst.size(Axis::kH));
+  if (head_begin >= head_end)
+    return Status::Incompatible(
+        "no head in common: source holds global heads [" + std::to_string(src.first_global_head()) +
+        ", " + std::to_string(src.first_global_head() + src.size(Axis::kH)) + "), destination [" +
+        std::to_string(dst.first_global_head()) + ", " +
+        std::to_string(dst.first_global_head() + dst.size(Axis::kH)) + ")");
+
+  if (spec.tokens == 0 || spec.layer_begin == layer_end) return Plan{};
+
+  // A half is K or V when either side keeps them apart; otherwise the whole logical content.
+  const bool split = src.has_kv_axis() || dst.has_kv_axis();
+  const int64_t halves = split ? 2 : 1;
+  const int64_t piece = src.logical_content_bytes() / halves;
+  auto half_stride = [&](const KvRegion& r) {
+    return r.has_kv_axis() ? r.stride(Axis::kS) : piece;
+  };
+  const Loop layer_loop{layer_end - spec.layer_begin, src.stride(Axis::kL), dst.stride(Axis::kL)};
+  const Loop head_loop{head_end - head_begin, src.stride(Axis::kH), dst.stride(Axis::kH)};
+  const Loop half_loop{halves, half_stride(src), half_stride(dst)};
+
+  // The loops outside, between and inside the destination's B and N axes, outermost first.
+  std::vector<Loop> nest[3];
+  int level = 0;
+  bool slot_outside_block = false;
+  for (char axis : dst.order()) {
+    const Loop* loop = nullptr;
+    switch (axis) {
+      case 'L':
+        loop = &layer_loop;
+        break;
+      case 'H':
+        loop = &head_loop;
+        break;
+      case 'S':
+        loop = &half_loop;
+        break;
+      case 'C':
+        loop = dst.has_kv_axis() ? nullptr : &half_loop;
+        break;
+      case 'N':
+        slot_outside_block = level == 0;
+        [[fallthrough]];
+      case 'B':
+        ++level;
+        break;
+    }
+    if (loop != nullptr && loop->count > 1) nest[level].push_back(*loop);
+  }
+  std::vector<Loop>& outer = nest[0];
+  std::vector<Loop>& middle = nest[1];
+  std::vector<Loop>& inner = nest[2];
+
+  const std::vector<TokenRange> ranges =
+      TokenRanges(src, dst, spec, slot_outside_block, middle.empty());
+
+  const int64_t src_n = src.stride(Axis::kN), dst_n = dst.stride(Axis::kN);
+  int64_t token_bytes = piece;
+  FoldContiguous(inner, &token_bytes);
+  const bool fold_tokens = inner.empty() && src_n == token_bytes && dst_n == token_bytes;
+  // A destination block filled by one token range is a box; fold the loops around it too.
+  const int64_t nd = dst.size(Axis::kN);
+  std::vector<Loop> middle_rest = middle;
+  int64_t block_bytes = nd * token_bytes;
+  if (fold_tokens && !slot_outside_block) FoldContiguous(middle_rest, &block_bytes);
+  const bool fold_blocks = middle_rest.size() < middle.size();
+
+  const int64_t src_base =
+      spec.layer_begin * src.stride(Axis::kL) + src.local_head(head_begin) * src.stride(Axis::kH);
+  const int64_t dst_base =
+      spec.layer_begin * dst.stride(Axis::kL) + dst.local_head(head_begin) * dst.stride(Axis::kH);
+  Plan plan;
+  RunWriter writer(&plan);
+  auto add_piece = [&](int64_t length) {
+    return [&writer, length](int64_t s, int64_t d) { writer.Add(s, d, length); };
+  };
+  const auto add_token_piece = add_piece(token_bytes);
+  const auto add_block_piece = add_piece(block_bytes);
+  auto emit_range = [&](const TokenRange& r, int64_t s, int64_t d) {
+    if (fold_tokens) {
+      writer.Add(s + r.src, d + r.dst, r.count * token_bytes);
+      return;
+    }
+    for (int64_t i = 0; i < r.count; ++i)
+      ForEach(inner, s + r.src + i * src_n, d + r.dst + i * dst_n, add_token_piece);
+  };
+  ForEach(outer, src_base, dst_base, [&](int64_t s, int64_t d) {
+    if (middle.empty()) {
+      for (const TokenRange& r : ranges) emit_range(r, s, d);
+      return;
+    }
+    for (size_t begin = 0; begin < ranges.size();) {
+      size_t end = begin + 1;
+      while (end < ranges.size() && ranges[end].group == ranges[begin].group) ++end;
+      const std::span<const TokenRange> group(ranges.data() + begin, end - begin);
+      if (fold_blocks && group.size() == 1 && group[0].count == nd) {
+        ForEach(middle_rest, s + group[0].src, d + group[0].dst, add_block_piece);
+      } else {
+        ForEach(middle, s, d, [&](int64_t ms, int64_t md) {
+          for (const TokenRange& r : group) emit_range(r, ms, md);
+        });
+      }
+      begin = end;
+    }
+  });
+  return plan;
+}
 
 Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes) {
   for (size_t i = 0; i < runs.size(); ++i) {

@@ -35,14 +35,28 @@ struct TransferSpec {
   int64_t layer_end = -1;  // -1: every layer
 };
 
+// The runs are the maximal diagonal stretches of the byte mapping, in ascending dst_offset
+// order. Precisely: the transfer is a set of byte pairs (dst, src) in which every destination
+// byte occurs once (used destination blocks must be distinct), so each pair has at most one
+// successor (dst+1, src+1) and the set splits uniquely into maximal stretches. Any run list that
+// performs the transfer and copies nothing else needs a run starting at every stretch's first
+// pair, so one run per stretch is the minimum, whatever order runs are listed in. Runs never
+// overlap on the destination; they may on the source (source blocks may repeat).
 struct Plan {
   std::vector<Run> runs;
   uint64_t bytes = 0;  // sum of run lengths
 };
 
 // Errors: kOutOfRange (block id outside the region), kInvalidArgument (too few blocks for
-// `tokens`, bad layer range, negative tokens), kIncompatible (different layer counts, different
-// logical content sizes, no head in common).
+// `tokens`, a destination block used twice, bad layer range, negative tokens), kIncompatible
+// (different layer counts, different logical content sizes, different total head counts, no
+// head in common). Only the first ceil(tokens / block_size) block ids of each list are used;
+// every id given is range-checked.
+//
+// Cost: O(blocks log blocks) to order the token ranges by destination (O(blocks) when the
+// destination blocks ascend), then O(pieces), where a piece is a run before merging. Loops
+// contiguous on both sides are folded, so pieces exceed runs only where whole blocks are
+// adjacent on both sides; planning one layer ([l, l+1)) costs one layer's share.
 Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec);
 
 // Checks that every run lies inside [0, src_bytes) on the source and [0, dst_bytes) on the

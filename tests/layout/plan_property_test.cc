@@ -1,0 +1,199 @@
+// Plans thousands of random small transfers and compares each with the byte-by-byte reference:
+// the same bytes, each destination byte once, runs in destination order, and the minimal count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "layout/kv_region.h"
+#include "layout/plan.h"
+#include "tests/layout/plan_reference.h"
+
+namespace kv {
+namespace {
+
+using testing::CountStretches;
+using testing::HeldLocally;
+using testing::PlanBytes;
+using testing::ReferenceBytes;
+
+class Gen {
+ public:
+  explicit Gen(uint32_t seed) : rng_(seed) {}
+  int64_t Int(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+  bool Chance(int percent) { return Int(0, 99) < percent; }
+  template <typename T>
+  T Pick(std::initializer_list<T> items) {
+    return *(items.begin() + Int(0, static_cast<int64_t>(items.size()) - 1));
+  }
+
+  // A standard order, a legacy one, or any permutation (S before C when present).
+  std::string Order(bool with_s) {
+    if (Chance(50)) {
+      if (with_s) return Pick<std::string>({"SBNHC", "BSNHC", "LSBNHC", "BLSHNC"});
+      return Pick<std::string>({"LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"});
+    }
+    std::string axes = with_s ? "LBHNS" : "LBHN";
+    std::shuffle(axes.begin(), axes.end(), rng_);
+    if (Chance(20)) axes.erase(axes.find('L'), 1);
+    return axes + "C";
+  }
+
+  // Pads up to two random axes beyond their dense stride, inner one first so that the outer
+  // one's dense stride already includes the inner padding.
+  void Pad(LayoutSpec& spec) {
+    auto dense = KvRegion::Create(spec);
+    ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+    std::string axes = dense->order();
+    axes.pop_back();  // C is never padded
+    std::shuffle(axes.begin(), axes.end(), rng_);
+    axes.resize(Int(1, 2));
+    std::sort(axes.begin(), axes.end(),
+              [&](char a, char b) { return dense->order().find(a) > dense->order().find(b); });
+    for (char name : axes) {
+      auto region = KvRegion::Create(spec);
+      ASSERT_TRUE(region.ok()) << region.status().ToString();
+      const Axis axis = static_cast<Axis>(std::string_view("LBHNSC").find(name));
+      spec.strides[static_cast<int>(axis)] = region->stride(axis) + Int(1, 7);
+    }
+  }
+
+  std::vector<int64_t> Blocks(int64_t count, int64_t blocks, bool distinct) {
+    std::vector<int64_t> ids(blocks);
+    for (int64_t i = 0; i < blocks; ++i) ids[i] = i;
+    if (distinct) {
+      if (Chance(30)) {  // a contiguous stretch, where merging across blocks shows
+        const int64_t start = Int(0, blocks - count);
+        return std::vector<int64_t>(ids.begin() + start, ids.begin() + start + count);
+      }
+      std::shuffle(ids.begin(), ids.end(), rng_);
+      ids.resize(count);
+      return ids;
+    }
+    std::vector<int64_t> out(count);
+    for (auto& b : out) b = Int(0, blocks - 1);
+    return out;
+  }
+
+ private:
+  std::mt19937 rng_;
+};
+
+struct Case {
+  LayoutSpec src, dst;
+  std::vector<int64_t> src_blocks, dst_blocks;
+  int64_t tokens = 0, layer_begin = 0, layer_end = -1;
+};
+
+Case RandomCase(Gen& gen) {
+  Case c;
+  const bool src_s = gen.Chance(30), dst_s = gen.Chance(30);
+  // Odd logical content only where neither side splits K from V (an opaque Mamba-like page).
+  const int64_t content = (src_s || dst_s) ? 2 * gen.Int(1, 4) : gen.Int(1, 9);
+  const int64_t layers = gen.Int(1, 3);
+  const int64_t total_heads = gen.Pick<int64_t>({1, 2, 4, 8});
+  const bool mla = gen.Chance(15);
+  int side = 0;
+  for (LayoutSpec* spec : {&c.src, &c.dst}) {
+    const bool with_s = side++ == 0 ? src_s : dst_s;
+    spec->order = gen.Order(with_s);
+    spec->layers = layers;
+    spec->blocks = gen.Int(3, 8);
+    spec->block_size = gen.Pick<int64_t>({1, 2, 3, 4, 8});
+    spec->content_bytes = with_s ? content / 2 : content;
+    if (mla) {
+      spec->heads = 1;
+      spec->total_heads = 1;
+      spec->replicated = gen.Chance(70);
+      spec->tp_size = gen.Pick<int>({1, 2, 4});
+    } else {
+      spec->tp_size = gen.Pick<int>({1, 2, 4, 8});
+      spec->total_heads = total_heads;
+      spec->heads = total_heads >= spec->tp_size ? total_heads / spec->tp_size : 1;
+    }
+    spec->tp_rank = static_cast<int>(gen.Int(0, spec->tp_size - 1));
+    if (gen.Chance(40)) gen.Pad(*spec);
+  }
+  const int64_t max_tokens =
+      std::min(c.src.blocks * c.src.block_size, c.dst.blocks * c.dst.block_size);
+  c.tokens = gen.Chance(5) ? 0 : gen.Int(1, max_tokens);
+  const int64_t src_used = (c.tokens + c.src.block_size - 1) / c.src.block_size;
+  const int64_t dst_used = (c.tokens + c.dst.block_size - 1) / c.dst.block_size;
+  c.src_blocks = gen.Blocks(std::max<int64_t>(src_used, 1), c.src.blocks, !gen.Chance(20));
+  c.dst_blocks = gen.Blocks(std::max<int64_t>(dst_used, 1), c.dst.blocks, true);
+  if (gen.Chance(40)) {
+    c.layer_begin = gen.Int(0, layers - 1);
+    c.layer_end = gen.Int(c.layer_begin, layers);
+  }
+  return c;
+}
+
+std::string Describe(const Case& c) {
+  auto side = [](const LayoutSpec& s) {
+    std::string out = s.order + " L" + std::to_string(s.layers) + " B" + std::to_string(s.blocks) +
+                      " H" + std::to_string(s.heads) + " N" + std::to_string(s.block_size) + " C" +
+                      std::to_string(s.content_bytes) + " tp " + std::to_string(s.tp_rank) + "/" +
+                      std::to_string(s.tp_size) + " total " + std::to_string(s.total_heads) +
+                      (s.replicated ? " replicated" : "") + " strides";
+    for (int64_t st : s.strides) out += " " + std::to_string(st);
+    return out;
+  };
+  std::string out = "src " + side(c.src) + "\ndst " + side(c.dst) + "\nsrc blocks";
+  for (int64_t b : c.src_blocks) out += " " + std::to_string(b);
+  out += "\ndst blocks";
+  for (int64_t b : c.dst_blocks) out += " " + std::to_string(b);
+  out += "\ntokens " + std::to_string(c.tokens) + " layers [" + std::to_string(c.layer_begin) +
+         ", " + std::to_string(c.layer_end) + ")";
+  return out;
+}
+
+TEST(PlanProperty, MatchesByteReferenceWithMinimalRuns) {
+  Gen gen(20261121);
+  int planned = 0, no_common_head = 0;
+  for (int i = 0; i < 4000; ++i) {
+    Case c = RandomCase(gen);
+    auto src = KvRegion::Create(c.src);
+    auto dst = KvRegion::Create(c.dst);
+    ASSERT_TRUE(src.ok()) << src.status().ToString() << "\n" << Describe(c);
+    ASSERT_TRUE(dst.ok()) << dst.status().ToString() << "\n" << Describe(c);
+    TransferSpec spec{c.src_blocks, c.dst_blocks, c.tokens, c.layer_begin, c.layer_end};
+    auto plan = PlanTransfer(*src, *dst, spec);
+
+    bool common = false;
+    for (int64_t g = 0; g < src->total_heads(); ++g)
+      common |= HeldLocally(src->spec(), g) >= 0 && HeldLocally(dst->spec(), g) >= 0;
+    if (!common) {
+      ASSERT_FALSE(plan.ok()) << Describe(c);
+      EXPECT_EQ(plan.status().code(), Code::kIncompatible);
+      ++no_common_head;
+      continue;
+    }
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString() << "\n" << Describe(c);
+    ++planned;
+
+    const int64_t layer_end = c.layer_end == -1 ? c.src.layers : c.layer_end;
+    const auto expected =
+        ReferenceBytes(*src, *dst, c.src_blocks, c.dst_blocks, c.tokens, c.layer_begin, layer_end);
+    const auto actual = PlanBytes(*plan);
+    ASSERT_EQ(actual, expected) << Describe(c);
+    ASSERT_EQ(plan->bytes, expected.size()) << Describe(c);
+    ASSERT_EQ(std::adjacent_find(expected.begin(), expected.end(),
+                                 [](auto& a, auto& b) { return a.first == b.first; }),
+              expected.end())
+        << "a destination byte is written twice\n"
+        << Describe(c);
+    ASSERT_EQ(plan->runs.size(), CountStretches(expected)) << Describe(c);
+    for (size_t r = 1; r < plan->runs.size(); ++r)
+      ASSERT_LT(plan->runs[r - 1].dst_offset, plan->runs[r].dst_offset) << Describe(c);
+    EXPECT_TRUE(ValidateRuns(plan->runs, src->span_bytes(), dst->span_bytes()).ok());
+  }
+  // The generator must exercise the planner, not only the error path.
+  EXPECT_GT(planned, 3000);
+  EXPECT_GT(no_common_head, 0);
+}
+
+}  // namespace
+}  // namespace kv

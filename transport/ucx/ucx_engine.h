@@ -1,0 +1,185 @@
+// UcxTransport's internals, shared by ucx_transport.cc (the public verbs, callable from any
+// thread) and ucx_progress.cc (everything that runs on the progress thread).
+//
+// Threading model: the ucp worker is single-threaded and is touched only by the progress thread.
+// Callers validate their input, then hand the work over as a command (Enqueue); calls that need
+// an answer (connect, import_remote) wait for it with a deadline (RunSync). The progress thread
+// busy-polls while anything is in flight or for kIdleSpin after the last event, then arms the
+// worker and sleeps in epoll on the worker's fd and an eventfd that Enqueue rings: it is fast
+// under load and costs nothing when idle.
+//
+// Rules (the contract of Transport, made precise for UCX):
+//  * A batch is one ucp_put_nbx/ucp_get_nbx per run and one ucp_ep_flush_nbx; it completes when
+//    the flush does. done() runs on the progress thread.
+//  * A batch past its deadline fails its peer: the endpoint is force-closed, which makes UCX
+//    release every request on it; the late batch completes with kTimeout, the peer's other
+//    batches with kUnavailable. done() therefore never runs while UCX may still touch the batch's
+//    memory: after done(), the caller may free or reuse it.
+//  * An endpoint error (the peer died) fails every batch to that peer with kUnavailable; later
+//    batches to it complete with kUnavailable; the caller reconnects.
+//  * A batch holds its local mapping and its remote key: deregistering while a batch is in flight
+//    is safe, the unmap waits. Registrations and imported descriptors must be destroyed before
+//    the Transport.
+//  * A notification is sent as an eager active message after a flush of its endpoint completes,
+//    so it arrives after the data of every batch posted before it; notifications leave in the
+//    order notify() was called.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "transport/transport.h"
+#include "transport/ucx/ucx_context.h"
+
+namespace kv::transport::ucx {
+
+inline constexpr unsigned kNotifyAmId = 17;
+inline constexpr size_t kMaxNotification = 64 << 10;
+inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
+inline constexpr auto kIdleSpin = std::chrono::microseconds(100);
+
+class Engine;
+
+// An unpacked remote key; ucp_rkey_destroy is a worker call, so it is deferred to the progress
+// thread.
+struct RemoteKey {
+  RemoteKey(Engine* engine, ucp_rkey_h rkey) : engine(engine), rkey(rkey) {}
+  ~RemoteKey();
+  Engine* engine;
+  ucp_rkey_h rkey;
+};
+
+// One accepted batch, owned by the progress thread from Enqueue until done() has run.
+struct BatchState {
+  Engine* engine = nullptr;
+  PeerId peer = 0;
+  Op op = Op::kPut;
+  std::vector<Run> runs;
+  char* local = nullptr;
+  uint64_t remote_address = 0;
+  std::shared_ptr<MemoryMap> local_map;
+  std::shared_ptr<RemoteKey> remote_key;
+  Completion done;
+  Clock::time_point deadline;
+  Status failure;  // set when the batch times out or its peer fails before UCX reports back
+};
+
+struct Note {
+  uint64_t seq;
+  std::string message;
+  bool ready = false;  // its flush completed: the data before it has landed
+};
+
+// A connected endpoint; also the argument of its error handler.
+struct Peer {
+  Engine* engine = nullptr;
+  PeerId id = 0;
+  ucp_ep_h ep = nullptr;
+  std::deque<Note> notes;
+  uint64_t next_note = 0;
+};
+
+// An owned file descriptor.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    std::swap(fd_, other.fd_);
+    return *this;
+  }
+  ~UniqueFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+class Engine {
+ public:
+  // Sets up wake-up (worker fd + an eventfd in one epoll set) and starts the progress thread.
+  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, WorkerPtr worker);
+  ~Engine();  // stops the progress thread; aborts whatever is still in flight
+
+  ucp_context_h context() const { return context_.get(); }
+  bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  // Runs `command` on the progress thread, in call order. Never blocks.
+  void Enqueue(std::function<void()> command);
+  // Runs `fn` on the progress thread and returns its result; kTimeout after kSyncTimeout.
+  template <typename T>
+  Result<T> RunSync(std::function<Result<T>()> fn);
+
+  // ---- Progress thread only ------------------------------------------------------------------
+  Result<PeerId> Connect(const std::string& worker_address, PeerId id);
+  Status Disconnect(PeerId id);
+  Result<ucp_rkey_h> UnpackRkey(PeerId id, const std::string& packed);
+  void Post(BatchState* batch);
+  void Notify(PeerId id, std::string message);
+  void SetHandler(NotificationHandler handler) { handler_ = std::move(handler); }
+
+ private:
+  Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd);
+  void Loop();
+  bool RunCommands();
+  void Sleep(bool work_in_flight);
+  void CheckDeadlines(Clock::time_point now);
+  void HandleEndpointErrors();
+  void FailPeer(PeerId id, const Status& reason);
+  void Finish(BatchState* batch, ucs_status_t status);
+  void MarkNoteReady(PeerId id, uint64_t seq);
+  void SendReadyNotes(Peer* peer);
+  void Shutdown();
+
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void OnBatchFlushed(void* request, ucs_status_t status, void* user_data);
+  static void OnNoteFlushed(void* request, ucs_status_t status, void* user_data);
+  static void OnNoteSent(void* request, ucs_status_t status, void* user_data);
+  static ucs_status_t OnNotification(void* arg, const void* header, size_t header_length,
+                                     void* data, size_t length, const ucp_am_recv_param_t* param);
+
+  ContextPtr context_;
+  WorkerPtr worker_;  // destroyed before the context: members go in reverse order
+  UniqueFd wake_fd_;
+  UniqueFd epoll_fd_;
+
+  std::mutex queue_mu_;
+  std::vector<std::function<void()>> commands_;  // guarded by queue_mu_
+  std::atomic<bool> sleeping_{false};
+
+  // Progress-thread state.
+  bool stopping_ = false;
+  std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;
+  std::vector<std::pair<std::unique_ptr<Peer>, void*>> closing_;  // peer, close request
+  std::set<BatchState*> in_flight_;
+  NotificationHandler handler_;
+
+  std::thread thread_;  // last: starts after everything above exists
+};
+
+template <typename T>
+Result<T> Engine::RunSync(std::function<Result<T>()> fn) {
+  if (on_progress_thread()) return fn();
+  auto promise = std::make_shared<std::promise<Result<T>>>();
+  std::future<Result<T>> future = promise->get_future();
+  Enqueue([promise, fn = std::move(fn)] { promise->set_value(fn()); });
+  if (future.wait_for(kSyncTimeout) != std::future_status::ready)
+    return Status::Timeout("the UCX progress thread did not answer within 10 s");
+  return future.get();
+}
+
+}  // namespace kv::transport::ucx

@@ -1,0 +1,347 @@
+// The progress thread of the ucx backend: the only code that touches the ucp worker.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <cstdio>
+
+#include "transport/ucx/ucx_engine.h"
+
+namespace kv::transport::ucx {
+
+RemoteKey::~RemoteKey() {
+  ucp_rkey_h key = rkey;
+  engine->Enqueue([key] { ucp_rkey_destroy(key); });
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, WorkerPtr worker) {
+  int worker_fd = -1;
+  if (ucs_status_t s = ucp_worker_get_efd(worker.get(), &worker_fd); s != UCS_OK)
+    return FromUcs(s, "ucp_worker_get_efd");
+  UniqueFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (wake.get() < 0 || epoll.get() < 0)
+    return Status::IoError(std::string("eventfd/epoll_create1: ") + std::strerror(errno));
+  for (int fd : {worker_fd, wake.get()}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &event) != 0)
+      return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
+  }
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(context), std::move(worker), std::move(wake), std::move(epoll)));
+}
+
+Engine::Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd)
+    : context_(std::move(context)),
+      worker_(std::move(worker)),
+      wake_fd_(std::move(wake_fd)),
+      epoll_fd_(std::move(epoll_fd)) {
+  ucp_am_handler_param_t am{};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                  UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.id = kNotifyAmId;
+  am.flags = UCP_AM_FLAG_WHOLE_MSG;
+  am.cb = &Engine::OnNotification;
+  am.arg = this;
+  // Cannot fail for a valid id on a worker created with UCP_FEATURE_AM.
+  (void)ucp_worker_set_am_recv_handler(worker_.get(), &am);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() {
+  Enqueue([this] { stopping_ = true; });
+  thread_.join();
+}
+
+void Engine::Enqueue(std::function<void()> command) {
+  {
+    std::lock_guard lock(queue_mu_);
+    commands_.push_back(std::move(command));
+  }
+  // Pairs with Sleep(): it sets sleeping_ before its last look at the queue.
+  if (sleeping_.load()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+  }
+}
+
+bool Engine::RunCommands() {
+  std::vector<std::function<void()>> batch;
+  {
+    std::lock_guard lock(queue_mu_);
+    batch.swap(commands_);
+  }
+  for (auto& command : batch) command();
+  return !batch.empty();
+}
+
+void Engine::Loop() {
+  Clock::time_point last_event = Clock::now();
+  bool worked = false;
+  for (uint32_t turn = 1;; ++turn) {
+    worked |= RunCommands();
+    if (stopping_) break;
+    worked |= ucp_worker_progress(worker_.get()) != 0;
+    if (!endpoint_errors_.empty()) HandleEndpointErrors();
+    // The clock is read once every 64 turns: cheap next to a deadline of milliseconds.
+    if (turn % 64 != 0) continue;
+    Clock::time_point now = Clock::now();
+    if (!in_flight_.empty()) CheckDeadlines(now);
+    if (worked) last_event = now;
+    worked = false;
+    if (now - last_event > kIdleSpin) Sleep(!in_flight_.empty());
+  }
+  Shutdown();
+}
+
+void Engine::Sleep(bool work_in_flight) {
+  if (ucp_worker_arm(worker_.get()) != UCS_OK) return;  // UCS_ERR_BUSY: events are pending
+  sleeping_.store(true);
+  {
+    std::lock_guard lock(queue_mu_);
+    if (!commands_.empty()) {
+      sleeping_.store(false);
+      return;
+    }
+  }
+  // Deadlines are checked at least every 5 ms while batches are in flight.
+  epoll_event events[2];
+  int n = ::epoll_wait(epoll_fd_.get(), events, 2, work_in_flight ? 5 : 1000);
+  sleeping_.store(false);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == wake_fd_.get()) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &count, sizeof count);
+    }
+  }
+}
+
+Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id) {
+  auto peer = std::make_unique<Peer>();
+  peer->engine = this;
+  peer->id = id;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Engine::OnEndpointError;
+  params.err_handler.arg = peer.get();
+  if (ucs_status_t s = ucp_ep_create(worker_.get(), &params, &peer->ep); s != UCS_OK)
+    return FromUcs(s, "ucp_ep_create");
+  peers_[id] = std::move(peer);
+  return id;
+}
+
+Status Engine::Disconnect(PeerId id) {
+  FailPeer(id, Status::Aborted("peer " + std::to_string(id) + " was disconnected"));
+  return Status::Ok();
+}
+
+Result<ucp_rkey_h> Engine::UnpackRkey(PeerId id, const std::string& packed) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return Status::Unavailable("peer " + std::to_string(id) + " has failed");
+  ucp_rkey_h rkey = nullptr;
+  if (ucs_status_t s = ucp_ep_rkey_unpack(it->second->ep, packed.data(), &rkey); s != UCS_OK)
+    return FromUcs(s, "ucp_ep_rkey_unpack");
+  return rkey;
+}
+
+void Engine::Post(BatchState* batch) {
+  auto it = peers_.find(batch->peer);
+  if (it == peers_.end()) {
+    batch->failure = Status::Unavailable("peer " + std::to_string(batch->peer) + " has failed");
+    return Finish(batch, UCS_OK);
+  }
+  in_flight_.insert(batch);
+  ucp_ep_h ep = it->second->ep;
+  const bool put = batch->op == Op::kPut;
+  // No per-run callback: the flush below completes after every run, so the run requests are
+  // released at once and one completion per batch is all the bookkeeping there is.
+  ucp_request_param_t run_param{};
+  for (const Run& run : batch->runs) {
+    if (run.length == 0) continue;
+    void* local = batch->local + (put ? run.src_offset : run.dst_offset);
+    uint64_t remote = batch->remote_address + (put ? run.dst_offset : run.src_offset);
+    ucs_status_ptr_t request =
+        put ? ucp_put_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param)
+            : ucp_get_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param);
+    if (UCS_PTR_IS_ERR(request)) {
+      batch->failure = FromUcs(UCS_PTR_STATUS(request), put ? "ucp_put_nbx" : "ucp_get_nbx");
+      break;  // the runs already posted are still covered by the flush
+    }
+    if (request != nullptr) ucp_request_free(request);
+  }
+  ucp_request_param_t flush{};
+  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  flush.cb.send = &Engine::OnBatchFlushed;
+  flush.user_data = batch;
+  ucs_status_ptr_t request = ucp_ep_flush_nbx(ep, &flush);
+  if (!UCS_PTR_IS_PTR(request)) Finish(batch, UCS_PTR_STATUS(request));
+}
+
+void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data) {
+  auto* batch = static_cast<BatchState*>(user_data);
+  ucp_request_free(request);
+  batch->engine->Finish(batch, status);
+}
+
+void Engine::Finish(BatchState* batch, ucs_status_t status) {
+  in_flight_.erase(batch);
+  Status result = !batch->failure.ok() ? batch->failure
+                  : status != UCS_OK   ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
+                                       : Status::Ok();
+  Completion done = std::move(batch->done);
+  delete batch;  // releases the mapping and the remote key before the caller hears back
+  done(std::move(result));
+}
+
+void Engine::CheckDeadlines(Clock::time_point now) {
+  std::vector<PeerId> late;
+  for (BatchState* batch : in_flight_) {
+    if (now <= batch->deadline || !batch->failure.ok()) continue;
+    auto overdue = std::chrono::duration_cast<std::chrono::milliseconds>(now - batch->deadline);
+    batch->failure = Status::Timeout("batch of " + std::to_string(batch->runs.size()) +
+                                     " runs to peer " + std::to_string(batch->peer) +
+                                     " missed its deadline (" + std::to_string(overdue.count()) +
+                                     " ms ago)");
+    late.push_back(batch->peer);
+  }
+  for (PeerId id : late) {
+    FailPeer(id, Status::Unavailable("peer " + std::to_string(id) +
+                                     " was closed after a batch to it missed its deadline"));
+  }
+}
+
+void Engine::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  // Closing an endpoint inside its own error callback is not allowed; do it after progress.
+  peer->engine->endpoint_errors_.emplace_back(peer->id, status);
+}
+
+void Engine::HandleEndpointErrors() {
+  auto errors = std::move(endpoint_errors_);
+  endpoint_errors_.clear();
+  for (auto [id, status] : errors) {
+    FailPeer(id, FromUcs(status, "peer " + std::to_string(id) + " failed").WithContext("endpoint"));
+  }
+}
+
+void Engine::FailPeer(PeerId id, const Status& reason) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  for (BatchState* batch : in_flight_) {
+    if (batch->peer == id && batch->failure.ok()) batch->failure = reason;
+  }
+  std::unique_ptr<Peer> peer = std::move(it->second);
+  peers_.erase(it);
+  peer->notes.clear();
+  // FORCE: UCX completes every outstanding request on the endpoint (flushes included, with an
+  // error), which is what lets Finish() hand the memory back to the caller.
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
+  if (UCS_PTR_IS_PTR(request)) closing_.emplace_back(std::move(peer), request);
+}
+
+void Engine::Notify(PeerId id, std::string message) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;  // the peer failed: its notifications are dropped with it
+  Peer* peer = it->second.get();
+  uint64_t seq = peer->next_note++;
+  peer->notes.push_back(Note{seq, std::move(message)});
+  // UCX does not order active messages after RMA: the flush is what makes the data land first.
+  ucp_request_param_t flush{};
+  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  flush.cb.send = &Engine::OnNoteFlushed;
+  auto* ref = new std::pair<Engine*, std::pair<PeerId, uint64_t>>(this, {id, seq});
+  flush.user_data = ref;
+  ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep, &flush);
+  if (UCS_PTR_IS_PTR(request)) return;
+  delete ref;
+  if (request == nullptr) MarkNoteReady(id, seq);
+}
+
+void Engine::OnNoteFlushed(void* request, ucs_status_t status, void* user_data) {
+  std::unique_ptr<std::pair<Engine*, std::pair<PeerId, uint64_t>>> ref(
+      static_cast<std::pair<Engine*, std::pair<PeerId, uint64_t>>*>(user_data));
+  ucp_request_free(request);
+  if (status == UCS_OK) ref->first->MarkNoteReady(ref->second.first, ref->second.second);
+}
+
+void Engine::MarkNoteReady(PeerId id, uint64_t seq) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  for (Note& note : it->second->notes) {
+    if (note.seq == seq) note.ready = true;
+  }
+  SendReadyNotes(it->second.get());
+}
+
+void Engine::SendReadyNotes(Peer* peer) {
+  while (!peer->notes.empty() && peer->notes.front().ready) {
+    auto* message = new std::string(std::move(peer->notes.front().message));
+    peer->notes.pop_front();
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;  // rendezvous would need a receive-side fetch
+    param.cb.send = &Engine::OnNoteSent;
+    param.user_data = message;
+    ucs_status_ptr_t request =
+        ucp_am_send_nbx(peer->ep, kNotifyAmId, nullptr, 0, message->data(), message->size(), &param);
+    if (!UCS_PTR_IS_PTR(request)) delete message;
+  }
+}
+
+void Engine::OnNoteSent(void* request, ucs_status_t, void* user_data) {
+  delete static_cast<std::string*>(user_data);
+  ucp_request_free(request);
+}
+
+ucs_status_t Engine::OnNotification(void* arg, const void*, size_t, void* data, size_t length,
+                                    const ucp_am_recv_param_t* param) {
+  auto* engine = static_cast<Engine*>(arg);
+  // Senders force eager; a rendezvous message did not come from this backend and is dropped.
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || !engine->handler_) return UCS_OK;
+  engine->handler_(std::string_view(static_cast<const char*>(data), length));
+  return UCS_OK;
+}
+
+void Engine::Shutdown() {
+  std::vector<PeerId> ids;
+  for (const auto& [id, peer] : peers_) ids.push_back(id);
+  for (PeerId id : ids) FailPeer(id, Status::Aborted("the transport was closed"));
+  // Force-closed endpoints release their requests within a few progress calls; bound it anyway.
+  Clock::time_point give_up = Clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    RunCommands();
+    ucp_worker_progress(worker_.get());
+    std::erase_if(closing_, [](auto& entry) {
+      if (ucp_request_check_status(entry.second) == UCS_INPROGRESS) return false;
+      ucp_request_free(entry.second);
+      return true;
+    });
+    if ((in_flight_.empty() && closing_.empty()) || Clock::now() > give_up) break;
+  }
+  while (!in_flight_.empty()) {
+    BatchState* batch = *in_flight_.begin();
+    batch->failure = Status::Aborted("the transport was closed with the batch in flight");
+    Finish(batch, UCS_OK);
+  }
+  RunCommands();  // remote keys released by the batches above
+  for (auto& entry : closing_) ucp_request_free(entry.second);
+  closing_.clear();
+}
+
+}  // namespace kv::transport::ucx

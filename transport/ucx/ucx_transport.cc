@@ -1,0 +1,221 @@
+// The public verbs of the ucx backend: validation on the caller's thread, then a command for the
+// progress thread (ucx_progress.cc). Rules on deadlines, failure and lifetime: ucx_engine.h.
+#include "transport/ucx/ucx_transport.h"
+
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "transport/codec.h"
+#include "transport/run_check.h"
+#include "transport/ucx/ucx_engine.h"
+
+namespace kv::transport {
+namespace {
+
+using ucx::Engine;
+
+constexpr uint32_t kAddressMagic = 0x4155564b;     // "KVUA"
+constexpr uint32_t kDescriptorMagic = 0x4d55564b;  // "KVUM"
+constexpr uint32_t kWireVersion = 1;
+constexpr size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are a few hundred bytes
+
+class UcxRegistration final : public MemoryRegistration {
+ public:
+  explicit UcxRegistration(std::shared_ptr<ucx::MemoryMap> map) : map_(std::move(map)) {}
+  void* base() const override { return map_->base(); }
+  uint64_t length() const override { return map_->length(); }
+  MemoryLocation location() const override { return map_->location(); }
+  std::string packed_descriptor() const override {
+    return ByteWriter()
+        .u32(kDescriptorMagic)
+        .u32(kWireVersion)
+        .u64(reinterpret_cast<uintptr_t>(map_->base()))
+        .u64(map_->length())
+        .bytes(map_->packed_rkey())
+        .take();
+  }
+  const std::shared_ptr<ucx::MemoryMap>& map() const { return map_; }
+
+ private:
+  std::shared_ptr<ucx::MemoryMap> map_;
+};
+
+class UcxRemote final : public RemoteMemory {
+ public:
+  UcxRemote(const Engine* engine, PeerId peer, uint64_t address, uint64_t length,
+            std::shared_ptr<ucx::RemoteKey> key)
+      : engine_(engine), peer_(peer), address_(address), length_(length), key_(std::move(key)) {}
+  PeerId peer() const override { return peer_; }
+  uint64_t length() const override { return length_; }
+  const Engine* engine() const { return engine_; }
+  uint64_t address() const { return address_; }
+  const std::shared_ptr<ucx::RemoteKey>& key() const { return key_; }
+
+ private:
+  const Engine* engine_;
+  PeerId peer_;
+  uint64_t address_;
+  uint64_t length_;
+  std::shared_ptr<ucx::RemoteKey> key_;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(std::unique_ptr<Engine> engine, std::string address, bool cuda)
+      : engine_(std::move(engine)), address_(std::move(address)), cuda_(cuda) {}
+
+  std::string_view name() const override { return "ucx"; }
+  std::string address() const override { return address_; }
+  bool supports(MemoryKind kind) const override { return kind == MemoryKind::kHost || cuda_; }
+
+  Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
+                                                              MemoryLocation where) override {
+    if (base == nullptr || length == 0)
+      return Status::InvalidArgument("register_memory needs a non-null base and a length > 0");
+    if (!supports(where.kind))
+      return Status::Unsupported(
+          "this UCX has no CUDA memory support (ucp_context_query lists no cuda memory type); "
+          "stage GPU memory through pinned host memory");
+    // Slabs are registered once: the same range again shares the mapping.
+    auto key = std::make_tuple(reinterpret_cast<uintptr_t>(base), length, where.kind, where.device);
+    std::lock_guard lock(mu_);
+    std::shared_ptr<ucx::MemoryMap> map = maps_[key].lock();
+    if (!map) {
+      KV_ASSIGN_OR_RETURN(map, ucx::MemoryMap::Create(engine_->context(), base, length, where));
+      maps_[key] = map;
+    }
+    std::erase_if(maps_, [](const auto& entry) { return entry.second.expired(); });
+    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
+  }
+
+  Result<PeerId> connect(std::string_view peer_address) override {
+    ByteReader in(peer_address);
+    uint32_t magic = 0, version = 0;
+    std::string_view worker;
+    if (!in.u32(&magic) || magic != kAddressMagic || !in.u32(&version) || !in.bytes(&worker) ||
+        !in.at_end() || worker.empty() || worker.size() > kMaxBlob)
+      return Status::InvalidArgument("not a ucx transport address");
+    if (version != kWireVersion)
+      return Status::Incompatible("ucx address version " + std::to_string(version) +
+                                  ", this build speaks " + std::to_string(kWireVersion));
+    PeerId id;
+    {
+      std::lock_guard lock(mu_);
+      id = next_peer_++;
+    }
+    KV_ASSIGN_OR_RETURN(PeerId connected,
+                        engine_->RunSync<PeerId>([this, id, w = std::string(worker)] {
+                          return engine_->Connect(w, id);
+                        }));
+    std::lock_guard lock(mu_);
+    peers_.insert(connected);
+    return connected;
+  }
+
+  void disconnect(PeerId peer) override {
+    {
+      std::lock_guard lock(mu_);
+      if (peers_.erase(peer) == 0) return;
+    }
+    engine_->Enqueue([this, peer] { (void)engine_->Disconnect(peer); });
+  }
+
+  Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
+                                                      std::string_view packed) override {
+    KV_RETURN_IF_ERROR(CheckPeer(peer));
+    ByteReader in(packed);
+    uint32_t magic = 0, version = 0;
+    uint64_t address = 0, length = 0;
+    std::string_view rkey;
+    if (!in.u32(&magic) || magic != kDescriptorMagic || !in.u32(&version) || !in.u64(&address) ||
+        !in.u64(&length) || !in.bytes(&rkey) || !in.at_end() || rkey.empty() ||
+        rkey.size() > kMaxBlob)
+      return Status::InvalidArgument("not a ucx memory descriptor");
+    if (version != kWireVersion)
+      return Status::Incompatible("ucx descriptor version " + std::to_string(version));
+    if (length == 0 || address + length < address)
+      return Status::InvalidArgument("ucx descriptor range wraps around or is empty");
+    KV_ASSIGN_OR_RETURN(ucp_rkey_h key,
+                        engine_->RunSync<ucp_rkey_h>([this, peer, r = std::string(rkey)] {
+                          return engine_->UnpackRkey(peer, r);
+                        }));
+    return std::unique_ptr<RemoteMemory>(new UcxRemote(
+        engine_.get(), peer, address, length, std::make_shared<ucx::RemoteKey>(engine_.get(), key)));
+  }
+
+  Status post(const Batch& batch, Completion done) override {
+    KV_RETURN_IF_ERROR(CheckBatch(batch));
+    auto* local = dynamic_cast<const UcxRegistration*>(batch.local);
+    auto* remote = dynamic_cast<const UcxRemote*>(batch.remote);
+    if (local == nullptr || remote == nullptr || remote->engine() != engine_.get())
+      return Status::InvalidArgument("batch names memory of another transport");
+    KV_RETURN_IF_ERROR(CheckPeer(remote->peer()));
+    auto* state = new ucx::BatchState;
+    state->engine = engine_.get();
+    state->peer = remote->peer();
+    state->op = batch.op;
+    state->runs.assign(batch.runs.begin(), batch.runs.end());
+    state->local = static_cast<char*>(local->base());
+    state->remote_address = remote->address();
+    state->local_map = local->map();
+    state->remote_key = remote->key();
+    state->done = std::move(done);
+    state->deadline = batch.deadline;
+    engine_->Enqueue([engine = engine_.get(), state] { engine->Post(state); });
+    return Status::Ok();
+  }
+
+  Status notify(PeerId peer, std::string message) override {
+    if (message.size() > ucx::kMaxNotification)
+      return Status::InvalidArgument("notification of " + std::to_string(message.size()) +
+                                     " bytes; the limit is " +
+                                     std::to_string(ucx::kMaxNotification));
+    KV_RETURN_IF_ERROR(CheckPeer(peer));
+    engine_->Enqueue([engine = engine_.get(), peer, m = std::move(message)]() mutable {
+      engine->Notify(peer, std::move(m));
+    });
+    return Status::Ok();
+  }
+
+  void set_notification_handler(NotificationHandler handler) override {
+    // Synchronous, so a peer told "ready" afterwards cannot reach the old handler.
+    (void)engine_->RunSync<bool>([this, h = std::move(handler)]() mutable -> Result<bool> {
+      engine_->SetHandler(std::move(h));
+      return true;
+    });
+  }
+
+ private:
+  Status CheckPeer(PeerId peer) {
+    std::lock_guard lock(mu_);
+    if (peers_.count(peer) == 0)
+      return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
+    return Status::Ok();
+  }
+
+  std::unique_ptr<Engine> engine_;
+  const std::string address_;
+  const bool cuda_;
+
+  std::mutex mu_;  // guards everything below
+  std::map<std::tuple<uintptr_t, uint64_t, MemoryKind, int>, std::weak_ptr<ucx::MemoryMap>> maps_;
+  std::set<PeerId> peers_;
+  PeerId next_peer_ = 1;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
+  KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(options));
+  KV_ASSIGN_OR_RETURN(ucx::WorkerPtr worker, ucx::CreateWorker(context.get()));
+  KV_ASSIGN_OR_RETURN(std::string worker_address, ucx::WorkerAddress(worker.get()));
+  bool cuda = ucx::ContextSupports(context.get(), MemoryKind::kCuda);
+  std::string address =
+      ByteWriter().u32(kAddressMagic).u32(kWireVersion).bytes(worker_address).take();
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                      Engine::Create(std::move(context), std::move(worker)));
+  return std::unique_ptr<Transport>(new UcxTransport(std::move(engine), std::move(address), cuda));
+}
+
+}  // namespace kv::transport

@@ -1,0 +1,140 @@
+// The factory and the `local` backend.
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "tests/transport/test_support.h"
+#include "transport/transport.h"
+
+namespace kv::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ExpectCopied;
+using testing::Fill;
+using testing::PostAndWait;
+using testing::SpreadRuns;
+using testing::Waiter;
+
+TEST(TransportFactory, ListsLocalAndRefusesUnknownBackends) {
+  auto names = AvailableTransports();
+  EXPECT_NE(std::find(names.begin(), names.end(), "local"), names.end());
+  auto missing = CreateTransport("carrier-pigeon");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Code::kUnsupported);
+  EXPECT_NE(missing.status().message().find("local"), std::string::npos);
+  auto automatic = CreateTransport("auto");
+  ASSERT_TRUE(automatic.ok()) << automatic.status().ToString();
+  EXPECT_EQ((*automatic)->name(), names.front());
+}
+
+class LocalPair : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto a = CreateTransport("local");
+    auto b = CreateTransport("local");
+    ASSERT_TRUE(a.ok() && b.ok());
+    initiator = std::move(*a);
+    target = std::move(*b);
+    src.resize(1 << 20);
+    dst.assign(2 << 20, 0xEE);
+    Fill(src, 7);
+    auto s = initiator->register_memory(src.data(), src.size(), MemoryLocation::Host());
+    auto d = target->register_memory(dst.data(), dst.size(), MemoryLocation::Host());
+    ASSERT_TRUE(s.ok() && d.ok());
+    src_reg = std::move(*s);
+    dst_reg = std::move(*d);
+    auto peer_or = initiator->connect(target->address());
+    ASSERT_TRUE(peer_or.ok()) << peer_or.status().ToString();
+    peer = *peer_or;
+    auto remote_or = initiator->import_remote(peer, dst_reg->packed_descriptor());
+    ASSERT_TRUE(remote_or.ok()) << remote_or.status().ToString();
+    remote = std::move(*remote_or);
+  }
+
+  std::unique_ptr<Transport> initiator, target;
+  std::vector<uint8_t> src, dst;
+  std::unique_ptr<MemoryRegistration> src_reg, dst_reg;
+  PeerId peer = 0;
+  std::unique_ptr<RemoteMemory> remote;
+};
+
+TEST_F(LocalPair, PutsManySmallRunsAndGetsThemBack) {
+  auto runs = SpreadRuns(1000, 512, 256);
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs).ok());
+  ExpectCopied(src, dst, runs, 0xEE);
+
+  std::vector<kv::Run> back;
+  for (const kv::Run& r : runs) back.push_back({r.dst_offset, r.src_offset, r.length});
+  std::fill(src.begin(), src.end(), 0);
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kGet, *src_reg, *remote, back).ok());
+  std::vector<uint8_t> expected(src.size());
+  Fill(expected, 7);
+  EXPECT_EQ(0, std::memcmp(expected.data(), src.data(), 1000 * 512));
+}
+
+TEST_F(LocalPair, RejectsRunOutsideTheRegistrationWithNothingPosted) {
+  std::vector<kv::Run> runs = {{0, 0, 4096}, {0, dst.size() - 100, 101}};
+  bool called = false;
+  Batch batch{Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)};
+  Status s = initiator->post(batch, [&](Status) { called = true; });
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  // Batches run in order: once a later one completed, the rejected one would have landed.
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 8192, 1}}).ok());
+  EXPECT_FALSE(called);
+  EXPECT_EQ(dst[0], 0xEE);
+}
+
+TEST_F(LocalPair, NotificationArrivesAfterTheDataBeforeIt) {
+  std::atomic<int> checked{0};
+  std::atomic<bool> all_there{true};
+  target->set_notification_handler([&](std::string_view m) {
+    all_there = all_there && m == "batch" && std::memcmp(src.data(), dst.data(), src.size()) == 0;
+    ++checked;
+  });
+  Waiter waiter;
+  std::vector<kv::Run> whole = {{0, 0, src.size()}};
+  ASSERT_TRUE(initiator
+                  ->post({Op::kPut, src_reg.get(), remote.get(), whole, testing::In(10s)},
+                         waiter.callback())
+                  .ok());
+  ASSERT_TRUE(initiator->notify(peer, "batch").ok());
+  ASSERT_TRUE(waiter.Wait().ok());
+  for (int i = 0; i < 5000 && checked == 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(checked, 1);
+  EXPECT_TRUE(all_there);
+}
+
+TEST_F(LocalPair, BatchStartedPastItsDeadlineTimesOut) {
+  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 0, 64}}, -1ms);
+  EXPECT_EQ(s.code(), Code::kTimeout);
+}
+
+TEST_F(LocalPair, DisconnectedPeerIsNotFound) {
+  initiator->disconnect(peer);
+  std::vector<kv::Run> runs = {{0, 0, 1}};
+  Batch batch{Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)};
+  EXPECT_EQ(initiator->post(batch, [](Status) {}).code(), Code::kNotFound);
+  EXPECT_EQ(initiator->notify(peer, "x").code(), Code::kNotFound);
+}
+
+TEST_F(LocalPair, DeadPeerFailsWithUnavailable) {
+  dst_reg.reset();
+  target.reset();
+  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 0, 64}});
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_EQ(initiator->connect("local:999999").status().code(), Code::kUnavailable);
+}
+
+TEST_F(LocalPair, RefusesForeignDescriptorsAndDeviceMemory) {
+  EXPECT_EQ(initiator->import_remote(peer, "garbage").status().code(), Code::kInvalidArgument);
+  // A descriptor of the initiator's own memory does not belong to the target.
+  EXPECT_EQ(initiator->import_remote(peer, src_reg->packed_descriptor()).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_FALSE(initiator->supports(MemoryKind::kCuda));
+  EXPECT_EQ(initiator->register_memory(src.data(), 16, MemoryLocation::Cuda(0)).status().code(),
+            Code::kUnsupported);
+}
+
+}  // namespace
+}  // namespace kv::transport

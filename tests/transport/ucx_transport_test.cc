@@ -1,0 +1,204 @@
+// The ucx backend with two workers in one process, over TCP and over shared memory.
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "tests/transport/test_support.h"
+#include "transport/transport.h"
+
+namespace kv::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ExpectCopied;
+using testing::Fill;
+using testing::PostAndWait;
+using testing::SpreadRuns;
+using testing::Waiter;
+
+TransportOptions Tls(const std::string& tls) { return {{{"UCX_TLS", tls}}}; }
+
+class UcxPair : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto a = CreateTransport("ucx", Tls(GetParam()));
+    auto b = CreateTransport("ucx", Tls(GetParam()));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    initiator = std::move(*a);
+    target = std::move(*b);
+    src.resize(8 << 20);
+    dst.assign(16 << 20, 0xEE);
+    Fill(src, 3);
+    auto s = initiator->register_memory(src.data(), src.size(), MemoryLocation::Host());
+    auto d = target->register_memory(dst.data(), dst.size(), MemoryLocation::Host());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    src_reg = std::move(*s);
+    dst_reg = std::move(*d);
+    auto p = initiator->connect(target->address());
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    peer = *p;
+    auto r = initiator->import_remote(peer, dst_reg->packed_descriptor());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    remote = std::move(*r);
+  }
+  // Registrations and descriptors go before their transports (the Transport contract).
+  void TearDown() override {
+    remote.reset();
+    src_reg.reset();
+    dst_reg.reset();
+    initiator.reset();
+    target.reset();
+  }
+
+  std::unique_ptr<Transport> initiator, target;
+  std::vector<uint8_t> src, dst;
+  std::unique_ptr<MemoryRegistration> src_reg, dst_reg;
+  PeerId peer = 0;
+  std::unique_ptr<RemoteMemory> remote;
+};
+
+TEST_P(UcxPair, PutsABatchOfManySmallRuns) {
+  auto runs = SpreadRuns(2000, 1024, 512);
+  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectCopied(src, dst, runs, 0xEE);
+}
+
+TEST_P(UcxPair, PutsAFewLargeRunsThenGetsThemBack) {
+  auto runs = SpreadRuns(4, 2 << 20, 4096);
+  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectCopied(src, dst, runs, 0xEE);
+
+  std::vector<kv::Run> back;
+  for (const kv::Run& r : runs) back.push_back({r.dst_offset, r.src_offset, r.length});
+  std::vector<uint8_t> expected = src;
+  std::fill(src.begin(), src.end(), 0);
+  s = PostAndWait(*initiator, Op::kGet, *src_reg, *remote, back);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(0, std::memcmp(expected.data(), src.data(), src.size()));
+}
+
+TEST_P(UcxPair, ManyBatchesInFlightAllComplete) {
+  std::vector<Waiter> waiters(64);
+  for (size_t i = 0; i < waiters.size(); ++i) {
+    std::vector<kv::Run> runs = {{i * 4096, i * 8192, 4096}};
+    ASSERT_TRUE(initiator
+                    ->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(10s)},
+                           waiters[i].callback())
+                    .ok());
+  }
+  for (auto& w : waiters) ASSERT_TRUE(w.Wait().ok());
+  for (size_t i = 0; i < waiters.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(src.data() + i * 4096, dst.data() + i * 8192, 4096)) << i;
+}
+
+TEST_P(UcxPair, RunOutsideTheRegisteredRangeIsRejectedWithNothingPosted) {
+  std::vector<kv::Run> runs = {{0, 0, 4096}, {0, dst.size() - 4095, 4096}};
+  bool called = false;
+  Status s = initiator->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)},
+                             [&](Status) { called = true; });
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
+  std::vector<kv::Run> wrapping = {{0, UINT64_MAX - 10, 20}};
+  s = initiator->post({Op::kPut, src_reg.get(), remote.get(), wrapping, testing::In(1s)},
+                      [&](Status) { called = true; });
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
+  // Batches run in order: once a later one completed, the rejected ones would have landed.
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 1 << 20, 1}}).ok());
+  EXPECT_FALSE(called);
+  EXPECT_EQ(dst[0], 0xEE);
+  EXPECT_EQ(dst[dst.size() - 1], 0xEE);
+}
+
+// The receiver checks the bytes when the notification arrives: a notification that overtook its
+// data would see stale bytes.
+TEST_P(UcxPair, NotificationsNeverOvertakeTheirData) {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  std::atomic<int> stale{0};
+  const uint64_t slice = 1 << 20;
+  target->set_notification_handler([&](std::string_view m) {
+    uint64_t i = std::stoull(std::string(m));
+    if (std::memcmp(src.data() + i * slice, dst.data() + i * slice, slice) != 0) ++stale;
+    std::lock_guard lock(mu);
+    seen.emplace_back(m);
+  });
+  std::vector<Waiter> waiters(8);
+  for (uint64_t i = 0; i < waiters.size(); ++i) {
+    std::vector<kv::Run> runs = {{i * slice, i * slice, slice}};
+    ASSERT_TRUE(initiator
+                    ->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(10s)},
+                           waiters[i].callback())
+                    .ok());
+    ASSERT_TRUE(initiator->notify(peer, std::to_string(i)).ok());
+  }
+  for (auto& w : waiters) ASSERT_TRUE(w.Wait().ok());
+  for (int i = 0; i < 10000; ++i) {
+    {
+      std::lock_guard lock(mu);
+      if (seen.size() == waiters.size()) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  std::lock_guard lock(mu);
+  ASSERT_EQ(seen.size(), waiters.size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], std::to_string(i)) << "out of order";
+  EXPECT_EQ(stale, 0);
+}
+
+TEST_P(UcxPair, DisconnectForgetsThePeerAndReconnectWorks) {
+  initiator->disconnect(peer);
+  std::vector<kv::Run> runs = {{0, 0, 1}};
+  EXPECT_EQ(initiator
+                ->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)},
+                       [](Status) {})
+                .code(),
+            Code::kNotFound);
+  EXPECT_EQ(initiator->notify(peer, "x").code(), Code::kNotFound);
+  auto p = initiator->connect(target->address());
+  ASSERT_TRUE(p.ok());
+  auto r = initiator->import_remote(*p, dst_reg->packed_descriptor());
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, **r, {{0, 0, 4096}}).ok());
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), 4096));
+}
+
+TEST_P(UcxPair, RegistrationOfTheSameSlabIsShared) {
+  auto again = initiator->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->packed_descriptor(), src_reg->packed_descriptor());
+  EXPECT_EQ(initiator->register_memory(nullptr, 10, MemoryLocation::Host()).status().code(),
+            Code::kInvalidArgument);
+}
+
+TEST_P(UcxPair, MalformedAddressesAndDescriptorsAreRejected) {
+  EXPECT_EQ(initiator->connect("").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(initiator->connect(target->address().substr(0, 10)).status().code(),
+            Code::kInvalidArgument);
+  std::string d = dst_reg->packed_descriptor();
+  EXPECT_EQ(initiator->import_remote(peer, d.substr(0, d.size() - 1)).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(initiator->import_remote(peer + 100, d).status().code(), Code::kNotFound);
+  EXPECT_EQ(initiator->notify(peer, std::string(1 << 20, 'x')).code(), Code::kInvalidArgument);
+}
+
+TEST_P(UcxPair, DeviceMemoryIsRefusedWhereUcxHasNoCuda) {
+  if (initiator->supports(MemoryKind::kCuda)) GTEST_SKIP() << "this UCX reaches CUDA memory";
+  auto r = initiator->register_memory(src.data(), 4096, MemoryLocation::Cuda(0));
+  EXPECT_EQ(r.status().code(), Code::kUnsupported);
+  EXPECT_NE(r.status().message().find("pinned host"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST(UcxTransport, UnknownSettingIsRejected) {
+  auto t = CreateTransport("ucx", {{{"UCX_NO_SUCH_KNOB", "1"}}});
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kv::transport

@@ -14,7 +14,9 @@
 
 namespace kv::transport {
 
-Channel::~Channel() { ::close(fd_); }
+Channel::~Channel() {
+  ::close(fd_);
+}
 
 Status Channel::Send(std::string_view message) {
   if (message.size() > kMaxMessage)
@@ -87,7 +89,9 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   return std::unique_ptr<ChildProcess>(new ChildProcess(pid, fds[0]));
 }
 
-ChildProcess::~ChildProcess() { Kill(); }
+ChildProcess::~ChildProcess() {
+  Kill();
+}
 
 void ChildProcess::Kill() {
   if (reaped_) return;
@@ -104,7 +108,8 @@ Result<int> ChildProcess::Wait(Clock::time_point deadline) {
       reaped_ = true;
       break;
     }
-    if (r < 0 && errno != EINTR) return Status::IoError(std::string("waitpid: ") + std::strerror(errno));
+    if (r < 0 && errno != EINTR)
+      return Status::IoError(std::string("waitpid: ") + std::strerror(errno));
     if (Clock::now() > deadline)
       return Status::Timeout("process " + std::to_string(pid_) + " did not exit in time");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));

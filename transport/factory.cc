@@ -17,14 +17,14 @@ namespace kv::transport {
 std::span<const Backend> CompiledBackends() {
   static const Backend kBackends[] = {
 #if KV_TRANSPORT_HAVE_UCX
-      {"ucx", &CreateUcxTransport},
+    {"ucx", &CreateUcxTransport},
 #endif
-      {"local", &CreateLocalTransport},
+    {"local", &CreateLocalTransport},
 #if KV_TRANSPORT_HAVE_CUDA_IPC
-      {"cuda_ipc", &CreateCudaIpcTransport},
+    {"cuda_ipc", &CreateCudaIpcTransport},
 #endif
 #if KV_TRANSPORT_HAVE_NCCL
-      {"nccl", &CreateNcclTransport},
+    {"nccl", &CreateNcclTransport},
 #endif
   };
   return kBackends;

@@ -10,8 +10,8 @@ Status CheckBatch(const Batch& batch) {
   const uint64_t local_bytes = batch.local->length();
   const uint64_t remote_bytes = batch.remote->length();
   const bool put = batch.op == Op::kPut;
-  Status s = ValidateRuns(batch.runs, put ? local_bytes : remote_bytes,
-                          put ? remote_bytes : local_bytes);
+  Status s =
+      ValidateRuns(batch.runs, put ? local_bytes : remote_bytes, put ? remote_bytes : local_bytes);
   return s.WithContext(put ? "put (src local, dst remote)" : "get (src remote, dst local)");
 }
 

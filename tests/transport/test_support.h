@@ -34,7 +34,9 @@ class Waiter {
   std::future<Status> future_;
 };
 
-inline Clock::time_point In(std::chrono::milliseconds d) { return Clock::now() + d; }
+inline Clock::time_point In(std::chrono::milliseconds d) {
+  return Clock::now() + d;
+}
 
 inline Status PostAndWait(Transport& t, Op op, const MemoryRegistration& local,
                           const RemoteMemory& remote, const std::vector<kv::Run>& runs,

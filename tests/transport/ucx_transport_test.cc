@@ -17,7 +17,9 @@ using testing::PostAndWait;
 using testing::SpreadRuns;
 using testing::Waiter;
 
-TransportOptions Tls(const std::string& tls) { return {{{"UCX_TLS", tls}}}; }
+TransportOptions Tls(const std::string& tls) {
+  return {{{"UCX_TLS", tls}}};
+}
 
 class UcxPair : public ::testing::TestWithParam<std::string> {
  protected:
@@ -152,11 +154,10 @@ TEST_P(UcxPair, NotificationsNeverOvertakeTheirData) {
 TEST_P(UcxPair, DisconnectForgetsThePeerAndReconnectWorks) {
   initiator->disconnect(peer);
   std::vector<kv::Run> runs = {{0, 0, 1}};
-  EXPECT_EQ(initiator
-                ->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)},
-                       [](Status) {})
-                .code(),
-            Code::kNotFound);
+  EXPECT_EQ(
+      initiator->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)}, [](Status) {})
+          .code(),
+      Code::kNotFound);
   EXPECT_EQ(initiator->notify(peer, "x").code(), Code::kNotFound);
   auto p = initiator->connect(target->address());
   ASSERT_TRUE(p.ok());
@@ -192,11 +193,14 @@ TEST_P(UcxPair, DeviceMemoryIsRefusedWhereUcxHasNoCuda) {
   EXPECT_NE(r.status().message().find("pinned host"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "shm"),
-                         [](const auto& info) { return info.param; });
+// "shm": the data moves through shared memory (cma); UCX 1.13's posix/sysv transports cannot
+// detect a dead peer, so with peer error handling active messages and wire-up need tcp.
+INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "cma,tcp"), [](const auto& info) {
+  return std::string(info.param == "tcp" ? "tcp" : "shm");
+});
 
-TEST(UcxTransport, UnknownSettingIsRejected) {
-  auto t = CreateTransport("ucx", {{{"UCX_NO_SUCH_KNOB", "1"}}});
+TEST(UcxTransport, UnparsableSettingIsRejected) {
+  auto t = CreateTransport("ucx", {{{"UCX_RNDV_THRESH", "banana"}}});
   EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
 }
 

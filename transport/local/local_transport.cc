@@ -151,7 +151,8 @@ class LocalTransport final : public Transport {
 
   Result<PeerId> connect(std::string_view peer_address) override {
     std::shared_ptr<Endpoint> peer = Directory::Get().Find(peer_address);
-    if (!peer) return Status::Unavailable("no local transport at '" + std::string(peer_address) + "'");
+    if (!peer)
+      return Status::Unavailable("no local transport at '" + std::string(peer_address) + "'");
     std::lock_guard lock(mu_);
     PeerId id = next_peer_++;
     peers_[id].ep = peer;
@@ -197,9 +198,8 @@ class LocalTransport final : public Transport {
     KV_ASSIGN_OR_RETURN(Peer p, FindPeer(remote->peer()));
     std::vector<Run> runs(batch.runs.begin(), batch.runs.end());
     Enqueue([this, p, op = batch.op, base = static_cast<char*>(local->base()), id = remote->id(),
-             runs = std::move(runs), deadline = batch.deadline, done = std::move(done)] {
-      done(Copy(p, op, base, id, runs, deadline));
-    });
+             runs = std::move(runs), deadline = batch.deadline,
+             done = std::move(done)] { done(Copy(p, op, base, id, runs, deadline)); });
     return Status::Ok();
   }
 
@@ -231,7 +231,8 @@ class LocalTransport final : public Transport {
   Result<Peer> FindPeer(PeerId peer) {
     std::lock_guard lock(mu_);
     auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
+    if (it == peers_.end())
+      return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
     return it->second;
   }
 

@@ -105,6 +105,8 @@ Result<std::shared_ptr<MemoryMap>> MemoryMap::Create(ucp_context_h context, void
   return map;
 }
 
-MemoryMap::~MemoryMap() { ucp_mem_unmap(context_, memh_); }
+MemoryMap::~MemoryMap() {
+  ucp_mem_unmap(context_, memh_);
+}
 
 }  // namespace kv::transport::ucx

@@ -139,6 +139,7 @@ class Engine {
   void CheckDeadlines(Clock::time_point now);
   void HandleEndpointErrors();
   void FailPeer(PeerId id, const Status& reason);
+  void ReapClosedEndpoints();
   void Finish(BatchState* batch, ucs_status_t status);
   void MarkNoteReady(PeerId id, uint64_t seq);
   void SendReadyNotes(Peer* peer);

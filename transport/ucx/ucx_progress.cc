@@ -96,6 +96,7 @@ void Engine::Loop() {
     if (turn % 64 != 0) continue;
     Clock::time_point now = Clock::now();
     if (!in_flight_.empty()) CheckDeadlines(now);
+    if (!closing_.empty()) ReapClosedEndpoints();
     if (worked) last_event = now;
     worked = false;
     if (now - last_event > kIdleSpin) Sleep(!in_flight_.empty());
@@ -198,8 +199,9 @@ void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data)
 void Engine::Finish(BatchState* batch, ucs_status_t status) {
   in_flight_.erase(batch);
   Status result = !batch->failure.ok() ? batch->failure
-                  : status != UCS_OK   ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
-                                       : Status::Ok();
+                  : status != UCS_OK
+                      ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
+                      : Status::Ok();
   Completion done = std::move(batch->done);
   delete batch;  // releases the mapping and the remote key before the caller hears back
   done(std::move(result));
@@ -210,10 +212,10 @@ void Engine::CheckDeadlines(Clock::time_point now) {
   for (BatchState* batch : in_flight_) {
     if (now <= batch->deadline || !batch->failure.ok()) continue;
     auto overdue = std::chrono::duration_cast<std::chrono::milliseconds>(now - batch->deadline);
-    batch->failure = Status::Timeout("batch of " + std::to_string(batch->runs.size()) +
-                                     " runs to peer " + std::to_string(batch->peer) +
-                                     " missed its deadline (" + std::to_string(overdue.count()) +
-                                     " ms ago)");
+    batch->failure =
+        Status::Timeout("batch of " + std::to_string(batch->runs.size()) + " runs to peer " +
+                        std::to_string(batch->peer) + " missed its deadline (" +
+                        std::to_string(overdue.count()) + " ms ago)");
     late.push_back(batch->peer);
   }
   for (PeerId id : late) {
@@ -239,17 +241,22 @@ void Engine::HandleEndpointErrors() {
 void Engine::FailPeer(PeerId id, const Status& reason) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
+  bool batches_in_flight = false;
   for (BatchState* batch : in_flight_) {
-    if (batch->peer == id && batch->failure.ok()) batch->failure = reason;
+    if (batch->peer != id) continue;
+    batches_in_flight = true;
+    if (batch->failure.ok()) batch->failure = reason;
   }
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   peer->notes.clear();
-  // FORCE: UCX completes every outstanding request on the endpoint (flushes included, with an
-  // error), which is what lets Finish() hand the memory back to the caller.
+  // With batches in flight, FORCE: UCX then completes every outstanding request on the endpoint
+  // (flushes included, with an error), which is what lets Finish() hand the memory back. An idle
+  // endpoint closes gracefully instead, so the peer sees an orderly goodbye rather than a reset
+  // in the middle of its wire-up (UCX 1.13 aborts on a reset while a wire-up reply is pending).
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.flags = batches_in_flight ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
   if (UCS_PTR_IS_PTR(request)) closing_.emplace_back(std::move(peer), request);
 }
@@ -298,8 +305,8 @@ void Engine::SendReadyNotes(Peer* peer) {
     param.flags = UCP_AM_SEND_FLAG_EAGER;  // rendezvous would need a receive-side fetch
     param.cb.send = &Engine::OnNoteSent;
     param.user_data = message;
-    ucs_status_ptr_t request =
-        ucp_am_send_nbx(peer->ep, kNotifyAmId, nullptr, 0, message->data(), message->size(), &param);
+    ucs_status_ptr_t request = ucp_am_send_nbx(peer->ep, kNotifyAmId, nullptr, 0, message->data(),
+                                               message->size(), &param);
     if (!UCS_PTR_IS_PTR(request)) delete message;
   }
 }
@@ -318,6 +325,14 @@ ucs_status_t Engine::OnNotification(void* arg, const void*, size_t, void* data, 
   return UCS_OK;
 }
 
+void Engine::ReapClosedEndpoints() {
+  std::erase_if(closing_, [](auto& entry) {
+    if (ucp_request_check_status(entry.second) == UCS_INPROGRESS) return false;
+    ucp_request_free(entry.second);
+    return true;
+  });
+}
+
 void Engine::Shutdown() {
   std::vector<PeerId> ids;
   for (const auto& [id, peer] : peers_) ids.push_back(id);
@@ -327,11 +342,7 @@ void Engine::Shutdown() {
   for (;;) {
     RunCommands();
     ucp_worker_progress(worker_.get());
-    std::erase_if(closing_, [](auto& entry) {
-      if (ucp_request_check_status(entry.second) == UCS_INPROGRESS) return false;
-      ucp_request_free(entry.second);
-      return true;
-    });
+    ReapClosedEndpoints();
     if ((in_flight_.empty() && closing_.empty()) || Clock::now() > give_up) break;
   }
   while (!in_flight_.empty()) {

@@ -140,8 +140,9 @@ class UcxTransport final : public Transport {
                         engine_->RunSync<ucp_rkey_h>([this, peer, r = std::string(rkey)] {
                           return engine_->UnpackRkey(peer, r);
                         }));
-    return std::unique_ptr<RemoteMemory>(new UcxRemote(
-        engine_.get(), peer, address, length, std::make_shared<ucx::RemoteKey>(engine_.get(), key)));
+    return std::unique_ptr<RemoteMemory>(
+        new UcxRemote(engine_.get(), peer, address, length,
+                      std::make_shared<ucx::RemoteKey>(engine_.get(), key)));
   }
 
   Status post(const Batch& batch, Completion done) override {

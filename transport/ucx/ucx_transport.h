@@ -10,7 +10,8 @@
 namespace kv::transport {
 
 // options.settings are UCX configuration variables, with or without the "UCX_" prefix
-// ({"UCX_TLS", "tcp"}); an unknown name is kInvalidArgument.
+// ({"UCX_TLS", "tcp"}); a value UCX cannot parse is kInvalidArgument (an unknown name, UCX only
+// warns about).
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options);
 
 }  // namespace kv::transport

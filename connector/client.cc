@@ -1,0 +1,204 @@
+#include "connector/client.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "daemon/framing.h"
+#include "daemon/wire_layout.h"
+
+namespace kv::connector {
+
+Connector::Client::Client(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {
+  // A kvd that stops reading cannot block a sender past the timeout.
+  timeval tv{};
+  tv.tv_sec = timeout.count() / 1000;
+  tv.tv_usec = (timeout.count() % 1000) * 1000;
+  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  reader_ = std::thread([this] { ReadLoop(); });
+}
+
+Connector::Client::~Client() {
+  shutdown(fd_, SHUT_RDWR);  // wakes the reader's recv
+  reader_.join();
+  close(fd_);
+}
+
+Status Connector::Client::SendFrame(const std::string& frame, int pass_fd) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  size_t sent = 0;
+  while (sent < frame.size()) {
+    iovec iov{const_cast<char*>(frame.data() + sent), frame.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (pass_fd >= 0 && sent == 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return Status::Timeout("kvd did not take a message within " +
+                               std::to_string(timeout_.count()) + " ms");
+      }
+      return Status::Unavailable(std::string("send to kvd: ") + std::strerror(errno));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<proto::Reply> Connector::Client::Call(proto::EngineMessage message, int pass_fd) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return closed_reason_;
+    seq = next_seq_++;
+    replies_[seq];
+  }
+  message.set_seq(seq);
+  std::string frame;
+  Status s = daemon::AppendFrame(message.SerializeAsString(), &frame);
+  if (s.ok()) s = SendFrame(frame, pass_fd);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (s.ok()) {
+    const bool answered =
+        cv_.wait_for(lock, timeout_, [&] { return closed_ || replies_[seq].has_value(); });
+    if (replies_[seq].has_value()) {
+      proto::Reply reply = std::move(*replies_[seq]);
+      replies_.erase(seq);
+      Status error = daemon::FromWire(reply.error());
+      if (!error.ok()) return error;
+      return reply;
+    }
+    s = !answered ? Status::Timeout("kvd did not answer within " +
+                                    std::to_string(timeout_.count()) + " ms")
+                  : closed_reason_;
+  }
+  replies_.erase(seq);
+  return s;
+}
+
+void Connector::Client::ReadLoop() {
+  daemon::FrameDecoder decoder;
+  char buf[64 * 1024];
+  Status why = Status::Unavailable("kvd closed the connection");
+  for (;;) {
+    ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n < 0) why = Status::Unavailable(std::string("read from kvd: ") + std::strerror(errno));
+      break;
+    }
+    decoder.Append(buf, static_cast<size_t>(n));
+    bool broken = false;
+    for (;;) {
+      auto frame = decoder.Next();
+      proto::DaemonMessage message;
+      if (!frame.ok() || (frame->has_value() && !message.ParseFromString(**frame))) {
+        why = Status::Internal("kvd sent a malformed message");
+        broken = true;
+        break;
+      }
+      if (!frame->has_value()) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      Apply(std::move(message));
+    }
+    if (broken) break;
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  closed_reason_ = why;
+  for (auto& [id, load] : loads_) FailLoad(load, why);
+  cv_.notify_all();
+}
+
+void Connector::Client::FailLoad(Load& load, const Status& why) {
+  if (!load.failed.ok()) return;
+  load.failed = why;
+  failed_blocks_.insert(failed_blocks_.end(), load.blocks.begin(), load.blocks.end());
+}
+
+void Connector::Client::Apply(proto::DaemonMessage message) {
+  switch (message.body_case()) {
+    case proto::DaemonMessage::kReply: {
+      auto it = replies_.find(message.seq());
+      if (it != replies_.end()) it->second = std::move(*message.mutable_reply());
+      return;
+    }
+    case proto::DaemonMessage::kLayerReady: {
+      auto it = loads_.find(message.layer_ready().request_id());
+      if (it != loads_.end()) it->second.ready.insert(message.layer_ready().layer());
+      return;
+    }
+    case proto::DaemonMessage::kRequestDone: {
+      const auto& done = message.request_done();
+      const Status error = daemon::FromWire(done.error());
+      if (done.sent()) {
+        finished_.sent.push_back(done.request_id());
+        return;
+      }
+      auto it = loads_.find(done.request_id());
+      if (it == loads_.end()) return;
+      if (error.ok()) {
+        finished_.received.push_back(done.request_id());
+      } else {
+        FailLoad(it->second, error);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void Connector::Client::ExpectLoad(const std::string& request, std::vector<int64_t> blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  loads_[request] = Load{{}, Status::Ok(), std::move(blocks)};
+}
+
+void Connector::Client::ForgetLoad(const std::string& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  loads_.erase(request);
+}
+
+Status Connector::Client::WaitLayer(const std::string& request, int layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = loads_.find(request);
+  if (it == loads_.end()) return Status::NotFound("no load of request " + request);
+  Load& load = it->second;
+  cv_.wait_for(lock, timeout_, [&] { return load.ready.count(layer) > 0 || !load.failed.ok(); });
+  if (load.ready.count(layer) > 0) return Status::Ok();
+  if (!load.failed.ok()) return load.failed;
+  return Status::Timeout("layer " + std::to_string(layer) + " of request " + request +
+                         " not in place within " + std::to_string(timeout_.count()) + " ms");
+}
+
+Finished Connector::Client::TakeFinished() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Finished out = std::move(finished_);
+  finished_ = {};
+  for (const auto& id : out.received) loads_.erase(id);
+  return out;
+}
+
+std::vector<int64_t> Connector::Client::TakeFailedBlocks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out = std::move(failed_blocks_);
+  failed_blocks_.clear();
+  std::erase_if(loads_, [](const auto& entry) { return !entry.second.failed.ok(); });
+  return out;
+}
+
+}  // namespace kv::connector

@@ -1,0 +1,69 @@
+// Connector::Client: the connection to kvd behind a Connector — blocking request/reply calls
+// matched by seq, and a reader thread that applies kvd's events (LayerReady, RequestDone) to
+// per-request state the waiting calls observe. Private to connector/.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "connector/connector.h"
+#include "daemon/proto/kvd.pb.h"
+#include "layout/status.h"
+
+namespace kv::connector {
+
+class Connector::Client {
+ public:
+  // Takes ownership of `fd`, a connected stream socket to kvd.
+  Client(int fd, std::chrono::milliseconds timeout);
+  ~Client();
+
+  // Sends `message` (and `pass_fd` with it when >= 0) and waits for the reply: the reply's
+  // error as a Status, kTimeout, or kUnavailable when kvd went away.
+  Result<proto::Reply> Call(proto::EngineMessage message, int pass_fd = -1);
+
+  // Records a load so that events for it are kept; before the StartLoad call goes out.
+  void ExpectLoad(const std::string& request, std::vector<int64_t> blocks);
+  void ForgetLoad(const std::string& request);
+  Status WaitLayer(const std::string& request, int layer);
+  Finished TakeFinished();
+  // Also forgets the failed loads: WaitLayer on them is kNotFound afterwards.
+  std::vector<int64_t> TakeFailedBlocks();
+
+ private:
+  struct Load {
+    std::set<int> ready;
+    Status failed;
+    std::vector<int64_t> blocks;
+  };
+
+  Status SendFrame(const std::string& frame, int pass_fd);
+  void ReadLoop();
+  void Apply(proto::DaemonMessage message);      // mu_ held
+  void FailLoad(Load& load, const Status& why);  // mu_ held
+
+  const int fd_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex send_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_seq_ = 1;
+  std::map<uint64_t, std::optional<proto::Reply>> replies_;
+  bool closed_ = false;
+  Status closed_reason_;
+  std::map<std::string, Load> loads_;
+  Finished finished_;
+  std::vector<int64_t> failed_blocks_;
+  std::thread reader_;
+};
+
+}  // namespace kv::connector

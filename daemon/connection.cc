@@ -1,0 +1,195 @@
+#include "daemon/connection.h"
+
+#include <google/protobuf/message_lite.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/write.hpp>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace kv::daemon {
+
+namespace asio = boost::asio;
+
+std::shared_ptr<Connection> Connection::Adopt(asio::io_context& io, int fd, ConnectionLimits limits,
+                                              std::string label) {
+  return std::shared_ptr<Connection>(new Connection(io, fd, limits, std::move(label)));
+}
+
+Connection::Connection(asio::io_context& io, int fd, ConnectionLimits limits, std::string label)
+    : socket_(io, fd),
+      partial_timer_(io),
+      limits_(limits),
+      label_(std::move(label)),
+      decoder_(limits.max_frame_bytes) {
+  socket_.non_blocking(true);
+}
+
+Connection::~Connection() {
+  for (int fd : fds_) close(fd);
+}
+
+void Connection::Start(MessageHandler on_message, CloseHandler on_close) {
+  on_message_ = std::move(on_message);
+  on_close_ = std::move(on_close);
+  ArmRead();
+}
+
+void Connection::ArmRead() {
+  socket_.async_wait(asio::posix::stream_descriptor::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       if (!self->open_) return;
+                       if (ec) {
+                         self->Close(Status::IoError(self->label_ + ": " + ec.message()));
+                         return;
+                       }
+                       self->OnReadable();
+                     });
+}
+
+void Connection::OnReadable() {
+  char buf[64 * 1024];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  bool eof = false;
+  for (;;) {
+    iovec iov{buf, sizeof(buf)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      Close(Status::IoError(label_ + ": recvmsg: " + std::strerror(errno)));
+      return;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds_.push_back(fd);
+      }
+    }
+    if (fds_.size() > limits_.max_queued_fds) {
+      Close(Status::InvalidArgument(label_ + ": " + std::to_string(fds_.size()) +
+                                    " unclaimed file descriptors, limit " +
+                                    std::to_string(limits_.max_queued_fds)));
+      return;
+    }
+    if (msg.msg_flags & MSG_CTRUNC) {
+      Close(Status::InvalidArgument(label_ + ": too many file descriptors in one message"));
+      return;
+    }
+    if (n == 0) {
+      eof = true;
+      break;
+    }
+    decoder_.Append(buf, static_cast<size_t>(n));
+  }
+
+  auto self = shared_from_this();  // a handler may drop the session's last reference
+  for (;;) {
+    auto frame = decoder_.Next();
+    if (!frame.ok()) {
+      Close(frame.status().WithContext(label_));
+      return;
+    }
+    if (!frame->has_value()) break;
+    ++frames_received_;
+    on_message_(std::move(**frame));
+    if (!open_) return;
+  }
+  if (eof) {
+    Close(decoder_.pending_bytes() > 0
+              ? Status::InvalidArgument(label_ + ": connection ended in the middle of a message")
+              : Status::Ok());
+    return;
+  }
+  if (decoder_.pending_bytes() > 0) ArmPartialFrameTimer();
+  ArmRead();
+}
+
+void Connection::ArmPartialFrameTimer() {
+  if (partial_timer_armed_) return;
+  partial_timer_armed_ = true;
+  const uint64_t frames_at_arm = frames_received_;
+  partial_timer_.expires_after(limits_.partial_frame_timeout);
+  partial_timer_.async_wait(
+      [self = shared_from_this(), frames_at_arm](const boost::system::error_code& ec) {
+        self->partial_timer_armed_ = false;
+        if (ec || !self->open_) return;
+        if (self->decoder_.pending_bytes() > 0 && self->frames_received_ == frames_at_arm) {
+          self->Close(Status::Timeout(self->label_ + ": message incomplete after " +
+                                      std::to_string(self->limits_.partial_frame_timeout.count()) +
+                                      " ms"));
+        } else if (self->decoder_.pending_bytes() > 0) {
+          self->ArmPartialFrameTimer();
+        }
+      });
+}
+
+Status Connection::Send(const google::protobuf::MessageLite& message) {
+  if (!open_) return Status::Unavailable(label_ + ": connection closed");
+  std::string body;
+  if (!message.SerializeToString(&body)) {
+    return Status::Internal(label_ + ": could not serialise " + message.GetTypeName());
+  }
+  std::string frame;
+  Status s = AppendFrame(body, &frame, limits_.max_frame_bytes);
+  if (!s.ok()) return s.WithContext(label_);
+  backlog_bytes_ += frame.size();
+  if (backlog_bytes_ > limits_.max_write_backlog_bytes) {
+    Status why = Status::ResourceExhausted(label_ + ": peer is not reading; " +
+                                           std::to_string(backlog_bytes_) + " bytes queued");
+    Close(why);
+    return why;
+  }
+  writes_.push_back(std::move(frame));
+  WriteNext();
+  return Status::Ok();
+}
+
+void Connection::WriteNext() {
+  if (writing_ || writes_.empty() || !open_) return;
+  writing_ = true;
+  asio::async_write(socket_, asio::buffer(writes_.front()),
+                    [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                      self->writing_ = false;
+                      if (!self->open_) return;
+                      if (ec) {
+                        self->Close(Status::IoError(self->label_ + ": write: " + ec.message()));
+                        return;
+                      }
+                      self->backlog_bytes_ -= self->writes_.front().size();
+                      self->writes_.pop_front();
+                      self->WriteNext();
+                    });
+}
+
+void Connection::Close(const Status& why) {
+  if (!open_) return;
+  open_ = false;
+  boost::system::error_code ignored;
+  partial_timer_.cancel();
+  socket_.cancel(ignored);
+  socket_.close(ignored);
+  if (on_close_) {
+    auto handler = std::move(on_close_);
+    handler(why);
+  }
+}
+
+int Connection::TakeFd() {
+  if (fds_.empty()) return -1;
+  int fd = fds_.front();
+  fds_.pop_front();
+  return fd;
+}
+
+}  // namespace kv::daemon

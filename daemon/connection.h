@@ -1,0 +1,84 @@
+// Connection: one framed, Protobuf-carrying stream socket (unix or TCP) served by an io_context.
+//
+// Reads are recvmsg() on readiness, so file descriptors sent with SCM_RIGHTS by a local engine
+// arrive with the bytes that announce them; they queue here until the session claims them with
+// TakeFd(). A frame above the size limit, more fds than allowed, a frame left incomplete past
+// the partial-frame deadline, or a write backlog past its bound close the connection: one bad
+// peer costs exactly its own connection.
+//
+// Threading: every method must be called on the io_context's thread; handlers run there.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "daemon/framing.h"
+#include "layout/status.h"
+
+namespace google::protobuf {
+class MessageLite;
+}
+
+namespace kv::daemon {
+
+struct ConnectionLimits {
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  size_t max_queued_fds = 0;  // 0: a received fd is a protocol error
+  std::chrono::milliseconds partial_frame_timeout{5000};
+  size_t max_write_backlog_bytes = 64u << 20;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  using MessageHandler = std::function<void(std::string body)>;
+  // Called once, with OK for an orderly close by the other side, else why it was closed.
+  using CloseHandler = std::function<void(const Status& why)>;
+
+  // Takes ownership of the connected socket `fd`.
+  static std::shared_ptr<Connection> Adopt(boost::asio::io_context& io, int fd,
+                                           ConnectionLimits limits, std::string label);
+  ~Connection();
+
+  void Start(MessageHandler on_message, CloseHandler on_close);
+  // Queues one framed message. Errors close the connection (and are returned).
+  Status Send(const google::protobuf::MessageLite& message);
+  // Closes now; the close handler runs (once) with `why`.
+  void Close(const Status& why);
+
+  // The oldest fd received and not yet claimed, or -1. The caller owns it.
+  int TakeFd();
+  bool open() const { return open_; }
+  const std::string& label() const { return label_; }
+  int native_handle() { return socket_.native_handle(); }
+
+ private:
+  Connection(boost::asio::io_context& io, int fd, ConnectionLimits limits, std::string label);
+  void ArmRead();
+  void OnReadable();
+  void ArmPartialFrameTimer();
+  void WriteNext();
+
+  boost::asio::posix::stream_descriptor socket_;
+  boost::asio::steady_timer partial_timer_;
+  ConnectionLimits limits_;
+  std::string label_;
+  FrameDecoder decoder_;
+  std::deque<int> fds_;
+  std::deque<std::string> writes_;
+  size_t backlog_bytes_ = 0;
+  bool writing_ = false;
+  bool open_ = true;
+  bool partial_timer_armed_ = false;
+  uint64_t frames_received_ = 0;
+  MessageHandler on_message_;
+  CloseHandler on_close_;
+};
+
+}  // namespace kv::daemon

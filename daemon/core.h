@@ -1,0 +1,228 @@
+// Daemon::Core: the state behind a Daemon. Private to daemon/; split over daemon.cc (lifecycle,
+// listeners, status), engine_session.cc (the engine protocol), peer_session.cc (the peer
+// protocol, heartbeats) and transfers.cc (the request state machines).
+//
+// Threading: everything here is touched only on the io thread, except what is marked otherwise.
+// Transport completions and notifications hop onto the io thread with asio::post.
+//
+// Request states, source side (the kvd of the prefill engines):
+//   kCollecting       engines save layers; the destination is not known yet
+//   kStreaming        destination known (WantRequest); each layer goes out once every prefill
+//                     rank saved it (push) or once every rank finished the request (pull)
+//   kAwaitingConfirm  every layer posted and announced; blocks held until the destination
+//                     confirms, fails, or the lease ends — then the engines hear RequestDone(sent)
+// Destination side (the kvd of the decode engines):
+//   kGathering        decode ranks call start_load; waits for all tp_size of them
+//   kRequested        WantRequest sent; LayerNotices arrive, each forwarded as LayerReady
+//   (complete)        every layer in place: Confirm to the source, RequestDone(received)
+// Failure anywhere ends the request on both sides with RequestDone carrying the error.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/connection.h"
+#include "daemon/daemon.h"
+#include "daemon/shared_memory.h"
+#include "layout/kv_region.h"
+
+namespace kv::daemon {
+
+using Clock = std::chrono::steady_clock;
+
+// One registered KV region: its layout, kvd's mapping of the engine's memory and the
+// transport registration. Shared so that batches in flight keep it alive past a disconnect.
+struct Region {
+  KvRegion layout;
+  SharedMemory memory;
+  std::unique_ptr<transport::MemoryRegistration> registration;
+};
+
+struct Engine {
+  uint64_t id = 0;
+  std::shared_ptr<Connection> conn;
+  bool hello = false;
+  std::string instance;
+  int tp_rank = 0;
+  int tp_size = 1;
+  std::vector<std::shared_ptr<Region>> regions;
+};
+
+struct Peer {
+  uint64_t id = 0;
+  std::shared_ptr<Connection> conn;                          // null while connecting
+  std::shared_ptr<boost::asio::ip::tcp::socket> connecting;  // until the dial completes
+  std::string dialed_address;                                // set when we dialed it
+  std::string name;                                          // from its hello
+  bool ready = false;  // hello exchanged and transport connected
+  transport::PeerId transport_peer = 0;
+  Clock::time_point last_heard;
+  std::vector<proto::PeerMessage> queued;  // sent once ready
+};
+
+struct SourceRank {
+  uint64_t engine_id = 0;
+  std::vector<int64_t> blocks;
+  std::vector<bool> saved;  // per layer
+  bool finished = false;
+};
+
+struct DestinationRank {
+  int tp_rank = 0;
+  std::vector<KvRegion> layouts;
+  std::vector<std::shared_ptr<transport::RemoteMemory>> remotes;  // shared with batches
+  std::vector<int64_t> blocks;
+};
+
+struct SourceRequest {
+  enum class State { kCollecting, kStreaming, kAwaitingConfirm };
+  std::string id;
+  State state = State::kCollecting;
+  std::string instance;
+  int tp_size = 1;
+  int layers = 0;
+  std::map<int, SourceRank> ranks;  // by prefill TP rank
+  uint64_t peer_id = 0;             // valid from kStreaming
+  proto::TransferMode mode = proto::MODE_PUSH;
+  int64_t tokens = 0;
+  std::vector<DestinationRank> destination;
+  std::vector<bool> sent;  // per layer
+  int batches_in_flight = 0;
+  uint64_t bytes = 0;
+  uint64_t runs = 0;
+  Clock::time_point deadline;
+};
+
+struct LoadRank {
+  uint64_t engine_id = 0;
+  std::vector<int64_t> blocks;
+  std::vector<std::shared_ptr<Region>> regions;
+};
+
+struct DestRequest {
+  enum class State { kGathering, kRequested };
+  std::string id;
+  State state = State::kGathering;
+  std::string instance;
+  int tp_size = 1;
+  int layers = 0;
+  std::string peer_address;
+  uint64_t peer_id = 0;
+  std::string peer_name;
+  proto::TransferMode mode = proto::MODE_PUSH;
+  int64_t tokens = 0;
+  std::map<int, LoadRank> ranks;  // by decode TP rank
+  std::vector<bool> ready;        // per layer
+  uint64_t bytes = 0;
+  uint64_t runs = 0;
+  Clock::time_point deadline;
+};
+
+// Decode-side memory a failed request may still receive writes into until its lease ends.
+struct Retired {
+  std::vector<std::shared_ptr<Region>> regions;
+  Clock::time_point until;
+};
+
+class Daemon::Core {
+ public:
+  explicit Core(DaemonOptions options);
+  ~Core();
+
+  Status Start();
+  void Shutdown(std::chrono::milliseconds drain);
+  Status AttachEngine(int fd);
+  proto::DaemonStatus Snapshot();  // any thread: runs on the io thread and waits
+
+  const std::string& name() const { return options_.name; }
+  std::string listen_address() const { return listen_address_; }
+  std::string transport_name() const;
+
+  // ---- daemon.cc ----
+  void AcceptEngines();
+  void AcceptPeers();
+  void Sweep();
+  proto::DaemonStatus BuildStatus() const;
+  ConnectionLimits EngineLimits() const;
+  ConnectionLimits PeerLimits() const;
+
+  // ---- engine_session.cc ----
+  void ServeEngine(int fd, bool check_credentials);
+  void OnEngineMessage(uint64_t engine_id, const std::string& body);
+  void OnEngineClosed(uint64_t engine_id, const Status& why);
+  void ReplyToEngine(Engine& engine, uint64_t seq, const Status& status,
+                     proto::Reply* payload = nullptr);
+  void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
+  Status HandleHello(Engine& engine, const proto::EngineHello& hello);
+  Result<uint32_t> HandleRegister(Engine& engine, const proto::RegisterRegion& reg);
+  Engine* FindEngine(uint64_t id);
+
+  // ---- peer_session.cc ----
+  void ServePeer(int fd, std::string dialed_address);
+  Result<uint64_t> PeerFor(const std::string& address);
+  void OnPeerMessage(uint64_t peer_id, const std::string& body);
+  void OnPeerClosed(uint64_t peer_id, const Status& why);
+  Status HandlePeerHello(Peer& peer, const proto::PeerHello& hello);
+  void SendToPeer(uint64_t peer_id, proto::PeerMessage message);
+  proto::PeerHello BuildHello() const;
+  Peer* FindPeer(uint64_t id);
+
+  // ---- transfers.cc ----
+  Status SaveLayer(Engine& engine, const proto::SaveLayer& save);
+  Result<proto::TransferParams> RequestFinished(Engine& engine, const proto::RequestFinished& m);
+  Status StartLoad(Engine& engine, const proto::StartLoad& load);
+  Status OnWant(Peer& peer, const proto::WantRequest& want);
+  void OnConfirm(Peer& peer, const std::string& request_id);
+  void OnPeerFail(Peer& peer, const proto::Fail& fail);
+  void OnNotification(const std::string& message);
+  void PumpSource(SourceRequest& request);
+  Status SendLayer(SourceRequest& request, int layer);
+  void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
+  void RequestLoad(DestRequest& request);
+  void FinishSource(const std::string& request_id, const Status& status, bool tell_peer);
+  void FinishDest(const std::string& request_id, const Status& status, bool tell_peer);
+  void FailRequestsOfEngine(uint64_t engine_id, const Status& why);
+  void FailRequestsOfPeer(uint64_t peer_id, const Status& why);
+  void ExpireRequests(Clock::time_point now);
+
+  DaemonOptions options_;
+  boost::asio::io_context io_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::optional<boost::asio::local::stream_protocol::acceptor> engine_acceptor_;
+  std::optional<boost::asio::ip::tcp::acceptor> peer_acceptor_;
+  boost::asio::steady_timer sweep_timer_;
+  std::thread io_thread_;
+  std::string listen_address_;
+  Clock::time_point started_;
+  std::atomic<bool> stopped_{false};
+  bool draining_ = false;
+
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Engine> engines_;
+  std::map<uint64_t, Peer> peers_;
+  std::map<std::string, SourceRequest> sources_;
+  std::map<std::string, DestRequest> loads_;
+  std::vector<Retired> retired_;
+
+  uint64_t transfers_done_ = 0;
+  uint64_t transfers_failed_ = 0;
+  uint64_t bytes_sent_ = 0;
+  uint64_t bytes_received_ = 0;
+};
+
+// Limits of the engine protocol, shared by validation in several files.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+inline constexpr int kMaxTpSize = 1024;
+inline constexpr int kMaxRegionsPerEngine = 64;
+
+}  // namespace kv::daemon

@@ -1,0 +1,329 @@
+#include "daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <fstream>
+#include <future>
+
+#include "daemon/core.h"
+
+namespace kv::daemon {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using local = asio::local::stream_protocol;
+
+namespace {
+
+Result<tcp::endpoint> ParseHostPort(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) {
+    return Status::InvalidArgument("address '" + text + "' is not HOST:PORT");
+  }
+  boost::system::error_code ec;
+  auto ip = asio::ip::make_address(text.substr(0, colon), ec);
+  if (ec) return Status::InvalidArgument("address '" + text + "': " + ec.message());
+  int port = -1;
+  try {
+    port = std::stoi(text.substr(colon + 1));
+  } catch (...) {
+  }
+  if (port < 0 || port > 65535) {
+    return Status::InvalidArgument("address '" + text + "': port is not in [0, 65535]");
+  }
+  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+}
+
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// A socket file left by a dead kvd is removed; one a live kvd answers on is an error.
+Status ClaimSocketPath(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return Status::InvalidArgument("socket path '" + path + "' is longer than " +
+                                   std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+  }
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return Status::Ok();
+  if (!S_ISSOCK(st.st_mode)) {
+    return Status::AlreadyExists("'" + path + "' exists and is not a socket");
+  }
+  asio::io_context probe_io;
+  local::socket probe(probe_io);
+  boost::system::error_code ec;
+  probe.connect(local::endpoint(path), ec);
+  if (!ec) return Status::AlreadyExists("a kvd already serves '" + path + "'");
+  unlink(path.c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Daemon::Core::Core(DaemonOptions options)
+    : options_(std::move(options)), sweep_timer_(io_), started_(Clock::now()) {}
+
+Daemon::Core::~Core() {
+  Shutdown(std::chrono::milliseconds(0));
+}
+
+std::string Daemon::Core::transport_name() const {
+  return std::string(transport_->name());
+}
+
+ConnectionLimits Daemon::Core::EngineLimits() const {
+  ConnectionLimits limits;
+  limits.max_frame_bytes = options_.max_frame_bytes;
+  limits.max_queued_fds = 1;  // one per RegisterRegion, claimed as the message is handled
+  limits.partial_frame_timeout = options_.partial_frame_timeout;
+  return limits;
+}
+
+ConnectionLimits Daemon::Core::PeerLimits() const {
+  ConnectionLimits limits;
+  limits.max_frame_bytes = options_.max_frame_bytes;
+  limits.partial_frame_timeout = options_.partial_frame_timeout;
+  return limits;
+}
+
+Status Daemon::Core::Start() {
+  if (options_.transport) {
+    transport_ = std::move(options_.transport);
+  } else {
+    std::string backend = options_.transport_name;
+    if (backend == "auto") {
+      auto available = transport::AvailableTransports();
+      if (available.empty()) return Status::Unsupported("this build has no transport");
+      backend = available.front();
+    }
+    KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend));
+  }
+  transport_->set_notification_handler([this](std::string_view message) {
+    asio::post(io_, [this, m = std::string(message)] { OnNotification(m); });
+  });
+
+  boost::system::error_code ec;
+  if (!options_.listen.empty()) {
+    KV_ASSIGN_OR_RETURN(tcp::endpoint endpoint, ParseHostPort(options_.listen));
+    peer_acceptor_.emplace(io_);
+    peer_acceptor_->open(endpoint.protocol(), ec);
+    if (!ec) peer_acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) peer_acceptor_->bind(endpoint, ec);
+    if (!ec) peer_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status::IoError("listen on " + options_.listen + ": " + ec.message());
+    auto bound = peer_acceptor_->local_endpoint();
+    listen_address_ = bound.address().to_string() + ":" + std::to_string(bound.port());
+  }
+  if (!options_.socket_path.empty()) {
+    KV_RETURN_IF_ERROR(ClaimSocketPath(options_.socket_path));
+    engine_acceptor_.emplace(io_);
+    engine_acceptor_->open(local(), ec);
+    // Created 0600 from the start (umask), not chmod-ed after a window where others could connect.
+    mode_t old_mask = umask(0177);
+    if (!ec) engine_acceptor_->bind(local::endpoint(options_.socket_path), ec);
+    umask(old_mask);
+    if (!ec) engine_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status::IoError("listen on " + options_.socket_path + ": " + ec.message());
+  }
+  if (peer_acceptor_) AcceptPeers();
+  if (engine_acceptor_) AcceptEngines();
+  Sweep();
+  io_thread_ = std::thread([this] { io_.run(); });
+  spdlog::info("kvd {}: peers on {}, engines on {}, transport {}", options_.name,
+               listen_address_.empty() ? "-" : listen_address_,
+               options_.socket_path.empty() ? "-" : options_.socket_path, transport_->name());
+  return Status::Ok();
+}
+
+void Daemon::Core::AcceptEngines() {
+  engine_acceptor_->async_accept([this](const boost::system::error_code& ec, local::socket s) {
+    if (ec == asio::error::operation_aborted || !engine_acceptor_->is_open()) return;
+    if (!ec) ServeEngine(s.release(), /*check_credentials=*/true);
+    AcceptEngines();
+  });
+}
+
+void Daemon::Core::AcceptPeers() {
+  peer_acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !peer_acceptor_->is_open()) return;
+    if (!ec) {
+      s.set_option(tcp::no_delay(true));
+      ServePeer(s.release(), "");
+    }
+    AcceptPeers();
+  });
+}
+
+// Deadlines and heartbeats, a few times per heartbeat interval: idle kvd wakes rarely.
+void Daemon::Core::Sweep() {
+  const auto now = Clock::now();
+  ExpireRequests(now);
+  const auto silence = options_.heartbeat_interval * options_.missed_heartbeats;
+  std::vector<uint64_t> dead;
+  for (auto& [id, peer] : peers_) {
+    if (now - peer.last_heard > (peer.ready ? silence : options_.handshake_timeout)) {
+      dead.push_back(id);
+    } else if (peer.ready) {
+      proto::PeerMessage beat;
+      beat.mutable_heartbeat();
+      (void)peer.conn->Send(beat);
+    }
+  }
+  for (uint64_t id : dead) {
+    Peer* peer = FindPeer(id);
+    if (peer == nullptr) continue;
+    if (!peer->conn) {
+      boost::system::error_code ignored;
+      peer->connecting->close(ignored);  // the dial's handler reports the failure
+      continue;
+    }
+    peer->conn->Close(Status::Unavailable(
+        "peer " + (peer->name.empty() ? peer->conn->label() : peer->name) + " silent for " +
+        std::to_string(
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - peer->last_heard).count()) +
+        " ms"));
+  }
+  sweep_timer_.expires_after(options_.heartbeat_interval / 2);
+  sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) Sweep();
+  });
+}
+
+Status Daemon::Core::AttachEngine(int fd) {
+  if (stopped_) {
+    close(fd);
+    return Status::Unavailable("kvd " + options_.name + " is shut down");
+  }
+  asio::post(io_, [this, fd] { ServeEngine(fd, /*check_credentials=*/false); });
+  return Status::Ok();
+}
+
+proto::DaemonStatus Daemon::Core::Snapshot() {
+  if (stopped_ || !io_thread_.joinable()) return BuildStatus();
+  std::promise<proto::DaemonStatus> promise;
+  auto future = promise.get_future();
+  asio::post(io_, [this, &promise] { promise.set_value(BuildStatus()); });
+  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    proto::DaemonStatus stale;
+    stale.set_name(options_.name);
+    return stale;
+  }
+  return future.get();
+}
+
+proto::DaemonStatus Daemon::Core::BuildStatus() const {
+  proto::DaemonStatus s;
+  s.set_name(options_.name);
+  s.set_uptime_seconds(std::chrono::duration<double>(Clock::now() - started_).count());
+  s.set_resident_bytes(ResidentBytes());
+  s.set_transport(transport_ ? std::string(transport_->name()) : "");
+  s.set_listen_address(listen_address_);
+  for (const auto& [id, peer] : peers_) {
+    auto* p = s.add_peers();
+    p->set_name(peer.name);
+    p->set_address(peer.dialed_address.empty() ? peer.conn->label() : peer.dialed_address);
+    p->set_state(peer.ready ? "ready" : peer.conn ? "handshake" : "connecting");
+  }
+  uint32_t regions = 0;
+  uint64_t region_bytes = 0;
+  for (const auto& [id, engine] : engines_) {
+    regions += static_cast<uint32_t>(engine.regions.size());
+    for (const auto& r : engine.regions) region_bytes += r->memory.size();
+  }
+  s.set_engines(static_cast<uint32_t>(engines_.size()));
+  s.set_regions(regions);
+  s.set_region_bytes(region_bytes);
+  s.set_transfers_in_flight(static_cast<uint32_t>(sources_.size() + loads_.size()));
+  s.set_transfers_done(transfers_done_);
+  s.set_transfers_failed(transfers_failed_);
+  s.set_bytes_sent(bytes_sent_);
+  s.set_bytes_received(bytes_received_);
+  return s;
+}
+
+void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
+  if (stopped_.exchange(true)) return;
+  if (io_thread_.joinable()) {
+    std::promise<void> closed;
+    asio::post(io_, [this, drain, &closed] {
+      draining_ = true;
+      boost::system::error_code ignored;
+      if (engine_acceptor_) engine_acceptor_->close(ignored);
+      if (peer_acceptor_) peer_acceptor_->close(ignored);
+      if (!options_.socket_path.empty()) unlink(options_.socket_path.c_str());
+      // Drain: transfers already posted may finish; nothing new is accepted.
+      auto until = Clock::now() + drain;
+      auto timer = std::make_shared<asio::steady_timer>(io_);
+      auto step = std::make_shared<std::function<void()>>();
+      *step = [this, until, timer, step, &closed] {
+        int in_flight = 0;
+        for (const auto& [id, r] : sources_) in_flight += r.batches_in_flight;
+        if (in_flight > 0 && Clock::now() < until) {
+          timer->expires_after(std::chrono::milliseconds(20));
+          timer->async_wait([step](const boost::system::error_code&) { (*step)(); });
+          return;
+        }
+        sweep_timer_.cancel();
+        std::vector<std::shared_ptr<Connection>> conns;
+        for (auto& [id, e] : engines_) conns.push_back(e.conn);
+        for (auto& [id, p] : peers_) {
+          if (p.conn) conns.push_back(p.conn);
+        }
+        for (auto& c : conns) c->Close(Status::Unavailable("kvd " + options_.name + " stopping"));
+        *step = nullptr;  // breaks the self-reference
+        closed.set_value();
+      };
+      (*step)();
+    });
+    closed.get_future().wait();
+    io_.stop();
+    io_thread_.join();
+  }
+  sources_.clear();
+  loads_.clear();
+  retired_.clear();
+  engines_.clear();
+  peers_.clear();
+  transport_.reset();
+}
+
+// ---- Daemon ---------------------------------------------------------------------------------
+
+Result<std::shared_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  auto core = std::make_unique<Core>(std::move(options));
+  KV_RETURN_IF_ERROR(core->Start());
+  return std::shared_ptr<Daemon>(new Daemon(std::move(core)));
+}
+
+Daemon::Daemon(std::unique_ptr<Core> core) : core_(std::move(core)) {}
+Daemon::~Daemon() {
+  core_->Shutdown(std::chrono::milliseconds(0));
+}
+const std::string& Daemon::name() const {
+  return core_->name();
+}
+std::string Daemon::listen_address() const {
+  return core_->listen_address();
+}
+std::string Daemon::transport_name() const {
+  return core_->transport_name();
+}
+Status Daemon::AttachEngine(int fd) {
+  return core_->AttachEngine(fd);
+}
+proto::DaemonStatus Daemon::Snapshot() const {
+  return core_->Snapshot();
+}
+void Daemon::Shutdown(std::chrono::milliseconds drain) {
+  core_->Shutdown(drain);
+}
+
+}  // namespace kv::daemon

@@ -1,0 +1,71 @@
+// Daemon: kvd's core — control plane, region registry and transfer scheduler — as a library, so
+// the same code serves the `kvd` executable and the connector's embedded mode.
+//
+// A Daemon owns one io_context thread for all control work and one Transport (with its own
+// progress thread) for data. It listens on a unix socket for local engines (mode 0600, peer uid
+// checked with SO_PEERCRED) and on TCP for peer daemons; engines can also be attached directly
+// with AttachEngine() (embedded mode: a socketpair, the same protocol and code paths).
+//
+// Thread-safety: every public method may be called from any thread. Destroying the Daemon stops
+// it (as Shutdown with a zero drain).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "daemon/proto/kvd.pb.h"
+#include "layout/status.h"
+#include "transport/transport.h"
+
+namespace kv::daemon {
+
+struct DaemonOptions {
+  std::string name = "kvd";
+  // "HOST:PORT" for peer daemons; port 0 picks a free one (see Daemon::listen_address()).
+  // Empty: no TCP listener (this daemon only dials out).
+  std::string listen = "127.0.0.1:0";
+  std::string socket_path;  // empty: no unix listener (embedded use)
+  // The data transport. Null: created from `transport_name` ("auto" = first available).
+  std::unique_ptr<transport::Transport> transport;
+  std::string transport_name = "auto";
+  uint32_t max_frame_bytes = 4u << 20;
+  std::chrono::milliseconds lease{30000};  // how long a source holds a request's blocks
+  std::chrono::milliseconds heartbeat_interval{1000};
+  int missed_heartbeats = 5;  // then the peer is declared dead
+  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds partial_frame_timeout{5000};
+};
+
+class Daemon {
+ public:
+  // Binds the listeners, creates the transport and starts the io thread. Errors name what
+  // failed (an address in use, a socket path that exists and is live, an unknown transport).
+  static Result<std::shared_ptr<Daemon>> Start(DaemonOptions options);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  const std::string& name() const;
+  std::string listen_address() const;  // "127.0.0.1:41234"; empty without a TCP listener
+  std::string transport_name() const;
+
+  // Embedded mode: serves an engine on `fd` (one end of a connected unix socketpair), as if it
+  // had connected to the socket. Takes ownership of fd.
+  Status AttachEngine(int fd);
+
+  proto::DaemonStatus Snapshot() const;
+
+  // Stops accepting, lets transfers in flight finish until `drain` passes, then closes every
+  // connection and joins the io thread. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0));
+
+  class Core;
+
+ private:
+  explicit Daemon(std::unique_ptr<Core> core);
+  std::unique_ptr<Core> core_;
+};
+
+}  // namespace kv::daemon

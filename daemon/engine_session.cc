@@ -1,0 +1,198 @@
+// The engine protocol: one Connection per local engine (connector), over the unix socket or an
+// embedded socketpair. Every message is answered with a Reply carrying its seq.
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/core.h"
+#include "daemon/wire_layout.h"
+
+namespace kv::daemon {
+
+void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
+  if (check_credentials) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != getuid()) {
+      spdlog::warn("kvd {}: refused an engine connection from uid {}", options_.name, cred.uid);
+      close(fd);
+      return;
+    }
+  }
+  const uint64_t id = next_id_++;
+  Engine& engine = engines_[id];
+  engine.id = id;
+  engine.conn = Connection::Adopt(io_, fd, EngineLimits(), "engine " + std::to_string(id));
+  engine.conn->Start([this, id](std::string body) { OnEngineMessage(id, body); },
+                     [this, id](const Status& why) { OnEngineClosed(id, why); });
+}
+
+Engine* Daemon::Core::FindEngine(uint64_t id) {
+  auto it = engines_.find(id);
+  return it == engines_.end() ? nullptr : &it->second;
+}
+
+void Daemon::Core::ReplyToEngine(Engine& engine, uint64_t seq, const Status& status,
+                                 proto::Reply* payload) {
+  proto::DaemonMessage message;
+  message.set_seq(seq);
+  proto::Reply* reply = message.mutable_reply();
+  if (payload != nullptr) reply->Swap(payload);
+  if (!status.ok()) ToWire(status, reply->mutable_error());
+  (void)engine.conn->Send(message);
+}
+
+void Daemon::Core::SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message) {
+  if (Engine* engine = FindEngine(engine_id)) (void)engine->conn->Send(message);
+}
+
+void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) {
+  Engine* engine = FindEngine(engine_id);
+  if (engine == nullptr) return;
+  proto::EngineMessage m;
+  if (!m.ParseFromString(body)) {
+    engine->conn->Close(Status::InvalidArgument(engine->conn->label() + ": malformed message"));
+    return;
+  }
+  if (draining_) {
+    ReplyToEngine(*engine, m.seq(), Status::Unavailable("kvd " + options_.name + " is stopping"));
+    return;
+  }
+  if (m.body_case() == proto::EngineMessage::kStatus) {
+    proto::Reply reply;
+    *reply.mutable_status() = BuildStatus();
+    ReplyToEngine(*engine, m.seq(), Status::Ok(), &reply);
+    return;
+  }
+  if (m.body_case() == proto::EngineMessage::kHello) {
+    ReplyToEngine(*engine, m.seq(), HandleHello(*engine, m.hello()));
+    return;
+  }
+  if (!engine->hello) {
+    // Nothing but hello and status before a hello: close, the stream is not one of ours.
+    engine->conn->Close(Status::InvalidArgument(engine->conn->label() + ": message before hello"));
+    return;
+  }
+  switch (m.body_case()) {
+    case proto::EngineMessage::kRegisterRegion: {
+      auto id = HandleRegister(*engine, m.register_region());
+      proto::Reply reply;
+      if (id.ok()) reply.set_region_id(*id);
+      ReplyToEngine(*engine, m.seq(), id.status(), &reply);
+      return;
+    }
+    case proto::EngineMessage::kSaveLayer:
+      ReplyToEngine(*engine, m.seq(), SaveLayer(*engine, m.save_layer()));
+      return;
+    case proto::EngineMessage::kRequestFinished: {
+      auto params = RequestFinished(*engine, m.request_finished());
+      proto::Reply reply;
+      if (params.ok()) *reply.mutable_params() = std::move(*params);
+      // The engine may have been failed and erased while the request was handled.
+      if ((engine = FindEngine(engine_id)) != nullptr) {
+        ReplyToEngine(*engine, m.seq(), params.status(), &reply);
+      }
+      return;
+    }
+    case proto::EngineMessage::kStartLoad: {
+      Status s = StartLoad(*engine, m.start_load());
+      if ((engine = FindEngine(engine_id)) != nullptr) ReplyToEngine(*engine, m.seq(), s);
+      return;
+    }
+    default:
+      engine->conn->Close(Status::InvalidArgument(engine->conn->label() + ": unknown message"));
+  }
+}
+
+Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello) {
+  if (hello.protocol_version() != proto::PROTOCOL_VERSION) {
+    return Status::Incompatible("engine speaks protocol " +
+                                std::to_string(hello.protocol_version()) + ", kvd speaks " +
+                                std::to_string(proto::PROTOCOL_VERSION));
+  }
+  if (engine.hello) return Status::AlreadyExists("hello sent twice");
+  if (hello.tp_size() < 1 || hello.tp_size() > kMaxTpSize || hello.tp_rank() < 0 ||
+      hello.tp_rank() >= hello.tp_size()) {
+    return Status::InvalidArgument("TP rank " + std::to_string(hello.tp_rank()) + " of " +
+                                   std::to_string(hello.tp_size()) + " is not valid");
+  }
+  if (hello.instance().empty() || hello.instance().size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("instance name must have 1 to 256 bytes");
+  }
+  for (const auto& [id, other] : engines_) {
+    if (other.hello && other.instance == hello.instance() && other.tp_rank == hello.tp_rank()) {
+      return Status::AlreadyExists("instance " + hello.instance() + " rank " +
+                                   std::to_string(hello.tp_rank()) + " is already connected");
+    }
+  }
+  engine.hello = true;
+  engine.instance = hello.instance();
+  engine.tp_rank = hello.tp_rank();
+  engine.tp_size = hello.tp_size();
+  spdlog::info("kvd {}: engine {} rank {}/{} connected", options_.name, engine.instance,
+               engine.tp_rank, engine.tp_size);
+  return Status::Ok();
+}
+
+Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
+  // The fd arrived with this message's bytes; claim it first so that it is closed on every path.
+  const int fd = engine.conn->TakeFd();
+  if (fd < 0) return Status::InvalidArgument("RegisterRegion came without a memory fd");
+  if (engine.regions.size() >= static_cast<size_t>(kMaxRegionsPerEngine)) {
+    close(fd);
+    return Status::ResourceExhausted("an engine registers at most " +
+                                     std::to_string(kMaxRegionsPerEngine) + " regions");
+  }
+  auto layout = FromWire(reg.layout());
+  if (!layout.ok()) {
+    close(fd);
+    return layout.status().WithContext("region layout");
+  }
+  if (layout->spec().tp_rank != engine.tp_rank || layout->spec().tp_size != engine.tp_size) {
+    close(fd);
+    return Status::InvalidArgument(
+        "region layout says TP rank " + std::to_string(layout->spec().tp_rank) + " of " +
+        std::to_string(layout->spec().tp_size) + ", the engine said " +
+        std::to_string(engine.tp_rank) + " of " + std::to_string(engine.tp_size));
+  }
+  if (reg.bytes() < layout->span_bytes()) {
+    close(fd);
+    return Status::OutOfRange("region of " + std::to_string(reg.bytes()) +
+                              " bytes cannot hold its layout's " +
+                              std::to_string(layout->span_bytes()) + " bytes");
+  }
+  if (!engine.regions.empty()) {
+    const KvRegion& first = engine.regions.front()->layout;
+    if (first.spec().layers != layout->spec().layers) {
+      close(fd);
+      return Status::Incompatible("every region of an engine must have the same layer count (" +
+                                  std::to_string(first.spec().layers) + " vs " +
+                                  std::to_string(layout->spec().layers) + ")");
+    }
+  }
+  KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Adopt(fd, reg.bytes()));
+  auto region = std::make_shared<Region>(Region{*layout, std::move(memory), nullptr});
+  KV_ASSIGN_OR_RETURN(region->registration,
+                      transport_->register_memory(region->memory.data(), region->memory.size(),
+                                                  MemoryLocation::Host()));
+  engine.regions.push_back(std::move(region));
+  return static_cast<uint32_t>(engine.regions.size() - 1);
+}
+
+void Daemon::Core::OnEngineClosed(uint64_t engine_id, const Status& why) {
+  auto it = engines_.find(engine_id);
+  if (it == engines_.end()) return;
+  if (why.ok()) {
+    spdlog::info("kvd {}: engine {} rank {} disconnected", options_.name, it->second.instance,
+                 it->second.tp_rank);
+  } else {
+    spdlog::warn("kvd {}: closed engine {}: {}", options_.name, it->second.instance,
+                 why.ToString());
+  }
+  FailRequestsOfEngine(engine_id,
+                       Status::Aborted("engine " + it->second.instance + " rank " +
+                                       std::to_string(it->second.tp_rank) + " disconnected"));
+  engines_.erase(engine_id);
+}
+
+}  // namespace kv::daemon

@@ -1,0 +1,121 @@
+// kvd: the KV-cache transfer daemon. See daemon/daemon.h and README.md.
+//
+// Prints one line "kvd NAME ready listen=HOST:PORT socket=PATH transport=T" on stdout once it
+// serves, so that a parent process (kvbench pd, tests) learns the port it picked. SIGTERM or
+// SIGINT drains transfers in flight (bounded) and exits 0.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "daemon/daemon.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: kvd --name NAME --listen HOST:PORT --socket PATH [--transport "
+    "auto|ucx|nccl|ipc|local]\n"
+    "           [--offload-bytes N] [--log-level trace|debug|info|warn|error]\n"
+    "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
+    "\n"
+    "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
+    "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
+    "ready line on stdout names it). Data moves over --transport (auto: the best this build has).\n"
+    "--lease-ms: how long a source holds a request's blocks waiting for the destination (30000).\n"
+    "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
+    "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvd: %s\n", message.c_str());
+  return 2;
+}
+
+bool ParseMs(const std::string& text, std::chrono::milliseconds* out) {
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || v <= 0 || v > 3600 * 1000) return false;
+  *out = std::chrono::milliseconds(v);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flags;
+  const std::map<std::string, std::string> known = {
+      {"name", "kvd"},       {"listen", "127.0.0.1:0"}, {"socket", ""},
+      {"transport", "auto"}, {"offload-bytes", "0"},    {"log-level", "info"},
+      {"lease-ms", "30000"}, {"heartbeat-ms", "1000"},  {"drain-ms", "5000"}};
+  flags = known;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "' (see --help)");
+    std::string name = arg.substr(2), value;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return Fail("--" + name + " needs a value");
+    }
+    if (!known.count(name)) return Fail("unknown flag --" + name + " (see --help)");
+    flags[name] = value;
+  }
+  if (flags["socket"].empty()) return Fail("--socket PATH is required (see --help)");
+  if (flags["offload-bytes"] != "0") {
+    return Fail("--offload-bytes: the offload pool is not wired into kvd in this build");
+  }
+  auto level = spdlog::level::from_str(flags["log-level"]);
+  if (level == spdlog::level::off && flags["log-level"] != "off") {
+    return Fail("--log-level '" + flags["log-level"] +
+                "' is not one of trace|debug|info|warn|error");
+  }
+  spdlog::set_level(level);
+  // Logs go to stderr; stdout carries only the ready line.
+  spdlog::set_default_logger(spdlog::default_logger()->clone("kvd"));
+
+  kv::daemon::DaemonOptions options;
+  options.name = flags["name"];
+  options.listen = flags["listen"];
+  options.socket_path = flags["socket"];
+  options.transport_name = flags["transport"] == "ipc" ? "cuda_ipc" : flags["transport"];
+  std::chrono::milliseconds drain{};
+  if (!ParseMs(flags["lease-ms"], &options.lease))
+    return Fail("--lease-ms must be in (0, 3600000]");
+  if (!ParseMs(flags["heartbeat-ms"], &options.heartbeat_interval)) {
+    return Fail("--heartbeat-ms must be in (0, 3600000]");
+  }
+  if (!ParseMs(flags["drain-ms"], &drain)) return Fail("--drain-ms must be in (0, 3600000]");
+
+  // Signals are taken synchronously by this thread; every other thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = kv::daemon::Daemon::Start(std::move(options));
+  if (!daemon.ok()) return Fail(daemon.status().ToString());
+  std::printf("kvd %s ready listen=%s socket=%s transport=%s\n", (*daemon)->name().c_str(),
+              (*daemon)->listen_address().c_str(), flags["socket"].c_str(),
+              (*daemon)->transport_name().c_str());
+  std::fflush(stdout);
+
+  int signo = 0;
+  sigwait(&stop_signals, &signo);
+  spdlog::info("kvd {}: {} received, draining for up to {} ms", (*daemon)->name(), strsignal(signo),
+               drain.count());
+  (*daemon)->Shutdown(drain);
+  return 0;
+}

@@ -1,0 +1,216 @@
+// The peer protocol: one TCP Connection per peer kvd. Both sides send PeerHello at once; after
+// both hellos (version, transport, layouts checked; the transport connected) the peer is ready
+// and queued messages flow. Heartbeats keep it alive; see Core::Sweep.
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/connect.hpp>
+
+#include "daemon/core.h"
+#include "daemon/wire_layout.h"
+
+namespace kv::daemon {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+Peer* Daemon::Core::FindPeer(uint64_t id) {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : &it->second;
+}
+
+proto::PeerHello Daemon::Core::BuildHello() const {
+  proto::PeerHello hello;
+  hello.set_protocol_version(proto::PROTOCOL_VERSION);
+  hello.set_node_name(options_.name);
+  hello.set_transport(std::string(transport_->name()));
+  hello.set_transport_address(transport_->address());
+  for (const auto& [id, engine] : engines_) {
+    if (!engine.hello) continue;
+    proto::RankInfo* rank = hello.add_ranks();
+    rank->set_tp_rank(engine.tp_rank);
+    for (const auto& region : engine.regions) ToWire(region->layout.spec(), rank->add_regions());
+    hello.set_tp_size(engine.tp_size);
+  }
+  return hello;
+}
+
+void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
+  uint64_t id = 0;
+  for (auto& [pid, peer] : peers_) {
+    if (!dialed_address.empty() && peer.dialed_address == dialed_address && !peer.conn) id = pid;
+  }
+  if (id == 0) {
+    id = next_id_++;
+    peers_[id].id = id;
+  }
+  Peer& peer = peers_[id];
+  peer.connecting.reset();
+  peer.dialed_address = std::move(dialed_address);
+  peer.last_heard = Clock::now();
+  std::string label =
+      "peer " + (peer.dialed_address.empty() ? "#" + std::to_string(id) : peer.dialed_address);
+  peer.conn = Connection::Adopt(io_, fd, PeerLimits(), std::move(label));
+  peer.conn->Start([this, id](std::string body) { OnPeerMessage(id, body); },
+                   [this, id](const Status& why) { OnPeerClosed(id, why); });
+  proto::PeerMessage hello;
+  *hello.mutable_hello() = BuildHello();
+  (void)peer.conn->Send(hello);
+}
+
+Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
+  for (auto& [id, peer] : peers_) {
+    if (peer.dialed_address == address) return id;
+  }
+  // A peer that dialed us is found by the address it listens on only after its hello; matching
+  // by name is not possible before it, so a second session may be dialed. Both are valid.
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
+  }
+  boost::system::error_code ec;
+  auto ip = asio::ip::make_address(address.substr(0, colon), ec);
+  int port = -1;
+  try {
+    port = std::stoi(address.substr(colon + 1));
+  } catch (...) {
+  }
+  if (ec || port <= 0 || port > 65535) {
+    return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
+  }
+  const uint64_t id = next_id_++;
+  Peer& peer = peers_[id];
+  peer.id = id;
+  peer.dialed_address = address;
+  peer.last_heard = Clock::now();
+  peer.connecting = std::make_shared<tcp::socket>(io_);
+  peer.connecting->async_connect(
+      tcp::endpoint(ip, static_cast<uint16_t>(port)),
+      [this, id, address, socket = peer.connecting](const boost::system::error_code& ec) {
+        Peer* p = FindPeer(id);
+        if (p == nullptr) return;
+        if (ec) {
+          FailRequestsOfPeer(
+              id, Status::Unavailable("connect to kvd at " + address + ": " + ec.message()));
+          peers_.erase(id);
+          return;
+        }
+        socket->set_option(tcp::no_delay(true));
+        ServePeer(socket->release(), address);
+      });
+  return id;
+}
+
+void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
+  Peer* peer = FindPeer(peer_id);
+  if (peer == nullptr) return;
+  if (!peer->ready) {
+    peer->queued.push_back(std::move(message));
+    return;
+  }
+  (void)peer->conn->Send(message);
+}
+
+void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
+  Peer* peer = FindPeer(peer_id);
+  if (peer == nullptr) return;
+  peer->last_heard = Clock::now();
+  proto::PeerMessage m;
+  if (!m.ParseFromString(body)) {
+    peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": malformed message"));
+    return;
+  }
+  if (m.body_case() == proto::PeerMessage::kHello) {
+    Status s = HandlePeerHello(*peer, m.hello());
+    if (!s.ok()) peer->conn->Close(s.WithContext(peer->conn->label()));
+    return;
+  }
+  if (!peer->ready) {
+    peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": message before hello"));
+    return;
+  }
+  switch (m.body_case()) {
+    case proto::PeerMessage::kHeartbeat:
+      return;
+    case proto::PeerMessage::kWant: {
+      Status s = OnWant(*peer, m.want());
+      if (!s.ok()) {
+        spdlog::warn("kvd {}: refused request {} from {}: {}", options_.name,
+                     m.want().request_id().substr(0, kMaxRequestIdBytes), peer->name, s.ToString());
+        proto::PeerMessage fail;
+        fail.mutable_fail()->set_request_id(m.want().request_id().substr(0, kMaxRequestIdBytes));
+        ToWire(s, fail.mutable_fail()->mutable_error());
+        SendToPeer(peer_id, std::move(fail));
+      }
+      return;
+    }
+    case proto::PeerMessage::kConfirm:
+      OnConfirm(*peer, m.confirm().request_id());
+      return;
+    case proto::PeerMessage::kFail:
+      OnPeerFail(*peer, m.fail());
+      return;
+    default:
+      peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": unknown message"));
+  }
+}
+
+Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) {
+  if (peer.ready) return Status::InvalidArgument("hello sent twice");
+  if (hello.protocol_version() != proto::PROTOCOL_VERSION) {
+    return Status::Incompatible("peer speaks protocol " + std::to_string(hello.protocol_version()) +
+                                ", this kvd " + std::to_string(proto::PROTOCOL_VERSION));
+  }
+  if (hello.node_name().empty() || hello.node_name().size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("peer node name must have 1 to 256 bytes");
+  }
+  if (hello.transport() != transport_->name()) {
+    return Status::Incompatible("peer " + hello.node_name() + " uses transport '" +
+                                hello.transport().substr(0, 64) + "', this kvd '" +
+                                std::string(transport_->name()) + "'");
+  }
+  // Layouts: what no plan can bridge (layer count, bytes per head-token) is refused here, with
+  // both values named. TP and block size differences are the planner's job.
+  const proto::PeerHello mine = BuildHello();
+  if (mine.ranks_size() > 0 && hello.ranks_size() > 0 && mine.ranks(0).regions_size() > 0 &&
+      hello.ranks(0).regions_size() > 0) {
+    auto ours = FromWire(mine.ranks(0).regions(0));
+    auto theirs = FromWire(hello.ranks(0).regions(0));
+    if (!theirs.ok()) return theirs.status().WithContext("peer " + hello.node_name() + " layout");
+    if (ours.ok() && ours->spec().layers != theirs->spec().layers) {
+      return Status::Incompatible("layers differ: " + options_.name + " has " +
+                                  std::to_string(ours->spec().layers) + ", " + hello.node_name() +
+                                  " has " + std::to_string(theirs->spec().layers));
+    }
+    if (ours.ok() && ours->logical_content_bytes() != theirs->logical_content_bytes()) {
+      return Status::Incompatible(
+          "bytes per head-token differ: " + options_.name + " has " +
+          std::to_string(ours->logical_content_bytes()) + ", " + hello.node_name() + " has " +
+          std::to_string(theirs->logical_content_bytes()) + " (head size or dtype)");
+    }
+  }
+  KV_ASSIGN_OR_RETURN(peer.transport_peer, transport_->connect(hello.transport_address()));
+  peer.name = hello.node_name();
+  peer.ready = true;
+  spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer.name, hello.ranks_size());
+  auto queued = std::move(peer.queued);
+  peer.queued.clear();
+  for (auto& m : queued) (void)peer.conn->Send(m);
+  return Status::Ok();
+}
+
+void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
+  Peer* peer = FindPeer(peer_id);
+  if (peer == nullptr) return;
+  const std::string who = peer->name.empty() ? peer->conn->label() : "peer " + peer->name;
+  if (why.ok()) {
+    spdlog::info("kvd {}: {} disconnected", options_.name, who);
+  } else {
+    spdlog::warn("kvd {}: lost {}: {}", options_.name, who, why.ToString());
+  }
+  FailRequestsOfPeer(
+      peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
+  if (peer->ready) transport_->disconnect(peer->transport_peer);
+  peers_.erase(peer_id);
+}
+
+}  // namespace kv::daemon

@@ -1,0 +1,87 @@
+#include "daemon/shared_memory.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace kv::daemon {
+namespace {
+
+Status Errno(const std::string& what) {
+  return Status::IoError(what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+Result<SharedMemory> SharedMemory::Create(uint64_t bytes, const std::string& name) {
+  if (bytes == 0) return Status::InvalidArgument("shared memory of 0 bytes");
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return Errno("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    Status s = Errno("ftruncate to " + std::to_string(bytes) + " bytes");
+    close(fd);
+    return s;
+  }
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    Status s = Errno("mmap of " + std::to_string(bytes) + " bytes");
+    close(fd);
+    return s;
+  }
+  return SharedMemory(fd, data, bytes);
+}
+
+Result<SharedMemory> SharedMemory::Adopt(int fd, uint64_t expected_bytes) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    Status s = Errno("fstat of a received memory fd");
+    close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size < 0 ||
+      static_cast<uint64_t>(st.st_size) < expected_bytes || expected_bytes == 0) {
+    close(fd);
+    return Status::OutOfRange("received memory object holds " + std::to_string(st.st_size) +
+                              " bytes, the registration claims " + std::to_string(expected_bytes));
+  }
+  void* data = mmap(nullptr, expected_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    Status s = Errno("mmap of a received memory fd");
+    close(fd);
+    return s;
+  }
+  return SharedMemory(fd, data, expected_bytes);
+}
+
+SharedMemory::SharedMemory(SharedMemory&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    fd_ = std::exchange(other.fd_, -1);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+SharedMemory::~SharedMemory() {
+  Reset();
+}
+
+void SharedMemory::Reset() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+  data_ = nullptr;
+  fd_ = -1;
+  size_ = 0;
+}
+
+}  // namespace kv::daemon

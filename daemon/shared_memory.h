@@ -1,0 +1,44 @@
+// Host memory shared between an engine and its kvd: an anonymous memfd the engine creates, maps
+// and hands to kvd over the unix socket (SCM_RIGHTS), which kvd maps in turn. Nothing is named
+// in /dev/shm, so nothing leaks when either process dies.
+//
+// SharedMemory owns its fd and its mapping; movable, not copyable; not thread-safe (the bytes
+// themselves may be used from any thread).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "layout/status.h"
+
+namespace kv::daemon {
+
+class SharedMemory {
+ public:
+  // A new zero-filled object of `bytes`, mapped read-write.
+  static Result<SharedMemory> Create(uint64_t bytes, const std::string& name);
+  // Maps an fd received from an engine. Takes ownership of `fd` on every path. kOutOfRange when
+  // the object is smaller than `expected_bytes` (a sender cannot make kvd read past its end).
+  static Result<SharedMemory> Adopt(int fd, uint64_t expected_bytes);
+
+  SharedMemory() = default;
+  SharedMemory(SharedMemory&& other) noexcept;
+  SharedMemory& operator=(SharedMemory&& other) noexcept;
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+  ~SharedMemory();
+
+  void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_; }
+
+ private:
+  SharedMemory(int fd, void* data, uint64_t size) : fd_(fd), data_(data), size_(size) {}
+  void Reset();
+
+  int fd_ = -1;
+  void* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace kv::daemon

@@ -1,0 +1,496 @@
+// The request state machines of daemon/core.h: source (prefill) and destination (decode) sides.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+
+#include "daemon/core.h"
+#include "daemon/wire_layout.h"
+#include "layout/plan.h"
+
+namespace kv::daemon {
+
+namespace {
+
+constexpr int64_t kMaxTokens = int64_t{1} << 24;
+constexpr int kMaxBlocksPerRequest = 1 << 20;
+
+Status CheckRequestId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("request id must have 1 to " +
+                                   std::to_string(kMaxRequestIdBytes) + " bytes");
+  }
+  return Status::Ok();
+}
+
+// Block ids from an engine or a peer, checked against every region they will index.
+template <typename Ids>
+Status CheckBlocks(const Ids& ids, const std::vector<const KvRegion*>& regions, int64_t tokens) {
+  if (ids.empty() || ids.size() > kMaxBlocksPerRequest) {
+    return Status::InvalidArgument("a request names 1 to " + std::to_string(kMaxBlocksPerRequest) +
+                                   " blocks, not " + std::to_string(ids.size()));
+  }
+  for (const KvRegion* region : regions) {
+    const int64_t blocks = region->spec().blocks;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= blocks) {
+        return Status::OutOfRange("block id " + std::to_string(id) + " out of range [0, " +
+                                  std::to_string(blocks) + ")");
+      }
+    }
+    if (tokens > 0 && static_cast<int64_t>(ids.size()) * region->spec().block_size < tokens) {
+      return Status::InvalidArgument(std::to_string(ids.size()) + " blocks of " +
+                                     std::to_string(region->spec().block_size) +
+                                     " tokens cannot hold " + std::to_string(tokens) + " tokens");
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
+  std::vector<const KvRegion*> out;
+  for (const auto& r : engine.regions) out.push_back(&r->layout);
+  return out;
+}
+
+// Whether src holds at least one global head dst holds: pairs without one have nothing to move.
+bool SharesHead(const KvRegion& src, const KvRegion& dst) {
+  for (int64_t h = 0; h < src.size(Axis::kH); ++h) {
+    if (dst.local_head(src.global_head(h)) >= 0) return true;
+  }
+  return false;
+}
+
+proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const Status& status,
+                                        uint64_t bytes, uint64_t runs) {
+  proto::DaemonMessage m;
+  auto* done = m.mutable_request_done();
+  done->set_request_id(id);
+  done->set_sent(sent);
+  done->set_bytes(bytes);
+  done->set_runs(runs);
+  if (!status.ok()) ToWire(status, done->mutable_error());
+  return m;
+}
+
+}  // namespace
+
+// ---- source side --------------------------------------------------------------------------------
+
+Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
+  KV_RETURN_IF_ERROR(CheckRequestId(save.request_id()));
+  if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
+  const int layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
+  if (save.layer() < 0 || save.layer() >= layers) {
+    return Status::OutOfRange("layer " + std::to_string(save.layer()) + " out of range [0, " +
+                              std::to_string(layers) + ")");
+  }
+  KV_RETURN_IF_ERROR(CheckBlocks(save.block_ids(), LayoutsOf(engine), 0));
+  auto [it, created] = sources_.try_emplace(save.request_id());
+  SourceRequest& request = it->second;
+  if (created) {
+    request.id = save.request_id();
+    request.instance = engine.instance;
+    request.tp_size = engine.tp_size;
+    request.layers = layers;
+    request.sent.assign(layers, false);
+    request.deadline = Clock::now() + options_.lease;
+  } else if (request.instance != engine.instance) {
+    return Status::AlreadyExists("request " + request.id + " belongs to instance " +
+                                 request.instance);
+  }
+  auto [rank_it, new_rank] = request.ranks.try_emplace(engine.tp_rank);
+  SourceRank& rank = rank_it->second;
+  std::vector<int64_t> blocks(save.block_ids().begin(), save.block_ids().end());
+  if (new_rank) {
+    rank.engine_id = engine.id;
+    rank.blocks = std::move(blocks);
+    rank.saved.assign(layers, false);
+  } else if (rank.blocks != blocks) {
+    return Status::InvalidArgument("request " + request.id +
+                                   ": save_layer named other blocks than before");
+  }
+  rank.saved[save.layer()] = true;
+  PumpSource(request);
+  return Status::Ok();
+}
+
+Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
+                                                            const proto::RequestFinished& m) {
+  KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
+  auto it = sources_.find(m.request_id());
+  if (it == sources_.end() || it->second.instance != engine.instance ||
+      !it->second.ranks.count(engine.tp_rank)) {
+    return Status::NotFound("request " + m.request_id() + " has no saved layer on this rank");
+  }
+  SourceRank& rank = it->second.ranks[engine.tp_rank];
+  rank.finished = true;
+  proto::TransferParams params;
+  params.set_peer_name(options_.name);
+  params.set_peer_address(listen_address_);
+  params.set_request_id(m.request_id());
+  for (int64_t b : rank.blocks) params.add_remote_block_ids(b);
+  PumpSource(it->second);
+  return params;
+}
+
+Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
+  KV_RETURN_IF_ERROR(CheckRequestId(want.request_id()));
+  if (want.tokens() <= 0 || want.tokens() > kMaxTokens) {
+    return Status::InvalidArgument("tokens " + std::to_string(want.tokens()) +
+                                   " out of range (0, " + std::to_string(kMaxTokens) + "]");
+  }
+  if (want.ranks_size() < 1 || want.ranks_size() > kMaxTpSize) {
+    return Status::InvalidArgument("destination names " + std::to_string(want.ranks_size()) +
+                                   " ranks");
+  }
+  std::vector<DestinationRank> destination;
+  for (const auto& wire : want.ranks()) {
+    if (wire.regions_size() < 1 || wire.regions_size() > kMaxRegionsPerEngine ||
+        wire.descriptors_size() != wire.regions_size()) {
+      return Status::InvalidArgument("destination rank " + std::to_string(wire.tp_rank()) +
+                                     " has " + std::to_string(wire.regions_size()) +
+                                     " regions and " + std::to_string(wire.descriptors_size()) +
+                                     " descriptors");
+    }
+    DestinationRank rank;
+    rank.tp_rank = wire.tp_rank();
+    std::vector<const KvRegion*> layouts;
+    for (int i = 0; i < wire.regions_size(); ++i) {
+      KV_ASSIGN_OR_RETURN(KvRegion layout, FromWire(wire.regions(i)));
+      rank.layouts.push_back(layout);
+      KV_ASSIGN_OR_RETURN(auto remote,
+                          transport_->import_remote(peer.transport_peer, wire.descriptors(i)));
+      if (remote->length() < layout.span_bytes()) {
+        return Status::OutOfRange("destination region of " + std::to_string(remote->length()) +
+                                  " bytes cannot hold its layout's " +
+                                  std::to_string(layout.span_bytes()) + " bytes");
+      }
+      rank.remotes.push_back(std::move(remote));
+    }
+    for (const auto& l : rank.layouts) layouts.push_back(&l);
+    KV_RETURN_IF_ERROR(CheckBlocks(wire.block_ids(), layouts, want.tokens()));
+    rank.blocks.assign(wire.block_ids().begin(), wire.block_ids().end());
+    destination.push_back(std::move(rank));
+  }
+  auto [it, created] = sources_.try_emplace(want.request_id());
+  SourceRequest& request = it->second;
+  if (created) {
+    request.id = want.request_id();
+    request.deadline = Clock::now() + options_.lease;
+  } else if (request.state != SourceRequest::State::kCollecting) {
+    return Status::AlreadyExists("request " + request.id + " already has a destination");
+  }
+  request.state = SourceRequest::State::kStreaming;
+  request.peer_id = peer.id;
+  request.mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
+  request.tokens = want.tokens();
+  request.destination = std::move(destination);
+  PumpSource(request);
+  return Status::Ok();
+}
+
+void Daemon::Core::PumpSource(SourceRequest& request) {
+  if (request.state != SourceRequest::State::kStreaming) return;
+  if (static_cast<int>(request.ranks.size()) < request.tp_size || request.layers == 0) return;
+  bool all_sent = true;
+  for (int l = 0; l < request.layers; ++l) {
+    if (request.sent[l]) continue;
+    bool ready = true;
+    for (const auto& [r, rank] : request.ranks) {
+      ready = ready && rank.saved[l] && (request.mode == proto::MODE_PUSH || rank.finished);
+    }
+    if (!ready) {
+      all_sent = false;
+      continue;
+    }
+    Status s = SendLayer(request, l);
+    if (!s.ok()) {
+      FinishSource(request.id,
+                   s.WithContext("request " + request.id + " layer " + std::to_string(l)),
+                   /*tell_peer=*/true);
+      return;
+    }
+    request.sent[l] = true;
+  }
+  if (all_sent) request.state = SourceRequest::State::kAwaitingConfirm;
+}
+
+Status Daemon::Core::SendLayer(SourceRequest& request, int layer) {
+  Peer* peer = FindPeer(request.peer_id);
+  if (peer == nullptr || !peer->ready) return Status::Unavailable("destination peer is gone");
+  uint64_t layer_bytes = 0, layer_runs = 0;
+  for (const auto& [r, rank] : request.ranks) {
+    Engine* engine = FindEngine(rank.engine_id);
+    if (engine == nullptr) return Status::Aborted("prefill rank " + std::to_string(r) + " left");
+    for (const DestinationRank& dst : request.destination) {
+      if (dst.layouts.size() != engine->regions.size()) {
+        return Status::Incompatible("prefill rank has " + std::to_string(engine->regions.size()) +
+                                    " regions, decode rank " + std::to_string(dst.tp_rank) +
+                                    " has " + std::to_string(dst.layouts.size()));
+      }
+      for (size_t i = 0; i < dst.layouts.size(); ++i) {
+        const std::shared_ptr<Region>& src = engine->regions[i];
+        if (!SharesHead(src->layout, dst.layouts[i])) continue;
+        // Replicated caches (MLA) are whole on every source rank: one rank feeds each destination.
+        if (src->layout.spec().replicated && dst.tp_rank % request.tp_size != r) continue;
+        TransferSpec spec;
+        spec.src_blocks = rank.blocks;
+        spec.dst_blocks = dst.blocks;
+        spec.tokens = request.tokens;
+        spec.layer_begin = layer;
+        spec.layer_end = layer + 1;
+        KV_ASSIGN_OR_RETURN(Plan plan, PlanTransfer(src->layout, dst.layouts[i], spec));
+        if (plan.runs.empty()) continue;
+        transport::Batch batch;
+        batch.op = transport::Op::kPut;
+        batch.local = src->registration.get();
+        batch.remote = dst.remotes[i].get();
+        batch.runs = plan.runs;
+        batch.deadline = request.deadline;
+        const uint64_t bytes = plan.bytes;
+        KV_RETURN_IF_ERROR(transport_->post(
+            batch, [this, id = request.id, src, remote = dst.remotes[i], bytes](Status s) {
+              boost::asio::post(io_, [this, id, s, bytes] { OnBatchDone(id, s, bytes); });
+            }));
+        ++request.batches_in_flight;
+        layer_bytes += plan.bytes;
+        layer_runs += plan.runs.size();
+      }
+    }
+  }
+  request.bytes += layer_bytes;
+  request.runs += layer_runs;
+  proto::LayerNotice notice;
+  notice.set_source(options_.name);
+  notice.set_request_id(request.id);
+  notice.set_layer(layer);
+  notice.set_bytes(layer_bytes);
+  notice.set_runs(layer_runs);
+  return transport_->notify(peer->transport_peer, notice.SerializeAsString());
+}
+
+void Daemon::Core::OnBatchDone(const std::string& request_id, const Status& status,
+                               uint64_t bytes) {
+  if (status.ok()) bytes_sent_ += bytes;
+  auto it = sources_.find(request_id);
+  if (it == sources_.end()) return;
+  --it->second.batches_in_flight;
+  if (!status.ok()) FinishSource(request_id, status, /*tell_peer=*/true);
+}
+
+void Daemon::Core::OnConfirm(Peer& peer, const std::string& request_id) {
+  auto it = sources_.find(request_id);
+  if (it == sources_.end() || it->second.peer_id != peer.id) return;
+  FinishSource(request_id, Status::Ok(), /*tell_peer=*/false);
+}
+
+void Daemon::Core::OnPeerFail(Peer& peer, const proto::Fail& fail) {
+  const Status why = FromWire(fail.error()).WithContext("peer " + peer.name);
+  const Status failure = why.ok() ? Status::Aborted("peer " + peer.name + " failed it") : why;
+  auto s = sources_.find(fail.request_id());
+  if (s != sources_.end() && s->second.peer_id == peer.id) {
+    FinishSource(fail.request_id(), failure, false);
+  }
+  auto d = loads_.find(fail.request_id());
+  if (d != loads_.end() && d->second.peer_id == peer.id) {
+    FinishDest(fail.request_id(), failure, false);
+  }
+}
+
+void Daemon::Core::FinishSource(const std::string& request_id, const Status& status,
+                                bool tell_peer) {
+  auto it = sources_.find(request_id);
+  if (it == sources_.end()) return;
+  SourceRequest request = std::move(it->second);
+  sources_.erase(it);
+  if (tell_peer && !status.ok() && request.state != SourceRequest::State::kCollecting) {
+    proto::PeerMessage fail;
+    fail.mutable_fail()->set_request_id(request_id);
+    ToWire(status, fail.mutable_fail()->mutable_error());
+    SendToPeer(request.peer_id, std::move(fail));
+  }
+  if (!status.ok()) {
+    spdlog::warn("kvd {}: request {} failed: {}", options_.name, request_id, status.ToString());
+  }
+  (status.ok() ? transfers_done_ : transfers_failed_)++;
+  auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
+}
+
+// ---- destination side ---------------------------------------------------------------------------
+
+Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
+  KV_RETURN_IF_ERROR(CheckRequestId(load.request_id()));
+  if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
+  if (load.tokens() <= 0 || load.tokens() > kMaxTokens) {
+    return Status::InvalidArgument("tokens " + std::to_string(load.tokens()) +
+                                   " out of range (0, " + std::to_string(kMaxTokens) + "]");
+  }
+  if (load.peer_address().empty() || load.peer_address().size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("start_load needs the source kvd's address");
+  }
+  KV_RETURN_IF_ERROR(CheckBlocks(load.block_ids(), LayoutsOf(engine), load.tokens()));
+  const auto mode = load.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
+  auto [it, created] = loads_.try_emplace(load.request_id());
+  DestRequest& request = it->second;
+  if (created) {
+    request.id = load.request_id();
+    request.instance = engine.instance;
+    request.tp_size = engine.tp_size;
+    request.layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
+    request.peer_address = load.peer_address();
+    request.mode = mode;
+    request.tokens = load.tokens();
+    request.ready.assign(request.layers, false);
+    request.deadline = Clock::now() + options_.lease;
+  } else if (request.instance != engine.instance || request.peer_address != load.peer_address() ||
+             request.tokens != load.tokens() || request.mode != mode) {
+    return Status::InvalidArgument("request " + request.id +
+                                   ": ranks disagree on the source, tokens or mode");
+  }
+  if (request.ranks.count(engine.tp_rank)) {
+    return Status::AlreadyExists("request " + request.id + " already loading on rank " +
+                                 std::to_string(engine.tp_rank));
+  }
+  request.ranks[engine.tp_rank] =
+      LoadRank{engine.id, std::vector<int64_t>(load.block_ids().begin(), load.block_ids().end()),
+               engine.regions};
+  if (static_cast<int>(request.ranks.size()) == request.tp_size) RequestLoad(request);
+  return Status::Ok();
+}
+
+void Daemon::Core::RequestLoad(DestRequest& request) {
+  auto peer_id = PeerFor(request.peer_address);
+  if (!peer_id.ok()) {
+    FinishDest(request.id, peer_id.status(), false);
+    return;
+  }
+  request.peer_id = *peer_id;
+  request.state = DestRequest::State::kRequested;
+  proto::PeerMessage message;
+  proto::WantRequest* want = message.mutable_want();
+  want->set_request_id(request.id);
+  want->set_mode(request.mode);
+  want->set_tokens(request.tokens);
+  want->set_lease_ms(static_cast<uint32_t>(options_.lease.count()));
+  for (const auto& [r, rank] : request.ranks) {
+    proto::DestinationRank* wire = want->add_ranks();
+    wire->set_tp_rank(r);
+    for (const auto& region : rank.regions) {
+      ToWire(region->layout.spec(), wire->add_regions());
+      wire->add_descriptors(region->registration->packed_descriptor());
+    }
+    for (int64_t b : rank.blocks) wire->add_block_ids(b);
+  }
+  SendToPeer(request.peer_id, std::move(message));
+}
+
+void Daemon::Core::OnNotification(const std::string& message) {
+  proto::LayerNotice notice;
+  if (!notice.ParseFromString(message)) {
+    spdlog::warn("kvd {}: dropped a malformed transport notification", options_.name);
+    return;
+  }
+  auto it = loads_.find(notice.request_id());
+  if (it == loads_.end()) return;  // failed or finished already: late news
+  DestRequest& request = it->second;
+  Peer* peer = FindPeer(request.peer_id);
+  if (peer == nullptr || peer->name != notice.source() || notice.layer() < 0 ||
+      notice.layer() >= request.layers || request.ready[notice.layer()]) {
+    return;
+  }
+  request.ready[notice.layer()] = true;
+  request.bytes += notice.bytes();
+  request.runs += notice.runs();
+  bytes_received_ += notice.bytes();
+  proto::DaemonMessage ready;
+  ready.mutable_layer_ready()->set_request_id(request.id);
+  ready.mutable_layer_ready()->set_layer(notice.layer());
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, ready);
+  if (std::all_of(request.ready.begin(), request.ready.end(), [](bool b) { return b; })) {
+    proto::PeerMessage confirm;
+    confirm.mutable_confirm()->set_request_id(request.id);
+    SendToPeer(request.peer_id, std::move(confirm));
+    FinishDest(request.id, Status::Ok(), false);
+  }
+}
+
+void Daemon::Core::FinishDest(const std::string& request_id, const Status& status, bool tell_peer) {
+  auto it = loads_.find(request_id);
+  if (it == loads_.end()) return;
+  DestRequest request = std::move(it->second);
+  loads_.erase(it);
+  const bool requested = request.state == DestRequest::State::kRequested;
+  if (tell_peer && !status.ok() && requested) {
+    proto::PeerMessage fail;
+    fail.mutable_fail()->set_request_id(request_id);
+    ToWire(status, fail.mutable_fail()->mutable_error());
+    SendToPeer(request.peer_id, std::move(fail));
+  }
+  if (!status.ok()) {
+    spdlog::warn("kvd {}: load of {} failed: {}", options_.name, request_id, status.ToString());
+    // The source may still have writes in flight into these regions: keep them mapped.
+    if (requested) {
+      Retired retired{{}, Clock::now() + options_.lease};
+      for (const auto& [r, rank] : request.ranks) {
+        retired.regions.insert(retired.regions.end(), rank.regions.begin(), rank.regions.end());
+      }
+      retired_.push_back(std::move(retired));
+    }
+  }
+  (status.ok() ? transfers_done_ : transfers_failed_)++;
+  auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
+}
+
+// ---- failure fan-out ----------------------------------------------------------------------------
+
+void Daemon::Core::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
+  std::vector<std::string> sources, loads;
+  for (const auto& [id, r] : sources_) {
+    for (const auto& [rank_no, rank] : r.ranks) {
+      if (rank.engine_id == engine_id) sources.push_back(id);
+    }
+  }
+  for (const auto& [id, r] : loads_) {
+    for (const auto& [rank_no, rank] : r.ranks) {
+      if (rank.engine_id == engine_id) loads.push_back(id);
+    }
+  }
+  for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true);
+  for (const auto& id : loads) FinishDest(id, why, /*tell_peer=*/true);
+}
+
+void Daemon::Core::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
+  std::vector<std::string> sources, loads;
+  for (const auto& [id, r] : sources_) {
+    if (r.state != SourceRequest::State::kCollecting && r.peer_id == peer_id) sources.push_back(id);
+  }
+  for (const auto& [id, r] : loads_) {
+    if (r.state == DestRequest::State::kRequested && r.peer_id == peer_id) loads.push_back(id);
+  }
+  for (const auto& id : sources) FinishSource(id, why, false);
+  for (const auto& id : loads) FinishDest(id, why, false);
+}
+
+void Daemon::Core::ExpireRequests(Clock::time_point now) {
+  std::vector<std::string> sources, loads;
+  for (const auto& [id, r] : sources_) {
+    if (r.deadline < now) sources.push_back(id);
+  }
+  for (const auto& [id, r] : loads_) {
+    if (r.deadline < now) loads.push_back(id);
+  }
+  const std::string lease = std::to_string(options_.lease.count()) + " ms";
+  for (const auto& id : sources) {
+    FinishSource(
+        id, Status::Timeout("request " + id + " not confirmed within its lease of " + lease), true);
+  }
+  for (const auto& id : loads) {
+    FinishDest(id, Status::Timeout("request " + id + " not complete within " + lease), true);
+  }
+  std::erase_if(retired_, [now](const Retired& r) { return r.until < now; });
+}
+
+}  // namespace kv::daemon

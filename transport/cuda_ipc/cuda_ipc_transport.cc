@@ -1,0 +1,555 @@
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/run_copier.h"
+#include "transport/cuda_ipc/side_channel.h"
+
+namespace kv::transport {
+namespace {
+
+using gpu::CudaEvent;
+using gpu::CudaStatus;
+using gpu::CudaStream;
+using gpu::DeviceGuard;
+using gpu::FrameReader;
+using gpu::Listener;
+using gpu::Socket;
+
+constexpr char kMagic[8] = "kvdipc1";
+constexpr size_t kHostIdBytes = 48;
+
+// What a peer's import_remote() receives. Fixed size, so a truncated or padded blob is rejected
+// by its length before any field is read.
+struct WireDescriptor {
+  char magic[8];
+  cudaIpcMemHandle_t handle;
+  uint64_t offset;            // of the registered base inside the allocation
+  uint64_t length;            // registered bytes
+  uint64_t allocation_bytes;  // of the whole allocation the handle opens
+  char host_id[kHostIdBytes];
+};
+
+// Distinguishes hosts (and reboots of one host): CUDA IPC handles mean nothing elsewhere.
+std::string HostId() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  if (id.empty()) {
+    char name[64] = {};
+    gethostname(name, sizeof(name) - 1);
+    id = name;
+  }
+  return id.substr(0, kHostIdBytes - 1);
+}
+
+// The allocation that holds `ptr`. Resolved through the runtime's driver entry point so the
+// library does not link libcuda and CPU-only machines can still load it.
+Status AllocationRange(const void* ptr, CUdeviceptr* alloc_base, size_t* alloc_bytes) {
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static GetAddressRange get_range = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<GetAddressRange>(fn);
+  }();
+  if (get_range == nullptr) return Status::Unsupported("driver lacks cuMemGetAddressRange");
+  if (get_range(alloc_base, alloc_bytes, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+    return Status::InvalidArgument("pointer is not inside a CUDA allocation");
+  }
+  return Status::Ok();
+}
+
+class IpcRegistration final : public MemoryRegistration {
+ public:
+  IpcRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed)
+      : base_(base), length_(length), where_(where), packed_(std::move(packed)) {}
+  void* base() const override { return base_; }
+  uint64_t length() const override { return length_; }
+  MemoryLocation location() const override { return where_; }
+  std::string packed_descriptor() const override { return packed_; }
+
+ private:
+  void* base_;
+  uint64_t length_;
+  MemoryLocation where_;
+  std::string packed_;
+};
+
+// One peer allocation opened in this process. CUDA allows a handle to be opened once per
+// process, so mappings are shared through a process-wide cache and closed with the last user.
+struct Mapping {
+  void* ptr = nullptr;
+  int device = -1;
+  ~Mapping() {
+    DeviceGuard guard(device);
+    cudaIpcCloseMemHandle(ptr);
+  }
+};
+
+Result<std::shared_ptr<Mapping>> OpenMapping(const cudaIpcMemHandle_t& handle, int device) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<Mapping>> cache;
+  std::string key(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  std::lock_guard lock(mu);
+  if (auto alive = cache[key].lock()) return alive;
+  DeviceGuard guard(device);
+  auto mapping = std::make_shared<Mapping>();
+  mapping->device = device;
+  cudaError_t err = cudaIpcOpenMemHandle(&mapping->ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    mapping->ptr = nullptr;
+    mapping->device = -1;
+    cudaGetLastError();  // the failed open must not surface in an unrelated later call
+    return CudaStatus(err, "cudaIpcOpenMemHandle (the peer must be another process)");
+  }
+  cache[key] = mapping;
+  return mapping;
+}
+
+class IpcRemote final : public RemoteMemory {
+ public:
+  IpcRemote(PeerId peer, std::shared_ptr<Mapping> mapping, uint64_t offset, uint64_t length)
+      : peer_(peer), mapping_(std::move(mapping)), offset_(offset), length_(length) {}
+  PeerId peer() const override { return peer_; }
+  uint64_t length() const override { return length_; }
+  char* base() const { return static_cast<char*>(mapping_->ptr) + offset_; }
+
+ private:
+  PeerId peer_;
+  std::shared_ptr<Mapping> mapping_;
+  uint64_t offset_;
+  uint64_t length_;
+};
+
+class CudaIpcTransport final : public Transport {
+ public:
+  CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout)
+      : device_(device), connect_timeout_(connect_timeout), host_id_(HostId()) {}
+
+  Status Start(const std::string& socket_dir) {
+    KV_ASSIGN_OR_RETURN(stream_, CudaStream::Create(device_));
+    KV_ASSIGN_OR_RETURN(copier_, gpu::RunCopier::Create(device_));
+    static std::atomic<int> counter{0};
+    std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
+                       std::to_string(counter++) + ".sock";
+    KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("unix:" + path));
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return Status::IoError("eventfd failed");
+    progress_ = std::thread([this] { ProgressLoop(); });
+    return Status::Ok();
+  }
+
+  ~CudaIpcTransport() override {
+    stop_ = true;
+    Wake();
+    if (progress_.joinable()) progress_.join();
+    if (stream_.get() != nullptr) {
+      // Host callbacks still queued on the stream write to wake_fd_; let them run first.
+      DeviceGuard guard(device_);
+      cudaStreamSynchronize(stream_.get());
+    }
+    for (Pending& p : pending_) {
+      if (!p.is_note) p.done(Status::Aborted("cuda_ipc transport destroyed"));
+    }
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  std::string_view name() const override { return "cuda_ipc"; }
+  std::string address() const override { return host_id_ + "|" + listener_.endpoint(); }
+  bool supports(MemoryKind kind) const override { return kind == MemoryKind::kCuda; }
+
+  Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
+                                                              MemoryLocation where) override {
+    if (where.kind != MemoryKind::kCuda) {
+      return Status::Unsupported("cuda_ipc registers CUDA device memory only");
+    }
+    if (base == nullptr || length == 0) {
+      return Status::InvalidArgument("cuda_ipc: empty registration");
+    }
+    cudaPointerAttributes attrs{};
+    if (cudaPointerGetAttributes(&attrs, base) != cudaSuccess ||
+        attrs.type != cudaMemoryTypeDevice) {
+      cudaGetLastError();
+      return Status::InvalidArgument("cuda_ipc: base is not CUDA device memory");
+    }
+    if (attrs.device != where.device) {
+      return Status::InvalidArgument("cuda_ipc: memory is on device " +
+                                     std::to_string(attrs.device) + ", registration says " +
+                                     std::to_string(where.device));
+    }
+    CUdeviceptr alloc_base = 0;
+    size_t alloc_bytes = 0;
+    KV_RETURN_IF_ERROR(AllocationRange(base, &alloc_base, &alloc_bytes));
+    const uint64_t offset = reinterpret_cast<CUdeviceptr>(base) - alloc_base;
+    if (length > alloc_bytes - offset) {
+      return Status::OutOfRange("cuda_ipc: registration of " + std::to_string(length) +
+                                " bytes runs past its allocation (" +
+                                std::to_string(alloc_bytes - offset) + " bytes left)");
+    }
+    WireDescriptor wire{};
+    std::memcpy(wire.magic, kMagic, sizeof(kMagic));
+    DeviceGuard guard(where.device);
+    cudaError_t err = cudaIpcGetMemHandle(&wire.handle, reinterpret_cast<void*>(alloc_base));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return Status::Unsupported(std::string("cuda_ipc: allocation cannot be exported (") +
+                                 cudaGetErrorName(err) +
+                                 "); stream-ordered pool and VMM memory need a shareable handle");
+    }
+    wire.offset = offset;
+    wire.length = length;
+    wire.allocation_bytes = alloc_bytes;
+    std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
+    std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
+    return std::unique_ptr<MemoryRegistration>(
+        new IpcRegistration(base, length, where, std::move(packed)));
+  }
+
+  Result<PeerId> connect(std::string_view peer_address) override {
+    size_t bar = peer_address.find('|');
+    if (bar == std::string_view::npos) {
+      return Status::InvalidArgument("cuda_ipc address must be '<host id>|unix:<path>'");
+    }
+    if (peer_address.substr(0, bar) != host_id_) {
+      return Status::Incompatible("cuda_ipc peer is on another host (or booted differently)");
+    }
+    KV_ASSIGN_OR_RETURN(Socket socket, Socket::Connect(peer_address.substr(bar + 1),
+                                                       Clock::now() + connect_timeout_));
+    auto peer = std::make_shared<Peer>();
+    peer->socket = std::move(socket);
+    std::lock_guard lock(mu_);
+    PeerId id = next_peer_++;
+    peers_[id] = std::move(peer);
+    Wake();
+    return id;
+  }
+
+  void disconnect(PeerId peer) override {
+    std::vector<Completion> failed;
+    {
+      std::lock_guard lock(mu_);
+      if (peers_.erase(peer) == 0) return;
+      TakePendingOf(peer, &failed);
+    }
+    for (Completion& done : failed) done(Status::Aborted("cuda_ipc: peer disconnected"));
+  }
+
+  Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
+                                                      std::string_view packed) override {
+    {
+      std::lock_guard lock(mu_);
+      if (peers_.count(peer) == 0) return Status::NotFound("cuda_ipc: unknown peer");
+    }
+    if (packed.size() != sizeof(WireDescriptor)) {
+      return Status::InvalidArgument("cuda_ipc descriptor has " + std::to_string(packed.size()) +
+                                     " bytes, expected " + std::to_string(sizeof(WireDescriptor)));
+    }
+    WireDescriptor wire;
+    std::memcpy(&wire, packed.data(), sizeof(wire));
+    if (std::memcmp(wire.magic, kMagic, sizeof(kMagic)) != 0) {
+      return Status::InvalidArgument("not a cuda_ipc descriptor");
+    }
+    wire.host_id[kHostIdBytes - 1] = '\0';
+    if (host_id_ != wire.host_id) {
+      return Status::Incompatible("cuda_ipc descriptor comes from another host");
+    }
+    if (wire.length == 0 || wire.offset > wire.allocation_bytes ||
+        wire.length > wire.allocation_bytes - wire.offset) {
+      return Status::InvalidArgument("cuda_ipc descriptor range lies outside its allocation");
+    }
+    KV_ASSIGN_OR_RETURN(auto mapping, OpenMapping(wire.handle, device_));
+    return std::unique_ptr<RemoteMemory>(
+        new IpcRemote(peer, std::move(mapping), wire.offset, wire.length));
+  }
+
+  Status post(const Batch& batch, Completion done) override {
+    auto* local = dynamic_cast<const IpcRegistration*>(batch.local);
+    auto* remote = dynamic_cast<const IpcRemote*>(batch.remote);
+    if (local == nullptr || remote == nullptr) {
+      return Status::InvalidArgument("cuda_ipc: batch names memory of another transport");
+    }
+    const bool put = batch.op == Op::kPut;
+    const uint64_t src_bytes = put ? local->length() : remote->length();
+    const uint64_t dst_bytes = put ? remote->length() : local->length();
+    KV_RETURN_IF_ERROR(ValidateRuns(batch.runs, src_bytes, dst_bytes));
+    char* local_base = static_cast<char*>(local->base());
+    void* dst = put ? static_cast<void*>(remote->base()) : local_base;
+    const void* src = put ? static_cast<const void*>(local_base) : remote->base();
+
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(remote->peer());
+    if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
+    if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
+    DeviceGuard guard(device_);
+    KV_ASSIGN_OR_RETURN(CudaEvent event, CudaEvent::Create(device_));
+    KV_RETURN_IF_ERROR(
+        copier_->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream_.get()));
+    KV_RETURN_IF_ERROR(event.Record(stream_.get()));
+    // The progress thread sleeps in poll(); a host callback behind the copy wakes it the moment
+    // the batch is done instead of making it spin on cudaEventQuery.
+    KV_RETURN_IF_ERROR(
+        CudaStatus(cudaLaunchHostFunc(stream_.get(), &WakeFromStream, this), "cudaLaunchHostFunc"));
+    pending_.push_back(
+        Pending{remote->peer(), false, std::move(event), std::move(done), batch.deadline, {}});
+    return Status::Ok();
+  }
+
+  Status notify(PeerId peer, std::string message) override {
+    if (message.size() > gpu::kMaxFrameBytes) {
+      return Status::InvalidArgument("cuda_ipc: notification too large");
+    }
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
+    if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
+    pending_.push_back(
+        Pending{peer, true, {}, {}, Clock::now() + connect_timeout_, std::move(message)});
+    Wake();
+    return Status::Ok();
+  }
+
+  void set_notification_handler(NotificationHandler handler) override {
+    std::lock_guard lock(mu_);
+    handler_ = std::move(handler);
+  }
+
+ private:
+  struct Peer {
+    Socket socket;
+    bool dead = false;  // guarded by mu_
+  };
+  // A batch on the stream, or a notification waiting for the batches before it.
+  struct Pending {
+    PeerId peer;
+    bool is_note;
+    CudaEvent event;
+    Completion done;
+    Clock::time_point deadline;
+    std::string note;
+  };
+  struct Incoming {
+    Socket socket;
+    FrameReader reader;
+  };
+
+  static void CUDART_CB WakeFromStream(void* self) { static_cast<CudaIpcTransport*>(self)->Wake(); }
+
+  void Wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+  }
+
+  // Moves the completions of `peer`'s batches out of pending_ (caller holds mu_).
+  void TakePendingOf(PeerId peer, std::vector<Completion>* failed) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->peer != peer) {
+        ++it;
+        continue;
+      }
+      if (!it->is_note) failed->push_back(std::move(it->done));
+      it = pending_.erase(it);
+    }
+  }
+
+  void ProgressLoop() {
+    std::vector<Incoming> incoming;
+    while (!stop_) {
+      std::vector<std::pair<PeerId, std::shared_ptr<Peer>>> outgoing;
+      bool busy = false;
+      {
+        std::lock_guard lock(mu_);
+        for (auto& [id, peer] : peers_) {
+          if (!peer->dead) outgoing.emplace_back(id, peer);
+        }
+        busy = !pending_.empty();
+      }
+      std::vector<pollfd> fds;
+      fds.push_back({wake_fd_, POLLIN, 0});
+      fds.push_back({listener_.fd(), POLLIN, 0});
+      for (Incoming& in : incoming) fds.push_back({in.socket.fd(), POLLIN, 0});
+      for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
+      // With batches in flight, wake at least every millisecond to enforce their deadlines.
+      poll(fds.data(), fds.size(), busy ? 1 : 50);
+
+      uint64_t drained;
+      while (read(wake_fd_, &drained, sizeof(drained)) > 0) {
+      }
+      const size_t polled_in = incoming.size();
+      for (size_t i = 0; i < outgoing.size(); ++i) {
+        if (fds[2 + polled_in + i].revents != 0) CheckOutgoing(outgoing[i].first);
+      }
+      ReadNotifications(fds, &incoming);
+      while (true) {
+        auto accepted = listener_.Accept();
+        if (!accepted.ok() || !accepted->valid()) break;
+        incoming.push_back(Incoming{std::move(accepted).value(), {}});
+      }
+      CompleteReady();
+    }
+  }
+
+  // Delivers every complete notification; drops connections that closed. Backwards, so erasing
+  // keeps the pollfd indices of the entries still to visit.
+  void ReadNotifications(const std::vector<pollfd>& fds, std::vector<Incoming>* incoming) {
+    NotificationHandler handler;
+    {
+      std::lock_guard lock(mu_);
+      handler = handler_;
+    }
+    for (size_t i = incoming->size(); i-- > 0;) {
+      if (fds[2 + i].revents == 0) continue;
+      Incoming& in = (*incoming)[i];
+      Status read = in.reader.ReadAvailable(in.socket.fd());
+      while (auto frame = in.reader.Next()) {
+        if (handler) handler(*frame);
+      }
+      if (!read.ok()) incoming->erase(incoming->begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+
+  // The peer never writes on the socket we opened, so readability there means it closed.
+  void CheckOutgoing(PeerId id) {
+    std::shared_ptr<Peer> peer;
+    {
+      std::lock_guard lock(mu_);
+      auto it = peers_.find(id);
+      if (it == peers_.end()) return;
+      peer = it->second;
+    }
+    char byte[256];
+    ssize_t n = recv(peer->socket.fd(), byte, sizeof(byte), MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
+    MarkDead(id);
+  }
+
+  void MarkDead(PeerId id) {
+    std::vector<Completion> failed;
+    {
+      std::lock_guard lock(mu_);
+      auto it = peers_.find(id);
+      if (it == peers_.end() || it->second->dead) return;
+      it->second->dead = true;
+      TakePendingOf(id, &failed);
+    }
+    for (Completion& done : failed) done(Status::Unavailable("cuda_ipc: peer process is gone"));
+  }
+
+  void CompleteReady() {
+    std::vector<std::pair<Completion, Status>> finished;
+    std::vector<std::pair<std::shared_ptr<Peer>, Pending>> notes;
+    std::vector<PeerId> dead;
+    {
+      std::lock_guard lock(mu_);
+      std::set<PeerId> busy_peers;  // peers with an unfinished batch earlier in the queue
+      const auto now = Clock::now();
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->is_note) {
+          if (busy_peers.count(it->peer) != 0) {
+            ++it;
+            continue;
+          }
+          auto peer = peers_.find(it->peer);
+          if (peer != peers_.end()) notes.emplace_back(peer->second, std::move(*it));
+          it = pending_.erase(it);
+          continue;
+        }
+        Result<bool> done = it->event.Query();
+        if (done.ok() && !*done && now < it->deadline) {
+          busy_peers.insert(it->peer);
+          ++it;
+          continue;
+        }
+        Status status = !done.ok() ? done.status()
+                        : *done    ? Status::Ok()
+                                   : Status::Timeout("cuda_ipc: batch passed its deadline");
+        finished.emplace_back(std::move(it->done), std::move(status));
+        it = pending_.erase(it);
+      }
+    }
+    for (auto& [done, status] : finished) done(std::move(status));
+    for (auto& [peer, note] : notes) {
+      if (!peer->socket.SendFrame(note.note, note.deadline).ok()) dead.push_back(note.peer);
+    }
+    for (PeerId id : dead) MarkDead(id);
+  }
+
+  const int device_;
+  const std::chrono::milliseconds connect_timeout_;
+  const std::string host_id_;
+  CudaStream stream_;
+  std::unique_ptr<gpu::RunCopier> copier_;  // guarded by mu_
+  Listener listener_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread progress_;
+
+  std::mutex mu_;
+  std::map<PeerId, std::shared_ptr<Peer>> peers_;
+  PeerId next_peer_ = 1;
+  std::deque<Pending> pending_;
+  NotificationHandler handler_;
+};
+
+Result<int64_t> IntSetting(const TransportOptions& options, std::string_view key,
+                           int64_t fallback) {
+  for (const auto& [k, v] : options.settings) {
+    if (k != key) continue;
+    char* end = nullptr;
+    long long value = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || value < 0) {
+      return Status::InvalidArgument("setting " + std::string(key) + "='" + v +
+                                     "' is not a non-negative integer");
+    }
+    return static_cast<int64_t>(value);
+  }
+  return fallback;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Status::Unsupported("cuda_ipc: no CUDA device visible");
+  }
+  int current = 0;
+  cudaGetDevice(&current);
+  KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "device", current));
+  KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "connect_timeout_ms", 5000));
+  if (device >= count) {
+    return Status::InvalidArgument("cuda_ipc: device " + std::to_string(device) + " of " +
+                                   std::to_string(count));
+  }
+  std::string socket_dir = "/tmp";
+  for (const auto& [k, v] : options.settings) {
+    if (k == "socket_dir") socket_dir = v;
+  }
+  auto transport = std::make_unique<CudaIpcTransport>(static_cast<int>(device),
+                                                      std::chrono::milliseconds(timeout_ms));
+  KV_RETURN_IF_ERROR(transport->Start(socket_dir));
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace kv::transport

@@ -1,0 +1,31 @@
+// The "cuda_ipc" backend: moves plan runs between GPUs of one host, straight into (put) or out of
+// (get) the peer's memory over NVLink / PCIe peer-to-peer, with no staging.
+//
+// register_memory() exports CUDA device memory as a cudaIpcMemHandle of its allocation plus the
+// offset of `base` inside it; import_remote() opens a peer's allocation once per process
+// (cudaIpcOpenMemHandle, cached and shared by every RemoteMemory of that allocation) and keeps it
+// open while any RemoteMemory of it lives. post() enqueues the whole batch on the backend's stream
+// through the kernels' chooser (one plan-copy launch, or the copy engine for large runs) and
+// returns; the progress thread learns completion from a CUDA event (no host synchronisation on
+// the caller's path).
+//
+// Side channel: address() is "<host id>|unix:<path>" of a unix socket the backend listens on.
+// It carries notifications (sent by the progress thread once every earlier batch to that peer has
+// completed on the device, so the bytes are in place when the peer sees the message) and
+// liveness: a peer whose socket closes is dead, its batches fail with kUnavailable and later
+// posts to it are refused with kUnavailable.
+//
+// Settings (TransportOptions): "device" (CUDA ordinal of the copy stream; default the current
+// device), "socket_dir" (default /tmp), "connect_timeout_ms" (default 5000).
+#pragma once
+
+#include <memory>
+
+#include "transport/transport.h"
+
+namespace kv::transport {
+
+// kUnsupported when no CUDA device is visible.
+Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
+
+}  // namespace kv::transport

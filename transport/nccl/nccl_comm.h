@@ -1,0 +1,55 @@
+// An owned two-rank NCCL communicator in non-blocking mode, so that every wait on it (creation,
+// connection set-up, enqueueing) has a deadline and a dead peer can be abandoned with
+// ncclCommAbort instead of hanging a thread.
+//
+// Thread-safety: one thread issues operations on a communicator; Abort() may come from that
+// thread only (the owner aborts on its own thread when told the link failed).
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "layout/status.h"
+
+namespace kv::transport::nccl {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// kIoError naming the NCCL error; kUnavailable for remote/system errors (the peer is gone).
+Status NcclStatus(ncclResult_t result, const char* what);
+
+// A fresh unique id (rank 0 makes it and sends it to rank 1 over the side channel).
+Result<std::string> NewUniqueId();
+
+class NcclComm {
+ public:
+  NcclComm() = default;
+  ~NcclComm();  // destroys, or aborts when the communicator failed or never came up
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  // Joins the two-rank communicator `unique_id` as `rank` on `device`, waiting (without
+  // blocking inside NCCL) until both ranks joined, `deadline` passed or `cancelled` turned true.
+  // `unique_id` must be exactly sizeof(ncclUniqueId) bytes (kInvalidArgument otherwise).
+  Status Init(std::string_view unique_id, int rank, int device, SteadyTime deadline,
+              const std::atomic<bool>& cancelled);
+
+  bool ready() const { return comm_ != nullptr && !failed_; }
+  ncclComm_t get() const { return comm_; }
+
+  // After an operation returned ncclInProgress: waits until it is enqueued. On any failure the
+  // communicator is marked failed (and aborted on destruction).
+  Status WaitEnqueued(SteadyTime deadline, const std::atomic<bool>& cancelled);
+
+  // Kills the communicator's kernels and frees it; a later call is a no-op.
+  void Abort();
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  bool failed_ = false;
+};
+
+}  // namespace kv::transport::nccl

@@ -1,0 +1,574 @@
+#include "transport/nccl/nccl_link.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/run_copier.h"
+#include "transport/nccl/nccl_comm.h"
+#include "transport/nccl/wire.h"
+
+namespace kv::transport::nccl {
+
+using gpu::CudaEvent;
+using gpu::CudaStatus;
+using gpu::CudaStream;
+using gpu::DeviceBuffer;
+using gpu::FrameReader;
+using gpu::RunCopier;
+using gpu::Socket;
+
+// ---- RegionTable, NoteSink
+// ------------------------------------------------------------------------
+
+uint64_t RegionTable::Add(char* base, uint64_t length) {
+  std::lock_guard lock(mu_);
+  uint64_t id = next_id_++;
+  regions_[id] = {base, length};
+  return id;
+}
+
+void RegionTable::Remove(uint64_t id) {
+  std::lock_guard lock(mu_);
+  regions_.erase(id);
+}
+
+Result<std::pair<char*, uint64_t>> RegionTable::Find(uint64_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return Status::NotFound("nccl: no registration " + std::to_string(id));
+  return it->second;
+}
+
+void NoteSink::Set(NotificationHandler handler) {
+  std::lock_guard lock(mu_);
+  handler_ = std::move(handler);
+}
+
+void NoteSink::Deliver(std::string_view message) {
+  NotificationHandler handler;
+  {
+    std::lock_guard lock(mu_);
+    handler = handler_;
+  }
+  if (handler) handler(message);
+}
+
+// ---- The pipeline pieces
+// --------------------------------------------------------------------------
+namespace {
+
+// One staging buffer and the events that order its reuse.
+struct Slot {
+  DeviceBuffer buffer;
+  CudaEvent filled;   // sender: gather done; receiver: ncclRecv done
+  CudaEvent drained;  // sender: ncclSend done; receiver: scatter done
+  bool used = false;
+};
+
+// One side of one direction: a copy stream (gather or scatter), an NCCL stream, two slots.
+struct Pipeline {
+  CudaStream copy_stream;
+  CudaStream nccl_stream;
+  std::unique_ptr<RunCopier> copier;
+  Slot slots[2];
+  size_t next = 0;
+
+  static Result<std::unique_ptr<Pipeline>> Create(int device, uint64_t chunk_bytes) {
+    auto p = std::make_unique<Pipeline>();
+    KV_ASSIGN_OR_RETURN(p->copy_stream, CudaStream::Create(device));
+    KV_ASSIGN_OR_RETURN(p->nccl_stream, CudaStream::Create(device));
+    KV_ASSIGN_OR_RETURN(p->copier, RunCopier::Create(device));
+    for (Slot& slot : p->slots) {
+      KV_ASSIGN_OR_RETURN(slot.buffer, DeviceBuffer::Allocate(device, chunk_bytes));
+      KV_ASSIGN_OR_RETURN(slot.filled, CudaEvent::Create(device));
+      KV_ASSIGN_OR_RETURN(slot.drained, CudaEvent::Create(device));
+    }
+    return p;
+  }
+
+  Slot& NextSlot() { return slots[next++ % 2]; }
+};
+
+uint64_t ChunkLength(const std::vector<Run>& chunk) {
+  uint64_t n = 0;
+  for (const Run& r : chunk) n += r.length;
+  return n;
+}
+
+Status WaitOn(cudaStream_t stream, const CudaEvent& event) {
+  return CudaStatus(cudaStreamWaitEvent(stream, event.get(), 0), "cudaStreamWaitEvent");
+}
+
+struct SendJob {
+  enum class Kind { kData, kFrame } kind = Kind::kFrame;
+  bool is_note = false;
+  std::string frame;          // kFrame: sent as is
+  DataMsg data;               // kData: the announcement (ranges in the receiver's view)
+  std::vector<Range> gather;  // kData: the same bytes in our region, same order
+  const char* local_base = nullptr;
+  Completion done;  // kData of a put; empty for the reply to a get
+  Clock::time_point deadline;
+};
+
+struct PendingGet {
+  char* local_base = nullptr;
+  std::vector<Range> ranges;  // where the bytes go, in order
+  uint64_t bytes = 0;
+  Completion done;
+  Clock::time_point deadline;
+};
+
+struct PendingRecv {
+  uint64_t seq;
+  uint64_t reply_to;
+  CudaEvent landed;
+};
+
+}  // namespace
+
+// ---- Link::Impl
+// -----------------------------------------------------------------------------------
+
+struct Link::Impl {
+  Socket socket;
+  LinkOptions options;
+  std::shared_ptr<RegionTable> regions;
+  std::shared_ptr<NoteSink> notes;
+
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<SendJob> jobs;                                           // guarded by mu
+  std::map<uint64_t, std::pair<Completion, Clock::time_point>> puts;  // awaiting ack; mu
+  std::map<uint64_t, PendingGet> gets;                                // awaiting data; mu
+  uint64_t next_seq = 1;                                              // guarded by mu
+  std::thread sender;
+  std::thread reader;
+
+  // Sender thread only.
+  NcclComm comm_out;
+  std::unique_ptr<Pipeline> out;
+  // Reader thread only.
+  NcclComm comm_in;
+  std::unique_ptr<Pipeline> in;
+  std::deque<PendingRecv> recvs;
+  FrameReader frames;
+
+  Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
+
+  void Fail(Status why) {
+    std::map<uint64_t, std::pair<Completion, Clock::time_point>> dead_puts;
+    std::map<uint64_t, PendingGet> dead_gets;
+    std::deque<SendJob> dead_jobs;
+    {
+      std::lock_guard lock(mu);
+      if (failed.exchange(true)) return;
+      dead_puts.swap(puts);
+      dead_gets.swap(gets);
+      dead_jobs.swap(jobs);
+    }
+    cv.notify_all();
+    ::shutdown(socket.fd(), SHUT_RDWR);  // wakes the reader; the peer sees EOF
+    for (auto& [seq, put] : dead_puts) {
+      if (put.first) put.first(why);
+    }
+    for (auto& [seq, get] : dead_gets) get.done(why);
+    for (SendJob& job : dead_jobs) {
+      if (job.done) job.done(why);
+    }
+  }
+
+  // ---- sender thread ----
+
+  void SendLoop() {
+    cudaSetDevice(options.device);
+    while (true) {
+      SendJob job;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return failed.load() || !jobs.empty(); });
+        if (failed) break;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+        // A notification follows the ack of every put before it; those puts' deadlines bound
+        // this wait (the reader fails the link when one passes).
+        while (job.is_note && !puts.empty() && !failed)
+          cv.wait_for(lock, std::chrono::milliseconds(10));
+        if (failed) {
+          lock.unlock();
+          if (job.done) job.done(Status::Unavailable("nccl: link failed"));
+          break;
+        }
+        if (job.kind == SendJob::Kind::kData) {
+          if (job.done && Clock::now() >= job.deadline) {
+            lock.unlock();
+            job.done(Status::Timeout("nccl: batch passed its deadline before it was sent"));
+            continue;
+          }
+          puts[job.data.seq] = {std::move(job.done), job.deadline};
+        }
+      }
+      Status sent = job.kind == SendJob::Kind::kFrame
+                        ? socket.SendFrame(job.frame, ControlDeadline())
+                        : SendData(job);
+      if (!sent.ok()) Fail(Status::Unavailable("nccl send: " + sent.ToString()));
+    }
+    comm_out.Abort();
+  }
+
+  Status SendData(const SendJob& job) {
+    if (!out) {
+      KV_ASSIGN_OR_RETURN(out, Pipeline::Create(options.device, options.chunk_bytes));
+    }
+    if (!comm_out.ready()) {
+      KV_ASSIGN_OR_RETURN(std::string id, NewUniqueId());
+      KV_RETURN_IF_ERROR(socket.SendFrame(EncodeCommInit(id), ControlDeadline()));
+      KV_RETURN_IF_ERROR(comm_out.Init(id, /*rank=*/0, options.device, ControlDeadline(), failed));
+    }
+    KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
+    for (const std::vector<Run>& chunk : ChunkRuns(job.gather, job.data.chunk_bytes)) {
+      Slot& slot = out->NextSlot();
+      cudaStream_t copy = out->copy_stream.get();
+      cudaStream_t wire = out->nccl_stream.get();
+      if (slot.used) KV_RETURN_IF_ERROR(WaitOn(copy, slot.drained));
+      KV_RETURN_IF_ERROR(out->copier->Copy(job.local_base, slot.buffer.data(), chunk,
+                                           kernels::CopyDirection::kDeviceToDevice, copy));
+      KV_RETURN_IF_ERROR(slot.filled.Record(copy));
+      KV_RETURN_IF_ERROR(WaitOn(wire, slot.filled));
+      ncclResult_t r = ncclSend(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/1,
+                                comm_out.get(), wire);
+      if (r == ncclInProgress) {
+        KV_RETURN_IF_ERROR(comm_out.WaitEnqueued(job.deadline, failed));
+      } else {
+        KV_RETURN_IF_ERROR(NcclStatus(r, "ncclSend"));
+      }
+      KV_RETURN_IF_ERROR(slot.drained.Record(wire));
+      slot.used = true;
+    }
+    return Status::Ok();
+  }
+
+  // ---- reader thread ----
+
+  void ReadLoop() {
+    cudaSetDevice(options.device);
+    while (!failed) {
+      bool busy = !recvs.empty();
+      {
+        std::lock_guard lock(mu);
+        busy = busy || !puts.empty() || !gets.empty();
+      }
+      // With work in flight, look at events and deadlines every millisecond.
+      auto wait = busy ? std::chrono::milliseconds(1) : std::chrono::milliseconds(50);
+      if (gpu::WaitReadable(socket.fd(), Clock::now() + wait)) {
+        Status read = frames.ReadAvailable(socket.fd());
+        while (auto frame = frames.Next()) {
+          Status handled = HandleFrame(*frame);
+          if (!handled.ok()) {
+            Fail(Status::Unavailable("nccl: " + handled.ToString()));
+            break;
+          }
+        }
+        if (!read.ok()) Fail(Status::Unavailable("nccl: " + read.ToString()));
+      }
+      if (failed) break;
+      FinishReceives();
+      CheckDeadlines();
+    }
+    comm_in.Abort();
+  }
+
+  Status HandleFrame(const std::string& frame) {
+    KV_ASSIGN_OR_RETURN(MsgType type, PeekType(frame));
+    switch (type) {
+      case MsgType::kHello:
+        return Status::InvalidArgument("unexpected hello");
+      case MsgType::kCommInit: {
+        KV_ASSIGN_OR_RETURN(std::string id, DecodeCommInit(frame));
+        if (comm_in.ready()) return Status::InvalidArgument("second communicator for one link");
+        return comm_in.Init(id, /*rank=*/1, options.device, ControlDeadline(), failed);
+      }
+      case MsgType::kData: {
+        KV_ASSIGN_OR_RETURN(DataMsg msg, DecodeData(frame));
+        return ReceiveData(msg);
+      }
+      case MsgType::kAck:
+      case MsgType::kGetError: {
+        KV_ASSIGN_OR_RETURN(AckMsg ack, DecodeAck(frame));
+        Completion done;
+        {
+          std::lock_guard lock(mu);
+          if (type == MsgType::kAck) {
+            auto it = puts.find(ack.seq);
+            if (it == puts.end()) return Status::InvalidArgument("ack for an unknown batch");
+            done = std::move(it->second.first);
+            puts.erase(it);
+          } else {
+            auto it = gets.find(ack.seq);
+            if (it == gets.end()) return Status::InvalidArgument("error for an unknown get");
+            done = std::move(it->second.done);
+            gets.erase(it);
+          }
+        }
+        cv.notify_all();
+        if (done) done(ack.status);
+        return Status::Ok();
+      }
+      case MsgType::kGetRequest: {
+        KV_ASSIGN_OR_RETURN(GetRequestMsg req, DecodeGetRequest(frame));
+        return AnswerGet(std::move(req));
+      }
+      case MsgType::kNote: {
+        KV_ASSIGN_OR_RETURN(std::string text, DecodeNote(frame));
+        notes->Deliver(text);
+        return Status::Ok();
+      }
+    }
+    return Status::InvalidArgument("unknown message");
+  }
+
+  static Status CheckRanges(std::span<const Range> ranges, uint64_t length) {
+    for (const Range& r : ranges) {
+      if (r.offset > length || r.length > length - r.offset) {
+        return Status::OutOfRange("range [" + std::to_string(r.offset) + ", +" +
+                                  std::to_string(r.length) + ") outside the region of " +
+                                  std::to_string(length) + " bytes");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status AnswerGet(GetRequestMsg req) {
+    auto region = regions->Find(req.region_id);
+    Status ok = region.ok() ? CheckRanges(req.ranges, region->second) : region.status();
+    if (ok.ok()) ok = TotalBytes(req.ranges).status();
+    if (!ok.ok()) return socket.SendFrame(EncodeGetError({req.seq, ok}), ControlDeadline());
+    SendJob job;
+    job.kind = SendJob::Kind::kData;
+    job.data.reply_to = req.seq;
+    job.data.chunk_bytes = options.chunk_bytes;
+    job.data.ranges = req.ranges;
+    job.gather = std::move(req.ranges);
+    job.local_base = region->first;
+    job.deadline = ControlDeadline();
+    {
+      std::lock_guard lock(mu);
+      if (failed) return Status::Ok();
+      job.data.seq = next_seq++;
+      jobs.push_back(std::move(job));
+    }
+    cv.notify_all();
+    return Status::Ok();
+  }
+
+  Status ReceiveData(const DataMsg& msg) {
+    char* base = nullptr;
+    std::vector<Range> scatter;
+    KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges));
+    if (msg.reply_to == 0) {
+      KV_ASSIGN_OR_RETURN(auto region, regions->Find(msg.region_id));
+      KV_RETURN_IF_ERROR(CheckRanges(msg.ranges, region.second));
+      base = region.first;
+      scatter = msg.ranges;
+    } else {
+      std::lock_guard lock(mu);
+      auto it = gets.find(msg.reply_to);
+      if (it == gets.end()) return Status::InvalidArgument("data for an unknown get");
+      if (it->second.bytes != bytes) return Status::InvalidArgument("get reply of the wrong size");
+      base = it->second.local_base;
+      scatter = it->second.ranges;
+    }
+    if (msg.chunk_bytes > options.chunk_bytes) {
+      return Status::Incompatible("peer chunks of " + std::to_string(msg.chunk_bytes) +
+                                  " bytes exceed this side's staging slots");
+    }
+    if (!comm_in.ready()) return Status::InvalidArgument("data before the communicator");
+    if (!in) {
+      KV_ASSIGN_OR_RETURN(in, Pipeline::Create(options.device, options.chunk_bytes));
+    }
+    cudaStream_t wire = in->nccl_stream.get();
+    cudaStream_t copy = in->copy_stream.get();
+    for (std::vector<Run>& chunk : ChunkRuns(scatter, msg.chunk_bytes)) {
+      Slot& slot = in->NextSlot();
+      if (slot.used) KV_RETURN_IF_ERROR(WaitOn(wire, slot.drained));
+      ncclResult_t r = ncclRecv(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/0,
+                                comm_in.get(), wire);
+      if (r == ncclInProgress) {
+        KV_RETURN_IF_ERROR(comm_in.WaitEnqueued(ControlDeadline(), failed));
+      } else {
+        KV_RETURN_IF_ERROR(NcclStatus(r, "ncclRecv"));
+      }
+      KV_RETURN_IF_ERROR(slot.filled.Record(wire));
+      KV_RETURN_IF_ERROR(WaitOn(copy, slot.filled));
+      for (Run& run : chunk) std::swap(run.src_offset, run.dst_offset);
+      KV_RETURN_IF_ERROR(in->copier->Copy(slot.buffer.data(), base, chunk,
+                                          kernels::CopyDirection::kDeviceToDevice, copy));
+      KV_RETURN_IF_ERROR(slot.drained.Record(copy));
+      slot.used = true;
+    }
+    KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
+    KV_RETURN_IF_ERROR(landed.Record(copy));
+    recvs.push_back(PendingRecv{msg.seq, msg.reply_to, std::move(landed)});
+    return Status::Ok();
+  }
+
+  void FinishReceives() {
+    while (!recvs.empty()) {
+      PendingRecv& front = recvs.front();
+      Result<bool> landed = front.landed.Query();
+      if (!landed.ok()) return Fail(Status::Unavailable("nccl: " + landed.status().ToString()));
+      if (!*landed) return;
+      if (front.reply_to != 0) {
+        Completion done;
+        {
+          std::lock_guard lock(mu);
+          auto it = gets.find(front.reply_to);
+          if (it != gets.end()) {
+            done = std::move(it->second.done);
+            gets.erase(it);
+          }
+        }
+        if (done) done(Status::Ok());
+      }
+      Status acked = socket.SendFrame(EncodeAck({front.seq, Status::Ok()}), ControlDeadline());
+      recvs.pop_front();
+      if (!acked.ok()) return Fail(Status::Unavailable("nccl: " + acked.ToString()));
+    }
+  }
+
+  void CheckDeadlines() {
+    std::vector<Completion> expired;
+    const auto now = Clock::now();
+    {
+      std::lock_guard lock(mu);
+      for (auto it = puts.begin(); it != puts.end();) {
+        if (now < it->second.second) {
+          ++it;
+          continue;
+        }
+        if (it->second.first) expired.push_back(std::move(it->second.first));
+        it = puts.erase(it);
+      }
+      for (auto it = gets.begin(); it != gets.end();) {
+        if (now < it->second.deadline) {
+          ++it;
+          continue;
+        }
+        expired.push_back(std::move(it->second.done));
+        it = gets.erase(it);
+      }
+    }
+    if (expired.empty()) return;
+    for (Completion& done : expired) done(Status::Timeout("nccl: batch passed its deadline"));
+    // The communicator's state is unknown after a lost batch: start over.
+    Fail(Status::Unavailable("nccl: a batch timed out; the link was reset"));
+  }
+};
+
+// ---- Link
+// -----------------------------------------------------------------------------------------
+
+Link::Link(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& options,
+                                          std::shared_ptr<RegionTable> regions,
+                                          std::shared_ptr<NoteSink> notes) {
+  auto impl = std::make_unique<Impl>();
+  impl->socket = std::move(socket);
+  impl->options = options;
+  impl->regions = std::move(regions);
+  impl->notes = std::move(notes);
+  Impl* raw = impl.get();
+  std::shared_ptr<Link> link(new Link(std::move(impl)));
+  raw->sender = std::thread([raw] { raw->SendLoop(); });
+  raw->reader = std::thread([raw] { raw->ReadLoop(); });
+  return link;
+}
+
+Link::~Link() {
+  impl_->Fail(Status::Aborted("nccl: peer disconnected"));
+  impl_->sender.join();
+  impl_->reader.join();
+}
+
+Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
+                 Clock::time_point deadline, Completion done) {
+  SendJob job;
+  job.kind = SendJob::Kind::kData;
+  job.data.region_id = remote_id;
+  job.data.chunk_bytes = impl_->options.chunk_bytes;
+  job.data.ranges.reserve(runs.size());
+  job.gather.reserve(runs.size());
+  for (const Run& r : runs) {
+    job.data.ranges.push_back({r.dst_offset, r.length});
+    job.gather.push_back({r.src_offset, r.length});
+  }
+  job.local_base = local_base;
+  job.done = std::move(done);
+  job.deadline = deadline;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->failed) return Status::Unavailable("nccl: link to peer failed");
+    job.data.seq = impl_->next_seq++;
+    impl_->jobs.push_back(std::move(job));
+  }
+  impl_->cv.notify_all();
+  return Status::Ok();
+}
+
+Status Link::Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
+                 Clock::time_point deadline, Completion done) {
+  GetRequestMsg req;
+  req.region_id = remote_id;
+  PendingGet get;
+  get.local_base = local_base;
+  for (const Run& r : runs) {
+    req.ranges.push_back({r.src_offset, r.length});
+    get.ranges.push_back({r.dst_offset, r.length});
+    get.bytes += r.length;
+  }
+  get.done = std::move(done);
+  get.deadline = deadline;
+  SendJob job;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->failed) return Status::Unavailable("nccl: link to peer failed");
+    req.seq = impl_->next_seq++;
+    job.frame = EncodeGetRequest(req);
+    impl_->gets[req.seq] = std::move(get);
+    impl_->jobs.push_back(std::move(job));
+  }
+  impl_->cv.notify_all();
+  return Status::Ok();
+}
+
+Status Link::Notify(std::string message) {
+  SendJob job;
+  job.is_note = true;
+  job.frame = EncodeNote(message);
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->failed) return Status::Unavailable("nccl: link to peer failed");
+    impl_->jobs.push_back(std::move(job));
+  }
+  impl_->cv.notify_all();
+  return Status::Ok();
+}
+
+void Link::Fail(Status why) {
+  impl_->Fail(std::move(why));
+}
+
+bool Link::failed() const {
+  return impl_->failed;
+}
+
+}  // namespace kv::transport::nccl

@@ -1,0 +1,270 @@
+#include "transport/nccl/nccl_transport.h"
+
+#include <cuda_runtime_api.h>
+#include <poll.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/codec.h"
+#include "transport/cuda_ipc/side_channel.h"
+#include "transport/nccl/nccl_link.h"
+#include "transport/nccl/wire.h"
+#include "transport/run_check.h"
+
+namespace kv::transport {
+namespace {
+
+using gpu::FrameReader;
+using gpu::Listener;
+using gpu::Socket;
+using nccl::Link;
+using nccl::LinkOptions;
+using nccl::NoteSink;
+using nccl::RegionTable;
+
+constexpr std::string_view kDescriptorMagic = "kvd-nccl-region/1";
+
+class NcclRegistration final : public MemoryRegistration {
+ public:
+  NcclRegistration(std::shared_ptr<RegionTable> table, char* base, uint64_t length,
+                   MemoryLocation where)
+      : table_(std::move(table)),
+        id_(table_->Add(base, length)),
+        base_(base),
+        length_(length),
+        where_(where) {}
+  ~NcclRegistration() override { table_->Remove(id_); }
+
+  void* base() const override { return base_; }
+  uint64_t length() const override { return length_; }
+  MemoryLocation location() const override { return where_; }
+  std::string packed_descriptor() const override {
+    return ByteWriter().bytes(kDescriptorMagic).u64(id_).u64(length_).take();
+  }
+
+ private:
+  std::shared_ptr<RegionTable> table_;
+  uint64_t id_;
+  char* base_;
+  uint64_t length_;
+  MemoryLocation where_;
+};
+
+class NcclRemote final : public RemoteMemory {
+ public:
+  NcclRemote(PeerId peer, uint64_t id, uint64_t length) : peer_(peer), id_(id), length_(length) {}
+  PeerId peer() const override { return peer_; }
+  uint64_t length() const override { return length_; }
+  uint64_t id() const { return id_; }
+
+ private:
+  PeerId peer_;
+  uint64_t id_;
+  uint64_t length_;
+};
+
+Result<int64_t> IntSetting(const TransportOptions& options, std::string_view key, int64_t fallback,
+                           int64_t min) {
+  for (const auto& [k, v] : options.settings) {
+    if (k != key) continue;
+    char* end = nullptr;
+    long long value = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || value < min) {
+      return Status::InvalidArgument("nccl setting " + std::string(key) + "='" + v +
+                                     "' must be an integer ≥ " + std::to_string(min));
+    }
+    return static_cast<int64_t>(value);
+  }
+  return fallback;
+}
+
+class NcclTransport final : public Transport {
+ public:
+  explicit NcclTransport(const LinkOptions& options) : options_(options) {}
+
+  Status Start(const std::string& listen_host) {
+    KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("tcp:" + listen_host + ":0"));
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+    return Status::Ok();
+  }
+
+  ~NcclTransport() override {
+    stop_ = true;
+    acceptor_.join();
+    std::lock_guard lock(mu_);
+    peers_.clear();
+    incoming_.clear();
+  }
+
+  std::string_view name() const override { return "nccl"; }
+  std::string address() const override { return listener_.endpoint(); }
+  bool supports(MemoryKind kind) const override { return kind == MemoryKind::kCuda; }
+
+  Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
+                                                              MemoryLocation where) override {
+    if (where.kind != MemoryKind::kCuda) {
+      return Status::Unsupported("nccl registers CUDA device memory only");
+    }
+    if (base == nullptr || length == 0) return Status::InvalidArgument("nccl: empty registration");
+    cudaPointerAttributes attrs{};
+    if (cudaPointerGetAttributes(&attrs, base) != cudaSuccess ||
+        attrs.type != cudaMemoryTypeDevice || attrs.device != options_.device) {
+      cudaGetLastError();
+      return Status::InvalidArgument("nccl: base is not device memory of device " +
+                                     std::to_string(options_.device));
+    }
+    return std::unique_ptr<MemoryRegistration>(
+        new NcclRegistration(regions_, static_cast<char*>(base), length, where));
+  }
+
+  Result<PeerId> connect(std::string_view peer_address) override {
+    const auto deadline = Clock::now() + options_.init_timeout;
+    KV_ASSIGN_OR_RETURN(Socket socket, Socket::Connect(peer_address, deadline));
+    KV_RETURN_IF_ERROR(socket.SendFrame(nccl::EncodeHello(), deadline));
+    FrameReader reader;
+    KV_ASSIGN_OR_RETURN(std::string hello, gpu::ReceiveFrame(socket.fd(), reader, deadline));
+    KV_RETURN_IF_ERROR(nccl::DecodeHello(hello));
+    KV_ASSIGN_OR_RETURN(auto link, Link::Start(std::move(socket), options_, regions_, notes_));
+    std::lock_guard lock(mu_);
+    PeerId id = next_peer_++;
+    peers_[id] = std::move(link);
+    return id;
+  }
+
+  void disconnect(PeerId peer) override {
+    std::shared_ptr<Link> link;
+    {
+      std::lock_guard lock(mu_);
+      auto it = peers_.find(peer);
+      if (it == peers_.end()) return;
+      link = std::move(it->second);
+      peers_.erase(it);
+    }
+    link->Fail(Status::Aborted("nccl: peer disconnected"));
+  }
+
+  Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
+                                                      std::string_view packed) override {
+    {
+      std::lock_guard lock(mu_);
+      if (peers_.count(peer) == 0) return Status::NotFound("nccl: unknown peer");
+    }
+    ByteReader r(packed);
+    std::string_view magic;
+    uint64_t id = 0, length = 0;
+    if (!r.bytes(&magic) || magic != kDescriptorMagic || !r.u64(&id) || !r.u64(&length) ||
+        !r.at_end() || length == 0) {
+      return Status::InvalidArgument("not an nccl region descriptor");
+    }
+    return std::unique_ptr<RemoteMemory>(new NcclRemote(peer, id, length));
+  }
+
+  Status post(const Batch& batch, Completion done) override {
+    auto* local = dynamic_cast<const NcclRegistration*>(batch.local);
+    auto* remote = dynamic_cast<const NcclRemote*>(batch.remote);
+    if (local == nullptr || remote == nullptr) {
+      return Status::InvalidArgument("nccl: batch names memory of another transport");
+    }
+    KV_RETURN_IF_ERROR(CheckBatch(batch));
+    KV_ASSIGN_OR_RETURN(auto link, FindLink(remote->peer()));
+    char* base = static_cast<char*>(local->base());
+    if (batch.op == Op::kPut) {
+      return link->Put(base, batch.runs, remote->id(), batch.deadline, std::move(done));
+    }
+    return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
+  }
+
+  Status notify(PeerId peer, std::string message) override {
+    KV_ASSIGN_OR_RETURN(auto link, FindLink(peer));
+    return link->Notify(std::move(message));
+  }
+
+  void set_notification_handler(NotificationHandler handler) override {
+    notes_->Set(std::move(handler));
+  }
+
+ private:
+  Result<std::shared_ptr<Link>> FindLink(PeerId peer) {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return Status::NotFound("nccl: peer not connected");
+    if (it->second->failed()) return Status::Unavailable("nccl: link to peer failed");
+    return it->second;
+  }
+
+  // Peers that connect to us get a link too: they put into our regions, get from them and send
+  // notifications. Failed ones are dropped here.
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listener_.fd(), POLLIN, 0};
+      poll(&p, 1, 50);
+      auto accepted = listener_.Accept();
+      {
+        std::lock_guard lock(mu_);
+        std::erase_if(incoming_, [](const std::shared_ptr<Link>& l) { return l->failed(); });
+      }
+      if (!accepted.ok() || !accepted->valid()) continue;
+      Socket socket = std::move(accepted).value();
+      const auto deadline = Clock::now() + options_.init_timeout;
+      FrameReader reader;
+      auto hello = gpu::ReceiveFrame(socket.fd(), reader, deadline);
+      if (!hello.ok() || !nccl::DecodeHello(*hello).ok()) continue;
+      if (!socket.SendFrame(nccl::EncodeHello(), deadline).ok()) continue;
+      auto link = Link::Start(std::move(socket), options_, regions_, notes_);
+      if (!link.ok()) continue;
+      std::lock_guard lock(mu_);
+      incoming_.push_back(std::move(link).value());
+    }
+  }
+
+  const LinkOptions options_;
+  std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
+  std::shared_ptr<NoteSink> notes_ = std::make_shared<NoteSink>();
+  Listener listener_;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+
+  std::mutex mu_;
+  std::map<PeerId, std::shared_ptr<Link>> peers_;
+  std::vector<std::shared_ptr<Link>> incoming_;
+  PeerId next_peer_ = 1;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Status::Unsupported("nccl: no CUDA device visible");
+  }
+  // NVLink multicast can take shared machines' GPUs out of service; p2p never needs it.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+  int current = 0;
+  cudaGetDevice(&current);
+  LinkOptions link;
+  KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "device", current, 0));
+  KV_ASSIGN_OR_RETURN(int64_t staging, IntSetting(options, "staging_bytes", 32ll << 20, 4096));
+  KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "timeout_ms", 30000, 1));
+  if (device >= count) {
+    return Status::InvalidArgument("nccl: device " + std::to_string(device) + " of " +
+                                   std::to_string(count));
+  }
+  link.device = static_cast<int>(device);
+  link.chunk_bytes = static_cast<uint64_t>(staging);
+  link.init_timeout = std::chrono::milliseconds(timeout_ms);
+  std::string host = "127.0.0.1";
+  for (const auto& [k, v] : options.settings) {
+    if (k == "listen_host") host = v;
+  }
+  auto transport = std::make_unique<NcclTransport>(link);
+  KV_RETURN_IF_ERROR(transport->Start(host));
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace kv::transport

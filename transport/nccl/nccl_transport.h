@@ -1,0 +1,31 @@
+// The "nccl" backend: moves plan runs between GPUs through NCCL point-to-point, on one host
+// (NVLink / PCIe P2P) or between hosts (NCCL's network transports).
+//
+// address() is "tcp:<host>:<port>" of a TCP side channel this backend listens on. connect()
+// opens one link (nccl_link.h) to the peer; its communicators are created on the first batch in
+// each direction, bootstrapped by sending the ncclUniqueId over that link. register_memory()
+// takes CUDA device memory and hands out a descriptor naming it by id; a peer's runs are checked
+// against the registration before any byte moves. Batches are gathered into pooled, bounded,
+// double-buffered staging, sent, received and scattered (see nccl_link.h); completion comes
+// with the receiver's ack. A peer that dies or stops answering fails its batches with
+// kUnavailable and its communicators are aborted, never waited on.
+//
+// NCCL_NVLS_ENABLE is forced to 0 in this process when the backend is created: NVLink multicast
+// is not allowed on the shared machines, and point-to-point never needs it.
+//
+// Settings: "device" (CUDA ordinal; default the current device), "listen_host" (default
+// 127.0.0.1), "staging_bytes" (one staging slot; default 32 MiB; both sides of a link must
+// allow the sender's size), "timeout_ms" (connects, communicator creation and control messages;
+// default 30000).
+#pragma once
+
+#include <memory>
+
+#include "transport/transport.h"
+
+namespace kv::transport {
+
+// kUnsupported when no CUDA device is visible.
+Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
+
+}  // namespace kv::transport

@@ -1,0 +1,186 @@
+#include "transport/nccl/wire.h"
+
+#include <algorithm>
+
+#include "transport/codec.h"
+
+namespace kv::transport::nccl {
+namespace {
+
+constexpr uint64_t kRangeBytes = 16;
+
+ByteWriter Start(MsgType type) {
+  ByteWriter w;
+  w.u32(static_cast<uint32_t>(type));
+  return w;
+}
+
+void PutRanges(ByteWriter& w, std::span<const Range> ranges) {
+  w.u64(ranges.size());
+  for (const Range& r : ranges) w.u64(r.offset).u64(r.length);
+}
+
+bool GetRanges(ByteReader& r, uint64_t bytes_left, std::vector<Range>* out) {
+  uint64_t n = 0;
+  if (!r.u64(&n) || n > bytes_left / kRangeBytes) return false;  // count bounded by the frame
+  out->resize(n);
+  for (Range& range : *out) {
+    if (!r.u64(&range.offset) || !r.u64(&range.length)) return false;
+  }
+  return true;
+}
+
+Status Malformed(const char* what) {
+  return Status::InvalidArgument(std::string("malformed ") + what + " message from peer");
+}
+
+// A reader positioned after the type, which must be `type`.
+bool Open(MsgType type, ByteReader* r) {
+  uint32_t t = 0;
+  return r->u32(&t) && t == static_cast<uint32_t>(type);
+}
+
+}  // namespace
+
+Result<MsgType> PeekType(std::string_view frame) {
+  ByteReader r(frame);
+  uint32_t t = 0;
+  if (!r.u32(&t) || t < static_cast<uint32_t>(MsgType::kHello) ||
+      t > static_cast<uint32_t>(MsgType::kNote)) {
+    return Status::InvalidArgument("unknown message type from peer");
+  }
+  return static_cast<MsgType>(t);
+}
+
+std::string EncodeHello() {
+  return Start(MsgType::kHello).bytes(kHelloMagic).take();
+}
+
+std::string EncodeCommInit(std::string_view unique_id) {
+  return Start(MsgType::kCommInit).bytes(unique_id).take();
+}
+
+std::string EncodeData(const DataMsg& msg) {
+  ByteWriter w = Start(MsgType::kData);
+  w.u64(msg.seq).u64(msg.reply_to).u64(msg.region_id).u64(msg.chunk_bytes);
+  PutRanges(w, msg.ranges);
+  return w.take();
+}
+
+std::string EncodeAck(const AckMsg& msg) {
+  ByteWriter w = Start(MsgType::kAck);
+  w.u64(msg.seq).u32(static_cast<uint32_t>(msg.status.code())).bytes(msg.status.message());
+  return w.take();
+}
+
+std::string EncodeGetError(const AckMsg& msg) {
+  ByteWriter w = Start(MsgType::kGetError);
+  w.u64(msg.seq).u32(static_cast<uint32_t>(msg.status.code())).bytes(msg.status.message());
+  return w.take();
+}
+
+std::string EncodeGetRequest(const GetRequestMsg& msg) {
+  ByteWriter w = Start(MsgType::kGetRequest);
+  w.u64(msg.seq).u64(msg.region_id);
+  PutRanges(w, msg.ranges);
+  return w.take();
+}
+
+std::string EncodeNote(std::string_view message) {
+  return Start(MsgType::kNote).bytes(message).take();
+}
+
+Status DecodeHello(std::string_view frame) {
+  ByteReader r(frame);
+  std::string_view magic;
+  if (!Open(MsgType::kHello, &r) || !r.bytes(&magic) || magic != kHelloMagic) {
+    return Status::Incompatible("peer does not speak " + std::string(kHelloMagic));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> DecodeCommInit(std::string_view frame) {
+  ByteReader r(frame);
+  std::string_view id;
+  if (!Open(MsgType::kCommInit, &r) || !r.bytes(&id) || !r.at_end()) {
+    return Malformed("comm-init");
+  }
+  return std::string(id);
+}
+
+Result<DataMsg> DecodeData(std::string_view frame) {
+  ByteReader r(frame);
+  DataMsg msg;
+  if (!Open(MsgType::kData, &r) || !r.u64(&msg.seq) || !r.u64(&msg.reply_to) ||
+      !r.u64(&msg.region_id) || !r.u64(&msg.chunk_bytes) ||
+      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end() || msg.chunk_bytes == 0) {
+    return Malformed("data");
+  }
+  return msg;
+}
+
+Result<AckMsg> DecodeAck(std::string_view frame) {
+  ByteReader r(frame);
+  uint32_t t = 0, code = 0;
+  AckMsg msg;
+  std::string_view text;
+  if (!r.u32(&t) ||
+      (t != static_cast<uint32_t>(MsgType::kAck) &&
+       t != static_cast<uint32_t>(MsgType::kGetError)) ||
+      !r.u64(&msg.seq) || !r.u32(&code) || !r.bytes(&text) || !r.at_end() ||
+      code > static_cast<uint32_t>(Code::kInternal)) {
+    return Malformed("ack");
+  }
+  if (code != 0) msg.status = Status(static_cast<Code>(code), "peer: " + std::string(text));
+  return msg;
+}
+
+Result<GetRequestMsg> DecodeGetRequest(std::string_view frame) {
+  ByteReader r(frame);
+  GetRequestMsg msg;
+  if (!Open(MsgType::kGetRequest, &r) || !r.u64(&msg.seq) || !r.u64(&msg.region_id) ||
+      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end()) {
+    return Malformed("get-request");
+  }
+  return msg;
+}
+
+Result<std::string> DecodeNote(std::string_view frame) {
+  ByteReader r(frame);
+  std::string_view text;
+  if (!Open(MsgType::kNote, &r) || !r.bytes(&text) || !r.at_end()) {
+    return Malformed("note");
+  }
+  return std::string(text);
+}
+
+Result<uint64_t> TotalBytes(std::span<const Range> ranges) {
+  uint64_t total = 0;
+  for (const Range& r : ranges) {
+    if (r.length > UINT64_MAX - total) return Status::InvalidArgument("batch size overflows");
+    total += r.length;
+  }
+  return total;
+}
+
+std::vector<std::vector<Run>> ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes) {
+  std::vector<std::vector<Run>> chunks(1);
+  uint64_t used = 0;  // bytes of the current chunk already assigned
+  for (const Range& range : ranges) {
+    uint64_t done = 0;
+    while (done < range.length) {
+      if (used == chunk_bytes) {
+        chunks.emplace_back();
+        used = 0;
+      }
+      uint64_t take = std::min(range.length - done, chunk_bytes - used);
+      chunks.back().push_back(Run{range.offset + done, used, take});
+      done += take;
+      used += take;
+    }
+  }
+  if (chunks.back().empty()) chunks.pop_back();
+  return chunks;
+}
+
+}  // namespace kv::transport::nccl

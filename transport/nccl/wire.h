@@ -1,0 +1,85 @@
+// The NCCL backend's side-channel messages: one frame each (transport/cuda_ipc/side_channel.h),
+// a u32 type first, little-endian fields after it (transport/codec.h).
+//
+// Data moves in batches: the sender announces a batch (kData: its runs in the receiver's
+// region, in the order their bytes follow one another in the sender's staging), then the bytes
+// travel as NCCL chunks of `chunk_bytes`; the receiver answers kAck once they are in place.
+// A get is a request (kGetRequest) answered by a kData whose reply_to names it, or by kGetError.
+// Every decoder checks sizes and counts before building anything.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "layout/plan.h"
+#include "layout/status.h"
+
+namespace kv::transport::nccl {
+
+enum class MsgType : uint32_t {
+  kHello = 1,   // first frame of a connection: protocol magic
+  kCommInit,    // the ncclUniqueId of the communicator for data flowing from the sender
+  kData,        // a batch announcement
+  kAck,         // a batch landed (or failed) at the receiver
+  kGetRequest,  // please send me these ranges of your region
+  kGetError,    // a get request was refused
+  kNote,        // a notification for the peer's handler
+};
+
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/1";
+
+// A stretch of a region: `length` bytes at `offset`.
+struct Range {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct DataMsg {
+  uint64_t seq = 0;
+  uint64_t reply_to = 0;   // 0 for a put; the requester's get seq otherwise
+  uint64_t region_id = 0;  // the receiver's registration (puts only)
+  uint64_t chunk_bytes = 0;
+  std::vector<Range> ranges;
+};
+
+struct AckMsg {
+  uint64_t seq = 0;
+  Status status;
+};
+
+struct GetRequestMsg {
+  uint64_t seq = 0;
+  uint64_t region_id = 0;  // the responder's registration
+  std::vector<Range> ranges;
+};
+
+// The type of a frame; kInvalidArgument for an empty or unknown one.
+Result<MsgType> PeekType(std::string_view frame);
+
+std::string EncodeHello();
+std::string EncodeCommInit(std::string_view unique_id);
+std::string EncodeData(const DataMsg& msg);
+std::string EncodeAck(const AckMsg& msg);
+std::string EncodeGetRequest(const GetRequestMsg& msg);
+std::string EncodeGetError(const AckMsg& msg);
+std::string EncodeNote(std::string_view message);
+
+Status DecodeHello(std::string_view frame);
+Result<std::string> DecodeCommInit(std::string_view frame);
+Result<DataMsg> DecodeData(std::string_view frame);
+Result<AckMsg> DecodeAck(std::string_view frame);  // kAck and kGetError alike
+Result<GetRequestMsg> DecodeGetRequest(std::string_view frame);
+Result<std::string> DecodeNote(std::string_view frame);
+
+// Total bytes of `ranges`; kInvalidArgument on overflow.
+Result<uint64_t> TotalBytes(std::span<const Range> ranges);
+
+// Splits ranges laid end to end in staging into chunks of `chunk_bytes` of staging: for chunk k,
+// runs with src_offset in the region and dst_offset inside the chunk (a gather; swap the two for
+// the scatter). chunk_bytes > 0.
+std::vector<std::vector<Run>> ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes);
+
+}  // namespace kv::transport::nccl

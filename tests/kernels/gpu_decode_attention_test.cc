@@ -1,0 +1,146 @@
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/decode_attention.h"
+#include "kernels/half.h"
+#include "tests/kernels/attention_problem.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace kv::kernels {
+namespace {
+
+using testing::AttentionProblem;
+using testing::DeviceBuffer;
+
+// Runs the kernel on `p`; returns the output as floats (NaN where the kernel wrote nothing).
+std::vector<float> RunOnDevice(const AttentionProblem& p) {
+  DeviceBuffer cache(p.cache.size()), query(p.query.size() * 2), out(p.query.size() * 2),
+      table(p.block_table.size() * 4), lens(p.seq_lens.size() * 4);
+  cache.Upload(p.cache);
+  query.Upload(p.query);
+  table.Upload(p.block_table);
+  lens.Upload(p.seq_lens);
+  cudaMemset(out.get(), 0xFF, out.bytes());  // NaN in both fp16 and bf16
+  DecodeAttentionArgs args = p.args;
+  args.query = query.get();
+  args.out = out.get();
+  args.block_table = reinterpret_cast<int32_t*>(table.get());
+  args.seq_lens = reinterpret_cast<int32_t*>(lens.get());
+  const uint64_t ws_bytes = DecodeAttentionWorkspaceBytes(p.paged, args);
+  DeviceBuffer workspace(ws_bytes);
+  const Status s = LaunchDecodeAttention(p.paged, cache.get() + p.layer * p.layout.kv.layer_stride,
+                                         args, workspace.get(), ws_bytes, nullptr);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto raw = out.Download<uint16_t>(p.query.size());
+  std::vector<float> result(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) result[i] = LoadElement(&raw[i], p.paged.dtype);
+  return result;
+}
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    err += (got[i] - want[i]) * double(got[i] - want[i]);
+    norm += want[i] * double(want[i]);
+  }
+  return std::sqrt(err / std::max(norm, 1e-30));
+}
+
+std::vector<float> Reference(AttentionProblem& p) {
+  std::vector<uint16_t> out(p.query.size());
+  p.args.out = out.data();
+  EXPECT_TRUE(DecodeAttentionHost(p.paged, p.layer_base(), p.args).ok());
+  std::vector<float> result(out.size());
+  for (size_t i = 0; i < out.size(); ++i) result[i] = LoadElement(&out[i], p.paged.dtype);
+  return result;
+}
+
+struct Case {
+  int64_t head_dim, kv_heads, group, block_size, seqs, max_len;
+  int pad_quantum;  // 0: dense; 2: rows at any even alignment (scalar loads)
+};
+
+TEST(GpuDecodeAttention, MatchesReferenceAcrossShapesOrdersAndDtypes) {
+  KV_SKIP_WITHOUT_CUDA();
+  const Case cases[] = {{64, 2, 1, 16, 3, 700, 0},   {128, 2, 4, 16, 4, 1500, 16},
+                        {256, 1, 8, 32, 2, 1030, 0}, {128, 1, 12, 16, 2, 600, 0},
+                        {128, 4, 3, 8, 3, 513, 2},   {64, 8, 4, 64, 5, 2100, 0},
+                        {256, 2, 2, 16, 2, 90, 2},   {128, 8, 4, 16, 6, 4096, 0}};
+  std::mt19937_64 rng(61);
+  int index = 0;
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      const std::string order = testing::kOrders[index++ % 8];
+      auto p =
+          testing::MakeAttentionProblem(rng, order, c.head_dim, c.kv_heads, c.group, c.block_size,
+                                        c.seqs, c.max_len, dtype, c.pad_quantum != 0);
+      if (c.pad_quantum == 2) {
+        // Re-lay the cache with 2-byte padding: K/V rows lose 16-byte alignment.
+        p = testing::MakeAttentionProblem(rng, order, c.head_dim, c.kv_heads, c.group, c.block_size,
+                                          c.seqs, c.max_len, dtype, false);
+        auto layout = testing::MakeLayout(order, 2, p.layout.kv.blocks, c.kv_heads, c.block_size,
+                                          p.layout.kv.content_bytes, rng, true, 2);
+        p.layout = layout;
+        p.paged = *SplitKv(layout.kv, c.head_dim, dtype);
+        p.cache.resize(layout.kv.span_bytes);
+        std::uniform_real_distribution<float> v(-1.0f, 1.0f);
+        for (size_t i = 0; i + 1 < p.cache.size(); i += 2) StoreElement(&p.cache[i], dtype, v(rng));
+      }
+      const auto got = RunOnDevice(p);
+      const auto want = Reference(p);
+      EXPECT_LE(RelativeError(got, want), 1e-2)
+          << order << " head_dim " << c.head_dim << " group " << c.group << " " << DTypeName(dtype);
+    }
+  }
+}
+
+// Writes one problem, the gathered K/V and the kernel's output for tests/kernels/sdpa_check.py
+// (torch's scaled_dot_product_attention) when KV_SDPA_DUMP names a folder.
+TEST(GpuDecodeAttention, DumpForTorchComparison) {
+  KV_SKIP_WITHOUT_CUDA();
+  const char* dir = std::getenv("KV_SDPA_DUMP");
+  if (!dir) GTEST_SKIP() << "KV_SDPA_DUMP not set";
+  std::mt19937_64 rng(71);
+  auto p =
+      testing::MakeAttentionProblem(rng, "LHBNC", 128, 2, 4, 16, 3, 1000, DType::kBFloat16, true);
+  const auto got = RunOnDevice(p);
+  const StridedKv& kv = p.layout.kv;
+  const int64_t d = 128, hq = p.args.num_q_heads;
+  std::ofstream meta(std::string(dir) + "/meta.txt");
+  meta << p.args.num_seqs << " " << hq << " " << kv.heads << " " << d << " " << p.args.scale;
+  for (int32_t len : p.seq_lens) meta << " " << len;
+  meta << "\n";
+  auto write = [&](const std::string& name, const std::vector<float>& v) {
+    std::ofstream f(std::string(dir) + "/" + name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  std::vector<float> q(p.query.size());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = LoadElement(&p.query[i], p.paged.dtype);
+  write("q.f32", q);
+  write("out.f32", got);
+  std::vector<float> k, v;  // per sequence [kv_heads][len][d], sequences back to back
+  for (int64_t s = 0; s < p.args.num_seqs; ++s) {
+    for (int64_t h = 0; h < kv.heads; ++h) {
+      for (int64_t j = 0; j < p.seq_lens[s]; ++j) {
+        const int64_t block = p.block_table[s * p.args.block_table_stride + j / kv.block_size];
+        const uint64_t at = kv.offset(p.layer, block, h, j % kv.block_size, 0);
+        for (int64_t i = 0; i < d; ++i) {
+          k.push_back(LoadElement(&p.cache[at + i * 2], p.paged.dtype));
+          v.push_back(LoadElement(&p.cache[at + (d + i) * 2], p.paged.dtype));
+        }
+      }
+    }
+  }
+  write("k.f32", k);
+  write("v.f32", v);
+  SUCCEED() << "dumped to " << dir;
+}
+
+}  // namespace
+}  // namespace kv::kernels

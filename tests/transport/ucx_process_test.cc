@@ -1,0 +1,194 @@
+// The ucx backend between two processes on loopback: bytes verified by the receiving process,
+// a peer killed mid-batch, a stalled peer past the deadline.
+//
+// Children are forked before this process initialises UCX and set up their own transport; every
+// wait is bounded and ~ChildProcess kills and reaps them on every path.
+#include <signal.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "tests/transport/test_support.h"
+#include "transport/child_process.h"
+#include "transport/transport.h"
+
+namespace kv::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Fill;
+using testing::PatternByte;
+using testing::SpreadRuns;
+using testing::Waiter;
+
+constexpr uint32_t kSeed = 11;
+
+TransportOptions Tls(const std::string& tls) {
+  return {{{"UCX_TLS", tls}}};
+}
+
+// The target: registers `bytes`, sends its address and descriptor, and answers each notification
+// "check COUNT LENGTH GAP" with "ok" or "bad" after comparing its memory with what the initiator
+// put there. Exits on "quit" or when the parent goes away.
+int TargetMain(Channel& channel, const std::string& tls, uint64_t bytes) {
+  auto transport = CreateTransport("ucx", Tls(tls));
+  if (!transport.ok()) return 2;
+  std::vector<uint8_t> memory(bytes, 0xEE);
+  auto registration =
+      (*transport)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
+  if (!registration.ok()) return 3;
+  (*transport)->set_notification_handler([&](std::string_view message) {
+    std::istringstream in{std::string(message)};
+    std::string verb;
+    uint64_t count = 0, length = 0, gap = 0;
+    in >> verb >> count >> length >> gap;
+    bool good = verb == "check";
+    for (const kv::Run& r : SpreadRuns(count, length, gap)) {
+      for (uint64_t i = 0; good && i < r.length; ++i)
+        good = memory[r.dst_offset + i] == PatternByte(r.src_offset + i, kSeed);
+    }
+    (void)channel.Send(good ? "ok" : "bad");
+  });
+  if (!channel.Send((*transport)->address()).ok()) return 4;
+  if (!channel.Send((*registration)->packed_descriptor()).ok()) return 4;
+  auto quit = channel.Receive(Clock::now() + 120s);
+  return quit.ok() && *quit == "quit" ? 0 : 5;
+}
+
+std::unique_ptr<ChildProcess> StartTarget(const std::string& tls, uint64_t bytes) {
+  auto child = ChildProcess::Start(
+      [tls, bytes](Channel& channel) { return TargetMain(channel, tls, bytes); });
+  EXPECT_TRUE(child.ok()) << child.status().ToString();
+  return child.ok() ? std::move(*child) : nullptr;
+}
+
+// The initiator's view of one target process.
+struct Connection {
+  PeerId peer = 0;
+  std::unique_ptr<RemoteMemory> remote;
+};
+
+Result<Connection> ConnectTo(Transport& transport, ChildProcess& child) {
+  KV_ASSIGN_OR_RETURN(std::string address, child.channel().Receive(Clock::now() + 30s));
+  KV_ASSIGN_OR_RETURN(std::string descriptor, child.channel().Receive(Clock::now() + 30s));
+  Connection c;
+  KV_ASSIGN_OR_RETURN(c.peer, transport.connect(address));
+  KV_ASSIGN_OR_RETURN(c.remote, transport.import_remote(c.peer, descriptor));
+  return c;
+}
+
+// Puts `runs`, then asks the target to check them; "ok" means every byte arrived before the
+// notification did.
+void PutAndCheck(Transport& transport, ChildProcess& child, const Connection& c,
+                 const MemoryRegistration& src, uint64_t count, uint64_t length, uint64_t gap) {
+  auto runs = SpreadRuns(count, length, gap);
+  Waiter waiter;
+  ASSERT_TRUE(
+      transport.post({Op::kPut, &src, c.remote.get(), runs, testing::In(20s)}, waiter.callback())
+          .ok());
+  // Sent before the batch completes on purpose: ordering after the data is the transport's job.
+  ASSERT_TRUE(transport
+                  .notify(c.peer, "check " + std::to_string(count) + " " + std::to_string(length) +
+                                      " " + std::to_string(gap))
+                  .ok());
+  Status done = waiter.Wait(30s);
+  ASSERT_TRUE(done.ok()) << done.ToString();
+  auto verdict = child.channel().Receive(Clock::now() + 30s);
+  ASSERT_TRUE(verdict.ok()) << verdict.status().ToString();
+  EXPECT_EQ(*verdict, "ok");
+}
+
+class TwoProcesses : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TwoProcesses, PutsSmallAndLargeRunsThatTheTargetVerifies) {
+  auto child = StartTarget(GetParam(), 64 << 20);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Tls(GetParam()));
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  std::vector<uint8_t> src(32 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  PutAndCheck(**transport, *child, *c, **reg, 4000, 4096, 1024);   // many small runs
+  PutAndCheck(**transport, *child, *c, **reg, 4, 8 << 20, 65536);  // a few large ones
+  ASSERT_TRUE(child->channel().Send("quit").ok());
+  auto code = child->Wait(Clock::now() + 30s);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, TwoProcesses, ::testing::Values("tcp", "cma,tcp"),
+                         [](const auto& info) {
+                           return std::string(info.param == "tcp" ? "tcp" : "shm");
+                         });
+
+TEST(UcxPeerFailure, KilledPeerFailsItsBatchesAndTheSurvivorKeepsWorking) {
+  auto doomed = StartTarget("tcp", 64 << 20);
+  auto fresh = StartTarget("tcp", 64 << 20);
+  ASSERT_TRUE(doomed && fresh);
+  auto transport = CreateTransport("ucx", Tls("tcp"));
+  ASSERT_TRUE(transport.ok());
+  std::vector<uint8_t> src(64 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *doomed);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  // About a gigabyte in flight: far more than loopback TCP moves before the kill lands.
+  const auto deadline = 5s;
+  std::vector<Waiter> waiters(16);
+  std::vector<kv::Run> runs = SpreadRuns(64, 1 << 20, 0);
+  for (auto& w : waiters) {
+    ASSERT_TRUE((*transport)
+                    ->post({Op::kPut, reg->get(), c->remote.get(), runs, testing::In(deadline)},
+                           w.callback())
+                    .ok());
+  }
+  doomed->Kill();
+  int failed = 0;
+  for (auto& w : waiters) {
+    Status s = w.Wait(deadline + 5s);
+    ASSERT_NE(s.code(), Code::kInternal) << "a batch never completed";
+    if (!s.ok()) {
+      ++failed;
+      EXPECT_TRUE(s.code() == Code::kUnavailable || s.code() == Code::kTimeout) << s.ToString();
+    }
+  }
+  EXPECT_GT(failed, 0);
+
+  auto again = ConnectTo(**transport, *fresh);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  PutAndCheck(**transport, *fresh, *again, **reg, 256, 65536, 4096);
+}
+
+TEST(UcxPeerFailure, StalledPeerMissesTheDeadlineWithTimeout) {
+  auto stalled = StartTarget("tcp", 128 << 20);
+  ASSERT_NE(stalled, nullptr);
+  auto transport = CreateTransport("ucx", Tls("tcp"));
+  ASSERT_TRUE(transport.ok());
+  std::vector<uint8_t> src(128 << 20);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *stalled);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // Warm the connection up so the stall hits data, not the wire-up.
+  ASSERT_TRUE(testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}}).ok());
+
+  ASSERT_EQ(::kill(stalled->pid(), SIGSTOP), 0);
+  // The target no longer reads its socket: 128 MiB cannot fit in the kernel's buffers.
+  Waiter waiter;
+  std::vector<kv::Run> runs = {{0, 0, src.size()}};
+  ASSERT_TRUE((*transport)
+                  ->post({Op::kPut, reg->get(), c->remote.get(), runs, testing::In(300ms)},
+                         waiter.callback())
+                  .ok());
+  Status s = waiter.Wait(10s);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  stalled->Kill();
+}
+
+}  // namespace
+}  // namespace kv::transport

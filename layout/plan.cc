@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "layout/kv_region.h"
 
@@ -107,16 +108,32 @@ Status CheckBlockCount(const char* side, size_t given, int64_t tokens, int64_t b
                                  ", got " + std::to_string(given));
 }
 
-// Each destination byte must be written once, so the blocks that tokens use must be distinct.
-Status CheckDistinctDestination(std::span<const int64_t> blocks, int64_t tokens,
-                                int64_t block_size) {
-  std::vector<int64_t> used(blocks.begin(),
-                            blocks.begin() + (tokens + block_size - 1) / block_size);
-  std::sort(used.begin(), used.end());
-  auto twice = std::adjacent_find(used.begin(), used.end());
-  if (twice == used.end()) return Status::Ok();
-  return Status::InvalidArgument("destination block " + std::to_string(*twice) +
+// Positions in spec.dst_blocks of the blocks that tokens use, in ascending block id, so in
+// ascending destination offset when B is outside N. Each destination byte must be written once,
+// so a block used twice is an error.
+Status BlockUsedTwice(int64_t block) {
+  return Status::InvalidArgument("destination block " + std::to_string(block) +
                                  " is used twice: its bytes would be written twice");
+}
+
+Result<std::vector<int64_t>> DestinationOrder(const TransferSpec& spec, int64_t block_size) {
+  const auto used = spec.dst_blocks.first((spec.tokens + block_size - 1) / block_size);
+  std::vector<int64_t> order(used.size());
+  for (size_t j = 0; j < order.size(); ++j) order[j] = static_cast<int64_t>(j);
+  if (std::is_sorted(used.begin(), used.end())) {
+    auto twice = std::adjacent_find(used.begin(), used.end());
+    if (twice != used.end()) return BlockUsedTwice(*twice);
+    return order;
+  }
+  // (id, position) pairs sort several times faster than positions compared through the ids.
+  std::vector<std::pair<int64_t, int64_t>> by_id(used.size());
+  for (size_t j = 0; j < used.size(); ++j) by_id[j] = {used[j], static_cast<int64_t>(j)};
+  std::sort(by_id.begin(), by_id.end());
+  for (size_t i = 0; i < by_id.size(); ++i) {
+    if (i > 0 && by_id[i].first == by_id[i - 1].first) return BlockUsedTwice(by_id[i].first);
+    order[i] = by_id[i].second;
+  }
+  return order;
 }
 
 Status CheckCompatible(const KvRegion& src, const KvRegion& dst) {
@@ -138,29 +155,42 @@ Status CheckCompatible(const KvRegion& src, const KvRegion& dst) {
 // Cuts [0, tokens) where a block of either side ends, joins neighbours (in destination order)
 // that stay affine on both sides, and returns the ranges in ascending destination order.
 std::vector<TokenRange> TokenRanges(const KvRegion& src, const KvRegion& dst,
-                                    const TransferSpec& spec, bool slot_outside_block,
-                                    bool join_groups) {
+                                    const TransferSpec& spec, std::span<const int64_t> dst_order,
+                                    bool slot_outside_block, bool join_groups) {
   const int64_t ns = src.size(Axis::kN), nd = dst.size(Axis::kN);
   const int64_t src_n = src.stride(Axis::kN), dst_n = dst.stride(Axis::kN);
   std::vector<TokenRange> pieces;
-  for (int64_t t = 0; t < spec.tokens;) {
-    const int64_t slot_s = t % ns, slot_d = t % nd;
-    int64_t count = std::min({ns - slot_s, nd - slot_d, spec.tokens - t});
-    const int64_t block_d = spec.dst_blocks[t / nd];
-    const int64_t src0 = spec.src_blocks[t / ns] * src.stride(Axis::kB) + slot_s * src_n;
-    const int64_t dst0 = block_d * dst.stride(Axis::kB) + slot_d * dst_n;
-    if (slot_outside_block) {
-      // Slots of one block are not neighbours in destination order: one range per token.
-      for (int64_t i = 0; i < count; ++i)
-        pieces.push_back({src0 + i * src_n, dst0 + i * dst_n, 1, slot_d + i});
-    } else {
-      pieces.push_back({src0, dst0, count, block_d});
+  pieces.reserve(dst_order.size() + spec.tokens / ns + 1);
+  // Tokens [begin, end) of one destination block (begin is its slot 0), cut where source
+  // blocks end.
+  auto cut = [&](int64_t begin, int64_t end) {
+    const int64_t block_d = spec.dst_blocks[begin / nd];
+    int64_t src_block = begin / ns, slot_s = begin % ns;
+    for (int64_t t = begin; t < end;) {
+      const int64_t count = std::min(ns - slot_s, end - t);
+      const int64_t slot_d = t - begin;
+      const int64_t src0 = spec.src_blocks[src_block] * src.stride(Axis::kB) + slot_s * src_n;
+      const int64_t dst0 = block_d * dst.stride(Axis::kB) + slot_d * dst_n;
+      if (slot_outside_block) {
+        // Slots of one block are not neighbours in destination order: one range per token.
+        for (int64_t i = 0; i < count; ++i)
+          pieces.push_back({src0 + i * src_n, dst0 + i * dst_n, 1, slot_d + i});
+      } else {
+        pieces.push_back({src0, dst0, count, block_d});
+      }
+      t += count;
+      slot_s += count;
+      if (slot_s == ns) {
+        slot_s = 0;
+        ++src_block;
+      }
     }
-    t += count;
+  };
+  for (int64_t j : dst_order) cut(j * nd, std::min((j + 1) * nd, spec.tokens));
+  if (slot_outside_block) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const TokenRange& a, const TokenRange& b) { return a.dst < b.dst; });
   }
-  auto by_dst = [](const TokenRange& a, const TokenRange& b) { return a.dst < b.dst; };
-  if (!std::is_sorted(pieces.begin(), pieces.end(), by_dst))
-    std::sort(pieces.begin(), pieces.end(), by_dst);
   std::vector<TokenRange> ranges;
   for (const TokenRange& p : pieces) {
     if (!ranges.empty()) {
@@ -195,7 +225,8 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
       CheckBlockCount("source", spec.src_blocks.size(), spec.tokens, src.size(Axis::kN)));
   KV_RETURN_IF_ERROR(
       CheckBlockCount("destination", spec.dst_blocks.size(), spec.tokens, dst.size(Axis::kN)));
-  KV_RETURN_IF_ERROR(CheckDistinctDestination(spec.dst_blocks, spec.tokens, dst.size(Axis::kN)));
+  KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
+                      DestinationOrder(spec, dst.size(Axis::kN)));
 
   const int64_t head_begin = std::max(src.first_global_head(), dst.first_global_head());
   const int64_t head_end = std::min(src.first_global_head() + src.size(Axis::kH),
@@ -253,7 +284,7 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
   std::vector<Loop>& inner = nest[2];
 
   const std::vector<TokenRange> ranges =
-      TokenRanges(src, dst, spec, slot_outside_block, middle.empty());
+      TokenRanges(src, dst, spec, dst_order, slot_outside_block, middle.empty());
 
   const int64_t src_n = src.stride(Axis::kN), dst_n = dst.stride(Axis::kN);
   int64_t token_bytes = piece;

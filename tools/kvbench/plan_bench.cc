@@ -1,0 +1,161 @@
+// kvbench plan: how long PlanTransfer takes for a long request, per request and per run.
+//
+// The ceiling is the least any planner must spend: writing the same run table (24 bytes a run)
+// into a fresh vector. Each case measures it in the same process and reports the ratio.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "layout/plan.h"
+#include "tools/common/cli.h"
+
+namespace kv::bench {
+namespace {
+
+constexpr int64_t kTokens = 32 * 1024;
+constexpr int64_t kLayers = 80;
+constexpr int64_t kHeads = 8;
+constexpr int64_t kContent = 512;  // K and V of 128 bf16 each
+constexpr int64_t kBlocks = 4096;
+
+struct Case {
+  std::string name;
+  std::string src_order, dst_order;
+  int64_t src_block_size = 16, dst_block_size = 16;
+  bool scattered = true;  // block ids drawn at random, as a long-running engine's are
+  int64_t layer = -1;     // plan one layer only (the per-layer push), or every layer
+};
+
+KvRegion Region(const std::string& order, int64_t block_size) {
+  LayoutSpec s;
+  s.order = order;
+  s.layers = kLayers;
+  s.blocks = kBlocks;
+  s.heads = kHeads;
+  s.block_size = block_size;
+  s.content_bytes = kContent;
+  return KvRegion::Create(s).value();
+}
+
+std::vector<int64_t> Blocks(int64_t count, bool scattered, uint32_t seed) {
+  std::vector<int64_t> ids(kBlocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  if (scattered) std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  ids.resize(count);
+  return ids;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Seconds to write `runs` into a fresh vector, the least cost of producing the plan.
+double CeilingSeconds(const std::vector<Run>& runs) {
+  int reps = 0;
+  auto start = std::chrono::steady_clock::now();
+  do {
+    std::vector<Run> copy(runs.begin(), runs.end());
+    benchmark::DoNotOptimize(copy.data());
+    ++reps;
+  } while (SecondsSince(start) < 0.05);
+  return SecondsSince(start) / reps;
+}
+
+void PlanCase(benchmark::State& state, const Case& c) {
+  const KvRegion src = Region(c.src_order, c.src_block_size);
+  const KvRegion dst = Region(c.dst_order, c.dst_block_size);
+  const auto src_blocks = Blocks(kTokens / c.src_block_size, c.scattered, 1);
+  const auto dst_blocks = Blocks(kTokens / c.dst_block_size, c.scattered, 2);
+  TransferSpec spec{src_blocks, dst_blocks, kTokens};
+  if (c.layer >= 0) {
+    spec.layer_begin = c.layer;
+    spec.layer_end = c.layer + 1;
+  }
+  auto first = PlanTransfer(src, dst, spec);
+  if (!first.ok()) {
+    state.SkipWithError(first.status().ToString().c_str());
+    return;
+  }
+  const double runs = static_cast<double>(first->runs.size());
+  const double ceiling = CeilingSeconds(first->runs);
+
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    auto plan = PlanTransfer(src, dst, spec);
+    benchmark::DoNotOptimize(plan);
+  }
+  const double per_request = SecondsSince(start) / static_cast<double>(state.iterations());
+
+  state.counters["runs"] = runs;
+  state.counters["MiB"] = static_cast<double>(first->bytes) / (1 << 20);
+  state.counters["ns_per_run"] = per_request * 1e9 / runs;
+  state.counters["ceiling_us"] = ceiling * 1e6;
+  state.counters["x_ceiling"] = per_request / ceiling;
+}
+
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
+      {"LBNHC/scattered", "LBNHC", "LBNHC"},
+      {"BLHNC/scattered", "BLHNC", "BLHNC"},
+      {"LBNHC/contiguous", "LBNHC", "LBNHC", 16, 16, false},
+      {"BLHNC/contiguous", "BLHNC", "BLHNC", 16, 16, false},
+      {"LBNHC/one_layer", "LBNHC", "LBNHC", 16, 16, true, 40},
+      {"BLHNC/one_layer", "BLHNC", "BLHNC", 16, 16, true, 40},
+      {"LBNHC_16_to_32/scattered", "LBNHC", "LBNHC", 16, 32},
+  };
+  return cases;
+}
+
+void PrintHelp() {
+  std::printf(
+      "usage: kvbench plan [--benchmark_filter=REGEX] [--benchmark_format=console|json]\n"
+      "                    [--benchmark_min_time=SECONDS] [other --benchmark_* flags]\n\n"
+      "Times PlanTransfer for one %lld-token request over %lld layers and %lld heads\n"
+      "(%lld bytes per head-token, blocks of 16 in a %lld-block cache), in LBNHC and BLHNC,\n"
+      "with scattered block ids (as a long-running engine hands them out) and contiguous ones,\n"
+      "for the whole request and for one layer (the per-layer push), and across block sizes.\n\n"
+      "Per case: time per request (Time), runs in the plan, ns_per_run, and the ceiling:\n"
+      "ceiling_us is the time to write the same run table into a fresh vector, measured in\n"
+      "this run; x_ceiling is plan time / ceiling.\n\n"
+      "cases:\n",
+      static_cast<long long>(kTokens), static_cast<long long>(kLayers),
+      static_cast<long long>(kHeads), static_cast<long long>(kContent),
+      static_cast<long long>(kBlocks));
+  for (const Case& c : Cases()) std::printf("  plan/%s\n", c.name.c_str());
+}
+
+int PlanBenchMain(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      PrintHelp();
+      return 0;
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  if (argc > 1) {
+    std::fprintf(stderr, "kvbench plan: unknown argument '%s' (kvbench plan --help)\n", argv[1]);
+    return 2;
+  }
+  for (const Case& c : Cases()) {
+    benchmark::RegisterBenchmark(("plan/" + c.name).c_str(), PlanCase, c)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  std::fprintf(stderr, "kvbench plan: %zu cases, about a second each\n", Cases().size());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
+const bool registered =
+    cli::Register({"plan", "plan time of a 32k-token, 80-layer request, per request and per run",
+                   &PlanBenchMain});
+
+}  // namespace
+}  // namespace kv::bench

@@ -1,0 +1,265 @@
+// kvbench transport: put bandwidth of a Transport between two processes on loopback, beside
+// ucx_perftest's put bandwidth for the same message size, measured alternately in one run.
+//
+// The target process is forked before this process initialises UCX; it registers its memory,
+// hands over its address and descriptor on a socketpair and waits. The initiator keeps a window
+// of batches in flight, each of --runs-per-batch runs of --size bytes to distinct offsets.
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tools/common/cli.h"
+#include "tools/kvbench/transport_perftest.h"
+#include "transport/child_process.h"
+#include "transport/transport.h"
+
+namespace kv::bench {
+namespace {
+
+using transport::Channel;
+using transport::ChildProcess;
+using transport::Clock;
+using transport::Transport;
+using transport::TransportOptions;
+using namespace std::chrono_literals;
+
+constexpr auto kBatchDeadline = 30s;
+
+struct Config {
+  std::string backend;
+  uint64_t size = 0;
+  int64_t iters = 0;
+  int64_t runs_per_batch = 1;
+  int64_t window = 0;
+  int64_t rounds = 0;
+  bool ceiling = true;
+  bool json = false;
+  TransportOptions options;
+  std::vector<std::pair<std::string, std::string>> env;  // the same settings, for ucx_perftest
+};
+
+int TargetMain(Channel& channel, const Config& config) {
+  auto t = transport::CreateTransport(config.backend, config.options);
+  if (!t.ok()) {
+    std::fprintf(stderr, "kvbench transport (target): %s\n", t.status().ToString().c_str());
+    return 2;
+  }
+  std::vector<char> memory(config.size * config.runs_per_batch, 0);
+  auto reg = (*t)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
+  if (!reg.ok()) {
+    std::fprintf(stderr, "kvbench transport (target): %s\n", reg.status().ToString().c_str());
+    return 3;
+  }
+  if (!channel.Send((*t)->address()).ok() || !channel.Send((*reg)->packed_descriptor()).ok())
+    return 4;
+  // The initiator says "quit" when done; a vanished initiator ends the wait too.
+  (void)channel.Receive(Clock::now() + 24h);
+  return 0;
+}
+
+// Completions arrive on the transport's thread; the poster waits here for window space.
+class InFlight {
+ public:
+  transport::Completion Slot() {
+    std::lock_guard lock(mu_);
+    ++count_;
+    return [this](Status s) {
+      std::lock_guard lock(mu_);
+      --count_;
+      if (!s.ok() && error_.ok()) error_ = s;
+      cv_.notify_one();
+    };
+  }
+  // Waits until fewer than `limit` are in flight; kTimeout past the deadline, or the first error.
+  Status WaitBelow(int64_t limit, Clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return count_ < limit || !error_.ok(); }))
+      return Status::Timeout("batches did not complete within their deadline");
+    return error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t count_ = 0;
+  Status error_;
+};
+
+// Seconds for config.iters batches.
+Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& src,
+                           const transport::RemoteMemory& remote, const std::vector<Run>& runs,
+                           const Config& config, int64_t iters) {
+  InFlight in_flight;
+  auto start = Clock::now();
+  for (int64_t i = 0; i < iters; ++i) {
+    KV_RETURN_IF_ERROR(in_flight.WaitBelow(config.window, Clock::now() + kBatchDeadline));
+    transport::Batch batch{transport::Op::kPut, &src, &remote, runs,
+                           Clock::now() + kBatchDeadline};
+    transport::Completion done = in_flight.Slot();
+    Status posted = t.post(batch, done);
+    if (!posted.ok()) {
+      done(Status::Ok());  // gives the slot back
+      return posted;
+    }
+  }
+  KV_RETURN_IF_ERROR(in_flight.WaitBelow(1, Clock::now() + kBatchDeadline));
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvbench transport: %s\n", message.c_str());
+  return 1;
+}
+
+int Run(const Config& config) {
+  auto child = ChildProcess::Start([&](Channel& channel) { return TargetMain(channel, config); });
+  if (!child.ok()) return Fail(child.status().ToString());
+  auto address = (*child)->channel().Receive(Clock::now() + 30s);
+  auto descriptor = address.ok() ? (*child)->channel().Receive(Clock::now() + 30s) : address;
+  if (!descriptor.ok()) return Fail("target process: " + descriptor.status().ToString());
+
+  auto t = transport::CreateTransport(config.backend, config.options);
+  if (!t.ok()) return Fail(t.status().ToString());
+  std::vector<char> memory(config.size * config.runs_per_batch, 1);
+  auto src = (*t)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
+  if (!src.ok()) return Fail(src.status().ToString());
+  auto peer = (*t)->connect(*address);
+  if (!peer.ok()) return Fail(peer.status().ToString());
+  auto remote = (*t)->import_remote(*peer, *descriptor);
+  if (!remote.ok()) return Fail(remote.status().ToString());
+
+  std::vector<Run> runs;
+  for (int64_t i = 0; i < config.runs_per_batch; ++i)
+    runs.push_back({i * config.size, i * config.size, config.size});
+  const uint64_t batch_bytes = config.size * config.runs_per_batch;
+  const uint64_t messages = config.iters * config.runs_per_batch;
+
+  // Warm-up: wire-up, registration caches, page faults.
+  auto warm = MeasureOnce(**t, **src, **remote, runs, config, std::min<int64_t>(config.iters, 100));
+  if (!warm.ok()) return Fail(warm.status().ToString());
+
+  std::vector<double> ours, ceiling, ceiling_us;
+  for (int64_t round = 1; round <= config.rounds; ++round) {
+    auto seconds = MeasureOnce(**t, **src, **remote, runs, config, config.iters);
+    if (!seconds.ok()) return Fail(seconds.status().ToString());
+    ours.push_back(batch_bytes * config.iters / *seconds / 1e9);
+    std::string line = "round " + std::to_string(round) + "/" + std::to_string(config.rounds) +
+                       ": kvd " + std::to_string(ours.back()) + " GB/s";
+    if (config.ceiling) {
+      auto perf = RunUcxPerftest(config.size, messages, config.env, 120);
+      if (!perf.ok()) return Fail(perf.status().ToString() + " (--no-ceiling skips it)");
+      ceiling.push_back(perf->gbps);
+      ceiling_us.push_back(perf->usec_per_message);
+      line += ", ucx_perftest " + std::to_string(perf->gbps) + " GB/s";
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  (void)(*child)->channel().Send("quit");
+  (void)(*child)->Wait(Clock::now() + 10s);
+  remote->reset();
+  src->reset();
+
+  const double gbps = Median(ours);
+  const double per_run_us = batch_bytes * config.iters / (gbps * 1e9) / messages * 1e6;
+  const double ceiling_gbps = config.ceiling ? Median(ceiling) : 0;
+  const double ceiling_per_message = config.ceiling ? Median(ceiling_us) : 0;
+  if (config.json) {
+    std::printf(
+        "{\"gbps\": %.3f, \"size\": %llu, \"iters\": %lld, \"runs_per_batch\": %lld, "
+        "\"per_run_us\": %.3f, \"ceiling_gbps\": %.3f, \"ceiling_per_message_us\": %.3f, "
+        "\"ratio\": %.3f}\n",
+        gbps, static_cast<unsigned long long>(config.size), static_cast<long long>(config.iters),
+        static_cast<long long>(config.runs_per_batch), per_run_us, ceiling_gbps,
+        ceiling_per_message, config.ceiling ? gbps / ceiling_gbps : 0.0);
+    return 0;
+  }
+  std::printf("transport %s, put, %llu B x %lld runs per batch, %lld batches, window %lld, "
+              "median of %lld rounds\n",
+              config.backend.c_str(), static_cast<unsigned long long>(config.size),
+              static_cast<long long>(config.runs_per_batch), static_cast<long long>(config.iters),
+              static_cast<long long>(config.window), static_cast<long long>(config.rounds));
+  std::printf("  kvd          %8.3f GB/s   %8.3f us per run\n", gbps, per_run_us);
+  if (config.ceiling) {
+    std::printf("  ucx_perftest %8.3f GB/s   %8.3f us per message  (ucp_put_bw, same size)\n",
+                ceiling_gbps, ceiling_per_message);
+    std::printf("  ratio        %8.3f      per-run overhead %+.3f us\n", gbps / ceiling_gbps,
+                per_run_us - ceiling_per_message);
+  }
+  return 0;
+}
+
+int TransportMain(int argc, char** argv) {
+  cli::Flags flags({
+      {"backend", "transport backend: ucx (default)"},
+      {"memory", "where the buffers live: host (default); cuda needs a CUDA-aware backend"},
+      {"size", "bytes per run, e.g. 4096, 64K, 4M (default 64K)"},
+      {"iters", "batches per round (default 1000)"},
+      {"runs-per-batch", "runs in each batch, each to its own offset (default 1)"},
+      {"window", "batches kept in flight (default 32)"},
+      {"rounds", "measurements of each side, alternating; the median is reported (default 3)"},
+      {"tls", "UCX_TLS for both kvd and ucx_perftest, e.g. tcp (default: UCX's choice)"},
+      {"no-ceiling", "skip ucx_perftest", true},
+      {"json", "print one JSON object instead of the table", true},
+      {"help", "this text", true},
+  });
+  Status parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) return Fail(parsed.message() + " (--help lists the flags)");
+  if (flags.has("help")) {
+    std::printf(
+        "kvbench transport: put bandwidth between two processes on loopback, beside its ceiling.\n"
+        "\n"
+        "kvbench starts the target process itself. Each round posts --iters batches of\n"
+        "--runs-per-batch puts of --size bytes (a window of them in flight), then runs\n"
+        "`ucx_perftest -t ucp_put_bw` with the same size and message count; the two alternate\n"
+        "and the medians are compared. Small --size with many --runs-per-batch shows the\n"
+        "per-run overhead.\n\n"
+        "  kvbench transport --backend ucx --memory host --size 4M --iters 200\n"
+        "  kvbench transport --size 4K --runs-per-batch 1000 --iters 50 --json\n\nflags:\n%s",
+        flags.Help().c_str());
+    return 0;
+  }
+  Config c;
+  c.backend = flags.str("backend", "ucx");
+  if (c.backend != "ucx")
+    return Fail("--backend " + c.backend + ": only ucx moves bytes between processes here");
+  std::string memory = flags.str("memory", "host");
+  if (memory != "host")
+    return Fail("--memory " + memory + ": only host memory is benchmarked by this build");
+  auto size = flags.bytes("size", 64 << 10);
+  auto iters = flags.integer("iters", 1000, 1, 100'000'000);
+  auto runs = flags.integer("runs-per-batch", 1, 1, 1'000'000);
+  auto window = flags.integer("window", 32, 1, 4096);
+  auto rounds = flags.integer("rounds", 3, 1, 100);
+  for (const Status& s : {size.status(), iters.status(), runs.status(), window.status(),
+                          rounds.status()}) {
+    if (!s.ok()) return Fail(s.message());
+  }
+  if (*size == 0 || *size > (1ull << 30)) return Fail("--size must be in [1, 1G]");
+  if (*size * *runs > (4ull << 30)) return Fail("--size x --runs-per-batch must stay within 4G");
+  c.size = *size;
+  c.iters = *iters;
+  c.runs_per_batch = *runs;
+  c.window = *window;
+  c.rounds = *rounds;
+  c.ceiling = !flags.has("no-ceiling");
+  c.json = flags.has("json");
+  if (flags.has("tls")) {
+    c.options.settings.push_back({"UCX_TLS", flags.str("tls")});
+    c.env.push_back({"UCX_TLS", flags.str("tls")});
+  }
+  return Run(c);
+}
+
+const bool registered = cli::Register(
+    {"transport", "put bandwidth between two processes vs ucx_perftest", &TransportMain});
+
+}  // namespace
+}  // namespace kv::bench

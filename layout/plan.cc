@@ -206,9 +206,53 @@ std::vector<TokenRange> TokenRanges(const KvRegion& src, const KvRegion& dst,
   return ranges;
 }
 
-}  // namespace
+// The transfer's loops in the destination's physical order, outermost first: those outside its
+// B and N axes, those between them, and those inside. Loops of one step are left out.
+struct Nest {
+  std::vector<Loop> outer, middle, inner;
+  bool slot_outside_block = false;  // N comes before B in the destination
+};
 
-Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
+Nest BuildNest(const KvRegion& dst, const Loop& layers, const Loop& heads, const Loop& halves) {
+  Nest nest;
+  std::vector<Loop>* level[] = {&nest.outer, &nest.middle, &nest.inner};
+  int depth = 0;
+  for (char axis : dst.order()) {
+    const Loop* loop = nullptr;
+    switch (axis) {
+      case 'L':
+        loop = &layers;
+        break;
+      case 'H':
+        loop = &heads;
+        break;
+      case 'S':
+        loop = &halves;
+        break;
+      case 'C':
+        loop = dst.has_kv_axis() ? nullptr : &halves;
+        break;  // K, V: halves of C
+      case 'N':
+        nest.slot_outside_block = depth == 0;
+        [[fallthrough]];
+      case 'B':
+        ++depth;
+        break;
+    }
+    if (loop != nullptr && loop->count > 1) level[depth]->push_back(*loop);
+  }
+  return nest;
+}
+
+// Global heads [first, second) held by both regions; empty when first >= second.
+std::pair<int64_t, int64_t> CommonHeads(const KvRegion& src, const KvRegion& dst) {
+  return {std::max(src.first_global_head(), dst.first_global_head()),
+          std::min(src.first_global_head() + src.size(Axis::kH),
+                   dst.first_global_head() + dst.size(Axis::kH))};
+}
+
+// Everything PlanTransfer checks before it looks at a byte.
+Status ValidateRequest(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
   KV_RETURN_IF_ERROR(CheckCompatible(src, dst));
   const int64_t layers = src.size(Axis::kL);
   const int64_t layer_end = spec.layer_end == -1 ? layers : spec.layer_end;
@@ -225,19 +269,25 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
       CheckBlockCount("source", spec.src_blocks.size(), spec.tokens, src.size(Axis::kN)));
   KV_RETURN_IF_ERROR(
       CheckBlockCount("destination", spec.dst_blocks.size(), spec.tokens, dst.size(Axis::kN)));
-  KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
-                      DestinationOrder(spec, dst.size(Axis::kN)));
 
-  const int64_t head_begin = std::max(src.first_global_head(), dst.first_global_head());
-  const int64_t head_end = std::min(src.first_global_head() + src.size(Axis::kH),
-                                    dst.first_global_head() + dst.size(Axis::kH));
+  const auto [head_begin, head_end] = CommonHeads(src, dst);
   if (head_begin >= head_end)
     return Status::Incompatible(
         "no head in common: source holds global heads [" + std::to_string(src.first_global_head()) +
         ", " + std::to_string(src.first_global_head() + src.size(Axis::kH)) + "), destination [" +
         std::to_string(dst.first_global_head()) + ", " +
         std::to_string(dst.first_global_head() + dst.size(Axis::kH)) + ")");
+  return Status::Ok();
+}
 
+}  // namespace
+
+Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
+  KV_RETURN_IF_ERROR(ValidateRequest(src, dst, spec));
+  KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
+                      DestinationOrder(spec, dst.size(Axis::kN)));
+  const int64_t layer_end = spec.layer_end == -1 ? src.size(Axis::kL) : spec.layer_end;
+  const auto [head_begin, head_end] = CommonHeads(src, dst);
   if (spec.tokens == 0 || spec.layer_begin == layer_end) return Plan{};
 
   // A half is K or V when either side keeps them apart; otherwise the whole logical content.
@@ -251,37 +301,11 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
   const Loop head_loop{head_end - head_begin, src.stride(Axis::kH), dst.stride(Axis::kH)};
   const Loop half_loop{halves, half_stride(src), half_stride(dst)};
 
-  // The loops outside, between and inside the destination's B and N axes, outermost first.
-  std::vector<Loop> nest[3];
-  int level = 0;
-  bool slot_outside_block = false;
-  for (char axis : dst.order()) {
-    const Loop* loop = nullptr;
-    switch (axis) {
-      case 'L':
-        loop = &layer_loop;
-        break;
-      case 'H':
-        loop = &head_loop;
-        break;
-      case 'S':
-        loop = &half_loop;
-        break;
-      case 'C':
-        loop = dst.has_kv_axis() ? nullptr : &half_loop;
-        break;
-      case 'N':
-        slot_outside_block = level == 0;
-        [[fallthrough]];
-      case 'B':
-        ++level;
-        break;
-    }
-    if (loop != nullptr && loop->count > 1) nest[level].push_back(*loop);
-  }
-  std::vector<Loop>& outer = nest[0];
-  std::vector<Loop>& middle = nest[1];
-  std::vector<Loop>& inner = nest[2];
+  Nest nest = BuildNest(dst, layer_loop, head_loop, half_loop);
+  std::vector<Loop>& outer = nest.outer;
+  std::vector<Loop>& middle = nest.middle;
+  std::vector<Loop>& inner = nest.inner;
+  const bool slot_outside_block = nest.slot_outside_block;
 
   const std::vector<TokenRange> ranges =
       TokenRanges(src, dst, spec, dst_order, slot_outside_block, middle.empty());

@@ -6,6 +6,7 @@
 
 #include "layout/plan.h"
 #include "tools/common/cli.h"
+#include "tools/kvctl/human_bytes.h"
 #include "tools/kvctl/layout_json.h"
 
 namespace kv::tools {
@@ -41,19 +42,6 @@ void PrintHelp(const cli::Flags& flags) {
       "tools/examples/decode_blhnc.json \\\n"
       "             --src-blocks 5,9,2 --dst-blocks 7,3 --tokens 40\n",
       flags.Help().c_str(), LayoutFileHelp());
-}
-
-std::string HumanBytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
-  return text;
 }
 
 std::string Describe(const KvRegion& r) {

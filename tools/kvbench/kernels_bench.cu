@@ -1,0 +1,354 @@
+// kvbench kernels: the local GPU data path on one device, each figure beside its ceiling measured
+// in the same run.
+//
+//  - plan copy device→device of 64 KiB and 16 KiB pages between random block ids, against one
+//    cudaMemcpyAsync device→device of the same total bytes;
+//  - device→pinned host and back (pages as above) through the chosen path, against one large
+//    pinned cudaMemcpyAsync of the same bytes, and the speed-up over one cudaMemcpyAsync a page;
+//  - paged decode attention (bf16, 32 query heads over 8 KV heads, head_dim 128), K/V bytes read
+//    per second against the device copy bandwidth counted as bytes read + written per second.
+// Every time is the median of --iters runs timed with CUDA events after two warm-up runs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/decode_attention.h"
+#include "kernels/plan_copy.h"
+#include "kernels/strided_kv.h"
+#include "tools/common/cli.h"
+
+namespace kv::bench {
+namespace {
+
+using kernels::CopyDirection;
+using kernels::CopyPath;
+
+#define BENCH_CUDA(call)                                                                \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "kvbench kernels: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+void Check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvbench kernels: %s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// Owning device / pinned allocations for the duration of one case.
+struct DeviceMemory {
+  void* p = nullptr;
+  explicit DeviceMemory(size_t n) { BENCH_CUDA(cudaMalloc(&p, n)); }
+  ~DeviceMemory() { cudaFree(p); }
+  unsigned char* get() const { return static_cast<unsigned char*>(p); }
+};
+struct PinnedMemory {
+  void* p = nullptr;
+  explicit PinnedMemory(size_t n) { BENCH_CUDA(cudaMallocHost(&p, n)); }
+  ~PinnedMemory() { cudaFreeHost(p); }
+  unsigned char* get() const { return static_cast<unsigned char*>(p); }
+};
+
+// bf16 values in [-1, 1) from a hash of the index: never time on zeros.
+__global__ void FillRandom(uint16_t* p, uint64_t n, uint32_t seed) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float f = (h & 0xffffff) / 8388608.0f - 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    p[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+void Fill(void* p, uint64_t bytes, uint32_t seed) {
+  FillRandom<<<1024, 256>>>(static_cast<uint16_t*>(p), bytes / 2, seed);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+struct Timer {
+  cudaStream_t stream;
+  int iters;
+  template <typename Fn>
+  double MedianSeconds(Fn&& fn) {
+    cudaEvent_t start, stop;
+    BENCH_CUDA(cudaEventCreate(&start));
+    BENCH_CUDA(cudaEventCreate(&stop));
+    for (int i = 0; i < 2; ++i) fn();
+    std::vector<float> ms;
+    for (int i = 0; i < iters; ++i) {
+      BENCH_CUDA(cudaEventRecord(start, stream));
+      fn();
+      BENCH_CUDA(cudaEventRecord(stop, stream));
+      BENCH_CUDA(cudaEventSynchronize(stop));
+      float t = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
+      ms.push_back(t);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return ms[ms.size() / 2] / 1e3;
+  }
+};
+
+// One page-sized run per block, source and destination blocks both drawn at random.
+std::vector<Run> PageRuns(uint64_t total, uint64_t page, uint32_t seed) {
+  const uint64_t pages = total / page;
+  std::vector<uint64_t> src(pages), dst(pages);
+  std::iota(src.begin(), src.end(), 0);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(src.begin(), src.end(), rng);
+  std::shuffle(dst.begin(), dst.end(), rng);
+  std::vector<Run> runs(pages);
+  for (uint64_t i = 0; i < pages; ++i) runs[i] = {src[i] * page, dst[i] * page, page};
+  return runs;
+}
+
+struct Report {
+  std::vector<std::string> json;
+  void Add(const std::string& name, double value, double ceiling, const char* unit) {
+    const double ratio = value / ceiling;
+    std::printf("  %-44s %9.1f %s   ceiling %9.1f %s   ratio %.3f\n", name.c_str(), value, unit,
+                ceiling, unit, ratio);
+    std::fflush(stdout);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "{\"name\": \"%s\", \"value\": %.3f, \"ceiling\": %.3f, \"unit\": \"%s\", "
+                  "\"ratio\": %.4f}",
+                  name.c_str(), value, ceiling, unit, ratio);
+    json.push_back(line);
+  }
+};
+
+double GBs(uint64_t bytes, double seconds) {
+  return bytes / seconds / 1e9;
+}
+
+// Device→device: plan copy kernel (and copy engine for reference) against one memcpy.
+double DeviceCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions& options,
+                    Report& report) {
+  DeviceMemory src(total), dst(total);
+  Fill(src.get(), total, 1);
+  const double one = timer.MedianSeconds([&] {
+    BENCH_CUDA(
+        cudaMemcpyAsync(dst.get(), src.get(), total, cudaMemcpyDeviceToDevice, timer.stream));
+  });
+  const double ceiling = GBs(2 * total, one);  // bytes read + written
+  std::printf("device copy ceiling: cudaMemcpyAsync d2d of %.2f GiB: %.1f GB/s (read + write)\n",
+              total / 1073741824.0, ceiling);
+  auto copier = kernels::PlanCopier::Create(options);
+  Check(copier.status(), "plan copier");
+  for (uint64_t page : {uint64_t{64} << 10, uint64_t{16} << 10}) {
+    const auto runs = PageRuns(total, page, static_cast<uint32_t>(page));
+    const double kernel = timer.MedianSeconds(
+        [&] { Check((*copier)->Copy(src.get(), dst.get(), runs, timer.stream), "plan copy"); });
+    const double engine = timer.MedianSeconds([&] {
+      Check(kernels::LaunchBatchCopy(src.get(), dst.get(), runs, timer.stream), "batch copy");
+    });
+    const std::string tag = std::to_string(page >> 10) + "KiB pages d2d";
+    report.Add("plan copy kernel, " + tag, GBs(2 * total, kernel), ceiling, "GB/s");
+    report.Add("copy engine batch, " + tag, GBs(2 * total, engine), ceiling, "GB/s");
+  }
+  return ceiling;
+}
+
+// Device↔pinned host: the chosen path, against one big pinned memcpy and one memcpy a page.
+void HostCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions& options,
+                Report& report) {
+  DeviceMemory dev(total);
+  PinnedMemory host(total);
+  Fill(dev.get(), total, 2);
+  auto copier = kernels::PlanCopier::Create(options);
+  Check(copier.status(), "plan copier");
+  for (bool to_host : {true, false}) {
+    const char* way = to_host ? "d2h" : "h2d";
+    const CopyDirection direction =
+        to_host ? CopyDirection::kDeviceToHost : CopyDirection::kHostToDevice;
+    unsigned char* src = to_host ? dev.get() : host.get();
+    unsigned char* dst = to_host ? host.get() : dev.get();
+    const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    const double one = timer.MedianSeconds(
+        [&] { BENCH_CUDA(cudaMemcpyAsync(dst, src, total, kind, timer.stream)); });
+    const double ceiling = GBs(total, one);
+    std::printf("%s ceiling: one pinned cudaMemcpyAsync of %.2f GiB: %.1f GB/s\n", way,
+                total / 1073741824.0, ceiling);
+    for (uint64_t page : {uint64_t{64} << 10, uint64_t{16} << 10}) {
+      const auto runs = PageRuns(total, page, static_cast<uint32_t>(page) + 7);
+      const CopyPath path = kernels::ChooseCopyPath(runs, direction, timer.stream);
+      const double kernel = timer.MedianSeconds(
+          [&] { Check((*copier)->Copy(src, dst, runs, timer.stream), "plan copy"); });
+      const double engine = timer.MedianSeconds(
+          [&] { Check(kernels::LaunchBatchCopy(src, dst, runs, timer.stream), "batch copy"); });
+      const double per_page = timer.MedianSeconds([&] {
+        for (const Run& r : runs) {
+          BENCH_CUDA(cudaMemcpyAsync(dst + r.dst_offset, src + r.src_offset, r.length, kind,
+                                     timer.stream));
+        }
+      });
+      const double chosen = path == CopyPath::kKernel ? kernel : engine;
+      const std::string tag = std::string(way) + " " + std::to_string(page >> 10) + "KiB pages";
+      report.Add("plan copy kernel, " + tag, GBs(total, kernel), ceiling, "GB/s");
+      report.Add("copy engine batch, " + tag, GBs(total, engine), ceiling, "GB/s");
+      report.Add("one cudaMemcpyAsync a page, " + tag, GBs(total, per_page), ceiling, "GB/s");
+      std::printf("  chosen path for %s: %s, %.2fx the per-page memcpy loop\n", tag.c_str(),
+                  kernels::CopyPathName(path), per_page / chosen);
+    }
+  }
+}
+
+void Attention(Timer& timer, int64_t batch, int64_t context, double copy_ceiling, Report& report) {
+  constexpr int64_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
+  const int64_t blocks_per_seq = context / kBlockSize;
+  kernels::StridedKv kv;  // one layer of LBNHC, K and V packed in C
+  kv.layers = 1;
+  kv.blocks = batch * blocks_per_seq;
+  kv.heads = kKvHeads;
+  kv.block_size = kBlockSize;
+  kv.content_bytes = 2 * kHeadDim * 2;
+  kv.head_stride = kv.content_bytes;
+  kv.token_stride = kv.heads * kv.head_stride;
+  kv.block_stride = kv.block_size * kv.token_stride;
+  kv.layer_stride = kv.blocks * kv.block_stride;
+  kv.span_bytes = kv.layer_stride;
+  auto paged = kernels::SplitKv(kv, kHeadDim, kernels::DType::kBFloat16);
+  Check(paged.status(), "kv view");
+  DeviceMemory cache(kv.span_bytes), query(batch * kQHeads * kHeadDim * 2),
+      out(batch * kQHeads * kHeadDim * 2), table(kv.blocks * 4), lens(batch * 4);
+  Fill(cache.get(), kv.span_bytes, 3);
+  Fill(query.get(), batch * kQHeads * kHeadDim * 2, 4);
+  std::vector<int32_t> ids(kv.blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(5));
+  const std::vector<int32_t> seq_lens(batch, static_cast<int32_t>(context));
+  BENCH_CUDA(cudaMemcpy(table.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(lens.get(), seq_lens.data(), batch * 4, cudaMemcpyHostToDevice));
+  kernels::DecodeAttentionArgs args;
+  args.query = query.get();
+  args.out = out.get();
+  args.block_table = reinterpret_cast<int32_t*>(table.get());
+  args.block_table_stride = blocks_per_seq;
+  args.seq_lens = reinterpret_cast<int32_t*>(lens.get());
+  args.num_seqs = batch;
+  args.num_q_heads = kQHeads;
+  args.max_seq_len = context;
+  args.scale = 0.08838834764f;
+  const uint64_t ws_bytes = kernels::DecodeAttentionWorkspaceBytes(*paged, args);
+  DeviceMemory workspace(ws_bytes);
+  const double seconds = timer.MedianSeconds([&] {
+    Check(kernels::LaunchDecodeAttention(*paged, cache.get(), args, workspace.get(), ws_bytes,
+                                         timer.stream),
+          "decode attention");
+  });
+  const uint64_t kv_bytes = static_cast<uint64_t>(batch) * context * kKvHeads * kHeadDim * 2 * 2;
+  report.Add("decode attention bf16 b" + std::to_string(batch) + " ctx " + std::to_string(context) +
+                 " (" + std::to_string(seconds * 1e6).substr(0, 7) + " us)",
+             GBs(kv_bytes, seconds), copy_ceiling, "GB/s");
+}
+
+int KernelsMain(int argc, char** argv) {
+  cli::Flags flags({
+      {"json", "also print the figures as one JSON object on the last line", true},
+      {"bytes", "bytes of each device-to-device copy case (default 1G)"},
+      {"host-bytes", "bytes of each pinned host copy case (default 512M)"},
+      {"batch", "sequences in the attention cases (default 64)"},
+      {"contexts", "attention context lengths, e.g. 1024,8192,32768 (the default)"},
+      {"iters", "timed runs per figure; the median is reported (default 20)"},
+      {"max-ctas", "grid cap of the plan copy kernel; 0 = one CTA per SM (default)"},
+      {"help", "show this help", true},
+  });
+  if (Status s = flags.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "kvbench kernels: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (flags.has("help")) {
+    std::printf(
+        "kvbench kernels — the GPU kernels of kvd on the current device, each figure beside a\n"
+        "ceiling measured in the same run (see benchmarks/kernels.md for recorded figures).\n\n"
+        "  plan copy d2d of random 64 KiB / 16 KiB pages vs one cudaMemcpyAsync d2d (read+write)\n"
+        "  d2h / h2d pinned pages vs one large pinned cudaMemcpyAsync, and vs one memcpy a page\n"
+        "  decode attention (bf16, 32 q heads / 8 kv heads, head_dim 128) K/V bytes read per\n"
+        "  second vs the d2d copy bandwidth\n\nflags:\n%s",
+        flags.Help().c_str());
+    return 0;
+  }
+  auto bytes = flags.bytes("bytes", 1ull << 30);
+  auto host_bytes = flags.bytes("host-bytes", 512ull << 20);
+  auto batch = flags.integer("batch", 64, 1, 4096);
+  auto iters = flags.integer("iters", 20, 1, 10000);
+  auto max_ctas = flags.integer("max-ctas", 0, 0, 1 << 20);
+  std::vector<int64_t> contexts = {1024, 8192, 32768};
+  if (flags.has("contexts")) {
+    auto list = flags.int_list("contexts");
+    if (!list.ok()) {
+      std::fprintf(stderr, "kvbench kernels: %s\n", list.status().ToString().c_str());
+      return 2;
+    }
+    contexts = *list;
+  }
+  for (const Status& s :
+       {bytes.status(), host_bytes.status(), batch.status(), iters.status(), max_ctas.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvbench kernels: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
+  for (int64_t c : contexts) {
+    if (c < 16 || c % 16 != 0 || c > (1 << 22)) {
+      std::fprintf(stderr, "kvbench kernels: context %lld must be a multiple of 16 in [16, 4M]\n",
+                   static_cast<long long>(c));
+      return 2;
+    }
+  }
+  if (*bytes < (1 << 20) || *host_bytes < (1 << 20)) {
+    std::fprintf(stderr, "kvbench kernels: --bytes and --host-bytes must be at least 1M\n");
+    return 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "kvbench kernels: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / 1073741824.0);
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Timer timer{stream, static_cast<int>(*iters)};
+  const kernels::PlanCopyOptions options{static_cast<int>(*max_ctas)};
+  Report report;
+  std::printf("[1/3] device-to-device plan copy\n");
+  const double copy_ceiling = DeviceCopies(timer, *bytes & ~((64ull << 10) - 1), options, report);
+  std::printf("[2/3] pinned host copies\n");
+  HostCopies(timer, *host_bytes & ~((64ull << 10) - 1), options, report);
+  std::printf("[3/3] decode attention (ceiling: the d2d copy bandwidth above)\n");
+  for (int64_t context : contexts) Attention(timer, *batch, context, copy_ceiling, report);
+  cudaStreamDestroy(stream);
+  if (flags.has("json")) {
+    std::string all = "{\"device\": \"" + std::string(prop.name) + "\", \"figures\": [";
+    for (size_t i = 0; i < report.json.size(); ++i) all += (i ? ", " : "") + report.json[i];
+    std::printf("%s]}\n", all.c_str());
+  }
+  return 0;
+}
+
+const bool registered = cli::Register(
+    {"kernels", "GPU kernels: plan copy, host copies, decode attention vs their ceilings",
+     &KernelsMain});
+
+}  // namespace
+}  // namespace kv::bench

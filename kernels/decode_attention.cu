@@ -291,6 +291,9 @@ Status LaunchDecodeAttention(const PagedKv& kv, const void* layer_base,
                                    std::to_string(kv.heads) + " kv heads");
   }
   if (args.num_seqs == 0) return Status::Ok();
+  if (args.num_seqs > 65535 || kv.heads * ((args.num_q_heads / kv.heads + 7) / 8) > 65535) {
+    return Status::Unsupported("decode attention launches at most 65535 sequences and head chunks");
+  }
   if (args.max_seq_len < 0 || args.max_seq_len > (int64_t{1} << 30)) {
     return Status::InvalidArgument("max_seq_len out of range");
   }

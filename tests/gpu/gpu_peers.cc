@@ -1,0 +1,274 @@
+#include "tests/gpu/gpu_peers.h"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "transport/codec.h"
+#include "transport/transport.h"
+
+namespace kv::transport::gputest {
+namespace {
+
+using namespace std::chrono_literals;
+
+enum Verb : uint32_t { kTransfer = 1, kWaitNote, kDump, kExit };
+
+constexpr auto kBound = 60s;
+
+std::string EncodeStatus(const Status& s) {
+  return ByteWriter().u32(static_cast<uint32_t>(s.code())).bytes(s.message()).take();
+}
+
+Status DecodeStatus(std::string_view blob) {
+  ByteReader r(blob);
+  uint32_t code = 0;
+  std::string_view message;
+  if (!r.u32(&code) || !r.bytes(&message)) return Status::Internal("bad status from child");
+  if (code == 0) return Status::Ok();
+  return Status(static_cast<Code>(code), std::string(message));
+}
+
+std::string EncodeRuns(const std::vector<Run>& runs) {
+  ByteWriter w;
+  w.u64(runs.size());
+  for (const Run& r : runs) w.u64(r.src_offset).u64(r.dst_offset).u64(r.length);
+  return w.take();
+}
+
+std::vector<Run> DecodeRuns(std::string_view blob) {
+  ByteReader r(blob);
+  uint64_t n = 0;
+  std::vector<Run> runs;
+  if (!r.u64(&n)) return runs;
+  runs.resize(n);
+  for (Run& run : runs) {
+    if (!r.u64(&run.src_offset) || !r.u64(&run.dst_offset) || !r.u64(&run.length)) return {};
+  }
+  return runs;
+}
+
+// The child's side: owns CUDA, the transport and the buffer.
+class PeerBody {
+ public:
+  PeerBody(Channel& channel, const SideSpec& spec) : channel_(channel), spec_(spec) {}
+
+  int Run() {
+    if (cudaSetDevice(spec_.device) != cudaSuccess) return 2;
+    if (cudaMalloc(&buffer_, spec_.bytes) != cudaSuccess) return 3;
+    std::vector<uint8_t> host(spec_.bytes);
+    for (uint64_t i = 0; i < host.size(); ++i) host[i] = PatternByte(i, spec_.seed);
+    if (cudaMemcpy(buffer_, host.data(), host.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+      return 3;
+    }
+    TransportOptions options;
+    options.settings = {{"device", std::to_string(spec_.device)},
+                        {"staging_bytes", "65536"},  // many chunks: exercises slot reuse
+                        {"timeout_ms", "20000"}};
+    auto transport = CreateTransport(spec_.backend, options);
+    if (!transport.ok()) {
+      (void)channel_.Send(EncodeStatus(transport.status()));
+      return 4;
+    }
+    transport_ = std::move(transport).value();
+    transport_->set_notification_handler([this](std::string_view note) {
+      std::lock_guard lock(mu_);
+      notes_.emplace_back(note);
+    });
+    auto registration =
+        transport_->register_memory(buffer_, spec_.bytes, MemoryLocation::Cuda(spec_.device));
+    if (!registration.ok()) {
+      (void)channel_.Send(EncodeStatus(registration.status()));
+      return 5;
+    }
+    registration_ = std::move(registration).value();
+    ByteWriter hello;
+    hello.u32(0).bytes(transport_->address()).bytes(registration_->packed_descriptor());
+    if (!channel_.Send(hello.take()).ok()) return 6;
+    return Serve();
+  }
+
+ private:
+  int Serve() {
+    while (true) {
+      auto command = channel_.Receive(Clock::now() + 300s);
+      if (!command.ok()) return 7;
+      ByteReader r(*command);
+      uint32_t verb = 0;
+      if (!r.u32(&verb)) return 8;
+      switch (verb) {
+        case kTransfer:
+          (void)channel_.Send(EncodeStatus(DoTransfer(r)));
+          break;
+        case kWaitNote: {
+          std::string_view text;
+          r.bytes(&text);
+          (void)channel_.Send(EncodeStatus(AwaitNote(std::string(text))));
+          break;
+        }
+        case kDump: {
+          std::string bytes(spec_.bytes, '\0');
+          cudaDeviceSynchronize();
+          cudaMemcpy(bytes.data(), buffer_, bytes.size(), cudaMemcpyDeviceToHost);
+          (void)channel_.Send(bytes);
+          break;
+        }
+        case kExit:
+          registration_.reset();
+          transport_.reset();
+          cudaFree(buffer_);
+          return 0;
+        default:
+          return 8;
+      }
+    }
+  }
+
+  Status DoTransfer(ByteReader& r) {
+    uint32_t op = 0, wait_for_dead = 0;
+    std::string_view address, descriptor, runs_blob, note;
+    if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.bytes(&address) || !r.bytes(&descriptor) ||
+        !r.bytes(&runs_blob) || !r.bytes(&note)) {
+      return Status::Internal("bad transfer command");
+    }
+    auto known = peers_.find(std::string(address));
+    if (known == peers_.end()) {
+      KV_ASSIGN_OR_RETURN(PeerId id, transport_->connect(address));
+      known = peers_.emplace(std::string(address), id).first;
+    }
+    const PeerId peer = known->second;
+    if (wait_for_dead) {
+      const auto until = Clock::now() + 20s;
+      while (transport_->notify(peer, "ping").ok()) {
+        if (Clock::now() > until) return Status::Internal("peer never seen dead");
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    KV_ASSIGN_OR_RETURN(auto remote, transport_->import_remote(peer, descriptor));
+    std::vector<kv::Run> runs = DecodeRuns(runs_blob);
+    auto promise = std::make_shared<std::promise<Status>>();
+    auto future = promise->get_future();
+    Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs, Clock::now() + 20s};
+    KV_RETURN_IF_ERROR(transport_->post(batch, [promise](Status s) { promise->set_value(s); }));
+    if (future.wait_for(kBound) != std::future_status::ready) {
+      return Status::Internal("no completion within the bound");
+    }
+    KV_RETURN_IF_ERROR(future.get());
+    if (!note.empty()) KV_RETURN_IF_ERROR(transport_->notify(peer, std::string(note)));
+    remotes_.push_back(std::move(remote));  // batches may still name it until the peer is done
+    return Status::Ok();
+  }
+
+  Status AwaitNote(const std::string& text) {
+    const auto until = Clock::now() + kBound;
+    while (Clock::now() < until) {
+      {
+        std::lock_guard lock(mu_);
+        for (const std::string& n : notes_) {
+          if (n == text) return Status::Ok();
+        }
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return Status::Timeout("notification '" + text + "' never arrived");
+  }
+
+  Channel& channel_;
+  SideSpec spec_;
+  void* buffer_ = nullptr;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<MemoryRegistration> registration_;
+  std::map<std::string, PeerId> peers_;
+  std::vector<std::unique_ptr<RemoteMemory>> remotes_;
+  std::mutex mu_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
+
+uint8_t PatternByte(uint64_t i, int seed) {
+  if (seed < 0) return kUntouched;
+  return static_cast<uint8_t>((i * 2654435761u + static_cast<uint64_t>(seed) * 97) >> 5);
+}
+
+int DeviceCount() {
+  static const int count = [] {
+    auto child = ChildProcess::Start([](Channel& channel) {
+      int n = 0;
+      if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+      return channel.Send(std::to_string(n)).ok() ? 0 : 1;
+    });
+    if (!child.ok()) return 0;
+    auto reply = (*child)->channel().Receive(Clock::now() + 60s);
+    return reply.ok() ? std::stoi(*reply) : 0;
+  }();
+  return count;
+}
+
+Result<Peer> StartPeer(const SideSpec& spec) {
+  KV_ASSIGN_OR_RETURN(auto process, ChildProcess::Start([spec](Channel& channel) {
+                        return PeerBody(channel, spec).Run();
+                      }));
+  auto received = process->channel().Receive(Clock::now() + kBound);
+  if (!received.ok()) return received.status();
+  const std::string& hello = *received;
+  ByteReader r(hello);
+  uint32_t code = 0;
+  std::string_view address, descriptor;
+  if (!r.u32(&code)) return Status::Internal("empty hello from child");
+  if (code != 0) return DecodeStatus(hello).WithContext("child set-up");
+  if (!r.bytes(&address) || !r.bytes(&descriptor)) return Status::Internal("bad hello");
+  return Peer{std::move(process), std::string(address), std::string(descriptor)};
+}
+
+Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& runs,
+                const std::string& note, bool wait_for_dead,
+                const std::string& descriptor_override) {
+  std::string command =
+      ByteWriter()
+          .u32(kTransfer)
+          .u32(static_cast<uint32_t>(op))
+          .u32(wait_for_dead ? 1 : 0)
+          .bytes(target.address)
+          .bytes(descriptor_override.empty() ? target.descriptor : descriptor_override)
+          .bytes(EncodeRuns(runs))
+          .bytes(note)
+          .take();
+  KV_RETURN_IF_ERROR(mover.process->channel().Send(command));
+  KV_ASSIGN_OR_RETURN(std::string reply, mover.process->channel().Receive(Clock::now() + 90s));
+  return DecodeStatus(reply);
+}
+
+Status WaitForNote(Peer& peer, const std::string& text) {
+  KV_RETURN_IF_ERROR(peer.process->channel().Send(ByteWriter().u32(kWaitNote).bytes(text).take()));
+  KV_ASSIGN_OR_RETURN(std::string reply, peer.process->channel().Receive(Clock::now() + 90s));
+  return DecodeStatus(reply);
+}
+
+Result<std::vector<uint8_t>> Dump(Peer& peer) {
+  KV_RETURN_IF_ERROR(peer.process->channel().Send(ByteWriter().u32(kDump).take()));
+  KV_ASSIGN_OR_RETURN(std::string bytes, peer.process->channel().Receive(Clock::now() + kBound));
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+Status Stop(Peer& peer) {
+  KV_RETURN_IF_ERROR(peer.process->channel().Send(ByteWriter().u32(kExit).take()));
+  KV_ASSIGN_OR_RETURN(int code, peer.process->Wait(Clock::now() + kBound));
+  return code == 0 ? Status::Ok() : Status::Internal("child exited with " + std::to_string(code));
+}
+
+std::vector<uint8_t> Expected(uint64_t bytes, int src_seed, const std::vector<Run>& runs) {
+  std::vector<uint8_t> out(bytes, kUntouched);
+  for (const Run& r : runs) {
+    for (uint64_t i = 0; i < r.length; ++i) {
+      out[r.dst_offset + i] = PatternByte(r.src_offset + i, src_seed);
+    }
+  }
+  return out;
+}
+
+}  // namespace kv::transport::gputest

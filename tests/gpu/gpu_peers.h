@@ -1,0 +1,65 @@
+// Two-process harness for the GPU transport tests: forked children that each own a CUDA device,
+// a transport and one registered buffer, driven by the test process over a ChildProcess channel.
+//
+// The test process never initialises CUDA itself (a process that did cannot fork children that
+// use it): even the device count is asked of a child. Every wait is bounded; ~ChildProcess kills
+// and reaps children on every path.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layout/plan.h"
+#include "transport/child_process.h"
+
+namespace kv::transport::gputest {
+
+// CUDA devices visible to a child process; 0 when CUDA is missing or fails.
+int DeviceCount();
+
+// What a child sets up: `bytes` of device memory on `device`, filled with PatternByte(i, seed)
+// when seed ≥ 0 and with kUntouched otherwise, registered with `backend`.
+struct SideSpec {
+  std::string backend;
+  int device = 0;
+  uint64_t bytes = 0;
+  int seed = -1;
+};
+
+inline constexpr uint8_t kUntouched = 0xEE;
+uint8_t PatternByte(uint64_t i, int seed);
+
+// A running child and what it announced.
+struct Peer {
+  std::unique_ptr<ChildProcess> process;
+  std::string address;
+  std::string descriptor;
+};
+
+// Starts a child that serves the commands below for its buffer.
+Result<Peer> StartPeer(const SideSpec& spec);
+
+// Tells `mover` to connect to `target` (cached per address), import its descriptor and post one
+// batch of `runs` (kPut: local → target; kGet: target → local), wait for it, then send `note` to
+// the target when not empty. With wait_for_dead, the mover first polls until its transport
+// reports the target gone. Returns the status the mover saw (the post's, or the completion's).
+Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& runs,
+                const std::string& note = "", bool wait_for_dead = false,
+                const std::string& descriptor_override = "");
+
+// Waits (bounded) until the child received notification `text`.
+Status WaitForNote(Peer& peer, const std::string& text);
+
+// The child's buffer, copied to the host.
+Result<std::vector<uint8_t>> Dump(Peer& peer);
+
+// Asks the child to exit and reaps it.
+Status Stop(Peer& peer);
+
+// The buffer a destination holds after `runs` copied from a PatternByte(seed) source into a
+// kUntouched one of `bytes`.
+std::vector<uint8_t> Expected(uint64_t bytes, int src_seed, const std::vector<Run>& runs);
+
+}  // namespace kv::transport::gputest

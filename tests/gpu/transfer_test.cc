@@ -1,0 +1,169 @@
+// The cuda_ipc and nccl backends between processes, each on its own GPU: a plan that converts
+// layouts (LBNHC → BLHNC, random block ids, a partial last block) put and got, TP 1→2, bounds
+// and malformed descriptors refused, and a killed peer failing batches instead of hanging.
+//
+// The bytes are checked by the test process against the plan applied on the host; the
+// receiving side reads its memory only after the sender's notification, which checks that a
+// notification follows the data.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "layout/kv_region.h"
+#include "layout/plan.h"
+#include "tests/gpu/gpu_peers.h"
+
+namespace kv::transport::gputest {
+namespace {
+
+constexpr int kSrcSeed = 7;
+
+LayoutSpec Spec(const std::string& order, int64_t blocks, int64_t heads, int tp_rank = 0,
+                int tp_size = 1) {
+  LayoutSpec s;
+  s.order = order;
+  s.layers = 4;
+  s.blocks = blocks;
+  s.heads = heads;
+  s.block_size = 16;
+  s.content_bytes = 256;  // K and V of head_dim 64 in bf16
+  s.tp_rank = tp_rank;
+  s.tp_size = tp_size;
+  return s;
+}
+
+std::vector<int64_t> RandomBlocks(int64_t count, int64_t of, uint32_t seed) {
+  std::vector<int64_t> all(of);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), std::mt19937(seed));
+  all.resize(count);
+  return all;
+}
+
+struct Planned {
+  uint64_t src_bytes = 0;
+  uint64_t dst_bytes = 0;
+  std::vector<Run> runs;
+};
+
+Planned PlanFor(const LayoutSpec& src_spec, const LayoutSpec& dst_spec, int64_t tokens) {
+  auto src = KvRegion::Create(src_spec);
+  auto dst = KvRegion::Create(dst_spec);
+  EXPECT_TRUE(src.ok() && dst.ok());
+  const int64_t blocks = (tokens + 15) / 16;
+  auto src_blocks = RandomBlocks(blocks, src_spec.blocks, 1);
+  auto dst_blocks = RandomBlocks(blocks, dst_spec.blocks, 2);
+  TransferSpec t;
+  t.src_blocks = src_blocks;
+  t.dst_blocks = dst_blocks;
+  t.tokens = tokens;
+  auto plan = PlanTransfer(*src, *dst, t);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  return {src->span_bytes(), dst->span_bytes(), plan.ok() ? plan->runs : std::vector<Run>{}};
+}
+
+class GpuTransferTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  }
+  Peer Start(int device, uint64_t bytes, int seed) {
+    auto peer = StartPeer({GetParam(), device, bytes, seed});
+    EXPECT_TRUE(peer.ok()) << peer.status().ToString();
+    return peer.ok() ? std::move(*peer) : Peer{};
+  }
+};
+
+TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
+  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("BLHNC", 40, 4), 200);
+  ASSERT_GT(p.runs.size(), 1u);
+  Peer sender = Start(0, p.src_bytes, kSrcSeed);
+  Peer receiver = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+
+  Status put = Transfer(sender, receiver, Op::kPut, p.runs, "layer-done");
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  Status noted = WaitForNote(receiver, "layer-done");
+  ASSERT_TRUE(noted.ok()) << noted.ToString();
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+
+  // Nothing moves for a run past the peer's registration, nor for a forged descriptor.
+  std::vector<kv::Run> outside = {{0, p.dst_bytes - 8, 16}};
+  EXPECT_EQ(Code::kOutOfRange, Transfer(sender, receiver, Op::kPut, outside).code());
+  EXPECT_EQ(Code::kInvalidArgument,
+            Transfer(sender, receiver, Op::kPut, p.runs, "", false, "forged").code());
+  EXPECT_TRUE(Stop(sender).ok());
+  EXPECT_TRUE(Stop(receiver).ok());
+}
+
+TEST_P(GpuTransferTest, GetPullsIntoTheCallersLayout) {
+  Planned p = PlanFor(Spec("BLHNC", 24, 4), Spec("LBNHC", 48, 4), 333);
+  Peer holder = Start(0, p.src_bytes, kSrcSeed);
+  Peer puller = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(holder.process && puller.process);
+  Status got = Transfer(puller, holder, Op::kGet, p.runs);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  auto bytes = Dump(puller);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  EXPECT_TRUE(Stop(holder).ok());
+  EXPECT_TRUE(Stop(puller).ok());
+}
+
+TEST_P(GpuTransferTest, OnePrefillRankFeedsTwoDecodeRanks) {
+  Planned to0 = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 0, 2), 100);
+  Planned to1 = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 1, 2), 100);
+  Peer prefill = Start(0, to0.src_bytes, kSrcSeed);
+  Peer decode0 = Start(1, to0.dst_bytes, -1);
+  Peer decode1 = Start(1, to1.dst_bytes, -1);
+  ASSERT_TRUE(prefill.process && decode0.process && decode1.process);
+  ASSERT_TRUE(Transfer(prefill, decode0, Op::kPut, to0.runs, "done").ok());
+  ASSERT_TRUE(Transfer(prefill, decode1, Op::kPut, to1.runs, "done").ok());
+  ASSERT_TRUE(WaitForNote(decode0, "done").ok());
+  ASSERT_TRUE(WaitForNote(decode1, "done").ok());
+  auto bytes0 = Dump(decode0);
+  auto bytes1 = Dump(decode1);
+  ASSERT_TRUE(bytes0.ok() && bytes1.ok());
+  EXPECT_TRUE(*bytes0 == Expected(to0.dst_bytes, kSrcSeed, to0.runs));
+  EXPECT_TRUE(*bytes1 == Expected(to1.dst_bytes, kSrcSeed, to1.runs));
+  // The two ranks got different heads of the same tokens.
+  EXPECT_NE(to0.runs.front().src_offset, to1.runs.front().src_offset);
+}
+
+TEST_P(GpuTransferTest, KilledPeerFailsTheBatchInsteadOfHanging) {
+  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
+  Peer sender = Start(0, p.src_bytes, kSrcSeed);
+  Peer receiver = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());  // the path works first
+  receiver.process->Kill();
+  Status after = Transfer(sender, receiver, Op::kPut, p.runs, "", /*wait_for_dead=*/true);
+  EXPECT_EQ(Code::kUnavailable, after.code()) << after.ToString();
+  EXPECT_TRUE(Stop(sender).ok());
+}
+
+// NCCL has a batch in flight (header sent, ncclSend enqueued) when it learns the peer died: the
+// side channel's EOF must abort the communicator and fail the batch, not leave it spinning.
+TEST(GpuNcclTest, PeerKilledWithoutWarningFailsTheNextBatch) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
+  auto sender = StartPeer({"nccl", 0, p.src_bytes, kSrcSeed});
+  auto receiver = StartPeer({"nccl", 1, p.dst_bytes, -1});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  ASSERT_TRUE(Transfer(*sender, *receiver, Op::kPut, p.runs).ok());
+  receiver->process->Kill();
+  Status after = Transfer(*sender, *receiver, Op::kPut, p.runs);
+  EXPECT_TRUE(after.code() == Code::kUnavailable || after.code() == Code::kTimeout)
+      << after.ToString();
+  EXPECT_TRUE(Stop(*sender).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GpuTransferTest, ::testing::Values("cuda_ipc", "nccl"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kv::transport::gputest

@@ -12,7 +12,8 @@ namespace kv::offload {
 // machines without a driver or a device).
 bool CudaDevicePresent();
 
-// Page-locks [base, base + bytes) for DMA from every device (cudaHostRegister, portable).
+// Page-locks [base, base + bytes) for DMA from every device and maps it for kernels: under
+// unified addressing the host pointer itself is valid on the device (cudaHostRegister, portable).
 // kUnsupported without CUDA; kUnavailable with the driver's message when registration fails.
 Status CudaHostRegister(void* base, uint64_t bytes);
 // Undoes CudaHostRegister(base, ...). Never fails: an error here only leaks the registration.

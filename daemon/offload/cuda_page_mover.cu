@@ -90,12 +90,10 @@ class CudaPageMover final : public PageMover {
     // after the phases already on the stream have landed.
     std::deque<Pending> entries;
     for (size_t p = 0; p < job.phases.size(); ++p) {
-      Pending entry{state, nullptr, p, p + 1 == job.phases.size(), Status::Ok()};
-      entry.error = Enqueue(job.src_base, job.dst_base, job.phases[p], direction);
-      if (entry.error.ok()) entry.error = RecordEvent(&entry.event);
-      bool failed = !entry.error.ok();
-      if (failed) entry.last = true;
-      entries.push_back(std::move(entry));
+      cudaEvent_t event = nullptr;
+      Status error = EnqueuePhase(job.src_base, job.dst_base, job.phases[p], direction, &event);
+      const bool failed = !error.ok();
+      entries.push_back({state, event, p, failed || p + 1 == job.phases.size(), std::move(error)});
       if (failed) break;
     }
     if (entries.empty()) entries.push_back({state, nullptr, 0, true, Status::Ok()});
@@ -117,13 +115,16 @@ class CudaPageMover final : public PageMover {
         copier_(std::move(copier)),
         completer_([this] { Complete(); }) {}
 
-  Status Enqueue(const std::byte* src, std::byte* dst, const std::vector<Run>& runs,
-                 kernels::CopyDirection direction) {
-    if (runs.empty()) return Status::Ok();
-    if (kernels::ChooseCopyPath(runs, direction, stream_) == kernels::CopyPath::kCopyEngine) {
-      return kernels::LaunchBatchCopy(src, dst, runs, stream_);
+  // Puts one phase's copies on the stream and records the event that marks their end.
+  Status EnqueuePhase(const std::byte* src, std::byte* dst, const std::vector<Run>& runs,
+                      kernels::CopyDirection direction, cudaEvent_t* event) {
+    if (!runs.empty()) {
+      const bool dma =
+          kernels::ChooseCopyPath(runs, direction, stream_) == kernels::CopyPath::kCopyEngine;
+      KV_RETURN_IF_ERROR(dma ? kernels::LaunchBatchCopy(src, dst, runs, stream_)
+                             : copier_->Copy(src, dst, runs, stream_));
     }
-    return copier_->Copy(src, dst, runs, stream_);
+    return RecordEvent(event);
   }
 
   Status RecordEvent(cudaEvent_t* event) {
@@ -139,6 +140,14 @@ class CudaPageMover final : public PageMover {
     return Status::Ok();
   }
 
+  // A null event (a job with nothing to copy) has nothing to wait for.
+  static Status WaitAndDestroy(cudaEvent_t event) {
+    if (event == nullptr) return Status::Ok();
+    cudaError_t err = cudaEventSynchronize(event);
+    cudaEventDestroy(event);
+    return err == cudaSuccess ? Status::Ok() : CudaError("copy on the offload stream", err);
+  }
+
   void Complete() {
     cudaSetDevice(device_);
     std::unique_lock lock(mu_);
@@ -148,13 +157,7 @@ class CudaPageMover final : public PageMover {
       Pending entry = std::move(pending_.front());
       pending_.pop_front();
       lock.unlock();
-      Status status = entry.error;
-      if (entry.event != nullptr) {
-        cudaError_t err = cudaEventSynchronize(entry.event);
-        cudaEventDestroy(entry.event);
-        if (err != cudaSuccess && status.ok())
-          status = CudaError("copy on the offload stream", err);
-      }
+      const Status status = entry.error.ok() ? WaitAndDestroy(entry.event) : entry.error;
       JobState& job = *entry.job;
       if (!job.finished) {
         if (status.ok() && job.on_phase) job.on_phase(entry.phase);

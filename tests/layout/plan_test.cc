@@ -231,6 +231,25 @@ TEST(PlanExample, OneLayerAtATime) {
   }
 }
 
+TEST(PlanExample, ManyScatteredBlocks) {
+  // 70000 blocks: destination ids need three radix passes to come out in order.
+  LayoutSpec spec = Llama("LBNHC", 1);
+  spec.layers = 2;
+  spec.blocks = 70000;
+  spec.heads = 1;
+  spec.content_bytes = 2;
+  Request q;
+  q.tokens = 3000;
+  q.src_blocks.clear();
+  q.dst_blocks.clear();
+  for (int64_t t = 0; t < q.tokens; ++t) {
+    q.src_blocks.push_back((t * 7919) % 70000);
+    q.dst_blocks.push_back((t * 30011 + 5) % 70000);
+  }
+  Plan plan = PlanAndCheck(spec, spec, q);
+  EXPECT_EQ(plan.bytes, 2u * 3000 * 2);
+}
+
 TEST(PlanExample, NothingToCopy) {
   KvRegion r = Region(Llama("LBNHC"));
   Request q;

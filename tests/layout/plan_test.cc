@@ -53,6 +53,8 @@ Plan PlanAndCheck(const LayoutSpec& src_spec, const LayoutSpec& dst_spec, const 
       testing::ReferenceBytes(src, dst, q.src_blocks, q.dst_blocks, q.tokens, q.layer_begin, end);
   EXPECT_EQ(testing::PlanBytes(*plan), expected);
   EXPECT_EQ(plan->runs.size(), testing::CountStretches(expected));
+  for (size_t i = 1; i < plan->runs.size(); ++i)
+    EXPECT_LT(plan->runs[i - 1].dst_offset, plan->runs[i].dst_offset) << "run " << i;
   return *plan;
 }
 

@@ -127,9 +127,16 @@ struct PendingGet {
 };
 
 struct PendingRecv {
-  uint64_t seq;
-  uint64_t reply_to;
+  uint64_t seq = 0;
+  uint64_t reply_to = 0;
   CudaEvent landed;
+};
+
+// What the reader hands the receive worker, in arrival order.
+struct Inbound {
+  bool is_comm_init = false;
+  std::string unique_id;
+  DataMsg data;
 };
 
 }  // namespace
@@ -150,17 +157,23 @@ struct Link::Impl {
   std::map<uint64_t, std::pair<Completion, Clock::time_point>> puts;  // awaiting ack; mu
   std::map<uint64_t, PendingGet> gets;                                // awaiting data; mu
   uint64_t next_seq = 1;                                              // guarded by mu
+  std::deque<Inbound> inbound;    // reader -> receive worker; guarded by mu
+  std::deque<PendingRecv> recvs;  // receive worker -> reader, to ack; guarded by mu
   std::thread sender;
   std::thread reader;
+  std::thread receiver;
 
-  // Sender thread only.
-  NcclComm comm_out;
-  std::unique_ptr<Pipeline> out;
-  // Reader thread only.
-  NcclComm comm_in;
-  std::unique_ptr<Pipeline> in;
-  std::deque<PendingRecv> recvs;
-  FrameReader frames;
+  // Each communicator is used by one thread, under its mutex, and aborted by Fail() from any
+  // thread. Those threads can block on the host inside the run copier (it waits for its previous
+  // table upload, which the stream orders behind NCCL work), so only an abort from outside can
+  // free them when the peer is gone; their NCCL waits poll `failed` and let go of the mutex.
+  std::mutex comm_out_mu;
+  NcclComm comm_out;  // sender thread
+  std::mutex comm_in_mu;
+  NcclComm comm_in;               // receive worker
+  std::unique_ptr<Pipeline> out;  // sender thread
+  std::unique_ptr<Pipeline> in;   // receive worker
+  FrameReader frames;             // reader thread
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -177,6 +190,14 @@ struct Link::Impl {
     }
     cv.notify_all();
     ::shutdown(socket.fd(), SHUT_RDWR);  // wakes the reader; the peer sees EOF
+    {
+      std::lock_guard lock(comm_out_mu);
+      comm_out.Abort();
+    }
+    {
+      std::lock_guard lock(comm_in_mu);
+      comm_in.Abort();
+    }
     for (auto& [seq, put] : dead_puts) {
       if (put.first) put.first(why);
     }
@@ -221,7 +242,6 @@ struct Link::Impl {
                         : SendData(job);
       if (!sent.ok()) Fail(Status::Unavailable("nccl send: " + sent.ToString()));
     }
-    comm_out.Abort();
   }
 
   Status SendData(const SendJob& job) {
@@ -231,6 +251,8 @@ struct Link::Impl {
     if (!comm_out.ready()) {
       KV_ASSIGN_OR_RETURN(std::string id, NewUniqueId());
       KV_RETURN_IF_ERROR(socket.SendFrame(EncodeCommInit(id), ControlDeadline()));
+      std::lock_guard lock(comm_out_mu);
+      if (failed) return Status::Aborted("nccl: link failed");
       KV_RETURN_IF_ERROR(comm_out.Init(id, /*rank=*/0, options.device, ControlDeadline(), failed));
     }
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
@@ -243,12 +265,16 @@ struct Link::Impl {
                                            kernels::CopyDirection::kDeviceToDevice, copy));
       KV_RETURN_IF_ERROR(slot.filled.Record(copy));
       KV_RETURN_IF_ERROR(WaitOn(wire, slot.filled));
-      ncclResult_t r = ncclSend(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/1,
-                                comm_out.get(), wire);
-      if (r == ncclInProgress) {
-        KV_RETURN_IF_ERROR(comm_out.WaitEnqueued(job.deadline, failed));
-      } else {
-        KV_RETURN_IF_ERROR(NcclStatus(r, "ncclSend"));
+      {
+        std::lock_guard lock(comm_out_mu);
+        if (failed) return Status::Aborted("nccl: link failed");
+        ncclResult_t r = ncclSend(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/1,
+                                  comm_out.get(), wire);
+        if (r == ncclInProgress) {
+          KV_RETURN_IF_ERROR(comm_out.WaitEnqueued(job.deadline, failed));
+        } else {
+          KV_RETURN_IF_ERROR(NcclStatus(r, "ncclSend"));
+        }
       }
       KV_RETURN_IF_ERROR(slot.drained.Record(wire));
       slot.used = true;
@@ -261,10 +287,10 @@ struct Link::Impl {
   void ReadLoop() {
     cudaSetDevice(options.device);
     while (!failed) {
-      bool busy = !recvs.empty();
+      bool busy = false;
       {
         std::lock_guard lock(mu);
-        busy = busy || !puts.empty() || !gets.empty();
+        busy = !recvs.empty() || !inbound.empty() || !puts.empty() || !gets.empty();
       }
       // With work in flight, look at events and deadlines every millisecond.
       auto wait = busy ? std::chrono::milliseconds(1) : std::chrono::milliseconds(50);
@@ -283,7 +309,39 @@ struct Link::Impl {
       FinishReceives();
       CheckDeadlines();
     }
-    comm_in.Abort();
+  }
+
+  // ---- receive worker: ncclRecv and scatter, in the order the batches were announced ----
+
+  void ReceiveLoop() {
+    cudaSetDevice(options.device);
+    while (true) {
+      Inbound item;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return failed.load() || !inbound.empty(); });
+        if (failed) break;
+        item = std::move(inbound.front());
+        inbound.pop_front();
+      }
+      Status done = item.is_comm_init ? JoinIncoming(item.unique_id) : ReceiveData(item.data);
+      if (!done.ok()) Fail(Status::Unavailable("nccl receive: " + done.ToString()));
+    }
+  }
+
+  Status JoinIncoming(const std::string& unique_id) {
+    std::lock_guard lock(comm_in_mu);
+    if (failed) return Status::Aborted("nccl: link failed");
+    if (comm_in.ready()) return Status::InvalidArgument("second communicator for one link");
+    return comm_in.Init(unique_id, /*rank=*/1, options.device, ControlDeadline(), failed);
+  }
+
+  void Enqueue(Inbound item) {
+    {
+      std::lock_guard lock(mu);
+      inbound.push_back(std::move(item));
+    }
+    cv.notify_all();
   }
 
   Status HandleFrame(const std::string& frame) {
@@ -293,12 +351,13 @@ struct Link::Impl {
         return Status::InvalidArgument("unexpected hello");
       case MsgType::kCommInit: {
         KV_ASSIGN_OR_RETURN(std::string id, DecodeCommInit(frame));
-        if (comm_in.ready()) return Status::InvalidArgument("second communicator for one link");
-        return comm_in.Init(id, /*rank=*/1, options.device, ControlDeadline(), failed);
+        Enqueue(Inbound{true, std::move(id), {}});
+        return Status::Ok();
       }
       case MsgType::kData: {
         KV_ASSIGN_OR_RETURN(DataMsg msg, DecodeData(frame));
-        return ReceiveData(msg);
+        Enqueue(Inbound{false, {}, std::move(msg)});
+        return Status::Ok();
       }
       case MsgType::kAck:
       case MsgType::kGetError: {
@@ -390,7 +449,6 @@ struct Link::Impl {
       return Status::Incompatible("peer chunks of " + std::to_string(msg.chunk_bytes) +
                                   " bytes exceed this side's staging slots");
     }
-    if (!comm_in.ready()) return Status::InvalidArgument("data before the communicator");
     if (!in) {
       KV_ASSIGN_OR_RETURN(in, Pipeline::Create(options.device, options.chunk_bytes));
     }
@@ -399,12 +457,17 @@ struct Link::Impl {
     for (std::vector<Run>& chunk : ChunkRuns(scatter, msg.chunk_bytes)) {
       Slot& slot = in->NextSlot();
       if (slot.used) KV_RETURN_IF_ERROR(WaitOn(wire, slot.drained));
-      ncclResult_t r = ncclRecv(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/0,
-                                comm_in.get(), wire);
-      if (r == ncclInProgress) {
-        KV_RETURN_IF_ERROR(comm_in.WaitEnqueued(ControlDeadline(), failed));
-      } else {
-        KV_RETURN_IF_ERROR(NcclStatus(r, "ncclRecv"));
+      {
+        std::lock_guard lock(comm_in_mu);
+        if (failed) return Status::Aborted("nccl: link failed");
+        if (!comm_in.ready()) return Status::InvalidArgument("data before the communicator");
+        ncclResult_t r = ncclRecv(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/0,
+                                  comm_in.get(), wire);
+        if (r == ncclInProgress) {
+          KV_RETURN_IF_ERROR(comm_in.WaitEnqueued(ControlDeadline(), failed));
+        } else {
+          KV_RETURN_IF_ERROR(NcclStatus(r, "ncclRecv"));
+        }
       }
       KV_RETURN_IF_ERROR(slot.filled.Record(wire));
       KV_RETURN_IF_ERROR(WaitOn(copy, slot.filled));
@@ -416,21 +479,35 @@ struct Link::Impl {
     }
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
+    std::lock_guard lock(mu);
     recvs.push_back(PendingRecv{msg.seq, msg.reply_to, std::move(landed)});
     return Status::Ok();
   }
 
+  // Acks every batch whose scatter finished, in order; the reader never waits on the GPU.
   void FinishReceives() {
-    while (!recvs.empty()) {
-      PendingRecv& front = recvs.front();
-      Result<bool> landed = front.landed.Query();
-      if (!landed.ok()) return Fail(Status::Unavailable("nccl: " + landed.status().ToString()));
-      if (!*landed) return;
-      if (front.reply_to != 0) {
+    while (true) {
+      PendingRecv landed;
+      Status broken;
+      {
+        std::lock_guard lock(mu);
+        if (recvs.empty()) return;
+        Result<bool> done = recvs.front().landed.Query();
+        if (!done.ok()) {
+          broken = done.status();
+        } else if (!*done) {
+          return;
+        } else {
+          landed = std::move(recvs.front());
+          recvs.pop_front();
+        }
+      }
+      if (!broken.ok()) return Fail(Status::Unavailable("nccl: " + broken.ToString()));
+      if (landed.reply_to != 0) {
         Completion done;
         {
           std::lock_guard lock(mu);
-          auto it = gets.find(front.reply_to);
+          auto it = gets.find(landed.reply_to);
           if (it != gets.end()) {
             done = std::move(it->second.done);
             gets.erase(it);
@@ -438,8 +515,7 @@ struct Link::Impl {
         }
         if (done) done(Status::Ok());
       }
-      Status acked = socket.SendFrame(EncodeAck({front.seq, Status::Ok()}), ControlDeadline());
-      recvs.pop_front();
+      Status acked = socket.SendFrame(EncodeAck({landed.seq, Status::Ok()}), ControlDeadline());
       if (!acked.ok()) return Fail(Status::Unavailable("nccl: " + acked.ToString()));
     }
   }
@@ -490,6 +566,7 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
   std::shared_ptr<Link> link(new Link(std::move(impl)));
   raw->sender = std::thread([raw] { raw->SendLoop(); });
   raw->reader = std::thread([raw] { raw->ReadLoop(); });
+  raw->receiver = std::thread([raw] { raw->ReceiveLoop(); });
   return link;
 }
 
@@ -497,6 +574,7 @@ Link::~Link() {
   impl_->Fail(Status::Aborted("nccl: peer disconnected"));
   impl_->sender.join();
   impl_->reader.join();
+  impl_->receiver.join();
 }
 
 Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,

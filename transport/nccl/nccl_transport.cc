@@ -95,7 +95,7 @@ class NcclTransport final : public Transport {
 
   ~NcclTransport() override {
     stop_ = true;
-    acceptor_.join();
+    if (acceptor_.joinable()) acceptor_.join();
     std::lock_guard lock(mu_);
     peers_.clear();
     incoming_.clear();

@@ -10,7 +10,8 @@
 //   kStreaming        destination known (WantRequest); each layer goes out once every prefill
 //                     rank saved it (push) or once every rank finished the request (pull)
 //   kAwaitingConfirm  every layer posted and announced; blocks held until the destination
-//                     confirms, fails, or the lease ends — then the engines hear RequestDone(sent)
+//                     confirms and every rank finished the request, or it fails, or the lease
+//                     ends — then the engines hear RequestDone(sent)
 // Destination side (the kvd of the decode engines):
 //   kGathering        decode ranks call start_load; waits for all tp_size of them
 //   kRequested        WantRequest sent; LayerNotices arrive, each forwarded as LayerReady
@@ -98,9 +99,20 @@ struct SourceRequest {
   std::vector<DestinationRank> destination;
   std::vector<bool> sent;  // per layer
   int batches_in_flight = 0;
+  bool confirmed = false;  // the destination has every layer
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
+
+  // Released only once confirmed and every rank called request_finished: the engine must not
+  // hear "sent" for a request it has not finished, however fast the push was.
+  bool releasable() const {
+    if (!confirmed) return false;
+    for (const auto& [r, rank] : ranks) {
+      if (!rank.finished) return false;
+    }
+    return true;
+  }
 };
 
 struct LoadRank {
@@ -218,6 +230,7 @@ class Daemon::Core {
   uint64_t transfers_failed_ = 0;
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
+  uint64_t runs_sent_ = 0;
 };
 
 // Limits of the engine protocol, shared by validation in several files.

@@ -246,6 +246,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_transfers_failed(transfers_failed_);
   s.set_bytes_sent(bytes_sent_);
   s.set_bytes_received(bytes_received_);
+  s.set_runs_sent(runs_sent_);
   return s;
 }
 

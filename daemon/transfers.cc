@@ -90,11 +90,15 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   SourceRequest& request = it->second;
   if (created) {
     request.id = save.request_id();
+    request.deadline = Clock::now() + options_.lease;
+  }
+  // A request the destination asked for first has no owner yet: the first saving engine's
+  // instance takes it.
+  if (request.instance.empty()) {
     request.instance = engine.instance;
     request.tp_size = engine.tp_size;
     request.layers = layers;
     request.sent.assign(layers, false);
-    request.deadline = Clock::now() + options_.lease;
   } else if (request.instance != engine.instance) {
     return Status::AlreadyExists("request " + request.id + " belongs to instance " +
                                  request.instance);
@@ -130,7 +134,11 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   params.set_peer_address(listen_address_);
   params.set_request_id(m.request_id());
   for (int64_t b : rank.blocks) params.add_remote_block_ids(b);
-  PumpSource(it->second);
+  if (it->second.releasable()) {
+    FinishSource(m.request_id(), Status::Ok(), /*tell_peer=*/false);
+  } else {
+    PumpSource(it->second);
+  }
   return params;
 }
 
@@ -261,6 +269,7 @@ Status Daemon::Core::SendLayer(SourceRequest& request, int layer) {
   }
   request.bytes += layer_bytes;
   request.runs += layer_runs;
+  runs_sent_ += layer_runs;
   proto::LayerNotice notice;
   notice.set_source(options_.name);
   notice.set_request_id(request.id);
@@ -282,7 +291,8 @@ void Daemon::Core::OnBatchDone(const std::string& request_id, const Status& stat
 void Daemon::Core::OnConfirm(Peer& peer, const std::string& request_id) {
   auto it = sources_.find(request_id);
   if (it == sources_.end() || it->second.peer_id != peer.id) return;
-  FinishSource(request_id, Status::Ok(), /*tell_peer=*/false);
+  it->second.confirmed = true;
+  if (it->second.releasable()) FinishSource(request_id, Status::Ok(), /*tell_peer=*/false);
 }
 
 void Daemon::Core::OnPeerFail(Peer& peer, const proto::Fail& fail) {

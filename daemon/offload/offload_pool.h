@@ -40,6 +40,7 @@
 #include "daemon/offload/block_key.h"
 #include "daemon/offload/host_buffer.h"
 #include "daemon/offload/page_mover.h"
+#include "daemon/offload/pool_stats.h"
 #include "daemon/offload/slot_index.h"
 #include "layout/kv_region.h"
 #include "layout/status.h"
@@ -52,22 +53,6 @@ struct PoolOptions {
   // tensor-parallel fields are ignored (the pool is dense; ranks are shards).
   LayoutSpec slot_layout;
   HostBufferOptions memory;
-};
-
-struct PoolStats {
-  uint64_t capacity_bytes = 0;  // slots × slot_bytes
-  uint64_t slot_bytes = 0;
-  uint64_t capacity_slots = 0;
-  uint64_t used_slots = 0;    // stored, being stored or loaded
-  uint64_t pinned_slots = 0;  // being stored or loaded right now
-  uint64_t hits = 0;          // keys Lookup() found in the leading prefix
-  uint64_t misses = 0;        // keys Lookup() was asked for past the prefix
-  uint64_t evictions = 0;
-  uint64_t bytes_in = 0;   // landed in the pool by completed stores
-  uint64_t bytes_out = 0;  // landed in engines by completed loads
-  uint64_t failed_copies = 0;
-  bool huge_pages = false;
-  bool pinned_memory = false;
 };
 
 // The engine side of a store or a load: which of its blocks hold which keys.

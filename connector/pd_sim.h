@@ -1,0 +1,65 @@
+// The P/D engine simulator: prefill and decode engines, one thread per TP rank, each with its
+// own Connector, moving deterministic K/V through two kvds and verifying every byte. Shared by
+// `kvbench pd` (kvds as processes) and the tests (kvds embedded or as processes).
+//
+// Requests run in waves of `window`: every prefill rank writes K/V of each layer of the wave's
+// requests with the token-writing reference kernel and saves the layer (a batched forward pass,
+// layer by layer); every decode rank loads them, waits per layer and verifies its heads of that
+// layer. A wave ends when the sources released every request, so its blocks can be reused.
+// Blocks past the last wave's are guard blocks: they must still be zero at the end.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "connector/connector.h"
+#include "layout/status.h"
+
+namespace kv::connector {
+
+struct PdConfig {
+  int requests = 16;
+  int64_t tokens = 256;
+  int64_t layers = 8;
+  int64_t heads = 8;  // total KV heads of the model
+  int64_t head_dim = 64;
+  int64_t prefill_block_size = 16;
+  int64_t decode_block_size = 16;
+  std::string prefill_order = "LBNHC";
+  std::string decode_order = "LBNHC";
+  int prefill_tp = 1;
+  int decode_tp = 1;
+  bool mla = false;  // one latent "head" replicated on every rank
+  Mode mode = Mode::kPush;
+  int window = 4;  // requests in flight per wave
+  std::chrono::milliseconds timeout{20000};
+};
+
+struct PdResult {
+  int requests = 0;
+  int verified = 0;
+  int failed = 0;
+  uint64_t bytes = 0;  // bytes the decode ranks should hold, summed over verified requests
+  double seconds = 0;
+  std::vector<double> latency_ms;    // per verified request: load start to last layer verified
+  uint64_t guard_bytes_written = 0;  // non-zero bytes found in decode guard blocks
+  std::string first_error;
+};
+
+// Opens one engine's connector: (instance, tp_rank, tp_size) → connector.
+using ConnectorFactory =
+    std::function<Result<std::unique_ptr<Connector>>(const ConnectorOptions& options)>;
+
+// The layouts of rank `rank` of `tp` for this config's prefill (or decode) side.
+Result<LayoutSpec> PdLayout(const PdConfig& config, bool prefill, int rank);
+
+// Runs the simulation; `progress(done, total)` is called from the driver thread after every wave.
+Result<PdResult> RunPd(const PdConfig& config, const ConnectorFactory& prefill,
+                       const ConnectorFactory& decode,
+                       const std::function<void(int, int)>& progress = nullptr);
+
+}  // namespace kv::connector

@@ -1,0 +1,177 @@
+// Two kvd cores in this process, joined by a real TCP peer session on loopback and the `local`
+// transport; engines attach embedded or over the unix socket. Every byte is verified.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "connector/pd_sim.h"
+#include "daemon/daemon.h"
+
+namespace kv {
+namespace {
+
+using connector::Connector;
+using connector::ConnectorOptions;
+using connector::Mode;
+using connector::PdConfig;
+
+struct Case {
+  std::string name;
+  PdConfig config;
+};
+
+PdConfig Small() {
+  PdConfig c;
+  c.requests = 6;
+  c.window = 3;
+  c.tokens = 40;  // not a multiple of the block size: partial last blocks
+  c.layers = 4;
+  c.heads = 4;
+  c.head_dim = 16;
+  c.timeout = std::chrono::milliseconds(10000);
+  return c;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  cases.push_back({"push", Small()});
+  PdConfig pull = Small();
+  pull.mode = Mode::kPull;
+  cases.push_back({"pull", pull});
+  PdConfig tp12 = Small();
+  tp12.decode_tp = 2;
+  cases.push_back({"tp1_to_2", tp12});
+  PdConfig tp21 = Small();
+  tp21.prefill_tp = 2;
+  cases.push_back({"tp2_to_1", tp21});
+  PdConfig convert = Small();
+  convert.decode_order = "BLHNC";
+  cases.push_back({"lbnhc_to_blhnc", convert});
+  PdConfig legacy = Small();
+  legacy.prefill_order = "SBNHC";
+  cases.push_back({"sbnhc_to_lbnhc", legacy});
+  PdConfig mla = Small();
+  mla.mla = true;
+  mla.prefill_tp = 2;
+  mla.decode_tp = 2;
+  cases.push_back({"mla_tp2", mla});
+  PdConfig blocks = Small();
+  blocks.decode_block_size = 32;
+  cases.push_back({"block16_to_32", blocks});
+  PdConfig everything = Small();
+  everything.prefill_tp = 2;
+  everything.decode_block_size = 32;
+  everything.decode_order = "BLHNC";
+  everything.mode = Mode::kPull;
+  cases.push_back({"tp2_blocks32_blhnc_pull", everything});
+  return cases;
+}
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class PdEmbedded : public ::testing::TestWithParam<Case> {};
+
+std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::string& socket) {
+  daemon::DaemonOptions options;
+  options.name = name;
+  options.socket_path = socket;
+  options.transport_name = "local";
+  options.lease = std::chrono::milliseconds(10000);
+  auto d = daemon::Daemon::Start(std::move(options));
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? *d : nullptr;
+}
+
+void ExpectAllVerified(const Result<connector::PdResult>& r, const PdConfig& c) {
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->requests, c.requests);
+  EXPECT_EQ(r->verified, c.requests) << r->first_error;
+  EXPECT_EQ(r->failed, 0) << r->first_error;
+  EXPECT_EQ(r->guard_bytes_written, 0u);
+  EXPECT_GT(r->bytes, 0u);
+}
+
+TEST_P(PdEmbedded, EveryByteArrives) {
+  auto prefill = StartDaemon("prefill-node", "");
+  auto decode = StartDaemon("decode-node", "");
+  ASSERT_TRUE(prefill && decode);
+  const PdConfig& c = GetParam().config;
+  auto r = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ExpectAllVerified(r, c);
+  auto status = prefill->Snapshot();
+  EXPECT_EQ(status.transfers_done(), static_cast<uint64_t>(c.requests));
+  EXPECT_EQ(status.transfers_failed(), 0u);
+  EXPECT_EQ(decode->Snapshot().bytes_received(), r->bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PdEmbedded, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(PdOverSocket, ConnectorsOverTheUnixSocket) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("kvd-test-" + std::to_string(getpid()) + "-socket");
+  std::filesystem::create_directories(dir);
+  auto prefill = StartDaemon("p", (dir / "p.sock").string());
+  auto decode = StartDaemon("d", (dir / "d.sock").string());
+  ASSERT_TRUE(prefill && decode);
+  EXPECT_EQ(std::filesystem::status(dir / "p.sock").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  PdConfig c = Small();
+  c.decode_tp = 2;
+  auto r = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::Open((dir / "p.sock").string(), o); },
+      [&](const ConnectorOptions& o) { return Connector::Open((dir / "d.sock").string(), o); });
+  ExpectAllVerified(r, c);
+  prefill.reset();
+  decode.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PdEmbeddedFailure, LoadFromAnAddressWithNoKvdFailsInBoundedTime) {
+  auto decode = StartDaemon("d", "");
+  ASSERT_TRUE(decode);
+  auto engine = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  LayoutSpec spec;
+  spec.layers = 2;
+  spec.blocks = 8;
+  spec.heads = 2;
+  spec.block_size = 16;
+  spec.content_bytes = 64;
+  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  connector::TransferParams params;
+  params.peer_address = "127.0.0.1:1";  // nothing listens on port 1
+  params.tokens = 16;
+  const std::vector<int64_t> blocks = {3};
+  ASSERT_TRUE((*engine)->StartLoad("r", params, blocks).ok());
+  Status s = (*engine)->WaitLayer("r", 0);
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+  EXPECT_EQ((*engine)->GetFailedBlocks(), blocks);
+}
+
+TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
+  auto d = StartDaemon("d", "");
+  ASSERT_TRUE(d);
+  auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
+  ASSERT_TRUE(engine.ok());
+  LayoutSpec spec;
+  spec.layers = 2;
+  spec.blocks = 8;
+  spec.heads = 2;
+  spec.block_size = 16;
+  spec.content_bytes = 64;
+  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  const std::vector<int64_t> bad = {7, 8};
+  Status s = (*engine)->SaveLayer("r", 0, bad);
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
+  EXPECT_NE(s.message().find("8"), std::string::npos);
+  EXPECT_EQ((*engine)->SaveLayer("r", 2, std::vector<int64_t>{1}).code(), Code::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace kv

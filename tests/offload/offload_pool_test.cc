@@ -152,6 +152,8 @@ TEST(OffloadPool, StoreLookupLoadRoundTrip) {
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.bytes_in, ticket.bytes);
   EXPECT_EQ(s.bytes_out, ticket.bytes);
+  EXPECT_NE(ToJson(s).find("\"hits\": 2, \"misses\": 2"), std::string::npos) << ToJson(s);
+  EXPECT_NE(ToText(s).find("50.0% hit rate"), std::string::npos) << ToText(s);
 }
 
 TEST(OffloadPool, StoringAKeyTwiceCopiesItOnce) {

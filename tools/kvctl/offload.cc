@@ -1,0 +1,129 @@
+// kvctl offload — the offload pool: how a cache shape fills it, and (with --probe) what this
+// machine gives it (huge pages, pinning). Live figures of a running kvd come with the daemon
+// wiring (daemon/offload/README.md).
+#include <cstdio>
+#include <string>
+
+#include "daemon/offload/offload_pool.h"
+#include "tools/common/cli.h"
+
+namespace kv {
+namespace {
+
+constexpr const char* kHelp = R"(kvctl offload — size kvd's CPU offload pool for a KV cache shape.
+
+A slot of the pool holds one block of every layer, i.e. one block hash the engine stores. This
+prints how many blocks (and tokens) --offload-bytes holds, the slot and page sizes, and how many
+copies (runs) one block costs in the chosen layout. With --probe it really allocates the pool as
+kvd would (huge pages when reserved, pinned when a CUDA device is present) and prints its
+statistics, so you can check a machine before starting kvd.
+
+Example: kvctl offload --offload-bytes 64G --layers 32 --heads 8 --head-dim 128 --probe
+
+Flags:
+)";
+
+int OffloadMain(int argc, char** argv) {
+  cli::Flags flags({
+      {"offload-bytes", "pool size, e.g. 64G (default 1G)"},
+      {"order", "physical order of the engine's cache (default LBNHC)"},
+      {"layers", "layers (default 32)"},
+      {"heads", "KV heads on this rank (default 8)"},
+      {"head-dim", "head size (default 128)"},
+      {"dtype-bytes", "bytes per element (default 2: bf16)"},
+      {"block-size", "tokens per block (default 16)"},
+      {"probe", "allocate the pool now and print what the machine gave it", true},
+      {"json", "print one JSON object", true},
+      {"help", "this text", true},
+  });
+  Status parsed = flags.Parse(argc, argv);
+  if (flags.has("help")) {
+    std::printf("%s%s", kHelp, flags.Help().c_str());
+    return 0;
+  }
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "kvctl offload: %s (see --help)\n", s.ToString().c_str());
+    return 2;
+  };
+  if (!parsed.ok()) return fail(parsed);
+  LayoutSpec spec;
+  spec.order = flags.str("order", "LBNHC");
+  spec.blocks = 1;
+  auto bytes = flags.bytes("offload-bytes", 1ull << 30);
+  auto layers = flags.integer("layers", 32, 1, 4096);
+  auto heads = flags.integer("heads", 8, 1, 4096);
+  auto head_dim = flags.integer("head-dim", 128, 1, 65536);
+  auto dtype = flags.integer("dtype-bytes", 2, 1, 8);
+  auto tokens = flags.integer("block-size", 16, 1, 1 << 20);
+  for (const Status& s : {bytes.status(), layers.status(), heads.status(), head_dim.status(),
+                          dtype.status(), tokens.status()}) {
+    if (!s.ok()) return fail(s);
+  }
+  spec.layers = *layers;
+  spec.heads = *heads;
+  spec.block_size = *tokens;
+  spec.content_bytes = 2 * *head_dim * *dtype;  // K and V packed in C
+  auto one = KvRegion::Create(spec);
+  if (!one.ok()) return fail(one.status());
+
+  const uint64_t slot = spec.layers * spec.heads * spec.block_size * spec.content_bytes;
+  const uint64_t slots = *bytes / slot;
+  if (slots == 0) {
+    return fail(Status::InvalidArgument("--offload-bytes " + std::to_string(*bytes) +
+                                        " holds no block of " + std::to_string(slot) + " bytes"));
+  }
+  const uint64_t runs_per_block = one->blocks_first() ? 1 : spec.layers;
+  const bool json = flags.has("json");
+  if (json) {
+    std::printf(
+        "{\"order\": \"%s\", \"slot_bytes\": %llu, \"page_bytes\": %llu, \"slots\": %llu, "
+        "\"tokens\": %llu, \"runs_per_scattered_block\": %llu",
+        spec.order.c_str(), static_cast<unsigned long long>(slot),
+        static_cast<unsigned long long>(one->page_bytes()), static_cast<unsigned long long>(slots),
+        static_cast<unsigned long long>(slots * spec.block_size),
+        static_cast<unsigned long long>(runs_per_block));
+  } else {
+    std::printf("shape      %s\n", offload::DescribeShape(*one).c_str());
+    std::printf(
+        "slot       %llu bytes = one block of every layer (%s pages of %llu bytes)\n",
+        static_cast<unsigned long long>(slot),
+        one->blocks_first() ? "1 page" : (std::to_string(spec.layers) + " per-layer").c_str(),
+        static_cast<unsigned long long>(one->page_bytes()));
+    std::printf("holds      %llu blocks = %llu tokens in %llu bytes\n",
+                static_cast<unsigned long long>(slots),
+                static_cast<unsigned long long>(slots * spec.block_size),
+                static_cast<unsigned long long>(slots * slot));
+    std::printf(
+        "copies     %llu run(s) per block from scattered engine blocks; runs merge where "
+        "blocks and slots are both consecutive\n",
+        static_cast<unsigned long long>(runs_per_block));
+  }
+  if (flags.has("probe")) {
+    if (!json)
+      std::fprintf(stderr, "kvctl offload: allocating %llu bytes...\n",
+                   static_cast<unsigned long long>(slots * slot));
+    offload::PoolOptions options;
+    options.capacity_bytes = *bytes;
+    options.slot_layout = spec;
+    auto pool = offload::OffloadPool::Create(options);
+    if (!pool.ok()) {
+      if (json) std::printf("}\n");
+      std::fprintf(stderr, "kvctl offload: %s\n", pool.status().ToString().c_str());
+      return 1;
+    }
+    const offload::PoolStats stats = (*pool)->stats();
+    if (json) {
+      std::printf(", \"probe\": %s", offload::ToJson(stats).c_str());
+    } else {
+      std::printf("%s", offload::ToText(stats).c_str());
+    }
+  }
+  if (json) std::printf("}\n");
+  return 0;
+}
+
+[[maybe_unused]] const bool registered = cli::Register(
+    {"offload", "size the CPU offload pool for a cache shape; --probe allocates it", &OffloadMain});
+
+}  // namespace
+}  // namespace kv

@@ -1,0 +1,248 @@
+// kvbench pd: the P/D demo. A prefill and a decode engine simulator per TP rank move
+// deterministic K/V through two kvds (started here on free loopback ports unless sockets are
+// given), every decode rank verifies every byte it should hold, and the throughput is printed
+// beside `kvbench transport` for the same run size and transport, measured right after.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "connector/pd_sim.h"
+#include "daemon/kvd_process.h"
+#include "tools/common/cli.h"
+
+namespace kv::bench {
+namespace {
+
+using connector::Connector;
+using connector::ConnectorOptions;
+using connector::PdConfig;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvbench pd: %s\n", message.c_str());
+  return 2;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+// `kvbench transport` in a child process: put bandwidth of the same transport for runs of the
+// size kvd posted on average. 0 when it could not be measured (the reason goes to stderr).
+double MeasureCeiling(const std::string& backend, uint64_t run_bytes, uint64_t runs_per_batch) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string command = "'" + self + "' transport --backend " + backend + " --size " +
+                              std::to_string(run_bytes) + " --runs-per-batch " +
+                              std::to_string(std::max<uint64_t>(1, runs_per_batch)) +
+                              " --iters 200 --rounds 1 --no-ceiling --json";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return 0;
+  std::string out;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  if (pclose(pipe) != 0) {
+    std::fprintf(stderr, "kvbench pd: ceiling run failed: %s\n", command.c_str());
+    return 0;
+  }
+  const size_t at = out.find("\"gbps\":");
+  return at == std::string::npos ? 0 : std::atof(out.c_str() + at + 7);
+}
+
+int PdMain(int argc, char** argv) {
+  cli::Flags flags({
+      {"prefill-daemon", "unix socket of a running prefill kvd (default: start one here)"},
+      {"decode-daemon", "unix socket of a running decode kvd (default: start one here)"},
+      {"memory", "where the KV caches live: host (default); cuda comes with the GPU issue"},
+      {"transport", "data transport of the kvds started here: auto|ucx|nccl|ipc (default auto)"},
+      {"requests", "requests to move (default 32)"},
+      {"tokens", "prompt tokens per request (default 512)"},
+      {"layers", "layers (default 16)"},
+      {"heads", "total KV heads of the model (default 8)"},
+      {"head-dim", "elements per head, fp16 (default 128)"},
+      {"block-size", "tokens per block on both sides (default 16)"},
+      {"prefill-block-size", "tokens per block on the prefill side"},
+      {"decode-block-size", "tokens per block on the decode side"},
+      {"prefill-order", "physical order of the prefill cache, e.g. LBNHC, BLHNC, SBNHC"},
+      {"decode-order", "physical order of the decode cache (default LBNHC)"},
+      {"prefill-tp", "prefill tensor-parallel size (default 1)"},
+      {"decode-tp", "decode tensor-parallel size (default 1)"},
+      {"mla", "MLA cache: one latent head replicated on every rank", true},
+      {"mode", "push: stream each layer as it is saved (default); pull: whole request at the end"},
+      {"window", "requests in flight per wave (default 8)"},
+      {"no-ceiling", "skip the kvbench transport comparison", true},
+      {"json", "print one JSON object instead of the table", true},
+      {"help", "this text", true},
+  });
+  Status parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) return Fail(parsed.message() + " (see --help)");
+  if (flags.has("help")) {
+    std::printf(
+        "kvbench pd — prefill/decode disaggregation end to end, every byte verified\n\n"
+        "Starts two kvd processes on free loopback ports (or uses --prefill-daemon and\n"
+        "--decode-daemon), runs one prefill and one decode engine per TP rank, and moves each\n"
+        "request's KV cache layer by layer: the prefill engines write K/V with the token-writing\n"
+        "kernel (its CPU reference on host memory) and save each layer; kvd pushes the layer's\n"
+        "pages to the decode kvd; the decode engines wait per layer and check every byte.\n"
+        "Layouts, TP sizes and block sizes may differ between the sides: the planner converts.\n"
+        "Exits non-zero when any request failed or any byte differed.\n\n"
+        "examples:\n"
+        "  kvbench pd\n"
+        "  kvbench pd --prefill-tp 2 --decode-tp 1 --decode-order BLHNC --decode-block-size 32\n"
+        "  kvbench pd --mla --mode pull --json\n\nflags:\n%s",
+        flags.Help().c_str());
+    return 0;
+  }
+  if (flags.str("memory", "host") != "host") {
+    return Fail("--memory " + flags.str("memory") + ": only host memory in this build");
+  }
+  PdConfig c;
+  auto integer = [&](const char* name, int64_t fallback, int64_t lo, int64_t hi, auto* out) {
+    auto v = flags.integer(name, fallback, lo, hi);
+    if (!v.ok()) return v.status();
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(*v);
+    return Status::Ok();
+  };
+  int64_t block_size = 16;
+  for (Status s :
+       {integer("requests", 32, 1, 1 << 20, &c.requests),
+        integer("tokens", 512, 1, 1 << 20, &c.tokens), integer("layers", 16, 1, 4096, &c.layers),
+        integer("heads", 8, 1, 4096, &c.heads), integer("head-dim", 128, 1, 65536, &c.head_dim),
+        integer("block-size", 16, 1, 65536, &block_size),
+        integer("prefill-tp", 1, 1, 64, &c.prefill_tp),
+        integer("decode-tp", 1, 1, 64, &c.decode_tp), integer("window", 8, 1, 4096, &c.window)}) {
+    if (!s.ok()) return Fail(s.message());
+  }
+  for (Status s : {integer("prefill-block-size", block_size, 1, 65536, &c.prefill_block_size),
+                   integer("decode-block-size", block_size, 1, 65536, &c.decode_block_size)}) {
+    if (!s.ok()) return Fail(s.message());
+  }
+  c.prefill_order = flags.str("prefill-order", "LBNHC");
+  c.decode_order = flags.str("decode-order", "LBNHC");
+  c.mla = flags.has("mla");
+  const std::string mode = flags.str("mode", "push");
+  if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
+  c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
+  for (bool prefill : {true, false}) {
+    auto spec = connector::PdLayout(c, prefill, 0);
+    if (!spec.ok()) return Fail(spec.status().message());
+    auto region = KvRegion::Create(*spec);
+    if (!region.ok()) {
+      return Fail(std::string(prefill ? "prefill" : "decode") +
+                  " layout: " + region.status().message());
+    }
+  }
+  if (flags.has("prefill-daemon") != flags.has("decode-daemon")) {
+    return Fail("give both --prefill-daemon and --decode-daemon, or neither");
+  }
+  const bool json = flags.has("json");
+  std::string transport = flags.str("transport", "auto");
+
+  // Our own kvds, unless the user runs theirs. Their guards stop them on every path.
+  std::unique_ptr<daemon::KvdProcess> prefill_kvd, decode_kvd;
+  std::filesystem::path dir;
+  std::string prefill_socket = flags.str("prefill-daemon"),
+              decode_socket = flags.str("decode-daemon");
+  struct DirGuard {
+    std::filesystem::path* dir;
+    ~DirGuard() {
+      std::error_code ec;
+      if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
+    }
+  } dir_guard{&dir};
+  if (prefill_socket.empty()) {
+    char tmpl[] = "/tmp/kvbench-pd-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return Fail("cannot create a temporary directory");
+    dir = tmpl;
+    daemon::KvdProcess::Options o;
+    o.binary = daemon::KvdBesideSelf();
+    o.transport = transport;
+    o.extra_args = {"--log-level", "warn"};
+    o.name = "prefill";
+    o.socket_path = (dir / "prefill.sock").string();
+    auto p = daemon::KvdProcess::Start(o);
+    if (!p.ok()) return Fail("starting " + o.binary + ": " + p.status().ToString());
+    prefill_kvd = std::move(*p);
+    o.name = "decode";
+    o.socket_path = (dir / "decode.sock").string();
+    auto d = daemon::KvdProcess::Start(o);
+    if (!d.ok()) return Fail("starting " + o.binary + ": " + d.status().ToString());
+    decode_kvd = std::move(*d);
+    prefill_socket = prefill_kvd->socket_path();
+    decode_socket = decode_kvd->socket_path();
+  }
+
+  if (!json) {
+    std::printf(
+        "kvbench pd: %d requests x %lld tokens, %lld layers, %lld heads x %lld dim, "
+        "%s TP%d bs%lld -> %s TP%d bs%lld%s, %s\n",
+        c.requests, static_cast<long long>(c.tokens), static_cast<long long>(c.layers),
+        static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
+        c.prefill_order.c_str(), c.prefill_tp, static_cast<long long>(c.prefill_block_size),
+        c.decode_order.c_str(), c.decode_tp, static_cast<long long>(c.decode_block_size),
+        c.mla ? " MLA" : "", mode.c_str());
+    std::fflush(stdout);
+  }
+  auto progress = [&](int done, int total) {
+    if (!json) std::fprintf(stderr, "\r  %d / %d requests", done, total);
+  };
+  auto result = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::Open(prefill_socket, o); },
+      [&](const ConnectorOptions& o) { return Connector::Open(decode_socket, o); }, progress);
+  if (!json) std::fprintf(stderr, "\n");
+  if (!result.ok()) return Fail(result.status().ToString());
+
+  auto status = connector::QueryDaemonStatus(prefill_socket, std::chrono::milliseconds(5000));
+  const uint64_t runs = status.ok() ? status->runs_sent() : 0;
+  transport = status.ok() ? status->transport() : transport;
+  const connector::PdResult& r = *result;
+  const double gbps = r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0;
+  const double runs_per_request = r.requests > 0 ? static_cast<double>(runs) / r.requests : 0;
+  const double p50 = Percentile(r.latency_ms, 0.5), p99 = Percentile(r.latency_ms, 0.99);
+  double ceiling = 0;
+  if (!flags.has("no-ceiling") && transport == "ucx" && runs > 0 && r.verified > 0) {
+    ceiling = MeasureCeiling(transport, r.bytes / std::max<uint64_t>(runs, 1),
+                             runs / (c.requests * c.layers));
+  }
+  if (json) {
+    std::printf(
+        "{\"requests\": %d, \"verified\": %d, \"failed\": %d, \"bytes\": %llu, "
+        "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, \"p50_ms\": %.3f, "
+        "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
+        "\"ceiling_gbps\": %.4f}\n",
+        r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
+        runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
+        transport.c_str(), ceiling);
+  } else {
+    std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
+    std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,
+                r.seconds, gbps, transport.c_str());
+    std::printf("  runs per request %.1f   latency p50 %.2f ms   p99 %.2f ms\n", runs_per_request,
+                p50, p99);
+    if (ceiling > 0) {
+      std::printf("  ceiling  %.3f GB/s (kvbench transport %s, same run size)   ratio %.2f\n",
+                  ceiling, transport.c_str(), gbps / ceiling);
+    }
+    if (!r.first_error.empty()) std::printf("  first error: %s\n", r.first_error.c_str());
+    if (r.guard_bytes_written > 0) {
+      std::printf("  %llu bytes written outside the requests' blocks\n",
+                  static_cast<unsigned long long>(r.guard_bytes_written));
+    }
+  }
+  if (prefill_kvd) {
+    (void)prefill_kvd->Stop(std::chrono::milliseconds(5000));
+    (void)decode_kvd->Stop(std::chrono::milliseconds(5000));
+  }
+  return r.failed == 0 && r.verified == r.requests && r.guard_bytes_written == 0 ? 0 : 1;
+}
+
+const bool registered = cli::Register(
+    {"pd", "the P/D demo: two kvds, engines per TP rank, every byte verified", &PdMain});
+
+}  // namespace
+}  // namespace kv::bench

@@ -1,7 +1,7 @@
 // Paged decode attention, flash-decoding style. Contract: decode_attention.h.
 //
 // Grid (partition, KV head × query-head chunk, sequence); 128 threads. One CTA reads the K and V
-// of kDecodePartitionTokens tokens of one KV head once and serves up to kMaxGroup query heads
+// of one partition (≤ 512 tokens) of one KV head once and serves up to kMaxGroup query heads
 // from it, which is what makes GQA memory-bound on K/V rather than on re-reads.
 //  1. Scores: a token's K row is split over D/8 lanes (16 bytes each); the lanes' partial dot
 //     products with every query head (held in registers) are reduced by shuffles.
@@ -23,8 +23,8 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;
-constexpr int kUnroll = 4;
-constexpr int kPartition = static_cast<int>(kDecodePartitionTokens);
+constexpr int kUnroll = 8;
+constexpr int kPartition = static_cast<int>(kDecodeMaxPartitionTokens);
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Workspace {
@@ -32,6 +32,7 @@ struct Workspace {
   float* max;  // [seqs][q_heads][partitions]
   float* sum;
   int partitions;
+  int partition_tokens;  // ≤ kPartition
 };
 
 template <bool kBf16>
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kReduceFloats = kStripes * kGroup * kHeadDim;
   __shared__ float shared[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
   __shared__ float head_max[kGroup], head_sum[kGroup];
+  __shared__ int32_t block_ids[kPartition];  // this partition's slice of the block table
 
   const int partition = blockIdx.x;
   const int kv_head = blockIdx.y / chunks_per_kv_head;
@@ -80,13 +82,21 @@ __global__ void __launch_bounds__(kThreads)
   const int q_first = kv_head * group + chunk * kMaxGroup;
   const int q_count = min(kGroup, group - chunk * kMaxGroup);
   const int seq_len = min(args.seq_lens[seq], static_cast<int>(args.max_seq_len));
-  const int token_begin = partition * kPartition;
-  const int tokens = min(kPartition, seq_len - token_begin);
+  const int token_begin = partition * ws.partition_tokens;
+  const int tokens = min(ws.partition_tokens, seq_len - token_begin);
   if (tokens <= 0) return;  // the merge kernel ignores partitions past the sequence
+  const int block_size = static_cast<int>(kv.block_size);
+  const int first_block = token_begin / block_size;
+  const int32_t* table = args.block_table + seq * args.block_table_stride;
+  // Address loads then depend on shared memory, not on a global load per token.
+  for (int i = threadIdx.x; i <= (token_begin + tokens - 1) / block_size - first_block;
+       i += kThreads) {
+    block_ids[i] = table[first_block + i];
+  }
+  __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int column = (threadIdx.x % kLanesPerToken) * 8;
-  const int32_t* table = args.block_table + seq * args.block_table_stride;
   const auto* query = static_cast<const unsigned char*>(args.query);
 
   float q[kGroup][8];
@@ -105,9 +115,9 @@ __global__ void __launch_bounds__(kThreads)
 
   auto token_row = [&](int j, int64_t plane_offset) -> const unsigned char* {
     const int token = token_begin + j;
-    const int32_t block = table[token / kv.block_size];
+    const int32_t block = block_ids[token / block_size - first_block];
     if (block < 0 || block >= kv.blocks) return nullptr;
-    return cache + kv.token_offset(block, kv_head, token % kv.block_size) + plane_offset +
+    return cache + kv.token_offset(block, kv_head, token % block_size) + plane_offset +
            column * kDTypeBytes;
   };
 
@@ -219,7 +229,7 @@ __global__ void MergeKernel(DecodeAttentionArgs args, Workspace ws, int head_dim
   const int seq = blockIdx.x / args.num_q_heads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * ws.partitions;
   const int seq_len = min(args.seq_lens[seq], static_cast<int>(args.max_seq_len));
-  const int used = seq_len <= 0 ? 0 : (seq_len + kPartition - 1) / kPartition;
+  const int used = seq_len <= 0 ? 0 : (seq_len + ws.partition_tokens - 1) / ws.partition_tokens;
   float m = -FLT_MAX;
   for (int p = 0; p < used; ++p) {
     if (ws.sum[first + p] > 0.0f) m = fmaxf(m, ws.max[first + p]);
@@ -309,9 +319,11 @@ Status LaunchDecodeAttention(const PagedKv& kv, const void* layer_base,
   const bool aligned = ((base | kv.k_offset | kv.v_offset | kv.block_stride | kv.head_stride |
                          kv.token_stride | reinterpret_cast<uintptr_t>(args.query)) &
                         15) == 0;
+  if (kv.block_size > (int64_t{1} << 30)) return Status::Unsupported("block size above 2^30");
   Workspace ws;
-  ws.partitions = static_cast<int>(std::max<int64_t>(
-      1, (args.max_seq_len + kDecodePartitionTokens - 1) / kDecodePartitionTokens));
+  ws.partition_tokens = static_cast<int>(DecodePartitionTokens(kv, args));
+  ws.partitions = static_cast<int>(
+      std::max<int64_t>(1, (args.max_seq_len + ws.partition_tokens - 1) / ws.partition_tokens));
   const uint64_t slots = static_cast<uint64_t>(args.num_seqs * args.num_q_heads) * ws.partitions;
   ws.out = static_cast<float*>(workspace);
   ws.max = ws.out + slots * kv.head_dim;

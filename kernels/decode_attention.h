@@ -9,9 +9,9 @@
 // (they should never occur; this keeps a bad table from reading outside the cache).
 //
 // The GPU path is flash-decoding: the context is split into partitions of
-// kDecodePartitionTokens, each (sequence, KV head, partition) is one CTA that serves every query
-// head of its group from one read of K and V, and a merge kernel combines the partitions. It
-// needs a workspace of DecodeAttentionWorkspaceBytes(); head_dim 64, 128 or 256.
+// DecodePartitionTokens() tokens, each (sequence, KV head, partition) is one CTA that serves
+// every query head of its group from one read of K and V, and a merge kernel combines the
+// partitions. It needs a workspace of DecodeAttentionWorkspaceBytes(); head_dim 64, 128 or 256.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +33,11 @@ struct DecodeAttentionArgs {
   float scale = 1.0f;       // usually 1/sqrt(head_dim)
 };
 
-inline constexpr int64_t kDecodePartitionTokens = 512;
+// Partitions hold kDecodeMaxPartitionTokens tokens, halved (down to 128) while the launch would
+// have fewer than kDecodeMinCtas CTAs, so short contexts still fill the GPU.
+inline constexpr int64_t kDecodeMaxPartitionTokens = 512;
+inline constexpr int64_t kDecodeMinCtas = 2048;
+int64_t DecodePartitionTokens(const PagedKv& kv, const DecodeAttentionArgs& args);
 
 // CPU reference, accumulating in double.
 Status DecodeAttentionHost(const PagedKv& kv, const void* layer_base,

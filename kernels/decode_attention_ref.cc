@@ -59,9 +59,20 @@ Status DecodeAttentionHost(const PagedKv& kv, const void* layer_base,
   return Status::Ok();
 }
 
+int64_t DecodePartitionTokens(const PagedKv& kv, const DecodeAttentionArgs& args) {
+  const int64_t group = args.num_q_heads / std::max<int64_t>(kv.heads, 1);
+  const int64_t ctas_per_partition = args.num_seqs * kv.heads * ((group + 7) / 8);
+  int64_t tokens = kDecodeMaxPartitionTokens;
+  while (tokens > 128 &&
+         ctas_per_partition * ((args.max_seq_len + tokens - 1) / tokens) < kDecodeMinCtas) {
+    tokens /= 2;
+  }
+  return tokens;
+}
+
 uint64_t DecodeAttentionWorkspaceBytes(const PagedKv& kv, const DecodeAttentionArgs& args) {
-  const int64_t partitions = std::max<int64_t>(
-      1, (args.max_seq_len + kDecodePartitionTokens - 1) / kDecodePartitionTokens);
+  const int64_t tokens = DecodePartitionTokens(kv, args);
+  const int64_t partitions = std::max<int64_t>(1, (args.max_seq_len + tokens - 1) / tokens);
   // Per (sequence, query head, partition): head_dim partial sums, the max and the sum of exps.
   return static_cast<uint64_t>(args.num_seqs * args.num_q_heads * partitions * (kv.head_dim + 2)) *
          sizeof(float);

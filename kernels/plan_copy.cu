@@ -10,25 +10,18 @@ namespace {
 
 constexpr int kCopyThreads = 1024;
 
-// Warp w takes chunks w, w + warps, ...; a chunk is found in its run by binary search over the
-// runs' first-chunk prefix, so a one-byte run and a megabyte run cost in proportion to size.
+// Warp w takes chunks w, w + warps, ...; each chunk names its run, so a one-byte run and a
+// megabyte run cost in proportion to their size and consecutive warps copy consecutive bytes.
 __global__ void __launch_bounds__(kCopyThreads)
     PlanCopyKernel(const unsigned char* src, unsigned char* dst, const Run* runs,
-                   const uint64_t* first_chunk, uint64_t num_runs, uint64_t num_chunks) {
+                   const uint64_t* first_chunk, const uint32_t* chunk_run, uint64_t num_chunks) {
   const int lane = threadIdx.x & 31;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
   for (uint64_t chunk = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
        chunk < num_chunks; chunk += warps) {
-    uint64_t lo = 0, hi = num_runs - 1;  // the last run whose first chunk is ≤ chunk
-    while (lo < hi) {
-      const uint64_t mid = (lo + hi + 1) / 2;
-      if (first_chunk[mid] <= chunk)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const Run run = runs[lo];
-    const uint64_t begin = (chunk - first_chunk[lo]) * kPlanCopyChunkBytes;
+    const uint32_t r = chunk_run[chunk];
+    const Run run = runs[r];
+    const uint64_t begin = (chunk - first_chunk[r]) * kPlanCopyChunkBytes;
     const uint64_t length = min(kPlanCopyChunkBytes, run.length - begin);
     detail::WarpCopy(src + run.src_offset + begin, dst + run.dst_offset + begin, length, lane);
   }
@@ -49,9 +42,10 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
   const int ctas = static_cast<int>(std::min<uint64_t>(max_ctas, ctas_needed));
   const auto* runs = static_cast<const Run*>(device_table);
   const auto* first_chunk = reinterpret_cast<const uint64_t*>(runs + num_runs);
+  const auto* chunk_run = reinterpret_cast<const uint32_t*>(first_chunk + num_runs + 1);
   PlanCopyKernel<<<ctas, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base), runs,
-      first_chunk, num_runs, num_chunks);
+      first_chunk, chunk_run, num_chunks);
   return detail::LaunchStatus("plan copy kernel");
 }
 
@@ -108,7 +102,7 @@ Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Ru
                         void* stream) {
   if (runs.empty()) return Status::Ok();
   Impl& m = *impl_;
-  const uint64_t bytes = PlanCopyTableBytes(runs.size());
+  const uint64_t bytes = PlanCopyTableBytes(runs.size(), PlanCopyChunks(runs));
   KV_RETURN_IF_ERROR(m.Reserve(bytes));
   KV_ASSIGN_OR_RETURN(const uint64_t chunks, EncodePlanCopyTable(runs, m.staging, m.capacity));
   auto s = static_cast<cudaStream_t>(stream);

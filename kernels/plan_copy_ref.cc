@@ -13,24 +13,37 @@ void CopyRunsHost(const void* src_base, void* dst_base, std::span<const Run> run
   for (const Run& run : runs) std::memcpy(dst + run.dst_offset, src + run.src_offset, run.length);
 }
 
-uint64_t PlanCopyTableBytes(size_t num_runs) {
-  return num_runs * sizeof(Run) + (num_runs + 1) * sizeof(uint64_t);
+uint64_t PlanCopyChunks(std::span<const Run> runs) {
+  uint64_t chunks = 0;
+  for (const Run& run : runs)
+    chunks += (run.length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
+  return chunks;
+}
+
+uint64_t PlanCopyTableBytes(size_t num_runs, uint64_t num_chunks) {
+  return num_runs * sizeof(Run) + (num_runs + 1) * sizeof(uint64_t) + num_chunks * sizeof(uint32_t);
 }
 
 Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uint64_t table_bytes) {
-  if (table_bytes < PlanCopyTableBytes(runs.size())) {
+  if (runs.size() >= (uint64_t{1} << 32)) {
+    return Status::InvalidArgument(std::to_string(runs.size()) + " runs exceed the 2^32 limit");
+  }
+  const uint64_t chunks = PlanCopyChunks(runs);
+  if (table_bytes < PlanCopyTableBytes(runs.size(), chunks)) {
     return Status::InvalidArgument("plan copy table of " + std::to_string(table_bytes) +
                                    " bytes cannot hold " + std::to_string(runs.size()) + " runs");
   }
   auto* bytes = static_cast<unsigned char*>(table);
   std::memcpy(bytes, runs.data(), runs.size() * sizeof(Run));
   auto* first_chunk = reinterpret_cast<uint64_t*>(bytes + runs.size() * sizeof(Run));
-  uint64_t chunks = 0;
+  auto* chunk_run = reinterpret_cast<uint32_t*>(first_chunk + runs.size() + 1);
+  uint64_t next = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
-    first_chunk[i] = chunks;
-    chunks += (runs[i].length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
+    first_chunk[i] = next;
+    const uint64_t end = next + (runs[i].length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
+    for (; next < end; ++next) chunk_run[next] = static_cast<uint32_t>(i);
   }
-  first_chunk[runs.size()] = chunks;
+  first_chunk[runs.size()] = next;
   return chunks;
 }
 

@@ -50,7 +50,7 @@ TEST(PlanCopyRef, TableHoldsRunsAndChunkPrefix) {
                                      {10, 100, kPlanCopyChunkBytes},
                                      {20, 200, kPlanCopyChunkBytes + 1},
                                      {30, 300, 5 * kPlanCopyChunkBytes - 3}};
-  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size()));
+  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), PlanCopyChunks(runs)));
   auto chunks = EncodePlanCopyTable(runs, table.data(), table.size());
   ASSERT_TRUE(chunks.ok()) << chunks.status().ToString();
   EXPECT_EQ(*chunks, 1u + 1u + 2u + 5u);
@@ -59,6 +59,9 @@ TEST(PlanCopyRef, TableHoldsRunsAndChunkPrefix) {
       reinterpret_cast<const uint64_t*>(table.data() + runs.size() * sizeof(kv::Run));
   for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(stored[i], runs[i]);
   EXPECT_EQ(std::vector<uint64_t>(first, first + 5), (std::vector<uint64_t>{0, 1, 2, 4, 9}));
+  const auto* chunk_run = reinterpret_cast<const uint32_t*>(first + 5);
+  EXPECT_EQ(std::vector<uint32_t>(chunk_run, chunk_run + 9),
+            (std::vector<uint32_t>{0, 1, 2, 2, 3, 3, 3, 3, 3}));
   EXPECT_FALSE(EncodePlanCopyTable(runs, table.data(), table.size() - 1).ok());
 }
 

@@ -11,101 +11,17 @@
 #include <utility>
 
 #include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/run_copier.h"
 #include "transport/nccl/nccl_comm.h"
+#include "transport/nccl/staging.h"
 #include "transport/nccl/wire.h"
 
 namespace kv::transport::nccl {
 
 using gpu::CudaEvent;
-using gpu::CudaStatus;
-using gpu::CudaStream;
-using gpu::DeviceBuffer;
 using gpu::FrameReader;
-using gpu::RunCopier;
 using gpu::Socket;
 
-// ---- RegionTable, NoteSink
-// ------------------------------------------------------------------------
-
-uint64_t RegionTable::Add(char* base, uint64_t length) {
-  std::lock_guard lock(mu_);
-  uint64_t id = next_id_++;
-  regions_[id] = {base, length};
-  return id;
-}
-
-void RegionTable::Remove(uint64_t id) {
-  std::lock_guard lock(mu_);
-  regions_.erase(id);
-}
-
-Result<std::pair<char*, uint64_t>> RegionTable::Find(uint64_t id) const {
-  std::lock_guard lock(mu_);
-  auto it = regions_.find(id);
-  if (it == regions_.end()) return Status::NotFound("nccl: no registration " + std::to_string(id));
-  return it->second;
-}
-
-void NoteSink::Set(NotificationHandler handler) {
-  std::lock_guard lock(mu_);
-  handler_ = std::move(handler);
-}
-
-void NoteSink::Deliver(std::string_view message) {
-  NotificationHandler handler;
-  {
-    std::lock_guard lock(mu_);
-    handler = handler_;
-  }
-  if (handler) handler(message);
-}
-
-// ---- The pipeline pieces
-// --------------------------------------------------------------------------
 namespace {
-
-// One staging buffer and the events that order its reuse.
-struct Slot {
-  DeviceBuffer buffer;
-  CudaEvent filled;   // sender: gather done; receiver: ncclRecv done
-  CudaEvent drained;  // sender: ncclSend done; receiver: scatter done
-  bool used = false;
-};
-
-// One side of one direction: a copy stream (gather or scatter), an NCCL stream, two slots.
-struct Pipeline {
-  CudaStream copy_stream;
-  CudaStream nccl_stream;
-  std::unique_ptr<RunCopier> copier;
-  Slot slots[2];
-  size_t next = 0;
-
-  static Result<std::unique_ptr<Pipeline>> Create(int device, uint64_t chunk_bytes) {
-    auto p = std::make_unique<Pipeline>();
-    KV_ASSIGN_OR_RETURN(p->copy_stream, CudaStream::Create(device));
-    KV_ASSIGN_OR_RETURN(p->nccl_stream, CudaStream::Create(device));
-    KV_ASSIGN_OR_RETURN(p->copier, RunCopier::Create(device));
-    for (Slot& slot : p->slots) {
-      KV_ASSIGN_OR_RETURN(slot.buffer, DeviceBuffer::Allocate(device, chunk_bytes));
-      KV_ASSIGN_OR_RETURN(slot.filled, CudaEvent::Create(device));
-      KV_ASSIGN_OR_RETURN(slot.drained, CudaEvent::Create(device));
-    }
-    return p;
-  }
-
-  Slot& NextSlot() { return slots[next++ % 2]; }
-};
-
-uint64_t ChunkLength(const std::vector<Run>& chunk) {
-  uint64_t n = 0;
-  for (const Run& r : chunk) n += r.length;
-  return n;
-}
-
-Status WaitOn(cudaStream_t stream, const CudaEvent& event) {
-  return CudaStatus(cudaStreamWaitEvent(stream, event.get(), 0), "cudaStreamWaitEvent");
-}
 
 struct SendJob {
   enum class Kind { kData, kFrame } kind = Kind::kFrame;
@@ -170,10 +86,10 @@ struct Link::Impl {
   std::mutex comm_out_mu;
   NcclComm comm_out;  // sender thread
   std::mutex comm_in_mu;
-  NcclComm comm_in;               // receive worker
-  std::unique_ptr<Pipeline> out;  // sender thread
-  std::unique_ptr<Pipeline> in;   // receive worker
-  FrameReader frames;             // reader thread
+  NcclComm comm_in;                      // receive worker
+  std::unique_ptr<StagingPipeline> out;  // sender thread
+  std::unique_ptr<StagingPipeline> in;   // receive worker
+  FrameReader frames;                    // reader thread
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -246,7 +162,7 @@ struct Link::Impl {
 
   Status SendData(const SendJob& job) {
     if (!out) {
-      KV_ASSIGN_OR_RETURN(out, Pipeline::Create(options.device, options.chunk_bytes));
+      KV_ASSIGN_OR_RETURN(out, StagingPipeline::Create(options.device, options.chunk_bytes));
     }
     if (!comm_out.ready()) {
       KV_ASSIGN_OR_RETURN(std::string id, NewUniqueId());
@@ -450,7 +366,7 @@ struct Link::Impl {
                                   " bytes exceed this side's staging slots");
     }
     if (!in) {
-      KV_ASSIGN_OR_RETURN(in, Pipeline::Create(options.device, options.chunk_bytes));
+      KV_ASSIGN_OR_RETURN(in, StagingPipeline::Create(options.device, options.chunk_bytes));
     }
     cudaStream_t wire = in->nccl_stream.get();
     cudaStream_t copy = in->copy_stream.get();

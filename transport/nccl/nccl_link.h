@@ -24,43 +24,16 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "transport/cuda_ipc/side_channel.h"
+#include "transport/nccl/region_table.h"
 #include "transport/transport.h"
 
 namespace kv::transport::nccl {
-
-// The backend's registrations, by the id peers name them with. Shared by the backend, its
-// registrations (which erase themselves) and its links.
-class RegionTable {
- public:
-  uint64_t Add(char* base, uint64_t length);
-  void Remove(uint64_t id);
-  // The region's base and length; kNotFound for an unknown (or deregistered) id.
-  Result<std::pair<char*, uint64_t>> Find(uint64_t id) const;
-
- private:
-  mutable std::mutex mu_;
-  std::map<uint64_t, std::pair<char*, uint64_t>> regions_;
-  uint64_t next_id_ = 1;
-};
-
-// Where notifications go; shared so a handler set later reaches links made earlier.
-class NoteSink {
- public:
-  void Set(NotificationHandler handler);
-  void Deliver(std::string_view message);
-
- private:
-  std::mutex mu_;
-  NotificationHandler handler_;
-};
 
 struct LinkOptions {
   int device = 0;

@@ -4,7 +4,8 @@
 // of one partition (≤ 512 tokens) of one KV head once and serves up to kMaxGroup query heads
 // from it, which is what makes GQA memory-bound on K/V rather than on re-reads.
 //  1. Scores: a token's K row is split over D/8 lanes (16 bytes each); the lanes' partial dot
-//     products with every query head (held in registers) are reduced by shuffles.
+//     products with every query head (held in registers) are reduced by shuffles that trade
+//     halves of the group rather than reducing each head alone.
 //  2. Softmax of the partition per query head, in base 2 (exp2f), kept in shared memory.
 //  3. P·V: thread owns 8 columns of one token stripe; stripes are reduced through shared memory.
 // The CTA writes its unnormalised output, max and sum; the merge kernel combines partitions.
@@ -58,6 +59,32 @@ __device__ __forceinline__ uint4 Load16(const unsigned char* p, bool aligned) {
   const auto* h = reinterpret_cast<const uint16_t*>(p);
   return make_uint4(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16),
                     h[4] | (uint32_t{h[5]} << 16), h[6] | (uint32_t{h[7]} << 16));
+}
+
+// Sums each of kGroup values over the kLanes lanes of a token with kGroup - 1 + log2(kLanes /
+// kGroup) shuffles instead of kGroup·log2(kLanes): at each of the first log2(kGroup) steps a lane
+// keeps one half of its values and trades the other half with its partner. Afterwards v[0] of
+// every lane is the full sum of one value; returns which one (kGroup ≤ kLanes).
+template <int kGroup, int kLanes>
+__device__ __forceinline__ int SumAcrossLanes(float (&v)[kGroup], int lane) {
+  static_assert(kGroup <= kLanes, "more values than lanes");
+  int which = 0;
+#pragma unroll
+  for (int width = kGroup, offset = kLanes / 2; width > 1; width /= 2, offset /= 2) {
+    const bool upper = (lane & offset) != 0;
+    if (upper) which += width / 2;
+#pragma unroll
+    for (int i = 0; i < width / 2; ++i) {
+      const float send = upper ? v[i] : v[i + width / 2];
+      const float keep = upper ? v[i + width / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+#pragma unroll
+  for (int offset = kLanes / kGroup / 2; offset > 0; offset /= 2) {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+  }
+  return which;
 }
 
 template <int kHeadDim, int kGroup, bool kBf16>
@@ -138,18 +165,16 @@ __global__ void __launch_bounds__(kThreads)
       float k[8];
       ToFloat8<kBf16>(raw[u], k);
       const int j = base + u * kWarps * kTokensPerWarp + sub;
+      float dot[kGroup];
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
-        float dot = 0.0f;
+        dot[g] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(q[g][i], k[i], dot);
-#pragma unroll
-        for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) {
-          dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        }
-        if (lane % kLanesPerToken == 0 && j < tokens) {
-          shared[g * kPartition + j] = valid[u] ? dot : -FLT_MAX;
-        }
+        for (int i = 0; i < 8; ++i) dot[g] = fmaf(q[g][i], k[i], dot[g]);
+      }
+      const int head = SumAcrossLanes<kGroup, kLanesPerToken>(dot, lane);
+      if ((lane & (kLanesPerToken / kGroup - 1)) == 0 && j < tokens) {
+        shared[head * kPartition + j] = valid[u] ? dot[0] : -FLT_MAX;
       }
     }
   }

@@ -262,7 +262,11 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     // The sources release each request once the destination confirmed (or it failed): only then
     // may the next wave reuse the blocks.
     const auto deadline = Clock::now() + c.timeout;
+    const bool any_failed = std::any_of(failed.begin(), failed.end(),
+                                        [](const std::atomic<bool>& f) { return f.load(); });
     for (Engine& e : prefill) {
+      // A source kvd that is gone releases nothing and writes nothing more.
+      if (any_failed && !e.connector->DaemonStatus().ok()) continue;
       std::set<std::string> released;
       while (static_cast<int>(released.size()) < count && Clock::now() < deadline) {
         for (auto& id : e.connector->GetFinished().sent) released.insert(id);

@@ -1,0 +1,140 @@
+// kvd as separate processes (build/bin/kvd) joined over loopback by UCX; engines in this process
+// over the unix sockets. Includes a prefill kvd killed with SIGKILL in the middle of a run.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "connector/pd_sim.h"
+#include "daemon/kvd_process.h"
+
+namespace kv {
+namespace {
+
+using connector::Connector;
+using connector::ConnectorOptions;
+using connector::PdConfig;
+
+class PdProcesses : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvd-proc-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    prefill_.reset();
+    decode_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<daemon::KvdProcess> Spawn(const std::string& name) {
+    daemon::KvdProcess::Options o;
+    o.binary = daemon::KvdBesideSelf();
+    o.name = name;
+    o.socket_path = (dir_ / (name + ".sock")).string();
+    o.transport = "ucx";
+    o.extra_args = {"--log-level", "warn", "--lease-ms", "10000", "--heartbeat-ms", "200"};
+    auto p = daemon::KvdProcess::Start(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  Result<connector::PdResult> Run(const PdConfig& c,
+                                  const std::function<void(int, int)>& progress = nullptr) {
+    const std::string p = prefill_->socket_path(), d = decode_->socket_path();
+    return connector::RunPd(
+        c, [p](const ConnectorOptions& o) { return Connector::Open(p, o); },
+        [d](const ConnectorOptions& o) { return Connector::Open(d, o); }, progress);
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<daemon::KvdProcess> prefill_, decode_;
+};
+
+PdConfig Small() {
+  PdConfig c;
+  c.requests = 6;
+  c.window = 3;
+  c.tokens = 72;
+  c.layers = 4;
+  c.heads = 4;
+  c.head_dim = 32;
+  c.timeout = std::chrono::milliseconds(10000);
+  return c;
+}
+
+TEST_F(PdProcesses, PushTp2To1ConvertingLayoutAndBlockSizeOverUcx) {
+  prefill_ = Spawn("prefill");
+  decode_ = Spawn("decode");
+  ASSERT_TRUE(prefill_ && decode_);
+  PdConfig c = Small();
+  c.prefill_tp = 2;
+  c.decode_order = "BLHNC";
+  c.decode_block_size = 32;
+  auto r = Run(c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->verified, c.requests) << r->first_error;
+  EXPECT_EQ(r->guard_bytes_written, 0u);
+  auto code = prefill_->Stop(std::chrono::milliseconds(5000));
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);  // SIGTERM drains and exits cleanly
+}
+
+TEST_F(PdProcesses, PullTp1To2MlaOverUcx) {
+  prefill_ = Spawn("prefill");
+  decode_ = Spawn("decode");
+  ASSERT_TRUE(prefill_ && decode_);
+  PdConfig c = Small();
+  c.mode = connector::Mode::kPull;
+  c.decode_tp = 2;
+  c.mla = true;
+  auto r = Run(c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->verified, c.requests) << r->first_error;
+  EXPECT_EQ(r->guard_bytes_written, 0u);
+}
+
+TEST_F(PdProcesses, PrefillKvdKilledMidRunFailsRequestsAndDecodeServesTheNextRun) {
+  prefill_ = Spawn("prefill");
+  decode_ = Spawn("decode");
+  ASSERT_TRUE(prefill_ && decode_);
+  PdConfig c = Small();
+  c.requests = 40;
+  c.window = 2;
+  c.layers = 16;
+  c.tokens = 512;
+  c.timeout = std::chrono::milliseconds(8000);
+  std::atomic<bool> killed{false};
+  const pid_t victim = prefill_->pid();
+  auto r = Run(c, [&](int done, int) {
+    // After the first wave, in the middle of the next one: SIGKILL, no goodbye.
+    if (done >= 2 && !killed.exchange(true)) {
+      std::thread([victim] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        kill(victim, SIGKILL);
+      }).detach();
+    }
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(killed);
+  EXPECT_GT(r->failed, 0);
+  EXPECT_FALSE(r->first_error.empty());
+  EXPECT_EQ(r->guard_bytes_written, 0u);  // nothing outside the requests' blocks was written
+  prefill_->Kill();                       // reap
+
+  // The decode kvd lived through it and serves a fresh prefill kvd.
+  ASSERT_TRUE(decode_->running());
+  prefill_ = Spawn("prefill2");
+  ASSERT_TRUE(prefill_);
+  PdConfig next = Small();
+  auto again = Run(next);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->verified, next.requests) << again->first_error;
+}
+
+}  // namespace
+}  // namespace kv

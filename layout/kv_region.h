@@ -65,7 +65,9 @@ class KvRegion {
   // axis just inside it (size × stride), so distinct elements never share a byte and offsets
   // grow with the order's lexicographic order. The stored spec() is normalised: every stride
   // filled in (S's is 0 without an S axis), total_heads resolved. Spans are capped at 2^62
-  // bytes so that offset arithmetic can never wrap. Errors: kInvalidArgument naming the field.
+  // bytes so that offset arithmetic can never wrap. Creating a region from another's spec()
+  // gives the same region. Errors: kInvalidArgument naming the field, kOutOfRange when the
+  // strides reach past region_bytes.
   static Result<KvRegion> Create(const LayoutSpec& spec,
                                  MemoryLocation where = MemoryLocation::Host());
 

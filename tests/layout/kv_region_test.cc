@@ -83,6 +83,27 @@ TEST(KvRegion, PaddedStridesAreKeptAndSpanIsMinimal) {
             uint64_t(3 * r.stride(Axis::kL) + 63 * r.stride(Axis::kB) + 16 * 8 * 512));
 }
 
+TEST(KvRegion, NormalisedSpecRecreatesTheSameRegion) {
+  LayoutSpec s = Llama("BSNHC");
+  s.strides[int(Axis::kB)] = 1 << 20;
+  s.tp_size = 2;
+  KvRegion first = MustCreate(s);
+  KvRegion again = MustCreate(first.spec());
+  for (int a = 0; a < kNumAxes; ++a) {
+    EXPECT_EQ(again.stride(Axis(a)), first.stride(Axis(a))) << AxisName(Axis(a));
+    EXPECT_EQ(again.size(Axis(a)), first.size(Axis(a))) << AxisName(Axis(a));
+  }
+  EXPECT_EQ(again.total_heads(), 16);
+  EXPECT_EQ(again.span_bytes(), first.span_bytes());
+}
+
+TEST(KvRegion, CudaRegionNeedsADevice) {
+  EXPECT_FALSE(KvRegion::Create(Llama("LBNHC"), MemoryLocation{MemoryKind::kCuda, -1}).ok());
+  auto r = KvRegion::Create(Llama("LBNHC"), MemoryLocation::Cuda(1));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->location(), MemoryLocation::Cuda(1));
+}
+
 TEST(KvRegion, RejectsOverlappingStrides) {
   LayoutSpec s = Llama("LBNHC");
   s.strides[int(Axis::kN)] = 256;

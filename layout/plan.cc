@@ -1,4 +1,4 @@
-// How PlanTransfer reaches the minimal run count in O(runs) work.
+// How PlanTransfer reaches the minimal run count in O(blocks + runs) work.
 //
 // A logical byte is (layer, token, common head, half, byte-in-piece): `half` exists only when
 // either side has an S axis (K and V are then separate pieces of half the logical content),
@@ -15,7 +15,8 @@
 //
 // To keep the work proportional to the runs, the innermost loops are folded into one piece
 // whenever they are contiguous on both sides, first below the token level, then (for a
-// destination block filled by one token range) the loops between B and N as well.
+// destination block filled by one token range) the loops between B and N as well. What is
+// left per block is ordering the destination blocks (a radix sort) and cutting their tokens.
 #include "layout/plan.h"
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 // destination byte takes the source byte. Runs are merged wherever one continues another
 // contiguously on both sides, so the run count is the minimum. See ../DESIGN.md.
 //
-// Pure functions; thread-safe. Cost after validation is O(runs).
+// Pure functions; thread-safe. Cost after validation is O(blocks + runs); see PlanTransfer.
 #pragma once
 
 #include <cstdint>
@@ -53,10 +53,11 @@ struct Plan {
 // head in common). Only the first ceil(tokens / block_size) block ids of each list are used;
 // every id given is range-checked.
 //
-// Cost: O(blocks log blocks) to order the token ranges by destination (O(blocks) when the
-// destination blocks ascend), then O(pieces), where a piece is a run before merging. Loops
-// contiguous on both sides are folded, so pieces exceed runs only where whole blocks are
-// adjacent on both sides; planning one layer ([l, l+1)) costs one layer's share.
+// Cost: O(blocks + pieces) after validation, where blocks are the ids the tokens use and a
+// piece is a run before merging: loops contiguous on both sides are folded, so pieces exceed
+// runs mainly where whole pages are adjacent on both sides (a contiguous blocks-first request
+// is 1 run from one piece per block). Planning one layer ([l, l+1)) costs that layer's runs
+// plus the blocks. Figures: benchmarks/layout.md.
 Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec);
 
 // Checks that every run lies inside [0, src_bytes) on the source and [0, dst_bytes) on the

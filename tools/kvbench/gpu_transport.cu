@@ -43,6 +43,7 @@ struct Config {
   int64_t iters = 20, requests = 100, gap_us = 1000, tp = 1;
   int src_device = 0, dst_device = 1;
   uint64_t staging = 32ull << 20;
+  std::string ipc_path = "auto";
 };
 
 struct Case {
@@ -163,7 +164,9 @@ int BaselineMain(Channel& channel, const Config& c, uint64_t bytes) {
 // ---- Receiver children: register, wait, verify ----------------------------------------------
 
 transport::TransportOptions Options(const Config& c, int device) {
-  return {{{"device", std::to_string(device)}, {"staging_bytes", std::to_string(c.staging)}}};
+  return {{{"device", std::to_string(device)},
+           {"staging_bytes", std::to_string(c.staging)},
+           {"copy_path", c.ipc_path}}};
 }
 
 int ReceiverMain(Channel& channel, const Config& c, const Case& k, int rank) {
@@ -374,6 +377,7 @@ int GpuTransportMain(int argc, char** argv) {
       {"requests", "requests of per-layer streaming; p50/p99 reported (default 100)"},
       {"gap-us", "time between two layers' saves in streaming (default 1000)"},
       {"staging", "nccl staging slot size (default 32M; two per direction)"},
+      {"ipc-path", "cuda_ipc copy path: auto (the kernels' chooser), kernel or engine"},
       {"src-device", "prefill GPU (default 0)"},
       {"dst-device", "decode GPU (default 1)"},
       {"help", "show this help", true},
@@ -421,6 +425,11 @@ int GpuTransportMain(int argc, char** argv) {
     return 2;
   }
   c.staging = *staging;
+  c.ipc_path = flags.str("ipc-path", "auto");
+  if (c.ipc_path != "auto" && c.ipc_path != "kernel" && c.ipc_path != "engine") {
+    std::fprintf(stderr, "kvbench gpu-transport: --ipc-path is auto, kernel or engine\n");
+    return 2;
+  }
   c.src_device = static_cast<int>(src);
   c.dst_device = static_cast<int>(dst);
   if (c.heads % c.tp != 0) {
@@ -453,6 +462,8 @@ int GpuTransportMain(int argc, char** argv) {
       " = %.1f MiB; GPU %d -> GPU %d, TP 1 -> %lld\n",
       (long long)c.layers, (long long)c.heads, (long long)c.head_dim, (long long)c.block_size,
       (long long)c.tokens, bytes / 1048576.0, c.src_device, c.dst_device, (long long)c.tp);
+  std::printf("cuda_ipc copy path: %s; nccl staging: 2 x %.0f MiB per direction\n",
+              c.ipc_path.c_str(), c.staging / 1048576.0);
   std::fprintf(stderr, "[1/%zu] ceilings\n", 1 + backends.size() * orders.size());
   auto baseline =
       ChildProcess::Start([&c, bytes](Channel& ch) { return BaselineMain(ch, c, bytes); });

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -144,12 +145,16 @@ class IpcRemote final : public RemoteMemory {
 
 class CudaIpcTransport final : public Transport {
  public:
-  CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout)
-      : device_(device), connect_timeout_(connect_timeout), host_id_(HostId()) {}
+  CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout,
+                   std::optional<kernels::CopyPath> copy_path)
+      : device_(device),
+        connect_timeout_(connect_timeout),
+        copy_path_(copy_path),
+        host_id_(HostId()) {}
 
   Status Start(const std::string& socket_dir) {
     KV_ASSIGN_OR_RETURN(stream_, CudaStream::Create(device_));
-    KV_ASSIGN_OR_RETURN(copier_, gpu::RunCopier::Create(device_));
+    KV_ASSIGN_OR_RETURN(copier_, gpu::RunCopier::Create(device_, copy_path_));
     static std::atomic<int> counter{0};
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
@@ -496,6 +501,7 @@ class CudaIpcTransport final : public Transport {
 
   const int device_;
   const std::chrono::milliseconds connect_timeout_;
+  const std::optional<kernels::CopyPath> copy_path_;
   const std::string host_id_;
   CudaStream stream_;
   std::unique_ptr<gpu::RunCopier> copier_;  // guarded by mu_
@@ -543,11 +549,20 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
                                    std::to_string(count));
   }
   std::string socket_dir = "/tmp";
+  std::optional<kernels::CopyPath> copy_path;
   for (const auto& [k, v] : options.settings) {
     if (k == "socket_dir") socket_dir = v;
+    if (k != "copy_path") continue;
+    if (v == "kernel") {
+      copy_path = kernels::CopyPath::kKernel;
+    } else if (v == "engine") {
+      copy_path = kernels::CopyPath::kCopyEngine;
+    } else if (v != "auto") {
+      return Status::InvalidArgument("cuda_ipc: copy_path='" + v + "' is not auto|kernel|engine");
+    }
   }
-  auto transport = std::make_unique<CudaIpcTransport>(static_cast<int>(device),
-                                                      std::chrono::milliseconds(timeout_ms));
+  auto transport = std::make_unique<CudaIpcTransport>(
+      static_cast<int>(device), std::chrono::milliseconds(timeout_ms), copy_path);
   KV_RETURN_IF_ERROR(transport->Start(socket_dir));
   return std::unique_ptr<Transport>(std::move(transport));
 }

@@ -16,7 +16,8 @@
 // posts to it are refused with kUnavailable.
 //
 // Settings (TransportOptions): "device" (CUDA ordinal of the copy stream; default the current
-// device), "socket_dir" (default /tmp), "connect_timeout_ms" (default 5000).
+// device), "socket_dir" (default /tmp), "connect_timeout_ms" (default 5000), "copy_path"
+// (auto|kernel|engine: override the kernels' chooser; default auto).
 #pragma once
 
 #include <memory>

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "kernels/plan_copy.h"
@@ -19,8 +20,10 @@ namespace kv::transport::gpu {
 
 class RunCopier {
  public:
-  // Allocates the kernel's run table on `device`.
-  static Result<std::unique_ptr<RunCopier>> Create(int device);
+  // Allocates the kernel's run table on `device`. `forced` overrides the chooser (for tuning
+  // and benchmarks); nullopt lets it pick per copy.
+  static Result<std::unique_ptr<RunCopier>> Create(
+      int device, std::optional<kernels::CopyPath> forced = std::nullopt);
 
   // Enqueues the copy of every run from src_base + src_offset to dst_base + dst_offset. Runs
   // must already be validated against both buffers.
@@ -31,8 +34,10 @@ class RunCopier {
   kernels::CopyPath last_path() const { return last_path_; }
 
  private:
-  explicit RunCopier(std::unique_ptr<kernels::PlanCopier> kernel) : kernel_(std::move(kernel)) {}
+  RunCopier(std::unique_ptr<kernels::PlanCopier> kernel, std::optional<kernels::CopyPath> forced)
+      : kernel_(std::move(kernel)), forced_(forced) {}
   std::unique_ptr<kernels::PlanCopier> kernel_;
+  std::optional<kernels::CopyPath> forced_;
   kernels::CopyPath last_path_ = kernels::CopyPath::kKernel;
 };
 

@@ -2,7 +2,10 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -18,6 +21,7 @@
 namespace kv::transport::nccl {
 
 using gpu::CudaEvent;
+using gpu::CudaStatus;
 using gpu::FrameReader;
 using gpu::Socket;
 
@@ -90,6 +94,7 @@ struct Link::Impl {
   std::unique_ptr<StagingPipeline> out;  // sender thread
   std::unique_ptr<StagingPipeline> in;   // receive worker
   FrameReader frames;                    // reader thread
+  int wake_fd = -1;  // eventfd: the receive stream tells the reader a batch landed
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -208,9 +213,13 @@ struct Link::Impl {
         std::lock_guard lock(mu);
         busy = !recvs.empty() || !inbound.empty() || !puts.empty() || !gets.empty();
       }
-      // With work in flight, look at events and deadlines every millisecond.
-      auto wait = busy ? std::chrono::milliseconds(1) : std::chrono::milliseconds(50);
-      if (gpu::WaitReadable(socket.fd(), Clock::now() + wait)) {
+      // Finished scatters wake us through wake_fd; the timeout only paces deadline checks.
+      pollfd fds[2] = {{socket.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      ::poll(fds, 2, busy ? 1 : 50);
+      uint64_t drained;
+      while (::read(wake_fd, &drained, sizeof(drained)) > 0) {
+      }
+      if (fds[0].revents != 0) {
         Status read = frames.ReadAvailable(socket.fd());
         while (auto frame = frames.Next()) {
           Status handled = HandleFrame(*frame);
@@ -395,9 +404,17 @@ struct Link::Impl {
     }
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
-    std::lock_guard lock(mu);
-    recvs.push_back(PendingRecv{msg.seq, msg.reply_to, std::move(landed)});
-    return Status::Ok();
+    {
+      std::lock_guard lock(mu);
+      recvs.push_back(PendingRecv{msg.seq, msg.reply_to, std::move(landed)});
+    }
+    // Acks leave the moment the last scatter finishes, not at the reader's next timeout.
+    return CudaStatus(cudaLaunchHostFunc(copy, &WakeReader, this), "cudaLaunchHostFunc");
+  }
+
+  static void CUDART_CB WakeReader(void* self) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(static_cast<Impl*>(self)->wake_fd, &one, sizeof(one));
   }
 
   // Acks every batch whose scatter finished, in order; the reader never waits on the GPU.
@@ -478,6 +495,8 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
   impl->options = options;
   impl->regions = std::move(regions);
   impl->notes = std::move(notes);
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl->wake_fd < 0) return Status::IoError("eventfd failed");
   Impl* raw = impl.get();
   std::shared_ptr<Link> link(new Link(std::move(impl)));
   raw->sender = std::thread([raw] { raw->SendLoop(); });
@@ -491,6 +510,9 @@ Link::~Link() {
   impl_->sender.join();
   impl_->reader.join();
   impl_->receiver.join();
+  // Host callbacks still queued behind the scatters write to wake_fd.
+  if (impl_->in) cudaStreamSynchronize(impl_->in->copy_stream.get());
+  ::close(impl_->wake_fd);
 }
 
 Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,

@@ -201,7 +201,8 @@ void PrintText(const OffloadBenchConfig& config, const OffloadReport& r) {
       r.ceiling.c_str());
   for (const auto& b : r.busy) {
     std::printf(
-        "busy GPU, %s: compute kernel %.2f ms alone, %.2f ms beside stores (%.1f%% "
+        "busy GPU, %s: 1000 compute-bound kernels take %.2f ms alone, %.2f ms beside stores "
+        "(%.1f%% "
         "slower); store %.2f GB/s meanwhile\n",
         b.order.c_str(), b.alone_ms, b.beside_store_ms,
         b.alone_ms > 0 ? 100.0 * (b.beside_store_ms / b.alone_ms - 1) : 0, b.store_gbps);
@@ -250,8 +251,8 @@ allocates them) into a pool of 2·batch slots, then loads them back into other b
             cudaMemcpyAsync; the goal is pool ≥ 0.9 × ceiling);
   per-page  one copy call per page, as vLLM's older swap_blocks did (the speed-up column).
 LBNHC pages are one layer of one block (16 tokens: 64 KiB for Llama-3-8B); BLNHC pages are a
-whole block of every layer (2 MiB). On a GPU it also runs stores beside a compute-bound kernel
-and reports how much the kernel slows down. Without a CUDA device it runs the host path and says
+whole block of every layer (2 MiB). On a GPU it also runs stores beside a busy compute stream
+(1000 short compute-bound kernels, every SM full) and reports how much they slow down. Without a CUDA device it runs the host path and says
 so. Defaults: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16), 16 tokens per block.
 
 Flags:

@@ -55,13 +55,16 @@ __global__ void BusyKernel(float* out, int iters) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = x;
 }
 
+// A model's forward pass in miniature: many short kernels back to back, each filling every SM,
+// so copy kernels compete for SMs between them as they would beside a real model.
 struct Busy {
   int blocks = 0;
-  int iters = 1 << 14;
+  int iters = 1 << 12;
+  int launches = 1;
   float* out = nullptr;
 
   Status Launch(cudaStream_t stream) {
-    BusyKernel<<<blocks, 256, 0, stream>>>(out, iters);
+    for (int i = 0; i < launches; ++i) BusyKernel<<<blocks, 256, 0, stream>>>(out, iters);
     KV_CUDA_OK("busy kernel launch", cudaGetLastError());
     return Status::Ok();
   }
@@ -83,7 +86,7 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
   BusyRow row;
   row.order = engine.spec().order;
   Busy busy;
-  busy.blocks = sms * 8;
+  busy.blocks = sms * 8;  // 8 CTAs of 256 threads: every SM full
   DeviceMemory out;
   KV_CUDA_OK("cudaMalloc", cudaMalloc(&out.ptr, sizeof(float) * busy.blocks * 256));
   busy.out = static_cast<float*>(out.ptr);
@@ -92,9 +95,13 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
   KV_CUDA_OK("stream", cudaStreamCreateWithFlags(&compute.s, cudaStreamNonBlocking));
   KV_CUDA_OK("event", cudaEventCreate(&start.e));
   KV_CUDA_OK("event", cudaEventCreate(&stop.e));
-  // Calibrate to about 200 ms, long enough for several stores to overlap it.
+  // Calibrate one launch to about 0.2 ms, then 1000 of them: about 200 ms, long enough for
+  // several stores to overlap it.
+  busy.launches = 10;
   KV_ASSIGN_OR_RETURN(double probe_ms, TimeKernelMs(busy, compute.s, start.e, stop.e));
-  busy.iters = static_cast<int>(busy.iters * std::min(4096.0, 200.0 / std::max(probe_ms, 0.01)));
+  const double per_launch_ms = std::max(probe_ms / busy.launches, 0.001);
+  busy.iters = static_cast<int>(busy.iters * std::min(1024.0, 0.2 / per_launch_ms));
+  busy.launches = 1000;
   std::vector<double> alone;
   for (int i = 0; i < 3; ++i) {
     KV_ASSIGN_OR_RETURN(double ms, TimeKernelMs(busy, compute.s, start.e, stop.e));

@@ -252,8 +252,8 @@ allocates them) into a pool of 2·batch slots, then loads them back into other b
   per-page  one copy call per page, as vLLM's older swap_blocks did (the speed-up column).
 LBNHC pages are one layer of one block (16 tokens: 64 KiB for Llama-3-8B); BLNHC pages are a
 whole block of every layer (2 MiB). On a GPU it also runs stores beside a busy compute stream
-(1000 short compute-bound kernels, every SM full) and reports how much they slow down. Without a CUDA device it runs the host path and says
-so. Defaults: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16), 16 tokens per block.
+(1000 short compute-bound kernels, every SM full) and reports how much they slow down. Without
+a CUDA device it runs the host path and says so. Defaults: Llama-3-8B (32 layers, 8 KV heads, head_dim 128, bf16), 16 tokens per block.
 
 Flags:
 )";

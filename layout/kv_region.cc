@@ -13,29 +13,25 @@ int Index(Axis a) {
   return static_cast<int>(a);
 }
 
-// Index of axis letter c, or -1 when c names no axis.
-int AxisIndex(char c) {
-  static constexpr std::string_view kNames = "LBHNSC";
-  size_t i = kNames.find(c);
-  return i == std::string_view::npos ? -1 : static_cast<int>(i);
-}
+constexpr std::string_view kAxisNames = "LBHNSC";  // in Axis order
 
 // The order with L prepended when absent, or an error naming what is wrong with it.
 Result<std::string> NormalizeOrder(const std::string& order) {
   std::string full = order.find('L') == std::string::npos ? "L" + order : order;
   bool seen[kNumAxes] = {};
   for (char c : full) {
-    int a = AxisIndex(c);
-    if (a < 0)
+    const std::optional<Axis> axis = AxisFromName(c);
+    if (!axis)
       return Status::InvalidArgument("order '" + order + "': unknown axis '" + std::string(1, c) +
                                      "' (axes are L, B, H, N, S, C)");
+    const int a = Index(*axis);
     if (seen[a])
       return Status::InvalidArgument("order '" + order + "': axis " + std::string(1, c) +
                                      " appears twice");
     seen[a] = true;
   }
   for (char c : std::string("BHNC")) {
-    if (!seen[AxisIndex(c)])
+    if (!seen[Index(*AxisFromName(c))])
       return Status::InvalidArgument("order '" + order + "': axis " + std::string(1, c) +
                                      " is missing");
   }
@@ -89,8 +85,14 @@ Status ResolveTensorParallel(LayoutSpec& spec) {
 
 }  // namespace
 
+std::optional<Axis> AxisFromName(char name) {
+  const size_t i = kAxisNames.find(name);
+  if (i == std::string_view::npos) return std::nullopt;
+  return static_cast<Axis>(i);
+}
+
 char AxisName(Axis a) {
-  return "LBHNSC"[Index(a)];
+  return kAxisNames[Index(a)];
 }
 
 Result<KvRegion> KvRegion::Create(const LayoutSpec& input, MemoryLocation where) {
@@ -130,7 +132,7 @@ Result<KvRegion> KvRegion::Create(const LayoutSpec& input, MemoryLocation where)
   int64_t span = spec.content_bytes;
   r.strides_[Index(Axis::kC)] = 1;
   for (int i = static_cast<int>(r.order_.size()) - 2; i >= 0; --i) {
-    const Axis a = static_cast<Axis>(AxisIndex(r.order_[i]));
+    const Axis a = *AxisFromName(r.order_[i]);
     const char inner = r.order_[i + 1];
     int64_t stride = spec.strides[Index(a)] != 0 ? spec.strides[Index(a)] : extent;
     if (stride < extent)

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "layout/status.h"
@@ -19,6 +20,8 @@ namespace kv {
 enum class Axis : int { kL = 0, kB, kH, kN, kS, kC };
 inline constexpr int kNumAxes = 6;
 char AxisName(Axis a);  // 'L', 'B', ...
+// The axis a letter names, or nullopt for a letter that names none.
+std::optional<Axis> AxisFromName(char name);
 
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 

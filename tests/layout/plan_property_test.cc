@@ -56,7 +56,7 @@ class Gen {
     for (char name : axes) {
       auto region = KvRegion::Create(spec);
       ASSERT_TRUE(region.ok()) << region.status().ToString();
-      const Axis axis = static_cast<Axis>(std::string_view("LBHNSC").find(name));
+      const Axis axis = *AxisFromName(name);
       spec.strides[static_cast<int>(axis)] = region->stride(axis) + Int(1, 7);
     }
   }

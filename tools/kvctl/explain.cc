@@ -33,7 +33,7 @@ void PrintAxes(const KvRegion& r) {
   std::printf("order     %s (outermost first)\n", r.order().c_str());
   std::printf("  axis %10s %14s  meaning\n", "size", "stride (B)");
   for (char name : r.order()) {
-    const Axis axis = static_cast<Axis>(std::string_view("LBHNSC").find(name));
+    const Axis axis = *AxisFromName(name);
     std::printf("  %c    %10lld %14lld  %s\n", name, static_cast<ll>(r.size(axis)),
                 static_cast<ll>(r.stride(axis)), AxisMeaning(name));
   }

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -37,11 +38,12 @@ Status ReadStrides(const std::string& path, const pt::ptree& node, LayoutSpec& s
   if (!node.data().empty())
     return Status::InvalidArgument(path + ": 'strides' must be an object of axis: bytes");
   for (const auto& [axis, value] : node) {
-    const size_t index = std::string_view("LBHNSC").find(axis);
-    if (axis.size() != 1 || index == std::string_view::npos)
+    const std::optional<Axis> index = axis.size() == 1 ? AxisFromName(axis[0]) : std::nullopt;
+    if (!index)
       return Status::InvalidArgument(path + ": unknown axis 'strides." + axis +
                                      "' (axes are L, B, H, N, S, C)");
-    KV_ASSIGN_OR_RETURN(spec.strides[index], Integer(path, "strides." + axis, value));
+    KV_ASSIGN_OR_RETURN(spec.strides[static_cast<int>(*index)],
+                        Integer(path, "strides." + axis, value));
   }
   return Status::Ok();
 }

@@ -88,5 +88,23 @@ TEST(DecodeAttentionRef, EmptySequenceGivesZerosAndBadHeadsAreRejected) {
   EXPECT_EQ(DecodeAttentionHost(p.paged, p.layer_base(), p.args).code(), Code::kInvalidArgument);
 }
 
+TEST(DecodeAttentionRef, PartitionsShrinkForShortContextsAndSizeTheWorkspace) {
+  PagedKv kv;
+  kv.heads = 8;
+  kv.head_dim = 128;
+  DecodeAttentionArgs args;
+  args.num_q_heads = 32;
+  args.num_seqs = 64;
+  args.max_seq_len = 8192;  // 64·8·16 = 8192 CTAs at 512 tokens: enough
+  EXPECT_EQ(DecodePartitionTokens(kv, args), kDecodeMaxPartitionTokens);
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(kv, args), 64u * 32 * 16 * 130 * 4);
+  args.max_seq_len = 1024;  // 1024 CTAs at 512 tokens: halve once
+  EXPECT_EQ(DecodePartitionTokens(kv, args), 256);
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(kv, args), 64u * 32 * 4 * 130 * 4);
+  args.num_seqs = 1;
+  args.max_seq_len = 100;  // never below 128 tokens
+  EXPECT_EQ(DecodePartitionTokens(kv, args), 128);
+}
+
 }  // namespace
 }  // namespace kv::kernels

@@ -1,6 +1,7 @@
 // kvctl plan: prints the byte runs that move a request between two layouts.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 

@@ -68,6 +68,8 @@ Status ParseLayers(const std::string& text, TransferSpec& spec) {
       return Status::InvalidArgument("--layers: '" + text + "' is not a layer or FIRST-LAST");
     bounds.push_back(value);
   }
+  if (bounds[1] < bounds[0])
+    return Status::InvalidArgument("--layers: '" + text + "' ends before it begins");
   spec.layer_begin = bounds[0];
   spec.layer_end = bounds[1] + 1;
   return Status::Ok();

@@ -232,13 +232,14 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
     p->set_address(peer.dialed_address.empty() ? peer.conn->label() : peer.dialed_address);
     p->set_state(peer.ready ? "ready" : peer.conn ? "handshake" : "connecting");
   }
-  uint32_t regions = 0;
+  uint32_t engines = 0, regions = 0;
   uint64_t region_bytes = 0;
   for (const auto& [id, engine] : engines_) {
+    engines += engine.hello ? 1 : 0;  // not kvctl's own connection
     regions += static_cast<uint32_t>(engine.regions.size());
     for (const auto& r : engine.regions) region_bytes += r->memory.size();
   }
-  s.set_engines(static_cast<uint32_t>(engines_.size()));
+  s.set_engines(engines);
   s.set_regions(regions);
   s.set_region_bytes(region_bytes);
   s.set_transfers_in_flight(static_cast<uint32_t>(sources_.size() + loads_.size()));

@@ -1,0 +1,113 @@
+// kvctl status — what a running kvd is doing: name, uptime, memory, peers, regions, transfers.
+#include <cstdio>
+#include <string>
+
+#include "connector/connector.h"
+#include "tools/common/cli.h"
+#include "tools/kvctl/human_bytes.h"
+
+namespace kv {
+namespace {
+
+constexpr const char* kHelp = R"(kvctl status — ask a running kvd what it is doing.
+
+Connects to kvd's unix socket (the --socket it was started with; only its own user may) and
+prints its name, uptime, resident memory, transport and TCP address, the peer daemons and the
+state of each session, the engines and KV regions registered, and the transfers in flight,
+done and failed with the bytes moved. Nothing is changed; it is safe on a busy daemon.
+
+Examples:
+  kvctl --daemon /tmp/kvd.sock status
+  kvctl status --daemon /tmp/kvd.sock --json
+
+Flags:
+)";
+
+// Names come from other processes: escaped so the JSON stays JSON whatever they hold.
+std::string Quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+int StatusMain(int argc, char** argv) {
+  cli::Flags flags({
+      {"daemon", "kvd's unix socket (required)"},
+      {"timeout-ms", "how long to wait for kvd's answer (default 5000)"},
+      {"json", "print one JSON object", true},
+      {"help", "this text", true},
+  });
+  Status parsed = flags.Parse(argc, argv);
+  if (flags.has("help")) {
+    std::printf("%s%s", kHelp, flags.Help().c_str());
+    return 0;
+  }
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "kvctl status: %s\n", s.ToString().c_str());
+    return 2;
+  };
+  if (!parsed.ok()) return fail(parsed.WithContext("see --help"));
+  if (!flags.has("daemon")) return fail(Status::InvalidArgument("--daemon SOCKET is required"));
+  auto timeout = flags.integer("timeout-ms", 5000, 1, 600000);
+  if (!timeout.ok()) return fail(timeout.status());
+  auto s = connector::QueryDaemonStatus(flags.str("daemon"), std::chrono::milliseconds(*timeout));
+  if (!s.ok()) return fail(s.status());
+
+  if (flags.has("json")) {
+    std::string peers;
+    for (const auto& p : s->peers()) {
+      if (!peers.empty()) peers += ", ";
+      peers += "{\"name\": " + Quoted(p.name()) + ", \"address\": " + Quoted(p.address()) +
+               ", \"state\": " + Quoted(p.state()) + "}";
+    }
+    std::printf(
+        "{\"name\": %s, \"uptime_seconds\": %.1f, \"resident_bytes\": %llu, "
+        "\"transport\": %s, \"listen\": %s, \"peers\": [%s], \"engines\": %u, "
+        "\"regions\": %u, \"region_bytes\": %llu, \"transfers_in_flight\": %u, "
+        "\"transfers_done\": %llu, \"transfers_failed\": %llu, \"bytes_sent\": %llu, "
+        "\"bytes_received\": %llu, \"runs_sent\": %llu}\n",
+        Quoted(s->name()).c_str(), s->uptime_seconds(),
+        static_cast<unsigned long long>(s->resident_bytes()), Quoted(s->transport()).c_str(),
+        Quoted(s->listen_address()).c_str(), peers.c_str(), s->engines(), s->regions(),
+        static_cast<unsigned long long>(s->region_bytes()), s->transfers_in_flight(),
+        static_cast<unsigned long long>(s->transfers_done()),
+        static_cast<unsigned long long>(s->transfers_failed()),
+        static_cast<unsigned long long>(s->bytes_sent()),
+        static_cast<unsigned long long>(s->bytes_received()),
+        static_cast<unsigned long long>(s->runs_sent()));
+    return 0;
+  }
+  std::printf("kvd %s   up %.1f s   resident %s   transport %s on %s\n", s->name().c_str(),
+              s->uptime_seconds(), tools::HumanBytes(s->resident_bytes()).c_str(),
+              s->transport().c_str(), s->listen_address().c_str());
+  std::printf("engines %u   regions %u (%s)\n", s->engines(), s->regions(),
+              tools::HumanBytes(s->region_bytes()).c_str());
+  std::printf("transfers in flight %u   done %llu   failed %llu\n", s->transfers_in_flight(),
+              static_cast<unsigned long long>(s->transfers_done()),
+              static_cast<unsigned long long>(s->transfers_failed()));
+  std::printf("bytes sent %s   received %s\n", tools::HumanBytes(s->bytes_sent()).c_str(),
+              tools::HumanBytes(s->bytes_received()).c_str());
+  std::printf("peers %d\n", s->peers_size());
+  for (const auto& p : s->peers()) {
+    std::printf("  %-20s %-24s %s\n", p.name().empty() ? "?" : p.name().c_str(),
+                p.address().c_str(), p.state().c_str());
+  }
+  return 0;
+}
+
+const bool registered =
+    cli::Register({"status", "what a running kvd is doing (--daemon SOCKET)", &StatusMain});
+
+}  // namespace
+}  // namespace kv

@@ -88,6 +88,17 @@ class Transport {
   virtual Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
                                                                       MemoryLocation where) = 0;
 
+  // Allocates `length` bytes where this backend reaches them fastest and registers them; the
+  // registration owns the memory and frees it on destruction. For UCX on one host that is a
+  // shared-memory segment a peer writes into directly, with no work on this side. kUnsupported
+  // where the backend has no allocator of its own: use register_memory() then.
+  virtual Result<std::unique_ptr<MemoryRegistration>> allocate_memory(uint64_t length,
+                                                                      MemoryLocation where) {
+    (void)length;
+    (void)where;
+    return Status::Unsupported(std::string(name()) + " transport has no memory allocator");
+  }
+
   virtual Result<PeerId> connect(std::string_view peer_address) = 0;
   // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound.
   virtual void disconnect(PeerId peer) = 0;

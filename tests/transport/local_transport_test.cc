@@ -132,6 +132,8 @@ TEST_F(LocalPair, RefusesForeignDescriptorsAndDeviceMemory) {
   EXPECT_EQ(initiator->import_remote(peer, src_reg->packed_descriptor()).status().code(),
             Code::kInvalidArgument);
   EXPECT_FALSE(initiator->supports(MemoryKind::kCuda));
+  EXPECT_EQ(initiator->allocate_memory(4096, MemoryLocation::Host()).status().code(),
+            Code::kUnsupported);
   EXPECT_EQ(initiator->register_memory(src.data(), 16, MemoryLocation::Cuda(0)).status().code(),
             Code::kUnsupported);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,10 +37,35 @@ struct Config {
   int64_t window = 0;
   int64_t rounds = 0;
   bool ceiling = true;
+  bool transport_memory = true;  // allocate_memory() where the backend has it, as ucx_perftest
   bool json = false;
   TransportOptions options;
   std::vector<std::pair<std::string, std::string>> env;  // the same settings, for ucx_perftest
 };
+
+// Memory for one side: from the transport's allocator when asked and available (what
+// ucx_perftest measures with), else a plain vector registered with the transport.
+struct Buffer {
+  std::vector<char> owned;
+  std::unique_ptr<transport::MemoryRegistration> registration;
+};
+
+Result<Buffer> MakeBuffer(Transport& t, uint64_t bytes, bool transport_memory, char fill) {
+  Buffer b;
+  if (transport_memory) {
+    auto allocated = t.allocate_memory(bytes, MemoryLocation::Host());
+    if (allocated.ok()) {
+      b.registration = std::move(*allocated);
+      std::memset(b.registration->base(), fill, bytes);
+      return b;
+    }
+    if (allocated.status().code() != Code::kUnsupported) return allocated.status();
+  }
+  b.owned.assign(bytes, fill);
+  KV_ASSIGN_OR_RETURN(b.registration,
+                      t.register_memory(b.owned.data(), bytes, MemoryLocation::Host()));
+  return b;
+}
 
 int TargetMain(Channel& channel, const Config& config) {
   auto t = transport::CreateTransport(config.backend, config.options);
@@ -47,13 +73,13 @@ int TargetMain(Channel& channel, const Config& config) {
     std::fprintf(stderr, "kvbench transport (target): %s\n", t.status().ToString().c_str());
     return 2;
   }
-  std::vector<char> memory(config.size * config.runs_per_batch, 0);
-  auto reg = (*t)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
-  if (!reg.ok()) {
-    std::fprintf(stderr, "kvbench transport (target): %s\n", reg.status().ToString().c_str());
+  auto memory = MakeBuffer(**t, config.size * config.runs_per_batch, config.transport_memory, 0);
+  if (!memory.ok()) {
+    std::fprintf(stderr, "kvbench transport (target): %s\n", memory.status().ToString().c_str());
     return 3;
   }
-  if (!channel.Send((*t)->address()).ok() || !channel.Send((*reg)->packed_descriptor()).ok())
+  if (!channel.Send((*t)->address()).ok() ||
+      !channel.Send(memory->registration->packed_descriptor()).ok())
     return 4;
   // The initiator says "quit" when done; a vanished initiator ends the wait too.
   (void)channel.Receive(Clock::now() + 24h);
@@ -96,8 +122,7 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
   auto start = Clock::now();
   for (int64_t i = 0; i < iters; ++i) {
     KV_RETURN_IF_ERROR(in_flight.WaitBelow(config.window, Clock::now() + kBatchDeadline));
-    transport::Batch batch{transport::Op::kPut, &src, &remote, runs,
-                           Clock::now() + kBatchDeadline};
+    transport::Batch batch{transport::Op::kPut, &src, &remote, runs, Clock::now() + kBatchDeadline};
     transport::Completion done = in_flight.Slot();
     Status posted = t.post(batch, done);
     if (!posted.ok()) {
@@ -119,7 +144,7 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-int Run(const Config& config) {
+int Bench(const Config& config) {
   auto child = ChildProcess::Start([&](Channel& channel) { return TargetMain(channel, config); });
   if (!child.ok()) return Fail(child.status().ToString());
   auto address = (*child)->channel().Receive(Clock::now() + 30s);
@@ -128,9 +153,9 @@ int Run(const Config& config) {
 
   auto t = transport::CreateTransport(config.backend, config.options);
   if (!t.ok()) return Fail(t.status().ToString());
-  std::vector<char> memory(config.size * config.runs_per_batch, 1);
-  auto src = (*t)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
-  if (!src.ok()) return Fail(src.status().ToString());
+  auto memory = MakeBuffer(**t, config.size * config.runs_per_batch, config.transport_memory, 1);
+  if (!memory.ok()) return Fail(memory.status().ToString());
+  const transport::MemoryRegistration& src = *memory->registration;
   auto peer = (*t)->connect(*address);
   if (!peer.ok()) return Fail(peer.status().ToString());
   auto remote = (*t)->import_remote(*peer, *descriptor);
@@ -143,12 +168,12 @@ int Run(const Config& config) {
   const uint64_t messages = config.iters * config.runs_per_batch;
 
   // Warm-up: wire-up, registration caches, page faults.
-  auto warm = MeasureOnce(**t, **src, **remote, runs, config, std::min<int64_t>(config.iters, 100));
+  auto warm = MeasureOnce(**t, src, **remote, runs, config, std::min<int64_t>(config.iters, 100));
   if (!warm.ok()) return Fail(warm.status().ToString());
 
   std::vector<double> ours, ceiling, ceiling_us;
   for (int64_t round = 1; round <= config.rounds; ++round) {
-    auto seconds = MeasureOnce(**t, **src, **remote, runs, config, config.iters);
+    auto seconds = MeasureOnce(**t, src, **remote, runs, config, config.iters);
     if (!seconds.ok()) return Fail(seconds.status().ToString());
     ours.push_back(batch_bytes * config.iters / *seconds / 1e9);
     std::string line = "round " + std::to_string(round) + "/" + std::to_string(config.rounds) +
@@ -165,7 +190,7 @@ int Run(const Config& config) {
   (void)(*child)->channel().Send("quit");
   (void)(*child)->Wait(Clock::now() + 10s);
   remote->reset();
-  src->reset();
+  memory->registration.reset();
 
   const double gbps = Median(ours);
   const double per_run_us = batch_bytes * config.iters / (gbps * 1e9) / messages * 1e6;
@@ -181,11 +206,12 @@ int Run(const Config& config) {
         ceiling_per_message, config.ceiling ? gbps / ceiling_gbps : 0.0);
     return 0;
   }
-  std::printf("transport %s, put, %llu B x %lld runs per batch, %lld batches, window %lld, "
-              "median of %lld rounds\n",
-              config.backend.c_str(), static_cast<unsigned long long>(config.size),
-              static_cast<long long>(config.runs_per_batch), static_cast<long long>(config.iters),
-              static_cast<long long>(config.window), static_cast<long long>(config.rounds));
+  std::printf(
+      "transport %s, put, %llu B x %lld runs per batch, %lld batches, window %lld, "
+      "median of %lld rounds\n",
+      config.backend.c_str(), static_cast<unsigned long long>(config.size),
+      static_cast<long long>(config.runs_per_batch), static_cast<long long>(config.iters),
+      static_cast<long long>(config.window), static_cast<long long>(config.rounds));
   std::printf("  kvd          %8.3f GB/s   %8.3f us per run\n", gbps, per_run_us);
   if (config.ceiling) {
     std::printf("  ucx_perftest %8.3f GB/s   %8.3f us per message  (ucp_put_bw, same size)\n",
@@ -206,6 +232,7 @@ int TransportMain(int argc, char** argv) {
       {"window", "batches kept in flight (default 32)"},
       {"rounds", "measurements of each side, alternating; the median is reported (default 3)"},
       {"tls", "UCX_TLS for both kvd and ucx_perftest, e.g. tcp (default: UCX's choice)"},
+      {"user-memory", "register plain heap memory instead of the transport's own allocation", true},
       {"no-ceiling", "skip ucx_perftest", true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
@@ -238,8 +265,8 @@ int TransportMain(int argc, char** argv) {
   auto runs = flags.integer("runs-per-batch", 1, 1, 1'000'000);
   auto window = flags.integer("window", 32, 1, 4096);
   auto rounds = flags.integer("rounds", 3, 1, 100);
-  for (const Status& s : {size.status(), iters.status(), runs.status(), window.status(),
-                          rounds.status()}) {
+  for (const Status& s :
+       {size.status(), iters.status(), runs.status(), window.status(), rounds.status()}) {
     if (!s.ok()) return Fail(s.message());
   }
   if (*size == 0 || *size > (1ull << 30)) return Fail("--size must be in [1, 1G]");
@@ -250,12 +277,13 @@ int TransportMain(int argc, char** argv) {
   c.window = *window;
   c.rounds = *rounds;
   c.ceiling = !flags.has("no-ceiling");
+  c.transport_memory = !flags.has("user-memory");
   c.json = flags.has("json");
   if (flags.has("tls")) {
     c.options.settings.push_back({"UCX_TLS", flags.str("tls")});
     c.env.push_back({"UCX_TLS", flags.str("tls")});
   }
-  return Run(c);
+  return Bench(c);
 }
 
 const bool registered = cli::Register(

@@ -9,8 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -125,9 +125,8 @@ Result<PerftestFigure> RunUcxPerftest(uint64_t size, uint64_t iters,
     std::this_thread::sleep_for(std::chrono::milliseconds(100 + 100 * attempt));
     KV_ASSIGN_OR_RETURN(
         Process client,
-        Process::Spawn({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t",
-                        "ucp_put_bw", "-s", std::to_string(size), "-n", std::to_string(iters),
-                        "-w", warmup},
+        Process::Spawn({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", "ucp_put_bw",
+                        "-s", std::to_string(size), "-n", std::to_string(iters), "-w", warmup},
                        env, true));
     int code = 0;
     KV_ASSIGN_OR_RETURN(std::string text, client.Output(deadline, &code));

@@ -12,7 +12,7 @@
 namespace kv::bench {
 
 struct PerftestFigure {
-  double gbps = 0;         // overall bandwidth, 10^9 bytes per second
+  double gbps = 0;              // overall bandwidth, 10^9 bytes per second
   double usec_per_message = 0;  // overall time per message
 };
 

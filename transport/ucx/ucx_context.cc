@@ -1,5 +1,6 @@
 #include "transport/ucx/ucx_context.h"
 
+#include <cstdlib>
 #include <string>
 
 namespace kv::transport::ucx {
@@ -40,6 +41,12 @@ Result<ContextPtr> CreateContext(const TransportOptions& options) {
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &raw_config); s != UCS_OK)
     return FromUcs(s, "ucp_config_read");
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw_config);
+  // Peer-failure support for the posix and sysv transports (MM_ reaches both through UCX's
+  // transport-level table); an explicit choice in the environment or the settings wins.
+  if (std::getenv("UCX_POSIX_ERROR_HANDLING") == nullptr &&
+      std::getenv("UCX_SYSV_ERROR_HANDLING") == nullptr &&
+      std::getenv("UCX_MM_ERROR_HANDLING") == nullptr)
+    (void)ucp_config_modify(config.get(), "MM_ERROR_HANDLING", "y");
   for (const auto& [name, value] : options.settings) {
     std::string key = name.rfind("UCX_", 0) == 0 ? name.substr(4) : name;
     if (ucp_config_modify(config.get(), key.c_str(), value.c_str()) != UCS_OK)
@@ -92,10 +99,33 @@ Result<std::shared_ptr<MemoryMap>> MemoryMap::Create(ucp_context_h context, void
   params.length = length;
   params.memory_type =
       where.kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  return Map(context, params, where);
+}
+
+Result<std::shared_ptr<MemoryMap>> MemoryMap::Allocate(ucp_context_h context, uint64_t length) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = nullptr;
+  params.length = length;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  return Map(context, params, MemoryLocation::Host());
+}
+
+Result<std::shared_ptr<MemoryMap>> MemoryMap::Map(ucp_context_h context,
+                                                  const ucp_mem_map_params_t& params,
+                                                  MemoryLocation where) {
   ucp_mem_h memh = nullptr;
   if (ucs_status_t s = ucp_mem_map(context, &params, &memh); s != UCS_OK)
-    return FromUcs(s, "ucp_mem_map of " + std::to_string(length) + " bytes");
-  std::shared_ptr<MemoryMap> map(new MemoryMap(context, memh, base, length, where));
+    return FromUcs(s, "ucp_mem_map of " + std::to_string(params.length) + " bytes");
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK) {
+    ucp_mem_unmap(context, memh);
+    return FromUcs(s, "ucp_mem_query");
+  }
+  // An allocation may be rounded up; the registration covers what was asked for.
+  std::shared_ptr<MemoryMap> map(new MemoryMap(context, memh, attr.address, params.length, where));
   void* rkey = nullptr;
   size_t rkey_size = 0;
   if (ucs_status_t s = ucp_rkey_pack(context, memh, &rkey, &rkey_size); s != UCS_OK)

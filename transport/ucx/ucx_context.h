@@ -29,7 +29,11 @@ struct WorkerDeleter {
 };
 using WorkerPtr = std::unique_ptr<std::remove_pointer_t<ucp_worker_h>, WorkerDeleter>;
 
-// Features RMA, AM and WAKEUP; settings applied through ucp_config_modify.
+// Features RMA, AM and WAKEUP; settings applied through ucp_config_modify. Unless the settings
+// or the environment say otherwise, the posix and sysv transports get peer-failure support
+// (UCX_MM_ERROR_HANDLING=y): without it UCX 1.13 cannot use shared memory for endpoints in peer
+// error-handling mode and falls back to TCP on one host. A dead peer over shared memory is then
+// found by UCX's keepalive (UCX_KEEPALIVE_INTERVAL) or, sooner, by the batch deadline.
 Result<ContextPtr> CreateContext(const TransportOptions& options);
 Result<WorkerPtr> CreateWorker(ucp_context_h context);
 // The worker's address as bytes a peer can pass to ucp_ep_create.
@@ -43,6 +47,9 @@ class MemoryMap {
  public:
   static Result<std::shared_ptr<MemoryMap>> Create(ucp_context_h context, void* base,
                                                    uint64_t length, MemoryLocation where);
+  // Memory allocated by UCX itself (UCP_MEM_MAP_ALLOCATE: on one host, a System V or POSIX
+  // shared-memory segment that peers map and write into directly). Freed with the mapping.
+  static Result<std::shared_ptr<MemoryMap>> Allocate(ucp_context_h context, uint64_t length);
   ~MemoryMap();
   MemoryMap(const MemoryMap&) = delete;
   MemoryMap& operator=(const MemoryMap&) = delete;
@@ -56,6 +63,9 @@ class MemoryMap {
   MemoryMap(ucp_context_h context, ucp_mem_h memh, void* base, uint64_t length,
             MemoryLocation where)
       : context_(context), memh_(memh), base_(base), length_(length), where_(where) {}
+  static Result<std::shared_ptr<MemoryMap>> Map(ucp_context_h context,
+                                                const ucp_mem_map_params_t& params,
+                                                MemoryLocation where);
   ucp_context_h context_;
   ucp_mem_h memh_;
   void* base_;

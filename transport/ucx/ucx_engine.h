@@ -4,9 +4,9 @@
 // Threading model: the ucp worker is single-threaded and is touched only by the progress thread.
 // Callers validate their input, then hand the work over as a command (Enqueue); calls that need
 // an answer (connect, import_remote) wait for it with a deadline (RunSync). The progress thread
-// busy-polls while anything is in flight or for kIdleSpin after the last event, then arms the
-// worker and sleeps in epoll on the worker's fd and an eventfd that Enqueue rings: it is fast
-// under load and costs nothing when idle.
+// busy-polls for kIdleSpin after the last event (kBusySpin while batches are in flight), then
+// arms the worker and sleeps in epoll on the worker's fd and an eventfd that Enqueue rings: fast
+// under load, no CPU when idle (the daemon must not spin an idle core on a 2-core host).
 //
 // Rules (the contract of Transport, made precise for UCX):
 //  * A batch is one ucp_put_nbx/ucp_get_nbx per run and one ucp_ep_flush_nbx; it completes when
@@ -49,7 +49,8 @@ namespace kv::transport::ucx {
 inline constexpr unsigned kNotifyAmId = 17;
 inline constexpr size_t kMaxNotification = 64 << 10;
 inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
-inline constexpr auto kIdleSpin = std::chrono::microseconds(100);
+inline constexpr auto kIdleSpin = std::chrono::microseconds(100);  // nothing in flight
+inline constexpr auto kBusySpin = std::chrono::milliseconds(2);    // batches in flight
 
 class Engine;
 

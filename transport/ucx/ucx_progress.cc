@@ -99,7 +99,10 @@ void Engine::Loop() {
     if (!closing_.empty()) ReapClosedEndpoints();
     if (worked) last_event = now;
     worked = false;
-    if (now - last_event > kIdleSpin) Sleep(!in_flight_.empty());
+    // Shared-memory completions raise no event, so with batches in flight polling is what
+    // completes them; a quiet peer (a stalled TCP stream) still lets the thread sleep.
+    const bool busy = !in_flight_.empty();
+    if (now - last_event > (busy ? kBusySpin : kIdleSpin)) Sleep(busy);
   }
   Shutdown();
 }

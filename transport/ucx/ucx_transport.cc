@@ -89,6 +89,15 @@ class UcxTransport final : public Transport {
     return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
   }
 
+  Result<std::unique_ptr<MemoryRegistration>> allocate_memory(uint64_t length,
+                                                              MemoryLocation where) override {
+    if (length == 0) return Status::InvalidArgument("allocate_memory needs a length > 0");
+    if (where.kind != MemoryKind::kHost)
+      return Status::Unsupported("the ucx transport allocates host memory only");
+    KV_ASSIGN_OR_RETURN(auto map, ucx::MemoryMap::Allocate(engine_->context(), length));
+    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
+  }
+
   Result<PeerId> connect(std::string_view peer_address) override {
     ByteReader in(peer_address);
     uint32_t magic = 0, version = 0;

@@ -201,8 +201,9 @@ class Daemon::Core {
   Status SendLayer(SourceRequest& request, int layer);
   void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
   void RequestLoad(DestRequest& request);
-  void FinishSource(const std::string& request_id, const Status& status, bool tell_peer);
-  void FinishDest(const std::string& request_id, const Status& status, bool tell_peer);
+  // request_id by value: callers pass the id held by the request these functions erase.
+  void FinishSource(std::string request_id, const Status& status, bool tell_peer);
+  void FinishDest(std::string request_id, const Status& status, bool tell_peer);
   void FailRequestsOfEngine(uint64_t engine_id, const Status& why);
   void FailRequestsOfPeer(uint64_t peer_id, const Status& why);
   void ExpireRequests(Clock::time_point now);

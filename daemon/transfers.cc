@@ -308,8 +308,7 @@ void Daemon::Core::OnPeerFail(Peer& peer, const proto::Fail& fail) {
   }
 }
 
-void Daemon::Core::FinishSource(const std::string& request_id, const Status& status,
-                                bool tell_peer) {
+void Daemon::Core::FinishSource(std::string request_id, const Status& status, bool tell_peer) {
   auto it = sources_.find(request_id);
   if (it == sources_.end()) return;
   SourceRequest request = std::move(it->second);
@@ -426,7 +425,7 @@ void Daemon::Core::OnNotification(const std::string& message) {
   }
 }
 
-void Daemon::Core::FinishDest(const std::string& request_id, const Status& status, bool tell_peer) {
+void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool tell_peer) {
   auto it = loads_.find(request_id);
   if (it == loads_.end()) return;
   DestRequest request = std::move(it->second);

@@ -17,7 +17,8 @@ bool CudaDevicePresent() {
 }
 
 Status CudaHostRegister(void* base, uint64_t bytes) {
-  cudaError_t err = cudaHostRegister(base, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  cudaError_t err =
+      cudaHostRegister(base, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return Status::Unavailable("cudaHostRegister of " + std::to_string(bytes) +

@@ -44,7 +44,7 @@ struct Pending {
 
 class CudaPageMover final : public PageMover {
  public:
-  static Result<std::unique_ptr<PageMover>> Create(int device) {
+  static Result<std::unique_ptr<PageMover>> Create(int device, DeviceCopy how) {
     KV_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device));
     cudaStream_t stream;
     KV_CUDA_RETURN("cudaStreamCreate", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -108,8 +108,10 @@ class CudaPageMover final : public PageMover {
   const char* name() const override { return name_.c_str(); }
 
  private:
-  CudaPageMover(int device, cudaStream_t stream, std::unique_ptr<kernels::PlanCopier> copier)
+  CudaPageMover(int device, DeviceCopy how, cudaStream_t stream,
+                std::unique_ptr<kernels::PlanCopier> copier)
       : device_(device),
+        how_(how),
         name_("cuda:" + std::to_string(device)),
         stream_(stream),
         copier_(std::move(copier)),
@@ -120,7 +122,9 @@ class CudaPageMover final : public PageMover {
                       kernels::CopyDirection direction, cudaEvent_t* event) {
     if (!runs.empty()) {
       const bool dma =
-          kernels::ChooseCopyPath(runs, direction, stream_) == kernels::CopyPath::kCopyEngine;
+          how_ == DeviceCopy::kCopyEngine ||
+          (how_ == DeviceCopy::kAuto &&
+           kernels::ChooseCopyPath(runs, direction, stream_) == kernels::CopyPath::kCopyEngine);
       KV_RETURN_IF_ERROR(dma ? kernels::LaunchBatchCopy(src, dst, runs, stream_)
                              : copier_->Copy(src, dst, runs, stream_));
     }
@@ -171,6 +175,7 @@ class CudaPageMover final : public PageMover {
   }
 
   const int device_;
+  const DeviceCopy how_;
   const std::string name_;
   cudaStream_t stream_;
   std::unique_ptr<kernels::PlanCopier> copier_;
@@ -184,8 +189,8 @@ class CudaPageMover final : public PageMover {
 
 }  // namespace
 
-Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device) {
-  return CudaPageMover::Create(device);
+Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, DeviceCopy how) {
+  return CudaPageMover::Create(device, how);
 }
 
 }  // namespace kv::offload

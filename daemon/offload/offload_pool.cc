@@ -55,13 +55,15 @@ Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& opti
                             " bytes, not " + std::to_string(slots * slot_bytes));
   }
   KV_ASSIGN_OR_RETURN(HostBuffer memory, HostBuffer::Allocate(slots * slot_bytes, options.memory));
-  return std::unique_ptr<OffloadPool>(new OffloadPool(std::move(region), std::move(memory)));
+  return std::unique_ptr<OffloadPool>(
+      new OffloadPool(std::move(region), std::move(memory), options.device_copy));
 }
 
-OffloadPool::OffloadPool(KvRegion slots, HostBuffer memory)
+OffloadPool::OffloadPool(KvRegion slots, HostBuffer memory, DeviceCopy device_copy)
     : slots_(std::move(slots)),
       slot_bytes_(BlockBytes(slots_)),
       memory_(std::move(memory)),
+      device_copy_(device_copy),
       index_(static_cast<uint32_t>(slots_.size(Axis::kB))),
       host_mover_(CreateHostPageMover()) {
   stats_.slot_bytes = slot_bytes_;
@@ -125,7 +127,7 @@ Result<PageMover*> OffloadPool::MoverFor(MemoryLocation where) {
   if (where.kind == MemoryKind::kHost) return host_mover_.get();
   auto it = cuda_movers_.find(where.device);
   if (it == cuda_movers_.end()) {
-    KV_ASSIGN_OR_RETURN(auto mover, CreateCudaPageMover(where.device));
+    KV_ASSIGN_OR_RETURN(auto mover, CreateCudaPageMover(where.device, device_copy_));
     it = cuda_movers_.emplace(where.device, std::move(mover)).first;
   }
   return it->second.get();
@@ -289,7 +291,8 @@ Result<LoadTicket> OffloadPool::Load(const BlockTransfer& req, LayerDone on_laye
   };
 
   LoadTicket ticket;
-  ticket.per_layer = !engine.blocks_first();
+  // Phases cost a launch and an event each: split per layer only when someone waits per layer.
+  ticket.per_layer = !engine.blocks_first() && on_layer != nullptr;
   const int64_t layers = engine.size(Axis::kL);
   CopyJob job;
   job.src_base = memory_.data();

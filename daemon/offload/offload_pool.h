@@ -53,6 +53,8 @@ struct PoolOptions {
   // tensor-parallel fields are ignored (the pool is dense; ranks are shards).
   LayoutSpec slot_layout;
   HostBufferOptions memory;
+  // How copies between GPU pages and the pool run (see page_mover.h).
+  DeviceCopy device_copy = DeviceCopy::kAuto;
 };
 
 // The engine side of a store or a load: which of its blocks hold which keys.
@@ -77,7 +79,7 @@ struct StoreTicket {
 struct LoadTicket {
   uint64_t bytes = 0;
   size_t runs = 0;
-  bool per_layer = false;  // layer-first region: each layer completes on its own
+  bool per_layer = false;  // layer-first region and an on_layer: each layer lands on its own
 };
 
 using Completion = std::function<void(Status)>;
@@ -115,7 +117,7 @@ class OffloadPool {
   static int64_t ShardOf(const KvRegion& region);
 
  private:
-  OffloadPool(KvRegion slots, HostBuffer memory);
+  OffloadPool(KvRegion slots, HostBuffer memory, DeviceCopy device_copy);
 
   Status CheckShape(const KvRegion& region) const;
   Status CheckRequest(const BlockTransfer& request) const;
@@ -128,6 +130,7 @@ class OffloadPool {
   const KvRegion slots_;  // the pool's memory as a region: B = slots, shard 0
   const uint64_t slot_bytes_;
   HostBuffer memory_;
+  const DeviceCopy device_copy_;
 
   mutable std::mutex mu_;  // guards index_ and stats_
   SlotIndex index_;

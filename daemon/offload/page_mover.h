@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "layout/plan.h"
@@ -43,10 +44,17 @@ class PageMover {
 // memcpy of every run on a worker thread (kernels::CopyRunsHost).
 std::unique_ptr<PageMover> CreateHostPageMover();
 
-// Copies on a private non-blocking stream of `device`: the plan-copy kernel or
-// cudaMemcpyBatchAsync, as kernels::ChooseCopyPath decides per phase; a completion thread
-// waits on one event per phase. kUnsupported in builds without CUDA; kUnavailable when the
-// device cannot be used.
-Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device);
+// Which engine copies GPU pages to and from the pool. kAuto follows kernels::ChooseCopyPath per
+// phase (the plan-copy kernel for small runs, the copy engine for large ones). The kernel is
+// fastest on an idle GPU but needs SMs: beside a model that fills every SM it starves
+// (benchmarks/offload.md), where kCopyEngine (cudaMemcpyBatchAsync) keeps its bandwidth.
+enum class DeviceCopy : uint8_t { kAuto, kKernel, kCopyEngine };
+// "auto", "kernel", "copy-engine"; kInvalidArgument naming the value otherwise.
+Result<DeviceCopy> ParseDeviceCopy(std::string_view name);
+
+// Copies on a private non-blocking stream of `device`, by `how`; a completion thread waits on
+// one event per phase. kUnsupported in builds without CUDA; kUnavailable when the device cannot
+// be used.
+Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, DeviceCopy how);
 
 }  // namespace kv::offload

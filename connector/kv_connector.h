@@ -1,0 +1,85 @@
+/* The connector's C API: for Python (ctypes/cffi) and engines not written in C++.
+ *
+ * Mirrors connector/connector.h. Every function returns 0 on success or a kv::Code value (see
+ * layout/status.h: 1 invalid argument, 2 out of range, 3 incompatible, 4 not found, ... 8 timeout,
+ * 9 unavailable) and, when `err` is not NULL, fills it with the message. Nothing throws and
+ * nothing aborts across this boundary. Handles are owned by the caller and freed with their
+ * close/stop function; every function is thread-safe on one handle. */
+#ifndef KV_CONNECTOR_H_
+#define KV_CONNECTOR_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_connector kv_connector;
+typedef struct kv_daemon kv_daemon;
+
+typedef struct {
+  int code;
+  char message[512];
+} kv_error;
+
+/* kv::LayoutSpec. strides: byte strides indexed L, B, H, N, S, C; 0 means dense. */
+typedef struct {
+  const char* order; /* e.g. "LBNHC"; NULL means "LBNHC" */
+  int64_t layers, blocks, heads, block_size, content_bytes;
+  int64_t strides[6];
+  int tp_rank, tp_size;
+  int64_t total_heads;
+  int replicated;
+} kv_layout;
+
+enum { KV_MODE_PUSH = 0, KV_MODE_PULL = 1 };
+
+typedef struct {
+  char peer_name[256];
+  char peer_address[256];
+  char request_id[256];
+  int64_t tokens; /* set by the decode side: prompt tokens to load */
+  int mode;       /* KV_MODE_PUSH or KV_MODE_PULL */
+} kv_transfer_params;
+
+/* Embedded mode: a kvd core in this process. listen "127.0.0.1:0" picks a free port;
+ * transport "auto", "ucx" or "local". */
+int kv_daemon_start(const char* name, const char* listen, const char* transport, kv_daemon** out,
+                    kv_error* err);
+/* The TCP address peers reach it on ("127.0.0.1:41234"); valid until kv_daemon_stop. */
+const char* kv_daemon_address(const kv_daemon* daemon);
+void kv_daemon_stop(kv_daemon* daemon);
+
+int kv_connector_open(const char* socket_path, const char* instance, int tp_rank, int tp_size,
+                      int timeout_ms, kv_connector** out, kv_error* err);
+int kv_connector_open_embedded(kv_daemon* daemon, const char* instance, int tp_rank, int tp_size,
+                               int timeout_ms, kv_connector** out, kv_error* err);
+void kv_connector_close(kv_connector* connector);
+
+/* Allocates and registers one shared host region per layout; bases[i] receives its address. */
+int kv_register_kv_caches(kv_connector* c, const kv_layout* layouts, size_t count, void** bases,
+                          kv_error* err);
+
+int kv_save_layer(kv_connector* c, const char* request, int layer, const int64_t* block_ids,
+                  size_t count, kv_error* err);
+int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
+                        kv_error* err);
+int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,
+                  const int64_t* block_ids, size_t count, kv_error* err);
+int kv_wait_layer(kv_connector* c, const char* request, int layer, kv_error* err);
+
+/* Calls on_request(ctx, id, sent) for every request finished since the last call: sent = 1 on
+ * the source side (blocks released), 0 on the destination side (every layer in place). */
+typedef void (*kv_request_callback)(void* ctx, const char* request_id, int sent);
+int kv_get_finished(kv_connector* c, kv_request_callback on_request, void* ctx, kv_error* err);
+/* Calls on_blocks(ctx, ids, count) once with the local blocks of loads that failed since the
+ * last call (count may be 0). */
+typedef void (*kv_blocks_callback)(void* ctx, const int64_t* block_ids, size_t count);
+int kv_get_failed_blocks(kv_connector* c, kv_blocks_callback on_blocks, void* ctx, kv_error* err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_CONNECTOR_H_ */

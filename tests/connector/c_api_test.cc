@@ -1,0 +1,84 @@
+// The C API end to end: two embedded kvd cores, a prefill and a decode engine, one request.
+#include "connector/kv_connector.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+kv_layout Layout() {
+  kv_layout l{};
+  l.order = "LBNHC";
+  l.layers = 2;
+  l.blocks = 8;
+  l.heads = 2;
+  l.block_size = 4;
+  l.content_bytes = 16;
+  l.tp_size = 1;
+  return l;
+}
+
+TEST(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
+  kv_error err{};
+  kv_daemon *p = nullptr, *d = nullptr;
+  ASSERT_EQ(kv_daemon_start("p", "127.0.0.1:0", "local", &p, &err), 0) << err.message;
+  ASSERT_EQ(kv_daemon_start("d", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
+  kv_connector *prefill = nullptr, *decode = nullptr;
+  ASSERT_EQ(kv_connector_open_embedded(p, "prefill", 0, 1, 5000, &prefill, &err), 0) << err.message;
+  ASSERT_EQ(kv_connector_open_embedded(d, "decode", 0, 1, 5000, &decode, &err), 0) << err.message;
+  kv_layout layout = Layout();
+  void *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(kv_register_kv_caches(prefill, &layout, 1, &src, &err), 0) << err.message;
+  ASSERT_EQ(kv_register_kv_caches(decode, &layout, 1, &dst, &err), 0) << err.message;
+  // Blocks 1 and 2 of every layer (LBNHC: a block is 2·4·16 = 128 bytes, a layer 1024).
+  for (int l = 0; l < 2; ++l) {
+    std::memset(static_cast<char*>(src) + l * 1024 + 128, 0x40 + l, 256);
+  }
+  const int64_t src_blocks[] = {1, 2};
+  const int64_t dst_blocks[] = {6, 5};
+  kv_transfer_params params{};
+  std::snprintf(params.peer_address, sizeof(params.peer_address), "%s", kv_daemon_address(p));
+  params.tokens = 8;
+  params.mode = KV_MODE_PUSH;
+  ASSERT_EQ(kv_start_load(decode, "r1", &params, dst_blocks, 2, &err), 0) << err.message;
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_EQ(kv_save_layer(prefill, "r1", l, src_blocks, 2, &err), 0) << err.message;
+  }
+  kv_transfer_params out{};
+  ASSERT_EQ(kv_request_finished(prefill, "r1", &out, &err), 0) << err.message;
+  EXPECT_STREQ(out.peer_name, "p");
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_EQ(kv_wait_layer(decode, "r1", l, &err), 0) << err.message;
+    const char* base = static_cast<const char*>(dst) + l * 1024;
+    for (int b : {5, 6}) {
+      for (int i = 0; i < 128; ++i) ASSERT_EQ(base[b * 128 + i], 0x40 + l);
+    }
+    for (int i = 0; i < 128; ++i) ASSERT_EQ(base[4 * 128 + i], 0);  // untouched neighbour
+  }
+  std::vector<std::pair<std::string, int>> finished;
+  auto collect = [](void* ctx, const char* id, int sent) {
+    static_cast<std::vector<std::pair<std::string, int>>*>(ctx)->emplace_back(id, sent);
+  };
+  for (int i = 0; i < 500 && finished.size() < 2; ++i) {
+    ASSERT_EQ(kv_get_finished(prefill, collect, &finished, &err), 0);
+    ASSERT_EQ(kv_get_finished(decode, collect, &finished, &err), 0);
+    if (finished.size() < 2) usleep(2000);
+  }
+  ASSERT_EQ(finished.size(), 2u) << finished[0].first << " sent=" << finished[0].second;
+
+  // Errors are values: a wait on an unknown request names it.
+  EXPECT_EQ(kv_wait_layer(decode, "nope", 0, &err), 4);
+  EXPECT_NE(std::string(err.message).find("nope"), std::string::npos);
+  EXPECT_EQ(kv_save_layer(nullptr, "r", 0, src_blocks, 1, &err), 1);
+
+  kv_connector_close(prefill);
+  kv_connector_close(decode);
+  kv_daemon_stop(p);
+  kv_daemon_stop(d);
+}
+
+}  // namespace

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <map>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "transport/codec.h"
+#include "transport/cuda_ipc/device_ordered.h"
 #include "transport/transport.h"
 
 namespace kv::transport::gputest {
@@ -129,10 +131,10 @@ class PeerBody {
   }
 
   Status DoTransfer(ByteReader& r) {
-    uint32_t op = 0, wait_for_dead = 0;
+    uint32_t op = 0, wait_for_dead = 0, gated = 0;
     std::string_view address, descriptor, runs_blob, note;
-    if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.bytes(&address) || !r.bytes(&descriptor) ||
-        !r.bytes(&runs_blob) || !r.bytes(&note)) {
+    if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.bytes(&address) ||
+        !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
       return Status::Internal("bad transfer command");
     }
     auto known = peers_.find(std::string(address));
@@ -153,7 +155,12 @@ class PeerBody {
     auto promise = std::make_shared<std::promise<Status>>();
     auto future = promise->get_future();
     Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs, Clock::now() + 20s};
-    KV_RETURN_IF_ERROR(transport_->post(batch, [promise](Status s) { promise->set_value(s); }));
+    Completion done = [promise](Status s) { promise->set_value(s); };
+    if (gated) {
+      KV_RETURN_IF_ERROR(PostGated(batch, std::move(done), future));
+    } else {
+      KV_RETURN_IF_ERROR(transport_->post(batch, std::move(done)));
+    }
     if (future.wait_for(kBound) != std::future_status::ready) {
       return Status::Internal("no completion within the bound");
     }
@@ -161,6 +168,39 @@ class PeerBody {
     if (!note.empty()) KV_RETURN_IF_ERROR(transport_->notify(peer, std::string(note)));
     remotes_.push_back(std::move(remote));  // batches may still name it until the peer is done
     return Status::Ok();
+  }
+
+  // Posts through DeviceOrdered with an event recorded behind a host callback that holds its
+  // stream until released: the batch must not complete while the event has not fired.
+  Status PostGated(const Batch& batch, Completion done, std::future<Status>& future) {
+    auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
+    if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
+    cudaStream_t stream = nullptr;
+    cudaEvent_t gate = nullptr;
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&gate, cudaEventDisableTiming) != cudaSuccess) {
+      return Status::Internal("cannot create the gate");
+    }
+    std::atomic<bool> released{false};
+    cudaLaunchHostFunc(
+        stream,
+        [](void* flag) {
+          const auto until = Clock::now() + 60s;
+          while (!static_cast<std::atomic<bool>*>(flag)->load() && Clock::now() < until) {
+            std::this_thread::sleep_for(1ms);
+          }
+        },
+        &released);
+    cudaEventRecord(gate, stream);
+    Status posted = ordered->post_after(batch, gate, std::move(done));
+    // Whatever the backend does, it cannot have moved the bytes yet: give it time to go wrong.
+    const bool early = posted.ok() && future.wait_for(200ms) == std::future_status::ready;
+    released = true;
+    cudaStreamSynchronize(stream);
+    cudaEventDestroy(gate);
+    cudaStreamDestroy(stream);
+    if (early) return Status::Internal("the batch completed before its event fired");
+    return posted;
   }
 
   Status AwaitNote(const std::string& text) {
@@ -226,18 +266,19 @@ Result<Peer> StartPeer(const SideSpec& spec) {
 }
 
 Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& runs,
-                const std::string& note, bool wait_for_dead,
-                const std::string& descriptor_override) {
-  std::string command =
-      ByteWriter()
-          .u32(kTransfer)
-          .u32(static_cast<uint32_t>(op))
-          .u32(wait_for_dead ? 1 : 0)
-          .bytes(target.address)
-          .bytes(descriptor_override.empty() ? target.descriptor : descriptor_override)
-          .bytes(EncodeRuns(runs))
-          .bytes(note)
-          .take();
+                const TransferOptions& options) {
+  const std::string& descriptor =
+      options.forged_descriptor.empty() ? target.descriptor : options.forged_descriptor;
+  std::string command = ByteWriter()
+                            .u32(kTransfer)
+                            .u32(static_cast<uint32_t>(op))
+                            .u32(options.wait_for_dead ? 1 : 0)
+                            .u32(options.gated ? 1 : 0)
+                            .bytes(target.address)
+                            .bytes(descriptor)
+                            .bytes(EncodeRuns(runs))
+                            .bytes(options.note)
+                            .take();
   KV_RETURN_IF_ERROR(mover.process->channel().Send(command));
   KV_ASSIGN_OR_RETURN(std::string reply, mover.process->channel().Receive(Clock::now() + 90s));
   return DecodeStatus(reply);

@@ -41,13 +41,20 @@ struct Peer {
 // Starts a child that serves the commands below for its buffer.
 Result<Peer> StartPeer(const SideSpec& spec);
 
+struct TransferOptions {
+  std::string note;               // sent to the target after the batch when not empty
+  bool wait_for_dead = false;     // first poll until the mover's transport sees the target gone
+  std::string forged_descriptor;  // imported instead of the target's when not empty
+  // Post through DeviceOrdered::post_after() with an event the mover holds unfired; the mover
+  // checks the batch does not complete before it releases the event.
+  bool gated = false;
+};
+
 // Tells `mover` to connect to `target` (cached per address), import its descriptor and post one
-// batch of `runs` (kPut: local → target; kGet: target → local), wait for it, then send `note` to
-// the target when not empty. With wait_for_dead, the mover first polls until its transport
-// reports the target gone. Returns the status the mover saw (the post's, or the completion's).
+// batch of `runs` (kPut: local → target; kGet: target → local) and wait for it. Returns the
+// status the mover saw (the post's, or the completion's).
 Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& runs,
-                const std::string& note = "", bool wait_for_dead = false,
-                const std::string& descriptor_override = "");
+                const TransferOptions& options = {});
 
 // Waits (bounded) until the child received notification `text`.
 Status WaitForNote(Peer& peer, const std::string& text);

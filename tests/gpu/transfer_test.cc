@@ -64,6 +64,26 @@ Planned PlanFor(const LayoutSpec& src_spec, const LayoutSpec& dst_spec, int64_t 
   return {src->span_bytes(), dst->span_bytes(), plan.ok() ? plan->runs : std::vector<Run>{}};
 }
 
+TransferOptions WithNote(std::string note) {
+  TransferOptions o;
+  o.note = std::move(note);
+  return o;
+}
+TransferOptions Gated(TransferOptions o) {
+  o.gated = true;
+  return o;
+}
+TransferOptions Forged(std::string descriptor) {
+  TransferOptions o;
+  o.forged_descriptor = std::move(descriptor);
+  return o;
+}
+TransferOptions AfterSeenDead() {
+  TransferOptions o;
+  o.wait_for_dead = true;
+  return o;
+}
+
 class GpuTransferTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -83,7 +103,7 @@ TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
   Peer receiver = Start(1, p.dst_bytes, -1);
   ASSERT_TRUE(sender.process && receiver.process);
 
-  Status put = Transfer(sender, receiver, Op::kPut, p.runs, "layer-done");
+  Status put = Transfer(sender, receiver, Op::kPut, p.runs, WithNote("layer-done"));
   ASSERT_TRUE(put.ok()) << put.ToString();
   Status noted = WaitForNote(receiver, "layer-done");
   ASSERT_TRUE(noted.ok()) << noted.ToString();
@@ -95,9 +115,23 @@ TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
   std::vector<kv::Run> outside = {{0, p.dst_bytes - 8, 16}};
   EXPECT_EQ(Code::kOutOfRange, Transfer(sender, receiver, Op::kPut, outside).code());
   EXPECT_EQ(Code::kInvalidArgument,
-            Transfer(sender, receiver, Op::kPut, p.runs, "", false, "forged").code());
+            Transfer(sender, receiver, Op::kPut, p.runs, Forged("forged")).code());
   EXPECT_TRUE(Stop(sender).ok());
   EXPECT_TRUE(Stop(receiver).ok());
+}
+
+// The engine's per-layer event gates the transfer on the device: nothing moves before it fires.
+TEST_P(GpuTransferTest, PostAfterWaitsForTheEngineEvent) {
+  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("BLHNC", 32, 4), 160);
+  Peer sender = Start(0, p.src_bytes, kSrcSeed);
+  Peer receiver = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+  Status put = Transfer(sender, receiver, Op::kPut, p.runs, Gated(WithNote("in")));
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  ASSERT_TRUE(WaitForNote(receiver, "in").ok());
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
 }
 
 TEST_P(GpuTransferTest, GetPullsIntoTheCallersLayout) {
@@ -121,8 +155,8 @@ TEST_P(GpuTransferTest, OnePrefillRankFeedsTwoDecodeRanks) {
   Peer decode0 = Start(1, to0.dst_bytes, -1);
   Peer decode1 = Start(1, to1.dst_bytes, -1);
   ASSERT_TRUE(prefill.process && decode0.process && decode1.process);
-  ASSERT_TRUE(Transfer(prefill, decode0, Op::kPut, to0.runs, "done").ok());
-  ASSERT_TRUE(Transfer(prefill, decode1, Op::kPut, to1.runs, "done").ok());
+  ASSERT_TRUE(Transfer(prefill, decode0, Op::kPut, to0.runs, WithNote("done")).ok());
+  ASSERT_TRUE(Transfer(prefill, decode1, Op::kPut, to1.runs, WithNote("done")).ok());
   ASSERT_TRUE(WaitForNote(decode0, "done").ok());
   ASSERT_TRUE(WaitForNote(decode1, "done").ok());
   auto bytes0 = Dump(decode0);
@@ -141,7 +175,7 @@ TEST_P(GpuTransferTest, KilledPeerFailsTheBatchInsteadOfHanging) {
   ASSERT_TRUE(sender.process && receiver.process);
   ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());  // the path works first
   receiver.process->Kill();
-  Status after = Transfer(sender, receiver, Op::kPut, p.runs, "", /*wait_for_dead=*/true);
+  Status after = Transfer(sender, receiver, Op::kPut, p.runs, AfterSeenDead());
   EXPECT_EQ(Code::kUnavailable, after.code()) << after.ToString();
   EXPECT_TRUE(Stop(sender).ok());
 }

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/run_copier.h"
 #include "transport/cuda_ipc/side_channel.h"
 
@@ -143,7 +144,7 @@ class IpcRemote final : public RemoteMemory {
   uint64_t length_;
 };
 
-class CudaIpcTransport final : public Transport {
+class CudaIpcTransport final : public Transport, public DeviceOrdered {
  public:
   CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout,
                    std::optional<kernels::CopyPath> copy_path)
@@ -289,6 +290,10 @@ class CudaIpcTransport final : public Transport {
   }
 
   Status post(const Batch& batch, Completion done) override {
+    return post_after(batch, nullptr, std::move(done));
+  }
+
+  Status post_after(const Batch& batch, void* cuda_event, Completion done) override {
     auto* local = dynamic_cast<const IpcRegistration*>(batch.local);
     auto* remote = dynamic_cast<const IpcRemote*>(batch.remote);
     if (local == nullptr || remote == nullptr) {
@@ -308,6 +313,11 @@ class CudaIpcTransport final : public Transport {
     if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
     DeviceGuard guard(device_);
     KV_ASSIGN_OR_RETURN(CudaEvent event, CudaEvent::Create(device_));
+    if (cuda_event != nullptr) {
+      KV_RETURN_IF_ERROR(
+          CudaStatus(cudaStreamWaitEvent(stream_.get(), static_cast<cudaEvent_t>(cuda_event), 0),
+                     "cudaStreamWaitEvent"));
+    }
     KV_RETURN_IF_ERROR(
         copier_->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream_.get()));
     KV_RETURN_IF_ERROR(event.Record(stream_.get()));

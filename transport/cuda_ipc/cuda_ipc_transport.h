@@ -9,6 +9,9 @@
 // returns; the progress thread learns completion from a CUDA event (no host synchronisation on
 // the caller's path).
 //
+// Also implements DeviceOrdered (device_ordered.h): a batch's copies can wait on a CUDA event,
+// e.g. an engine's per-layer event opened with ImportEvent().
+//
 // Side channel: address() is "<host id>|unix:<path>" of a unix socket the backend listens on.
 // It carries notifications (sent by the progress thread once every earlier batch to that peer has
 // completed on the device, so the bytes are in place when the peer sees the message) and

@@ -36,6 +36,7 @@ struct SendJob {
   const char* local_base = nullptr;
   Completion done;  // kData of a put; empty for the reply to a get
   Clock::time_point deadline;
+  CudaEvent start_after;  // kData: the gathers wait for it on the device (Put's start_after)
 };
 
 struct PendingGet {
@@ -94,6 +95,7 @@ struct Link::Impl {
   std::unique_ptr<StagingPipeline> out;  // sender thread
   std::unique_ptr<StagingPipeline> in;   // receive worker
   FrameReader frames;                    // reader thread
+  gpu::CudaStream relay;                 // captures Put's start_after at post time; guarded by mu
   int wake_fd = -1;  // eventfd: the receive stream tells the reader a batch landed
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
@@ -177,6 +179,9 @@ struct Link::Impl {
       KV_RETURN_IF_ERROR(comm_out.Init(id, /*rank=*/0, options.device, ControlDeadline(), failed));
     }
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
+    if (job.start_after.get() != nullptr) {
+      KV_RETURN_IF_ERROR(WaitOn(out->copy_stream.get(), job.start_after));
+    }
     for (const std::vector<Run>& chunk : ChunkRuns(job.gather, job.data.chunk_bytes)) {
       Slot& slot = out->NextSlot();
       cudaStream_t copy = out->copy_stream.get();
@@ -495,6 +500,7 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
   impl->options = options;
   impl->regions = std::move(regions);
   impl->notes = std::move(notes);
+  KV_ASSIGN_OR_RETURN(impl->relay, gpu::CudaStream::Create(options.device));
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Status::IoError("eventfd failed");
   Impl* raw = impl.get();
@@ -516,8 +522,19 @@ Link::~Link() {
 }
 
 Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
-                 Clock::time_point deadline, Completion done) {
+                 Clock::time_point deadline, void* start_after, Completion done) {
   SendJob job;
+  if (start_after != nullptr) {
+    // The sender thread gets to this job later; the event's record must be taken now. A relay
+    // stream waits on it and records an event of ours that the gathers then wait on.
+    gpu::DeviceGuard guard(impl_->options.device);
+    KV_ASSIGN_OR_RETURN(job.start_after, CudaEvent::Create(impl_->options.device));
+    std::lock_guard lock(impl_->mu);
+    KV_RETURN_IF_ERROR(CudaStatus(
+        cudaStreamWaitEvent(impl_->relay.get(), static_cast<cudaEvent_t>(start_after), 0),
+        "cudaStreamWaitEvent"));
+    KV_RETURN_IF_ERROR(job.start_after.Record(impl_->relay.get()));
+  }
   job.kind = SendJob::Kind::kData;
   job.data.region_id = remote_id;
   job.data.chunk_bytes = impl_->options.chunk_bytes;

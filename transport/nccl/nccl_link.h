@@ -52,9 +52,11 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   // runs: src_offset in `local_base`'s region, dst_offset in the peer's region `remote_id`.
-  // Validated by the caller. kUnavailable when the link already failed (`done` not called).
+  // Validated by the caller. The gathers wait on the device for `start_after` (a cudaEvent_t,
+  // its record as of this call) when not null. kUnavailable when the link already failed
+  // (`done` not called).
   Status Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
-             Clock::time_point deadline, Completion done);
+             Clock::time_point deadline, void* start_after, Completion done);
   // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.
   Status Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, Completion done);

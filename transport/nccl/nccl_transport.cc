@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "transport/codec.h"
+#include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/side_channel.h"
 #include "transport/nccl/nccl_link.h"
 #include "transport/nccl/wire.h"
@@ -83,7 +84,7 @@ Result<int64_t> IntSetting(const TransportOptions& options, std::string_view key
   return fallback;
 }
 
-class NcclTransport final : public Transport {
+class NcclTransport final : public Transport, public DeviceOrdered {
  public:
   explicit NcclTransport(const LinkOptions& options) : options_(options) {}
 
@@ -165,6 +166,12 @@ class NcclTransport final : public Transport {
   }
 
   Status post(const Batch& batch, Completion done) override {
+    return post_after(batch, nullptr, std::move(done));
+  }
+
+  // A get's bytes leave from the peer's streams, which no local event orders: a get with an
+  // event is refused (kUnsupported).
+  Status post_after(const Batch& batch, void* cuda_event, Completion done) override {
     auto* local = dynamic_cast<const NcclRegistration*>(batch.local);
     auto* remote = dynamic_cast<const NcclRemote*>(batch.remote);
     if (local == nullptr || remote == nullptr) {
@@ -174,7 +181,10 @@ class NcclTransport final : public Transport {
     KV_ASSIGN_OR_RETURN(auto link, FindLink(remote->peer()));
     char* base = static_cast<char*>(local->base());
     if (batch.op == Op::kPut) {
-      return link->Put(base, batch.runs, remote->id(), batch.deadline, std::move(done));
+      return link->Put(base, batch.runs, remote->id(), batch.deadline, cuda_event, std::move(done));
+    }
+    if (cuda_event != nullptr) {
+      return Status::Unsupported("nccl: a get cannot wait on a local event");
     }
     return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
   }

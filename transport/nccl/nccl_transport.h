@@ -10,6 +10,8 @@
 // with the receiver's ack. A peer that dies or stops answering fails its batches with
 // kUnavailable and its communicators are aborted, never waited on.
 //
+// Also implements DeviceOrdered (device_ordered.h): a put's gathers can wait on a CUDA event.
+//
 // NCCL_NVLS_ENABLE is forced to 0 in this process when the backend is created: NVLink multicast
 // is not allowed on the shared machines, and point-to-point never needs it.
 //

@@ -1,0 +1,24 @@
+// A capability of the GPU backends (cuda_ipc, nccl) beyond Transport: posting a batch whose
+// copies wait, on the device, for a CUDA event, so that kvd starts a layer's transfer exactly
+// when the engine's per-layer event (shared with ImportEvent, ipc_event.h) fires, with no host
+// synchronisation on either side.
+//
+// Callers discover it at run time: dynamic_cast<DeviceOrdered*>(transport). The event's most
+// recent record at the time of the call is what the batch waits for (CUDA's cudaStreamWaitEvent
+// semantics); the event may be recorded again or destroyed once the call returns.
+// Thread-safe like Transport::post().
+#pragma once
+
+#include "transport/transport.h"
+
+namespace kv::transport {
+
+class DeviceOrdered {
+ public:
+  virtual ~DeviceOrdered() = default;
+  // Transport::post() whose copies start only after `cuda_event` (a cudaEvent_t) completes.
+  // nullptr means no wait. Same validation, errors and completion contract as post().
+  virtual Status post_after(const Batch& batch, void* cuda_event, Completion done) = 0;
+};
+
+}  // namespace kv::transport

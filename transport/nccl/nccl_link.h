@@ -18,8 +18,10 @@
 // threads abort their communicators (ncclCommAbort) and later calls are refused. Nothing waits
 // without a deadline.
 //
-// Thread-safety: Put/Get/Notify/Fail may be called from any thread. Two threads per link: the
-// sender (owns the outgoing communicator) and the reader (owns the incoming one, acks).
+// Thread-safety: Put/Get/Notify/Fail may be called from any thread. Three threads per link: the
+// sender (gathers and ncclSend on the outgoing communicator), the receive worker (ncclRecv and
+// scatter on the incoming one) and the reader (socket, acks, deadlines). The reader never waits
+// on the GPU, so it always sees a dead peer and can abort the other two out of NCCL.
 #pragma once
 
 #include <cstdint>

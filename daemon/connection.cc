@@ -4,7 +4,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <boost/asio/write.hpp>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -155,21 +154,39 @@ Status Connection::Send(const google::protobuf::MessageLite& message) {
   return Status::Ok();
 }
 
+// send(MSG_NOSIGNAL) on readiness rather than asio::async_write: a peer that vanished must cost
+// an EPIPE on its own connection, not a SIGPIPE for the embedding process.
 void Connection::WriteNext() {
   if (writing_ || writes_.empty() || !open_) return;
+  while (!writes_.empty()) {
+    std::string& front = writes_.front();
+    ssize_t n = send(socket_.native_handle(), front.data() + write_offset_,
+                     front.size() - write_offset_, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      Close(Status::IoError(label_ + ": send: " + std::strerror(errno)));
+      return;
+    }
+    write_offset_ += static_cast<size_t>(n);
+    if (write_offset_ == front.size()) {
+      backlog_bytes_ -= front.size();
+      writes_.pop_front();
+      write_offset_ = 0;
+    }
+  }
+  if (writes_.empty()) return;
   writing_ = true;
-  asio::async_write(socket_, asio::buffer(writes_.front()),
-                    [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                      self->writing_ = false;
-                      if (!self->open_) return;
-                      if (ec) {
-                        self->Close(Status::IoError(self->label_ + ": write: " + ec.message()));
-                        return;
-                      }
-                      self->backlog_bytes_ -= self->writes_.front().size();
-                      self->writes_.pop_front();
-                      self->WriteNext();
-                    });
+  socket_.async_wait(asio::posix::stream_descriptor::wait_write,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       self->writing_ = false;
+                       if (!self->open_) return;
+                       if (ec) {
+                         self->Close(Status::IoError(self->label_ + ": write: " + ec.message()));
+                         return;
+                       }
+                       self->WriteNext();
+                     });
 }
 
 void Connection::Close(const Status& why) {

@@ -73,6 +73,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<int> fds_;
   std::deque<std::string> writes_;
   size_t backlog_bytes_ = 0;
+  size_t write_offset_ = 0;  // bytes of writes_.front() already sent
   bool writing_ = false;
   bool open_ = true;
   bool partial_timer_armed_ = false;

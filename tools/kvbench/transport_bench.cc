@@ -131,7 +131,13 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
                            const Config& config, int64_t iters) {
   InFlight in_flight;
   auto start = Clock::now();
+  auto reported = start;
   for (int64_t i = 0; i < iters; ++i) {
+    if (i % 256 == 255 && Clock::now() - reported > 1s) {
+      reported = Clock::now();
+      std::fprintf(stderr, "  %lld/%lld batches posted\n", static_cast<long long>(i),
+                   static_cast<long long>(iters));
+    }
     if (in_flight.count() >= config.window)
       KV_RETURN_IF_ERROR(in_flight.WaitFor(config.window / 2, Clock::now() + kBatchDeadline));
     transport::Batch batch{transport::Op::kPut, &src, &remote, runs, Clock::now() + kBatchDeadline};

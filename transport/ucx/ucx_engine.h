@@ -160,9 +160,11 @@ class Engine {
 
   std::mutex queue_mu_;
   std::vector<std::function<void()>> commands_;  // guarded by queue_mu_
+  std::atomic<bool> has_commands_{false};        // commands_ is not empty
   std::atomic<bool> sleeping_{false};
 
   // Progress-thread state.
+  std::vector<std::function<void()>> running_;  // the commands being run, swapped with commands_
   bool stopping_ = false;
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;

@@ -66,6 +66,7 @@ void Engine::Enqueue(std::function<void()> command) {
   {
     std::lock_guard lock(queue_mu_);
     commands_.push_back(std::move(command));
+    has_commands_.store(true, std::memory_order_release);
   }
   // Pairs with Sleep(): it sets sleeping_ before its last look at the queue.
   if (sleeping_.load()) {
@@ -75,13 +76,17 @@ void Engine::Enqueue(std::function<void()> command) {
 }
 
 bool Engine::RunCommands() {
-  std::vector<std::function<void()>> batch;
+  // The loop polls this every turn; taking the lock only when there is work keeps it from
+  // contending with the threads that post.
+  if (!has_commands_.load(std::memory_order_acquire)) return false;
   {
     std::lock_guard lock(queue_mu_);
-    batch.swap(commands_);
+    running_.swap(commands_);
+    has_commands_.store(false, std::memory_order_relaxed);
   }
-  for (auto& command : batch) command();
-  return !batch.empty();
+  for (auto& command : running_) command();
+  running_.clear();  // keeps the capacity: no allocation per turn
+  return true;
 }
 
 void Engine::Loop() {

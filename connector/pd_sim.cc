@@ -31,12 +31,15 @@ uint64_t Seed(const std::string& id) {
 }
 
 // The value of element d of K (kv = 0) or V (kv = 1) of (layer, global head, token): what every
-// rank holding that head must end up with, whatever its layout.
-uint16_t Element(uint64_t seed, int64_t layer, int64_t head, int64_t token, int64_t d, int kv) {
-  const uint64_t row =
-      Mix(seed ^ Mix((static_cast<uint64_t>(layer) << 44) ^ (static_cast<uint64_t>(head) << 28) ^
-                     static_cast<uint64_t>(token)));
-  return static_cast<uint16_t>(Mix(row + static_cast<uint64_t>(2 * d + kv)));
+// rank holding that head must end up with, whatever its layout. One hash per row keeps writing
+// and verifying cheap next to the transfer being measured; rows differ in every element.
+uint64_t Row(uint64_t seed, int64_t layer, int64_t head, int64_t token) {
+  return Mix(seed ^ Mix((static_cast<uint64_t>(layer) << 44) ^ (static_cast<uint64_t>(head) << 28) ^
+                        static_cast<uint64_t>(token)));
+}
+
+uint16_t Element(uint64_t row, int64_t d, int kv) {
+  return static_cast<uint16_t>((row >> (kv * 16)) + static_cast<uint64_t>(d) * 0x9e37u + kv);
 }
 
 struct Engine {
@@ -54,10 +57,10 @@ Status WriteLayer(const Engine& e, uint64_t seed, int64_t layer, const std::vect
   for (int64_t t = 0; t < tokens; ++t) {
     slots[t] = blocks[t / n] * n + t % n;
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t g = region.global_head(h);
+      const uint64_t row = Row(seed, layer, region.global_head(h), t);
       for (int64_t d = 0; d < head_dim; ++d) {
-        k[(t * heads + h) * head_dim + d] = Element(seed, layer, g, t, d, 0);
-        v[(t * heads + h) * head_dim + d] = Element(seed, layer, g, t, d, 1);
+        k[(t * heads + h) * head_dim + d] = Element(row, d, 0);
+        v[(t * heads + h) * head_dim + d] = Element(row, d, 1);
       }
     }
   }
@@ -82,12 +85,13 @@ Status VerifyLayer(const Engine& e, const std::string& id, uint64_t seed, int64_
     for (int64_t h = 0; h < region.size(Axis::kH); ++h) {
       const int64_t g = region.global_head(h);
       const auto loc = region.kv(layer, blocks[t / n], h, t % n);
+      const uint64_t row = Row(seed, layer, g, t);
       for (int64_t d = 0; d < head_dim; ++d) {
         uint16_t got[2];
         std::memcpy(&got[0], base + loc.k_offset + 2 * d, 2);
         std::memcpy(&got[1], base + loc.v_offset + 2 * d, 2);
         for (int kv = 0; kv < 2; ++kv) {
-          if (got[kv] != Element(seed, layer, g, t, d, kv)) {
+          if (got[kv] != Element(row, d, kv)) {
             return Status::Internal("request " + id + ": " + (kv ? "V" : "K") + " of layer " +
                                     std::to_string(layer) + " head " + std::to_string(g) +
                                     " token " + std::to_string(t) + " element " +

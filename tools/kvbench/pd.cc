@@ -188,8 +188,18 @@ int PdMain(int argc, char** argv) {
         c.mla ? " MLA" : "", mode.c_str());
     std::fflush(stdout);
   }
+  // Sampled while the engines are still registered: the daemons' cost of serving them.
+  uint64_t prefill_rss = 0, decode_rss = 0;
+  uint32_t engines = 0;
   auto progress = [&](int done, int total) {
     if (!json) std::fprintf(stderr, "\r  %d / %d requests", done, total);
+    auto p = connector::QueryDaemonStatus(prefill_socket, std::chrono::milliseconds(2000));
+    auto d = connector::QueryDaemonStatus(decode_socket, std::chrono::milliseconds(2000));
+    if (p.ok() && d.ok()) {
+      prefill_rss = std::max(prefill_rss, p->resident_bytes());
+      decode_rss = std::max(decode_rss, d->resident_bytes());
+      engines = p->engines() + d->engines();
+    }
   };
   auto result = connector::RunPd(
       c, [&](const ConnectorOptions& o) { return Connector::Open(prefill_socket, o); },
@@ -214,10 +224,11 @@ int PdMain(int argc, char** argv) {
         "{\"requests\": %d, \"verified\": %d, \"failed\": %d, \"bytes\": %llu, "
         "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, \"p50_ms\": %.3f, "
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
-        "\"ceiling_gbps\": %.4f}\n",
+        "\"ceiling_gbps\": %.4f, \"prefill_kvd_rss\": %llu, \"decode_kvd_rss\": %llu}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
-        transport.c_str(), ceiling);
+        transport.c_str(), ceiling, static_cast<unsigned long long>(prefill_rss),
+        static_cast<unsigned long long>(decode_rss));
   } else {
     std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
     std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,
@@ -228,6 +239,9 @@ int PdMain(int argc, char** argv) {
       std::printf("  ceiling  %.3f GB/s (kvbench transport %s, same run size)   ratio %.2f\n",
                   ceiling, transport.c_str(), gbps / ceiling);
     }
+    std::printf(
+        "  kvd resident memory: prefill %.1f MiB, decode %.1f MiB (%u engines registered)\n",
+        prefill_rss / 1048576.0, decode_rss / 1048576.0, engines);
     if (!r.first_error.empty()) std::printf("  first error: %s\n", r.first_error.c_str());
     if (r.guard_bytes_written > 0) {
       std::printf("  %llu bytes written outside the requests' blocks\n",

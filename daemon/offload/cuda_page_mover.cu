@@ -53,7 +53,8 @@ class CudaPageMover final : public PageMover {
       cudaStreamDestroy(stream);
       return copier.status();
     }
-    return std::unique_ptr<PageMover>(new CudaPageMover(device, stream, std::move(copier).value()));
+    return std::unique_ptr<PageMover>(
+        new CudaPageMover(device, how, stream, std::move(copier).value()));
   }
 
   ~CudaPageMover() override {

@@ -145,12 +145,15 @@ Result<StoreTicket> OffloadPool::Store(const BlockTransfer& req, Completion done
   std::vector<int64_t> src_blocks, dst_slots;
   {
     std::lock_guard lock(mu_);
-    std::unordered_set<PoolKey, PoolKeyHash> fresh;
+    // Keys already held are pinned while this store claims slots, so that making room for the
+    // new keys can never evict a key the ticket reports as present. Unpinning them afterwards
+    // makes them the most recently used.
+    std::unordered_set<PoolKey, PoolKeyHash> fresh, present;
     std::vector<size_t> to_store;
     for (size_t i = 0; i < req.keys.size(); ++i) {
       PoolKey key{shard, req.keys[i]};
       if (index_.Find(key) != nullptr) {
-        index_.Touch(key);
+        if (present.insert(key).second) index_.Pin(key);
         ++ticket.already_present;
       } else if (fresh.insert(key).second) {
         to_store.push_back(i);
@@ -158,11 +161,14 @@ Result<StoreTicket> OffloadPool::Store(const BlockTransfer& req, Completion done
         ++ticket.already_present;  // a repeat within this request
       }
     }
-    if (to_store.size() > size_t{index_.free_slots()} + index_.evictable()) {
+    const size_t room = size_t{index_.free_slots()} + index_.evictable();
+    if (to_store.size() > room) {
+      for (const auto& key : present) index_.Unpin(key);
       return Status::ResourceExhausted(
           "store needs " + std::to_string(to_store.size()) + " slots; the pool has " +
           std::to_string(index_.free_slots()) + " free and " + std::to_string(index_.evictable()) +
-          " evictable of " + std::to_string(index_.capacity()) + " (the rest are in flight)");
+          " evictable of " + std::to_string(index_.capacity()) +
+          " (the rest are in flight or named by this store)");
     }
     for (size_t i : to_store) {
       PoolKey key{shard, req.keys[i]};
@@ -176,6 +182,7 @@ Result<StoreTicket> OffloadPool::Store(const BlockTransfer& req, Completion done
       src_blocks.push_back(req.blocks[i]);
       dst_slots.push_back(slot);
     }
+    for (const auto& key : present) index_.Unpin(key);
   }
   ticket.stored = claimed.size();
 

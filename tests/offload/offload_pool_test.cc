@@ -219,6 +219,28 @@ TEST(OffloadPool, StoringPastCapacityEvictsLeastRecentlyUsed) {
   EXPECT_EQ(pool->stats().evictions, 2u);
 }
 
+TEST(OffloadPool, MakingRoomNeverEvictsAKeyOfTheSameStore) {
+  auto pool = MakePool(4);
+  Engine engine = Engine::Make(Shape("LBNHC", 8));
+  auto first = Keys({1, 2, 3, 4});
+  std::vector<int64_t> b = {0, 1, 2, 3};
+  ASSERT_TRUE(StoreAndWait(*pool, engine.Transfer(first, b)).ok());
+  // Key 1 is the least recently used, but this store names it: it must survive.
+  auto mixed = Keys({1, 5, 6, 7});
+  std::vector<int64_t> b2 = {0, 4, 5, 6};
+  StoreTicket ticket;
+  ASSERT_TRUE(StoreAndWait(*pool, engine.Transfer(mixed, b2), &ticket).ok());
+  EXPECT_EQ(ticket.already_present, 1u);
+  EXPECT_EQ(ticket.evicted.size(), 3u);
+  EXPECT_EQ(*pool->Lookup(engine.region, mixed), 4u);
+  // Four new keys beside one present one cannot fit: refused, and nothing is evicted.
+  auto too_many = Keys({1, 8, 9, 10, 11});
+  std::vector<int64_t> b3 = {0, 1, 2, 3, 7};
+  EXPECT_EQ(StoreAndWait(*pool, engine.Transfer(too_many, b3)).code(), Code::kResourceExhausted);
+  EXPECT_EQ(*pool->Lookup(engine.region, mixed), 4u);
+  EXPECT_EQ(pool->stats().pinned_slots, 0u);
+}
+
 TEST(OffloadPool, StoreLargerThanThePoolFailsLoudlyAndChangesNothing) {
   auto pool = MakePool(2);
   Engine engine = Engine::Make(Shape("LBNHC", 4));
@@ -396,6 +418,31 @@ TEST(OffloadPool, ConcurrentEnginesKeepEveryBlockIntact) {
   PoolStats s = pool->stats();
   EXPECT_EQ(s.pinned_slots, 0u);
   EXPECT_LE(s.used_slots, 16u);
+}
+
+TEST(OffloadPool, LoadsWithoutLayerWaitersAreOnePhase) {
+  auto pool = MakePool(4);
+  Engine engine = Engine::Make(Shape("LBNHC", 8));
+  auto keys = Keys({1, 2});
+  std::vector<int64_t> b = {0, 1}, targets = {4, 5};
+  engine.Fill(0, 1);
+  engine.Fill(1, 2);
+  ASSERT_TRUE(StoreAndWait(*pool, engine.Transfer(keys, b)).ok());
+  Done done;
+  auto ticket = pool->Load(engine.Transfer(keys, targets), nullptr, done.callback());
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  ASSERT_TRUE(done.Wait().ok());
+  EXPECT_FALSE(ticket->per_layer);
+  EXPECT_EQ(ticket->runs, static_cast<size_t>(kLayers));  // one merged run per layer
+  EXPECT_TRUE(engine.Holds(4, 1));
+  EXPECT_TRUE(engine.Holds(5, 2));
+}
+
+TEST(DeviceCopy, ParsesItsNames) {
+  EXPECT_EQ(*ParseDeviceCopy("auto"), DeviceCopy::kAuto);
+  EXPECT_EQ(*ParseDeviceCopy("kernel"), DeviceCopy::kKernel);
+  EXPECT_EQ(*ParseDeviceCopy("copy-engine"), DeviceCopy::kCopyEngine);
+  EXPECT_EQ(ParseDeviceCopy("dma").status().code(), Code::kInvalidArgument);
 }
 
 TEST(OffloadPool, CapacityUnderOneSlotIsRejected) {

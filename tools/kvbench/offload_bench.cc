@@ -77,6 +77,7 @@ Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& en
       static_cast<uint64_t>(engine.size(Axis::kL) * engine.size(Axis::kH) * engine.size(Axis::kN)) *
       engine.logical_content_bytes();
   options.capacity_bytes = 2 * config.batch * block_bytes;
+  KV_ASSIGN_OR_RETURN(options.device_copy, offload::ParseDeviceCopy(config.device_copy));
   KV_ASSIGN_OR_RETURN(auto pool, offload::OffloadPool::Create(options));
 
   PoolTiming timing;
@@ -270,6 +271,7 @@ int OffloadMain(int argc, char** argv) {
       {"batch", "blocks per store and per load (default 512 on a GPU, 64 on the host)"},
       {"iters", "timed iterations; the median is reported (default 5)"},
       {"consecutive", "use engine blocks 0..batch-1 instead of random ones", true},
+      {"copy-path", "GPU copies: auto (kernels::ChooseCopyPath), kernel or copy-engine"},
       {"no-busy", "skip the busy-GPU measurement", true},
       {"host", "run the host path even when a GPU is present", true},
       {"json", "print one JSON object instead of the table", true},
@@ -322,6 +324,12 @@ int OffloadMain(int argc, char** argv) {
     return 2;
   }
   config.scattered = !flags.has("consecutive");
+  config.device_copy = flags.str("copy-path", "auto");
+  if (auto how = offload::ParseDeviceCopy(config.device_copy); !how.ok()) {
+    std::fprintf(stderr, "kvbench offload: --copy-path: %s (see --help)\n",
+                 how.status().ToString().c_str());
+    return 2;
+  }
   config.busy = !flags.has("no-busy");
 
   OffloadReport report;

@@ -114,6 +114,7 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
   options.capacity_bytes = 2 * config.batch * static_cast<uint64_t>(engine.size(Axis::kL)) *
                            engine.size(Axis::kH) * engine.size(Axis::kN) *
                            engine.logical_content_bytes();
+  KV_ASSIGN_OR_RETURN(options.device_copy, offload::ParseDeviceCopy(config.device_copy));
   KV_ASSIGN_OR_RETURN(auto pool, offload::OffloadPool::Create(options));
   KV_CUDA_OK("event", cudaEventRecord(start.e, compute.s));
   KV_RETURN_IF_ERROR(busy.Launch(compute.s));
@@ -220,7 +221,9 @@ Status RunGpu(const OffloadBenchConfig& config, OffloadReport* report) {
   cudaDeviceProp prop{};
   KV_CUDA_OK("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, 0));
   report->machine = std::string(prop.name) + " (cuda:0)";
-  report->path = "plan-copy kernel or cudaMemcpyBatchAsync (kernels::ChooseCopyPath), kvd stream";
+  report->path = config.device_copy == "auto"
+                     ? "plan-copy kernel or cudaMemcpyBatchAsync (kernels::ChooseCopyPath)"
+                     : "--copy-path " + config.device_copy;
   report->ceiling = "one pinned cudaMemcpyAsync";
   for (const auto& order : config.orders) {
     KV_RETURN_IF_ERROR(RunOrder(config, order, prop.multiProcessorCount, report));

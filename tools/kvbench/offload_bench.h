@@ -18,8 +18,9 @@ struct OffloadBenchConfig {
   int64_t engine_blocks = 0;  // blocks in the engine's cache
   int64_t batch = 0;          // blocks per store / load
   int iters = 5;
-  bool busy = true;       // GPU only: store beside a compute-bound kernel
-  bool scattered = true;  // engine block ids drawn at random, as vLLM's are
+  bool busy = true;                  // GPU only: store beside a compute-bound kernel
+  bool scattered = true;             // engine block ids drawn at random, as vLLM's are
+  std::string device_copy = "auto";  // GPU copies: offload::ParseDeviceCopy's names
 
   LayoutSpec Spec(const std::string& order, int64_t blocks) const;
 };

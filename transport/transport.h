@@ -29,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 using PeerId = uint64_t;
 
 // A registered range of local memory. Destroying it deregisters; the owner keeps it alive for as
-// long as any batch that names it is in flight.
+// long as any batch that names it is in flight, and destroys it before the Transport.
 class MemoryRegistration {
  public:
   virtual ~MemoryRegistration() = default;
@@ -42,7 +42,7 @@ class MemoryRegistration {
 };
 
 // A peer's registered range, unpacked for one connected peer. Runs against it are checked to
-// lie inside [0, length) before anything is posted.
+// lie inside [0, length) before anything is posted. Destroyed before the Transport.
 class RemoteMemory {
  public:
   virtual ~RemoteMemory() = default;

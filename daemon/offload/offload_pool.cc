@@ -125,6 +125,12 @@ Result<KvRegion> OffloadPool::PoolView(const KvRegion& engine) const {
 Result<PageMover*> OffloadPool::MoverFor(MemoryLocation where) {
   std::lock_guard lock(movers_mu_);
   if (where.kind == MemoryKind::kHost) return host_mover_.get();
+  if (!memory_.pinned()) {
+    // Copies from the GPU would read or write host memory the device cannot address.
+    return Status::Unavailable("cannot offload pages of cuda:" + std::to_string(where.device) +
+                               ": the pool's memory is not pinned (no CUDA device when it was "
+                               "allocated, or pinning was turned off)");
+  }
   auto it = cuda_movers_.find(where.device);
   if (it == cuda_movers_.end()) {
     KV_ASSIGN_OR_RETURN(auto mover, CreateCudaPageMover(where.device, device_copy_));

@@ -9,70 +9,85 @@ namespace kv::kernels {
 namespace {
 
 constexpr int kCopyThreads = 1024;
+constexpr uint64_t kOffsetMask = kPlanCopyMaxOffset - 1;
 
-// Warp w takes chunks w, w + warps, ...; each chunk names its run, so a one-byte run and a
-// megabyte run cost in proportion to their size and consecutive warps copy consecutive bytes.
+// Warp w copies chunks [C·w / W, C·(w + 1) / W): balanced to one chunk, and the warp reads the
+// descriptors of 32 chunks with one 16-byte load per lane, then hands them round by shuffles, so
+// between two chunks it waits on no memory.
 __global__ void __launch_bounds__(kCopyThreads)
-    PlanCopyKernel(const unsigned char* src, unsigned char* dst, const Run* runs,
-                   const uint64_t* first_chunk, const uint32_t* chunk_run, uint64_t num_chunks) {
+    PlanCopyKernel(const unsigned char* src, unsigned char* dst, const uint4* chunks,
+                   uint64_t num_chunks) {
   const int lane = threadIdx.x & 31;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
-  for (uint64_t chunk = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
-       chunk < num_chunks; chunk += warps) {
-    const uint32_t r = chunk_run[chunk];
-    const Run run = runs[r];
-    const uint64_t begin = (chunk - first_chunk[r]) * kPlanCopyChunkBytes;
-    const uint64_t length = min(kPlanCopyChunkBytes, run.length - begin);
-    detail::WarpCopy(src + run.src_offset + begin, dst + run.dst_offset + begin, length, lane);
+  const uint64_t warp = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const uint64_t end = num_chunks * (warp + 1) / warps;
+  for (uint64_t base = num_chunks * warp / warps; base < end; base += 32) {
+    const uint4 mine = base + lane < end ? chunks[base + lane] : make_uint4(0, 0, 0, 0);
+    const uint64_t src_offset = mine.x | uint64_t{mine.y} << 32;
+    const uint64_t dst_word = mine.z | uint64_t{mine.w} << 32;
+    const int count = static_cast<int>(min(uint64_t{32}, end - base));
+    for (int i = 0; i < count; ++i) {
+      const uint64_t s = __shfl_sync(0xffffffffu, src_offset, i);
+      const uint64_t d = __shfl_sync(0xffffffffu, dst_word, i);
+      detail::WarpCopy(src + s, dst + (d & kOffsetMask), (d >> 48) + 1, lane);
+    }
   }
 }
 
 }  // namespace
 
 Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_table,
-                      size_t num_runs, uint64_t num_chunks, const PlanCopyOptions& options,
+                      size_t /*num_runs*/, uint64_t num_chunks, const PlanCopyOptions& options,
                       void* stream) {
-  if (num_runs == 0 || num_chunks == 0) return Status::Ok();
+  if (num_chunks == 0) return Status::Ok();
   int max_ctas = options.max_ctas;
   if (max_ctas <= 0) {
     KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
   }
-  const uint64_t warps_needed = num_chunks;
-  const uint64_t ctas_needed = (warps_needed + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
+  const uint64_t ctas_needed = (num_chunks + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
   const int ctas = static_cast<int>(std::min<uint64_t>(max_ctas, ctas_needed));
-  const auto* runs = static_cast<const Run*>(device_table);
-  const auto* first_chunk = reinterpret_cast<const uint64_t*>(runs + num_runs);
-  const auto* chunk_run = reinterpret_cast<const uint32_t*>(first_chunk + num_runs + 1);
   PlanCopyKernel<<<ctas, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base), runs,
-      first_chunk, chunk_run, num_chunks);
+      static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
+      static_cast<const uint4*>(device_table), num_chunks);
   return detail::LaunchStatus("plan copy kernel");
 }
 
 // ---- PlanCopier ------------------------------------------------------------------------------
 
-struct PlanCopier::Impl {
-  PlanCopyOptions options;
-  void* device_table = nullptr;
-  void* staging = nullptr;  // pinned
-  uint64_t capacity = 0;
-  cudaEvent_t table_uploaded = nullptr;  // staging may be rewritten once this fires
-  cudaEvent_t kernel_done = nullptr;     // the device table may be rewritten once this fires
+namespace {
 
-  ~Impl() {
+// One device table and its pinned staging buffer.
+struct TableSlot {
+  void* device_table = nullptr;
+  void* staging = nullptr;
+  uint64_t capacity = 0;
+  cudaEvent_t uploaded = nullptr;   // staging may be rewritten once this fires
+  cudaEvent_t copy_done = nullptr;  // device_table may be rewritten once this fires
+
+  ~TableSlot() {
     // Nothing may still read the buffers we free.
-    if (kernel_done) cudaEventSynchronize(kernel_done);
+    if (copy_done) cudaEventSynchronize(copy_done);
+    if (uploaded) cudaEventSynchronize(uploaded);
     if (device_table) cudaFree(device_table);
     if (staging) cudaFreeHost(staging);
-    if (table_uploaded) cudaEventDestroy(table_uploaded);
-    if (kernel_done) cudaEventDestroy(kernel_done);
+    if (uploaded) cudaEventDestroy(uploaded);
+    if (copy_done) cudaEventDestroy(copy_done);
   }
 
+  Status Init() {
+    KV_RETURN_IF_ERROR(
+        detail::CudaStatus(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming), "event"));
+    KV_RETURN_IF_ERROR(
+        detail::CudaStatus(cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming), "event"));
+    return Reserve(64 << 10);
+  }
+
+  // Makes the slot hold `bytes` and its staging buffer writable.
   Status Reserve(uint64_t bytes) {
     if (bytes <= capacity) {
-      return detail::CudaStatus(cudaEventSynchronize(table_uploaded), "wait for table upload");
+      return detail::CudaStatus(cudaEventSynchronize(uploaded), "wait for table upload");
     }
-    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventSynchronize(kernel_done), "wait for copy"));
+    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventSynchronize(copy_done), "wait for copy"));
     if (device_table) cudaFree(std::exchange(device_table, nullptr));
     if (staging) cudaFreeHost(std::exchange(staging, nullptr));
     capacity = 0;
@@ -84,6 +99,19 @@ struct PlanCopier::Impl {
   }
 };
 
+}  // namespace
+
+struct PlanCopier::Impl {
+  PlanCopyOptions options;
+  TableSlot slots[2];
+  int next = 0;
+  cudaStream_t upload = nullptr;
+
+  ~Impl() {
+    if (upload) cudaStreamDestroy(upload);  // returns at once; the slots wait for its work
+  }
+};
+
 PlanCopier::PlanCopier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PlanCopier::~PlanCopier() = default;
 
@@ -91,29 +119,32 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& op
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   KV_RETURN_IF_ERROR(detail::CudaStatus(
-      cudaEventCreateWithFlags(&impl->table_uploaded, cudaEventDisableTiming), "event"));
-  KV_RETURN_IF_ERROR(detail::CudaStatus(
-      cudaEventCreateWithFlags(&impl->kernel_done, cudaEventDisableTiming), "event"));
-  KV_RETURN_IF_ERROR(impl->Reserve(64 << 10));
+      cudaStreamCreateWithFlags(&impl->upload, cudaStreamNonBlocking), "upload stream"));
+  for (TableSlot& slot : impl->slots) KV_RETURN_IF_ERROR(slot.Init());
   return std::unique_ptr<PlanCopier>(new PlanCopier(std::move(impl)));
 }
 
 Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Run> runs,
                         void* stream) {
-  if (runs.empty()) return Status::Ok();
   Impl& m = *impl_;
-  const uint64_t bytes = PlanCopyTableBytes(runs.size(), PlanCopyChunks(runs));
-  KV_RETURN_IF_ERROR(m.Reserve(bytes));
-  KV_ASSIGN_OR_RETURN(const uint64_t chunks, EncodePlanCopyTable(runs, m.staging, m.capacity));
-  auto s = static_cast<cudaStream_t>(stream);
-  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaStreamWaitEvent(s, m.kernel_done, 0), "order"));
-  KV_RETURN_IF_ERROR(detail::CudaStatus(
-      cudaMemcpyAsync(m.device_table, m.staging, bytes, cudaMemcpyHostToDevice, s),
-      "run table upload"));
-  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(m.table_uploaded, s), "record"));
+  const uint64_t chunks = PlanCopyChunks(runs);
+  if (chunks == 0) return Status::Ok();
+  TableSlot& slot = m.slots[m.next];
+  m.next ^= 1;
+  const uint64_t bytes = PlanCopyTableBytes(runs.size(), chunks);
+  KV_RETURN_IF_ERROR(slot.Reserve(bytes));
+  KV_RETURN_IF_ERROR(EncodePlanCopyTable(runs, slot.staging, slot.capacity).status());
   KV_RETURN_IF_ERROR(
-      LaunchPlanCopy(src_base, dst_base, m.device_table, runs.size(), chunks, m.options, stream));
-  return detail::CudaStatus(cudaEventRecord(m.kernel_done, s), "record");
+      detail::CudaStatus(cudaStreamWaitEvent(m.upload, slot.copy_done, 0), "order upload"));
+  KV_RETURN_IF_ERROR(detail::CudaStatus(
+      cudaMemcpyAsync(slot.device_table, slot.staging, bytes, cudaMemcpyHostToDevice, m.upload),
+      "run table upload"));
+  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.uploaded, m.upload), "record"));
+  auto s = static_cast<cudaStream_t>(stream);
+  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaStreamWaitEvent(s, slot.uploaded, 0), "order copy"));
+  KV_RETURN_IF_ERROR(
+      LaunchPlanCopy(src_base, dst_base, slot.device_table, runs.size(), chunks, m.options, s));
+  return detail::CudaStatus(cudaEventRecord(slot.copy_done, s), "record");
 }
 
 // ---- The copy engine -------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 // Three executors of the same contract ("for every run, dst_base[dst_offset, +length) takes
 // src_base[src_offset, +length)"), chosen at run time:
 //  - CopyRunsHost: the CPU reference; what host-only regions use.
-//  - The copy kernel: the whole run table in one launch. Work is split into chunks of at most
-//    kPlanCopyChunkBytes, one warp per chunk, so megabyte runs and one-byte runs balance; 16-byte
+//  - The copy kernel: the whole run table in one launch. Runs are cut into chunks of at most
+//    kPlanCopyChunkBytes; each warp copies one contiguous range of the chunk table, so megabyte
+//    runs and one-byte runs balance, and reads the descriptors of 32 chunks with one load; 16-byte
 //    vectors where source, destination and length allow, narrower accesses otherwise. The grid
 //    is capped (PlanCopyOptions::max_ctas) so it can run beside model kernels.
 //  - The copy engine: cudaMemcpyBatchAsync, best for few large runs and for pinned-host copies
@@ -41,26 +42,40 @@ struct PlanCopyOptions {
   int max_ctas = 0;  // grid cap; 0 means one CTA per SM of the current device
 };
 
-// The device-side run table: the runs; for each run the index of its first chunk (an exclusive
-// prefix sum, num_runs + 1 entries); for each chunk the index of its run (uint32), so a warp finds
-// its work with two loads instead of a search. Built on the host in O(runs + chunks), moved to
-// the device by an asynchronous copy on the launch stream, and read by the kernel.
+// The device-side run table is one 16-byte descriptor per chunk, so a warp finds its work with
+// one coalesced load and no dependent look-ups, and the table a pipeline uploads per copy stays
+// small (1 MiB for 1 GiB of 16 KiB pages). Offsets must be below 2^48 (kInvalidArgument
+// otherwise), which leaves the high 16 bits of the destination word for the length.
+struct PlanCopyChunk {
+  uint64_t src_offset;
+  uint64_t dst_offset_and_length;  // dst_offset | (length - 1) << 48
+};
+static_assert(sizeof(PlanCopyChunk) == 16);
+inline constexpr uint64_t kPlanCopyMaxOffset = uint64_t{1} << 48;
+
+// Built on the host in O(chunks), moved to the device by an asynchronous copy, read by the kernel.
+// The table depends only on the chunk count; num_runs is accepted so existing callers compile.
 uint64_t PlanCopyChunks(std::span<const Run> runs);
 uint64_t PlanCopyTableBytes(size_t num_runs, uint64_t num_chunks);
 // Encodes `runs` into `table` (table_bytes ≥ PlanCopyTableBytes(runs.size(), chunks)); returns
-// the number of chunks. kInvalidArgument when the table is too small or runs ≥ 2^32.
+// the number of chunks. kInvalidArgument when the table is too small or an offset is ≥ 2^48.
 Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uint64_t table_bytes);
 
-// One launch over a table already resident on the device. Asynchronous on `stream`.
+// One launch over a table already resident on the device (16-byte aligned). Asynchronous on
+// `stream`. num_runs is unused by the kernel (see PlanCopyTableBytes).
 Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_table,
                       size_t num_runs, uint64_t num_chunks, const PlanCopyOptions& options,
                       void* stream);
 
-// Owns the device copy of the run table and a pinned staging buffer for it, so that Copy() puts
-// the table on the device without a synchronous copy: encode into pinned memory, copy
-// asynchronously on the caller's stream, launch. Grows as needed (rarely; growth waits for the
-// previous copy's table upload). Not thread-safe: one PlanCopier per thread. Copies on different
-// streams are ordered through an event so the shared device table is never overwritten early.
+// Owns two device run tables and their pinned staging buffers, used in turn, so that a pipeline
+// of copies never waits for a table: Copy() encodes into pinned memory and uploads on a stream of
+// its own, which needs only the copy two calls back to be done with that table; the caller's
+// stream waits for the upload (an event, on the device) and launches. So the upload of copy i+1
+// overlaps copy i and anything else queued on the caller's stream. The host blocks only when a
+// staging buffer is still being uploaded from (two calls back), or when a table must grow
+// (rarely: then it waits for the copy that last used it). Not thread-safe: one PlanCopier per
+// thread; copies on different streams are fine. The streams must belong to the device that was
+// current at Create().
 class PlanCopier {
  public:
   // Allocates on the current CUDA device. kUnsupported without CUDA.

@@ -1,5 +1,6 @@
 // Host side of plan copy: the CPU reference, the run-table encoding and the path chooser. Built
 // in every configuration; the device entry points live in plan_copy.cu (or cuda_stubs.cc).
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -20,30 +21,29 @@ uint64_t PlanCopyChunks(std::span<const Run> runs) {
   return chunks;
 }
 
-uint64_t PlanCopyTableBytes(size_t num_runs, uint64_t num_chunks) {
-  return num_runs * sizeof(Run) + (num_runs + 1) * sizeof(uint64_t) + num_chunks * sizeof(uint32_t);
+uint64_t PlanCopyTableBytes(size_t /*num_runs*/, uint64_t num_chunks) {
+  return num_chunks * sizeof(PlanCopyChunk);
 }
 
 Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uint64_t table_bytes) {
-  if (runs.size() >= (uint64_t{1} << 32)) {
-    return Status::InvalidArgument(std::to_string(runs.size()) + " runs exceed the 2^32 limit");
-  }
   const uint64_t chunks = PlanCopyChunks(runs);
   if (table_bytes < PlanCopyTableBytes(runs.size(), chunks)) {
     return Status::InvalidArgument("plan copy table of " + std::to_string(table_bytes) +
-                                   " bytes cannot hold " + std::to_string(runs.size()) + " runs");
+                                   " bytes cannot hold " + std::to_string(chunks) + " chunks");
   }
-  auto* bytes = static_cast<unsigned char*>(table);
-  std::memcpy(bytes, runs.data(), runs.size() * sizeof(Run));
-  auto* first_chunk = reinterpret_cast<uint64_t*>(bytes + runs.size() * sizeof(Run));
-  auto* chunk_run = reinterpret_cast<uint32_t*>(first_chunk + runs.size() + 1);
-  uint64_t next = 0;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    first_chunk[i] = next;
-    const uint64_t end = next + (runs[i].length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
-    for (; next < end; ++next) chunk_run[next] = static_cast<uint32_t>(i);
+  static_assert(kPlanCopyChunkBytes <= (uint64_t{1} << 16), "chunk length must fit 16 bits");
+  auto* out = static_cast<PlanCopyChunk*>(table);
+  for (const Run& run : runs) {
+    if (run.length == 0) continue;
+    if (run.length > kPlanCopyMaxOffset || run.src_offset > kPlanCopyMaxOffset - run.length ||
+        run.dst_offset > kPlanCopyMaxOffset - run.length) {
+      return Status::InvalidArgument("plan copy offsets must stay below 2^48");
+    }
+    for (uint64_t begin = 0; begin < run.length; begin += kPlanCopyChunkBytes) {
+      const uint64_t length = std::min(kPlanCopyChunkBytes, run.length - begin);
+      *out++ = {run.src_offset + begin, (run.dst_offset + begin) | (length - 1) << 48};
+    }
   }
-  first_chunk[runs.size()] = next;
   return chunks;
 }
 

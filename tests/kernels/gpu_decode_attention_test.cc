@@ -71,7 +71,8 @@ TEST(GpuDecodeAttention, MatchesReferenceAcrossShapesOrdersAndDtypes) {
   const Case cases[] = {{64, 2, 1, 16, 3, 700, 0},   {128, 2, 4, 16, 4, 1500, 16},
                         {256, 1, 8, 32, 2, 1030, 0}, {128, 1, 12, 16, 2, 600, 0},
                         {128, 4, 3, 8, 3, 513, 2},   {64, 8, 4, 64, 5, 2100, 0},
-                        {256, 2, 2, 16, 2, 90, 2},   {128, 8, 4, 16, 6, 4096, 0}};
+                        {256, 2, 2, 16, 2, 90, 2},   {128, 8, 4, 16, 6, 4096, 0},
+                        {128, 2, 4, 12, 3, 1100, 0}};  // a block size that is no power of two
   std::mt19937_64 rng(61);
   int index = 0;
   for (const Case& c : cases) {
@@ -97,6 +98,23 @@ TEST(GpuDecodeAttention, MatchesReferenceAcrossShapesOrdersAndDtypes) {
       EXPECT_LE(RelativeError(got, want), 1e-2)
           << order << " head_dim " << c.head_dim << " group " << c.group << " " << DTypeName(dtype);
     }
+  }
+}
+
+// Block ids outside the cache drop their tokens from the softmax (as in the reference), and
+// sharply peaked scores make the running max grow mid-partition, so every rescale path runs.
+TEST(GpuDecodeAttention, DropsBadBlockIdsAndRescalesPeakedScores) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(62);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    auto p = testing::MakeAttentionProblem(rng, "LBNHC", 128, 2, 4, 16, 4, 2000, dtype, false);
+    p.args.scale = 3.0f;
+    for (size_t i = 0; i < p.block_table.size(); i += 7) {
+      p.block_table[i] = i % 2 ? -1 : static_cast<int32_t>(p.paged.blocks + i);
+    }
+    const auto got = RunOnDevice(p);
+    const auto want = Reference(p);
+    EXPECT_LE(RelativeError(got, want), 1e-2) << DTypeName(dtype);
   }
 }
 

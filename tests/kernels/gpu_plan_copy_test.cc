@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <deque>
 #include <random>
 #include <vector>
 
@@ -121,6 +122,63 @@ TEST(GpuPlanCopy, CopierIsSafeAcrossStreams) {
   CopyRunsHost(host.data(), want_b.data(), backward);
   EXPECT_EQ(a.Download<unsigned char>(bytes), host);
   EXPECT_EQ(b.Download<unsigned char>(bytes), want_b);
+}
+
+// Copies queued back to back with different tables (and tables that grow mid-way) use the
+// copier's two table slots in turn: each must see its own table, not a later copy's.
+TEST(GpuPlanCopy, CopierPipelinesDistinctTables) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(11);
+  const uint64_t bytes = 4 << 20;
+  const auto host = RandomBytes(rng, bytes);
+  DeviceBuffer src(bytes);
+  src.Upload(host);
+  auto copier = PlanCopier::Create();
+  ASSERT_TRUE(copier.ok());
+  constexpr int kCopies = 7;
+  std::deque<DeviceBuffer> dsts;  // DeviceBuffer does not move
+  std::vector<std::vector<kv::Run>> plans;
+  Stream stream;
+  for (int i = 0; i < kCopies; ++i) {
+    // Page sizes shrink, so later tables are larger than earlier ones.
+    plans.push_back(RandomRuns(rng, bytes, bytes, uint64_t{65536} >> (2 * (i / 2))));
+    dsts.emplace_back(bytes);
+    KV_CUDA_OK(cudaMemset(dsts.back().get(), 0, bytes));
+  }
+  for (int i = 0; i < kCopies; ++i) {
+    ASSERT_TRUE((*copier)->Copy(src.get(), dsts[i].get(), plans[i], stream.opaque()).ok());
+  }
+  KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+  for (int i = 0; i < kCopies; ++i) {
+    std::vector<unsigned char> want(bytes, 0);
+    CopyRunsHost(host.data(), want.data(), plans[i]);
+    EXPECT_EQ(dsts[i].Download<unsigned char>(bytes), want) << "copy " << i;
+  }
+}
+
+// A table encoded and uploaded by the caller, as kvbench times the kernel alone.
+TEST(GpuPlanCopy, LaunchOverCallerTable) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(12);
+  const uint64_t bytes = 2 << 20;
+  const auto host = RandomBytes(rng, bytes);
+  DeviceBuffer src(bytes), dst(bytes);
+  src.Upload(host);
+  KV_CUDA_OK(cudaMemset(dst.get(), 0, bytes));
+  const auto runs = RandomRuns(rng, bytes, bytes, 100000);
+  const uint64_t chunks = PlanCopyChunks(runs);
+  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), chunks));
+  ASSERT_TRUE(EncodePlanCopyTable(runs, table.data(), table.size()).ok());
+  DeviceBuffer device_table(table.size());
+  device_table.Upload(table);
+  Stream stream;
+  const Status s = LaunchPlanCopy(src.get(), dst.get(), device_table.get(), runs.size(), chunks,
+                                  PlanCopyOptions{5}, stream.opaque());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+  std::vector<unsigned char> want(bytes, 0);
+  CopyRunsHost(host.data(), want.data(), runs);
+  EXPECT_EQ(dst.Download<unsigned char>(bytes), want);
 }
 
 TEST(GpuPlanCopy, IntoPeerGpu) {

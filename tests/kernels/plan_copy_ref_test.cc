@@ -45,24 +45,44 @@ TEST(PlanCopyRef, MatchesBytewiseDefinition) {
   }
 }
 
-TEST(PlanCopyRef, TableHoldsRunsAndChunkPrefix) {
-  const std::vector<kv::Run> runs = {{0, 0, 1},
-                                     {10, 100, kPlanCopyChunkBytes},
-                                     {20, 200, kPlanCopyChunkBytes + 1},
-                                     {30, 300, 5 * kPlanCopyChunkBytes - 3}};
-  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), PlanCopyChunks(runs)));
-  auto chunks = EncodePlanCopyTable(runs, table.data(), table.size());
+TEST(PlanCopyRef, TableHoldsOneDescriptorPerChunk) {
+  constexpr uint64_t C = kPlanCopyChunkBytes;
+  const std::vector<kv::Run> runs = {
+      {0, 0, 1}, {5, 50, 0}, {10, 100, C}, {20, 200, C + 1}, {30, 300, 5 * C - 3}};
+  std::vector<PlanCopyChunk> table(PlanCopyChunks(runs));
+  ASSERT_EQ(PlanCopyTableBytes(runs.size(), table.size()), table.size() * sizeof(PlanCopyChunk));
+  auto chunks = EncodePlanCopyTable(runs, table.data(), table.size() * sizeof(PlanCopyChunk));
   ASSERT_TRUE(chunks.ok()) << chunks.status().ToString();
-  EXPECT_EQ(*chunks, 1u + 1u + 2u + 5u);
-  const kv::Run* stored = reinterpret_cast<const kv::Run*>(table.data());
-  const auto* first =
-      reinterpret_cast<const uint64_t*>(table.data() + runs.size() * sizeof(kv::Run));
-  for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(stored[i], runs[i]);
-  EXPECT_EQ(std::vector<uint64_t>(first, first + 5), (std::vector<uint64_t>{0, 1, 2, 4, 9}));
-  const auto* chunk_run = reinterpret_cast<const uint32_t*>(first + 5);
-  EXPECT_EQ(std::vector<uint32_t>(chunk_run, chunk_run + 9),
-            (std::vector<uint32_t>{0, 1, 2, 2, 3, 3, 3, 3, 3}));
-  EXPECT_FALSE(EncodePlanCopyTable(runs, table.data(), table.size() - 1).ok());
+  ASSERT_EQ(*chunks, 1u + 0u + 1u + 2u + 5u);
+  struct Want {
+    uint64_t src, dst, length;
+  };
+  const std::vector<Want> want = {{0, 0, 1},
+                                  {10, 100, C},
+                                  {20, 200, C},
+                                  {20 + C, 200 + C, 1},
+                                  {30, 300, C},
+                                  {30 + C, 300 + C, C},
+                                  {30 + 2 * C, 300 + 2 * C, C},
+                                  {30 + 3 * C, 300 + 3 * C, C},
+                                  {30 + 4 * C, 300 + 4 * C, C - 3}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(table[i].src_offset, want[i].src) << i;
+    EXPECT_EQ(table[i].dst_offset_and_length & (kPlanCopyMaxOffset - 1), want[i].dst) << i;
+    EXPECT_EQ((table[i].dst_offset_and_length >> 48) + 1, want[i].length) << i;
+  }
+  EXPECT_FALSE(
+      EncodePlanCopyTable(runs, table.data(), table.size() * sizeof(PlanCopyChunk) - 1).ok());
+}
+
+TEST(PlanCopyRef, TableRejectsOffsetsBeyond48Bits) {
+  PlanCopyChunk table[2];
+  const kv::Run high_dst[] = {{0, kPlanCopyMaxOffset - 8, 16}};
+  EXPECT_FALSE(EncodePlanCopyTable(high_dst, table, sizeof table).ok());
+  const kv::Run high_src[] = {{kPlanCopyMaxOffset, 0, 1}};
+  EXPECT_FALSE(EncodePlanCopyTable(high_src, table, sizeof table).ok());
+  const kv::Run highest[] = {{kPlanCopyMaxOffset - 16, kPlanCopyMaxOffset - 16, 16}};
+  EXPECT_TRUE(EncodePlanCopyTable(highest, table, sizeof table).ok());
 }
 
 TEST(PlanCopyRef, ChooserPrefersCopyEngineForLargeRuns) {

@@ -7,14 +7,21 @@
 //    pinned cudaMemcpyAsync of the same bytes, and the speed-up over one cudaMemcpyAsync a page;
 //  - paged decode attention (bf16, 32 query heads over 8 KV heads, head_dim 128), K/V bytes read
 //    per second against the device copy bandwidth counted as bytes read + written per second.
-// Every time is the median of --iters samples after two warm-up runs; a sample is kBackToBack runs
-// issued back to back between two CUDA events, divided by kBackToBack, so the host's preparation
-// of run i+1 (encoding the run table) overlaps run i on the GPU, as it does in a pipeline of
-// transfers. Only the loop of one cudaMemcpyAsync a page, host-bound by itself, runs once a
-// sample.
+// What is timed: every figure is the median over --iters samples (after two warm-up runs) of
+// kBackToBack runs issued back to back between two CUDA events, divided by kBackToBack. Each
+// sample is led in by one more run that is not timed, so the start event fires when the stream
+// is already busy: the window holds the GPU's work of kBackToBack runs and whatever host time
+// the GPU had to wait for. For the plan copier, whose Copy() encodes the run table on the host
+// and uploads it on a stream of its own, that means the encoding and upload of run i+1 overlap
+// run i, as in a pipeline of transfers; if the host were slower than the GPU, the figure would
+// show it. The kernel alone is also timed over a table uploaded once beforehand, and the host's
+// encoding time is printed beside the GPU time it has to hide behind. Copy-engine references
+// and the loop of one cudaMemcpyAsync a page, slow and host-bound by themselves, take fewer
+// samples, one run each.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -83,18 +90,21 @@ void Fill(void* p, uint64_t bytes, uint32_t seed) {
 }
 
 constexpr int kBackToBack = 4;
+constexpr int kReferenceIters = 3;
 
 struct Timer {
   cudaStream_t stream;
   int iters;
   template <typename Fn>
-  double MedianSeconds(Fn&& fn, int back_to_back = kBackToBack) {
+  double MedianSeconds(Fn&& fn, int back_to_back = kBackToBack, int samples = 0) {
+    if (samples <= 0) samples = iters;
     cudaEvent_t start, stop;
     BENCH_CUDA(cudaEventCreate(&start));
     BENCH_CUDA(cudaEventCreate(&stop));
     for (int i = 0; i < 2; ++i) fn();
     std::vector<float> ms;
-    for (int i = 0; i < iters; ++i) {
+    for (int i = 0; i < samples; ++i) {
+      fn();  // the lead-in: keeps the GPU busy while the timed runs are prepared
       BENCH_CUDA(cudaEventRecord(start, stream));
       for (int k = 0; k < back_to_back; ++k) fn();
       BENCH_CUDA(cudaEventRecord(stop, stream));
@@ -109,6 +119,19 @@ struct Timer {
     return ms[ms.size() / 2] / 1e3;
   }
 };
+
+// Median host time of encoding `runs` into a pinned table, as PlanCopier::Copy does per copy.
+double EncodeSeconds(std::span<const Run> runs, void* table, uint64_t table_bytes, int iters) {
+  std::vector<double> seconds;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    Check(kernels::EncodePlanCopyTable(runs, table, table_bytes).status(), "encode");
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  return seconds[seconds.size() / 2];
+}
 
 // One page-sized run per block, source and destination blocks both drawn at random.
 std::vector<Run> PageRuns(uint64_t total, uint64_t page, uint32_t seed) {
@@ -160,13 +183,34 @@ double DeviceCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions
   Check(copier.status(), "plan copier");
   for (uint64_t page : {uint64_t{64} << 10, uint64_t{16} << 10}) {
     const auto runs = PageRuns(total, page, static_cast<uint32_t>(page));
-    const double kernel = timer.MedianSeconds(
-        [&] { Check((*copier)->Copy(src.get(), dst.get(), runs, timer.stream), "plan copy"); });
-    const double engine = timer.MedianSeconds([&] {
-      Check(kernels::LaunchBatchCopy(src.get(), dst.get(), runs, timer.stream), "batch copy");
-    });
     const std::string tag = std::to_string(page >> 10) + "KiB pages d2d";
+    // The kernel alone, over a table put on the device beforehand.
+    const uint64_t chunks = kernels::PlanCopyChunks(runs);
+    const uint64_t table_bytes = kernels::PlanCopyTableBytes(runs.size(), chunks);
+    PinnedMemory host_table(table_bytes);
+    DeviceMemory device_table(table_bytes);
+    const double encode = EncodeSeconds(runs, host_table.get(), table_bytes, timer.iters);
+    BENCH_CUDA(
+        cudaMemcpy(device_table.get(), host_table.get(), table_bytes, cudaMemcpyHostToDevice));
+    const double kernel = timer.MedianSeconds([&] {
+      Check(kernels::LaunchPlanCopy(src.get(), dst.get(), device_table.get(), runs.size(), chunks,
+                                    options, timer.stream),
+            "plan copy kernel");
+    });
     report.Add("plan copy kernel, " + tag, GBs(2 * total, kernel), ceiling, "GB/s");
+    // What a pipeline of transfers sees: encode, upload and launch per copy.
+    const double copier_seconds = timer.MedianSeconds(
+        [&] { Check((*copier)->Copy(src.get(), dst.get(), runs, timer.stream), "plan copy"); });
+    report.Add("plan copier (table per copy), " + tag, GBs(2 * total, copier_seconds), ceiling,
+               "GB/s");
+    std::printf("  host encodes %llu runs (%.2f MiB table) in %.1f us; the kernel runs %.1f us\n",
+                static_cast<unsigned long long>(runs.size()), table_bytes / 1048576.0, encode * 1e6,
+                kernel * 1e6);
+    const double engine = timer.MedianSeconds(
+        [&] {
+          Check(kernels::LaunchBatchCopy(src.get(), dst.get(), runs, timer.stream), "batch copy");
+        },
+        1, kReferenceIters);
     report.Add("copy engine batch, " + tag, GBs(2 * total, engine), ceiling, "GB/s");
   }
   return ceiling;
@@ -198,7 +242,8 @@ void HostCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions& op
       const double kernel = timer.MedianSeconds(
           [&] { Check((*copier)->Copy(src, dst, runs, timer.stream), "plan copy"); });
       const double engine = timer.MedianSeconds(
-          [&] { Check(kernels::LaunchBatchCopy(src, dst, runs, timer.stream), "batch copy"); });
+          [&] { Check(kernels::LaunchBatchCopy(src, dst, runs, timer.stream), "batch copy"); }, 1,
+          kReferenceIters);
       const double per_page = timer.MedianSeconds(
           [&] {
             for (const Run& r : runs) {
@@ -206,7 +251,7 @@ void HostCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions& op
                                          timer.stream));
             }
           },
-          1);
+          1, kReferenceIters);
       const double chosen = path == CopyPath::kKernel ? kernel : engine;
       const std::string tag = std::string(way) + " " + std::to_string(page >> 10) + "KiB pages";
       report.Add("plan copy kernel, " + tag, GBs(total, kernel), ceiling, "GB/s");

@@ -253,6 +253,22 @@ Result<size_t> OffloadPool::Lookup(const KvRegion& region, std::span<const Block
   return found;
 }
 
+Result<std::vector<OffloadPool::KeyState>> OffloadPool::Probe(
+    const KvRegion& region, std::span<const BlockKey> keys) const {
+  KV_RETURN_IF_ERROR(CheckShape(region));
+  const int64_t shard = ShardOf(region);
+  std::vector<KeyState> states;
+  states.reserve(keys.size());
+  std::lock_guard lock(mu_);
+  for (const auto& key : keys) {
+    const SlotIndex::Entry* e = index_.Find({shard, key});
+    states.push_back(e == nullptr                           ? KeyState::kAbsent
+                     : e->state == SlotIndex::State::kReady ? KeyState::kReady
+                                                            : KeyState::kStoring);
+  }
+  return states;
+}
+
 Result<LoadTicket> OffloadPool::Load(const BlockTransfer& req, LayerDone on_layer,
                                      Completion done) {
   KV_RETURN_IF_ERROR(CheckRequest(req));

@@ -105,6 +105,11 @@ class OffloadPool {
   // How many leading keys are stored and ready. kIncompatible for a region of another shape.
   Result<size_t> Lookup(const KvRegion& region, std::span<const BlockKey> keys);
 
+  // Where each key stands, for per-key answers (a failed load's reply, kvctl). Unlike Lookup()
+  // it neither stops at the first miss nor counts hits. kIncompatible as for Lookup().
+  enum class KeyState : uint8_t { kAbsent, kStoring, kReady };
+  Result<std::vector<KeyState>> Probe(const KvRegion& region, std::span<const BlockKey> keys) const;
+
   // Copies stored blocks into the engine's blocks, asynchronously. Every key must be ready:
   // otherwise kNotFound, with one line per missing key, and nothing is written. The loaded keys
   // are pinned until the copy lands. `on_layer(l)` (optional) runs once per layer as soon as

@@ -193,6 +193,9 @@ TEST(OffloadPool, UnknownKeysInLoadFailPerKeyAndWriteNothing) {
   EXPECT_TRUE(engine.Holds(2, 51));
   EXPECT_TRUE(engine.Holds(3, 52));
   EXPECT_EQ(pool->stats().pinned_slots, 0u);
+  using State = OffloadPool::KeyState;
+  EXPECT_EQ(*pool->Probe(engine.region, keys),
+            (std::vector<State>{State::kReady, State::kAbsent, State::kAbsent}));
 }
 
 TEST(OffloadPool, StoringPastCapacityEvictsLeastRecentlyUsed) {

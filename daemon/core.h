@@ -198,7 +198,9 @@ class Daemon::Core {
   void OnPeerFail(Peer& peer, const proto::Fail& fail);
   void OnNotification(const std::string& message);
   void PumpSource(SourceRequest& request);
-  Status SendLayer(SourceRequest& request, int layer);
+  // Plans and posts layers [begin, end) for every (source rank, destination rank) pair sharing
+  // a head, then announces each layer to the destination.
+  Status SendLayers(SourceRequest& request, int begin, int end);
   void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
   void RequestLoad(DestRequest& request);
   // request_id by value: callers pass the id held by the request these functions erase.

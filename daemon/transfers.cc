@@ -201,18 +201,35 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
 void Daemon::Core::PumpSource(SourceRequest& request) {
   if (request.state != SourceRequest::State::kStreaming) return;
   if (static_cast<int>(request.ranks.size()) < request.tp_size || request.layers == 0) return;
+  auto ready = [&](int l) {
+    for (const auto& [r, rank] : request.ranks) {
+      if (!rank.saved[l] || (request.mode == proto::MODE_PULL && !rank.finished)) return false;
+    }
+    return true;
+  };
+  // Pull moves the whole request as one plan: a blocks-first cache then needs one run per
+  // contiguous block range instead of one per layer and block.
+  if (request.mode == proto::MODE_PULL) {
+    for (int l = 0; l < request.layers; ++l) {
+      if (!ready(l)) return;
+    }
+    Status s = SendLayers(request, 0, request.layers);
+    if (!s.ok()) {
+      FinishSource(request.id, s.WithContext("request " + request.id), /*tell_peer=*/true);
+      return;
+    }
+    request.sent.assign(request.layers, true);
+    request.state = SourceRequest::State::kAwaitingConfirm;
+    return;
+  }
   bool all_sent = true;
   for (int l = 0; l < request.layers; ++l) {
     if (request.sent[l]) continue;
-    bool ready = true;
-    for (const auto& [r, rank] : request.ranks) {
-      ready = ready && rank.saved[l] && (request.mode == proto::MODE_PUSH || rank.finished);
-    }
-    if (!ready) {
+    if (!ready(l)) {
       all_sent = false;
       continue;
     }
-    Status s = SendLayer(request, l);
+    Status s = SendLayers(request, l, l + 1);
     if (!s.ok()) {
       FinishSource(request.id,
                    s.WithContext("request " + request.id + " layer " + std::to_string(l)),
@@ -224,10 +241,10 @@ void Daemon::Core::PumpSource(SourceRequest& request) {
   if (all_sent) request.state = SourceRequest::State::kAwaitingConfirm;
 }
 
-Status Daemon::Core::SendLayer(SourceRequest& request, int layer) {
+Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
   Peer* peer = FindPeer(request.peer_id);
   if (peer == nullptr || !peer->ready) return Status::Unavailable("destination peer is gone");
-  uint64_t layer_bytes = 0, layer_runs = 0;
+  uint64_t range_bytes = 0, range_runs = 0;
   for (const auto& [r, rank] : request.ranks) {
     Engine* engine = FindEngine(rank.engine_id);
     if (engine == nullptr) return Status::Aborted("prefill rank " + std::to_string(r) + " left");
@@ -246,8 +263,8 @@ Status Daemon::Core::SendLayer(SourceRequest& request, int layer) {
         spec.src_blocks = rank.blocks;
         spec.dst_blocks = dst.blocks;
         spec.tokens = request.tokens;
-        spec.layer_begin = layer;
-        spec.layer_end = layer + 1;
+        spec.layer_begin = begin;
+        spec.layer_end = end;
         KV_ASSIGN_OR_RETURN(Plan plan, PlanTransfer(src->layout, dst.layouts[i], spec));
         if (plan.runs.empty()) continue;
         transport::Batch batch;
@@ -262,21 +279,28 @@ Status Daemon::Core::SendLayer(SourceRequest& request, int layer) {
               boost::asio::post(io_, [this, id, s, bytes] { OnBatchDone(id, s, bytes); });
             }));
         ++request.batches_in_flight;
-        layer_bytes += plan.bytes;
-        layer_runs += plan.runs.size();
+        range_bytes += plan.bytes;
+        range_runs += plan.runs.size();
       }
     }
   }
-  request.bytes += layer_bytes;
-  request.runs += layer_runs;
-  runs_sent_ += layer_runs;
-  proto::LayerNotice notice;
-  notice.set_source(options_.name);
-  notice.set_request_id(request.id);
-  notice.set_layer(layer);
-  notice.set_bytes(layer_bytes);
-  notice.set_runs(layer_runs);
-  return transport_->notify(peer->transport_peer, notice.SerializeAsString());
+  request.bytes += range_bytes;
+  request.runs += range_runs;
+  runs_sent_ += range_runs;
+  // One notice per layer, after every batch of the range: the transport delivers each only
+  // once the data posted before it has landed. The range's totals ride on its last notice.
+  for (int layer = begin; layer < end; ++layer) {
+    proto::LayerNotice notice;
+    notice.set_source(options_.name);
+    notice.set_request_id(request.id);
+    notice.set_layer(layer);
+    if (layer == end - 1) {
+      notice.set_bytes(range_bytes);
+      notice.set_runs(range_runs);
+    }
+    KV_RETURN_IF_ERROR(transport_->notify(peer->transport_peer, notice.SerializeAsString()));
+  }
+  return Status::Ok();
 }
 
 void Daemon::Core::OnBatchDone(const std::string& request_id, const Status& status,

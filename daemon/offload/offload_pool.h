@@ -23,9 +23,9 @@
 // whole with kResourceExhausted; it never drops blocks silently.
 //
 // Threading: every method is thread-safe. Completions run on a copy thread (one per memory: host,
-// or each CUDA device), in submission order per memory; they must not block and must not call
-// back into the pool synchronously with a lock the caller also takes in them. Destruction waits
-// for every accepted copy.
+// or each CUDA device), in submission order per memory, with no pool lock held: they may call
+// into the pool, but must not block (that stalls every later copy of that memory). Destruction
+// waits for every accepted copy; completions must not call into a pool being destroyed.
 #pragma once
 
 #include <cstdint>

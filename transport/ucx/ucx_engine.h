@@ -84,6 +84,14 @@ struct Note {
   bool ready = false;  // its flush completed: the data before it has landed
 };
 
+// What a notification's flush callback needs to find the notification again; the peer may be
+// gone by then.
+struct NoteRef {
+  Engine* engine;
+  PeerId peer;
+  uint64_t seq;
+};
+
 // A connected endpoint; also the argument of its error handler.
 struct Peer {
   Engine* engine = nullptr;

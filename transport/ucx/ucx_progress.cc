@@ -279,7 +279,7 @@ void Engine::Notify(PeerId id, std::string message) {
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   flush.cb.send = &Engine::OnNoteFlushed;
-  auto* ref = new std::pair<Engine*, std::pair<PeerId, uint64_t>>(this, {id, seq});
+  auto* ref = new NoteRef{this, id, seq};
   flush.user_data = ref;
   ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep, &flush);
   if (UCS_PTR_IS_PTR(request)) return;
@@ -288,10 +288,9 @@ void Engine::Notify(PeerId id, std::string message) {
 }
 
 void Engine::OnNoteFlushed(void* request, ucs_status_t status, void* user_data) {
-  std::unique_ptr<std::pair<Engine*, std::pair<PeerId, uint64_t>>> ref(
-      static_cast<std::pair<Engine*, std::pair<PeerId, uint64_t>>*>(user_data));
+  std::unique_ptr<NoteRef> ref(static_cast<NoteRef*>(user_data));
   ucp_request_free(request);
-  if (status == UCS_OK) ref->first->MarkNoteReady(ref->second.first, ref->second.second);
+  if (status == UCS_OK) ref->engine->MarkNoteReady(ref->peer, ref->seq);
 }
 
 void Engine::MarkNoteReady(PeerId id, uint64_t seq) {

@@ -130,7 +130,6 @@ struct DestRequest {
   int layers = 0;
   std::string peer_address;
   uint64_t peer_id = 0;
-  std::string peer_name;
   proto::TransferMode mode = proto::MODE_PUSH;
   int64_t tokens = 0;
   std::map<int, LoadRank> ranks;  // by decode TP rank

@@ -183,9 +183,12 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   }
   auto [it, created] = sources_.try_emplace(want.request_id());
   SourceRequest& request = it->second;
+  // The destination's lease bounds how long this side holds the blocks, within our own limit.
+  auto lease = options_.lease;
+  if (want.lease_ms() > 0) lease = std::min(lease, std::chrono::milliseconds(want.lease_ms()));
   if (created) {
     request.id = want.request_id();
-    request.deadline = Clock::now() + options_.lease;
+    request.deadline = Clock::now() + lease;
   } else if (request.state != SourceRequest::State::kCollecting) {
     return Status::AlreadyExists("request " + request.id + " already has a destination");
   }

@@ -175,3 +175,44 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
 
 }  // namespace
 }  // namespace kv
+
+namespace kv {
+namespace {
+
+TEST(PdEmbeddedFailure, AnEngineThatLeavesFailsItsRequestsAndDropsItsRegions) {
+  auto prefill = StartDaemon("p", "");
+  auto decode = StartDaemon("d", "");
+  ASSERT_TRUE(prefill && decode);
+  LayoutSpec spec;
+  spec.layers = 2;
+  spec.blocks = 8;
+  spec.heads = 2;
+  spec.block_size = 16;
+  spec.content_bytes = 64;
+  auto source =
+      Connector::OpenEmbedded(prefill, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
+  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
+  ASSERT_TRUE(source.ok() && sink.ok());
+  ASSERT_TRUE((*source)->RegisterKvCaches({&spec, 1}).ok());
+  ASSERT_TRUE((*sink)->RegisterKvCaches({&spec, 1}).ok());
+  const std::vector<int64_t> blocks = {2};
+  ASSERT_TRUE((*source)->SaveLayer("r", 0, blocks).ok());  // layer 1 never comes
+  connector::TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  ASSERT_TRUE((*sink)->StartLoad("r", params, blocks).ok());
+  ASSERT_TRUE((*sink)->WaitLayer("r", 0).ok());
+  EXPECT_EQ(prefill->Snapshot().regions(), 1u);
+
+  source->reset();  // the prefill engine goes away mid-request
+  Status s = (*sink)->WaitLayer("r", 1);
+  EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
+  EXPECT_NE(s.message().find("disconnected"), std::string::npos) << s.ToString();
+  EXPECT_EQ((*sink)->GetFailedBlocks(), blocks);
+  EXPECT_EQ(prefill->Snapshot().regions(), 0u);
+  EXPECT_EQ(prefill->Snapshot().transfers_in_flight(), 0u);
+  EXPECT_EQ(decode->Snapshot().transfers_failed(), 1u);
+}
+
+}  // namespace
+}  // namespace kv

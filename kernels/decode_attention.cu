@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
                     int chunks_per_kv_head, int head_slots, bool aligned) {
   constexpr int kLanesPerToken = kHeadDim / 8;
   constexpr int kStripes = kThreads / kLanesPerToken;  // tokens the CTA reads per step
-  __shared__ float partial[kStripes * kGroup * kHeadDim];
+  __shared__ alignas(16) float partial[kStripes * kGroup * kHeadDim];  // float4 stores
   __shared__ float stripe_max[kStripes][kGroup], stripe_sum[kStripes][kGroup];
   __shared__ int32_t block_ids[kPartition];  // this partition's slice of the block table
 
@@ -173,12 +173,14 @@ __global__ void __launch_bounds__(kThreads)
     running_max[g] = -FLT_MAX;
     running_sum[g] = 0.0f;
   }
-  for (int base = stripe; base < tokens; base += kStripes * kUnroll) {
+  // The loop bound is the same for the whole CTA: the shuffles below need every lane of a warp,
+  // and a warp holds several stripes.
+  for (int first = 0; first < tokens; first += kStripes * kUnroll) {
     uint4 k_raw[kUnroll], v_raw[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = base + u * kStripes;
+      const int j = first + u * kStripes + stripe;
       const unsigned char* row = j < tokens ? token_row(j) : nullptr;
       valid[u] = row != nullptr;
       k_raw[u] = valid[u] ? Load16(row + kv.k_offset, aligned) : make_uint4(0, 0, 0, 0);

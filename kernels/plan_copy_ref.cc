@@ -1,6 +1,5 @@
 // Host side of plan copy: the CPU reference, the run-table encoding and the path chooser. Built
 // in every configuration; the device entry points live in plan_copy.cu (or cuda_stubs.cc).
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -39,10 +38,13 @@ Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uin
         run.dst_offset > kPlanCopyMaxOffset - run.length) {
       return Status::InvalidArgument("plan copy offsets must stay below 2^48");
     }
-    for (uint64_t begin = 0; begin < run.length; begin += kPlanCopyChunkBytes) {
-      const uint64_t length = std::min(kPlanCopyChunkBytes, run.length - begin);
-      *out++ = {run.src_offset + begin, (run.dst_offset + begin) | (length - 1) << 48};
+    uint64_t src = run.src_offset, dst = run.dst_offset, left = run.length;
+    for (; left > kPlanCopyChunkBytes; left -= kPlanCopyChunkBytes) {
+      *out++ = {src, dst | (kPlanCopyChunkBytes - 1) << 48};
+      src += kPlanCopyChunkBytes;
+      dst += kPlanCopyChunkBytes;
     }
+    *out++ = {src, dst | (left - 1) << 48};
   }
   return chunks;
 }

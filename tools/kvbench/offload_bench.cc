@@ -100,7 +100,9 @@ Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& en
 
     std::promise<Status> loaded;
     start = Clock::now();
-    auto load = pool->Load({&engine, base, keys, targets, nullptr}, nullptr,
+    offload::LayerDone on_layer;
+    if (config.per_layer) on_layer = [](int64_t) {};
+    auto load = pool->Load({&engine, base, keys, targets, nullptr}, on_layer,
                            [&](Status s) { loaded.set_value(std::move(s)); });
     if (!load.ok()) return load.status().WithContext("load");
     KV_RETURN_IF_ERROR(WaitFor(loaded.get_future()));
@@ -181,11 +183,12 @@ void PrintText(const OffloadBenchConfig& config, const OffloadReport& r) {
   std::printf("kvbench offload — %s; copies by %s\n", r.machine.c_str(), r.path.c_str());
   std::printf(
       "cache: %lld layers × %lld KV heads × head_dim %lld × %lld B, %lld tokens/block; "
-      "%lld blocks per op, %s block ids, median of %d\n",
+      "%lld blocks per op, %s block ids, loads %s, median of %d\n",
       static_cast<long long>(config.layers), static_cast<long long>(config.heads),
       static_cast<long long>(config.head_dim), static_cast<long long>(config.dtype_bytes),
       static_cast<long long>(config.block_size), static_cast<long long>(config.batch),
-      config.scattered ? "scattered" : "consecutive", config.iters);
+      config.scattered ? "scattered" : "consecutive", config.per_layer ? "per layer" : "whole",
+      config.iters);
   std::printf("%-6s %-5s %10s %7s %7s %10s %12s %7s %11s %8s\n", "layout", "op", "MiB", "pages",
               "runs", "pool GB/s", "ceiling GB/s", "ratio", "per-page GB/s", "speed-up");
   for (const auto& row : r.rows) {
@@ -214,11 +217,13 @@ void PrintJson(const OffloadBenchConfig& config, const OffloadReport& r) {
   std::printf(
       "{\"machine\": \"%s\", \"path\": \"%s\", \"layers\": %lld, \"heads\": %lld, "
       "\"head_dim\": %lld, \"dtype_bytes\": %lld, \"block_size\": %lld, \"batch\": %lld, "
-      "\"iters\": %d, \"scattered\": %s, \"rows\": [",
+      "\"iters\": %d, \"scattered\": %s, \"per_layer\": %s, \"device_copy\": \"%s\", "
+      "\"rows\": [",
       r.machine.c_str(), r.path.c_str(), static_cast<long long>(config.layers),
       static_cast<long long>(config.heads), static_cast<long long>(config.head_dim),
       static_cast<long long>(config.dtype_bytes), static_cast<long long>(config.block_size),
-      static_cast<long long>(config.batch), config.iters, config.scattered ? "true" : "false");
+      static_cast<long long>(config.batch), config.iters, config.scattered ? "true" : "false",
+      config.per_layer ? "true" : "false", config.device_copy.c_str());
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const auto& row = r.rows[i];
     std::printf(
@@ -271,6 +276,7 @@ int OffloadMain(int argc, char** argv) {
       {"batch", "blocks per store and per load (default 512 on a GPU, 64 on the host)"},
       {"iters", "timed iterations; the median is reported (default 5)"},
       {"consecutive", "use engine blocks 0..batch-1 instead of random ones", true},
+      {"per-layer", "loads wait per layer (one phase per layer for layer-first layouts)", true},
       {"copy-path", "GPU copies: auto (kernels::ChooseCopyPath), kernel or copy-engine"},
       {"no-busy", "skip the busy-GPU measurement", true},
       {"host", "run the host path even when a GPU is present", true},
@@ -324,6 +330,7 @@ int OffloadMain(int argc, char** argv) {
     return 2;
   }
   config.scattered = !flags.has("consecutive");
+  config.per_layer = flags.has("per-layer");
   config.device_copy = flags.str("copy-path", "auto");
   if (auto how = offload::ParseDeviceCopy(config.device_copy); !how.ok()) {
     std::fprintf(stderr, "kvbench offload: --copy-path: %s (see --help)\n",

@@ -20,6 +20,7 @@ struct OffloadBenchConfig {
   int iters = 5;
   bool busy = true;                  // GPU only: store beside a compute-bound kernel
   bool scattered = true;             // engine block ids drawn at random, as vLLM's are
+  bool per_layer = false;            // loads report each layer (per-layer waits), as decode would
   std::string device_copy = "auto";  // GPU copies: offload::ParseDeviceCopy's names
 
   LayoutSpec Spec(const std::string& order, int64_t blocks) const;

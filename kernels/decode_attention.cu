@@ -1,18 +1,14 @@
 // Paged decode attention, flash-decoding style. Contract: decode_attention.h.
 //
-// Grid: one CTA of 128 threads per (KV head × query-head chunk, partition, sequence), KV heads
-// fastest, so the CTAs that run together read neighbouring heads of the same token rows. A CTA
-// reads the K and V of one partition (≤ 512 tokens) of one KV head once, in a single pass, and
-// serves up to kMaxGroup query heads from it, which keeps GQA bound by K/V bytes, not re-reads.
-//  - A token's K and V rows are split over D/8 lanes (16 bytes each); a thread issues the loads of
-//    kUnroll tokens' K and V before using any, so every thread keeps 2·kUnroll 16-byte loads in
-//    flight and K and V stream together (one pass, not one over K and another over V).
-//  - The lanes' partial dot products with every query head (in registers) are reduced by
-//    shuffles that trade halves of the group, then broadcast to the token's lanes.
-//  - Softmax is online, in base 2, per thread: a running max and sum per head, the accumulator
-//    rescaled only when the max grows. The CTA's 128 / (D/8) token stripes are merged at the end
-//    through shared memory; the CTA writes its unnormalised output, max and sum, and the merge
-//    kernel combines partitions.
+// Grid (partition, KV head × query-head chunk, sequence); 128 threads. One CTA reads the K and V
+// of one partition (≤ 512 tokens) of one KV head once and serves up to kMaxGroup query heads
+// from it, which is what makes GQA memory-bound on K/V rather than on re-reads.
+//  1. Scores: a token's K row is split over D/8 lanes (16 bytes each); the lanes' partial dot
+//     products with every query head (held in registers) are reduced by shuffles that trade
+//     halves of the group rather than reducing each head alone.
+//  2. Softmax of the partition per query head, in base 2 (exp2f), kept in shared memory.
+//  3. P·V: thread owns 8 columns of one token stripe; stripes are reduced through shared memory.
+// The CTA writes its unnormalised output, max and sum; the merge kernel combines partitions.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -26,6 +22,7 @@ namespace kv::kernels {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;
 constexpr int kUnroll = 8;
 constexpr int kPartition = static_cast<int>(kDecodeMaxPartitionTokens);
@@ -90,34 +87,24 @@ __device__ __forceinline__ int SumAcrossLanes(float (&v)[kGroup], int lane) {
   return which;
 }
 
-// The lane (within a token's kLanes) whose v[0] SumAcrossLanes left holding head g's sum.
-template <int kGroup, int kLanes>
-__device__ __forceinline__ constexpr int LaneOfHead(int g) {
-  int lane = 0;
-  for (int width = kGroup, offset = kLanes / 2; width > 1; width /= 2, offset /= 2) {
-    if (g >= width / 2) {
-      lane += offset;
-      g -= width / 2;
-    }
-  }
-  return lane;
-}
-
 template <int kHeadDim, int kGroup, bool kBf16>
 __global__ void __launch_bounds__(kThreads)
     PartitionKernel(PagedKv kv, const unsigned char* cache, DecodeAttentionArgs args, Workspace ws,
-                    int chunks_per_kv_head, int head_slots, bool aligned) {
+                    int chunks_per_kv_head, bool aligned) {
   constexpr int kLanesPerToken = kHeadDim / 8;
-  constexpr int kStripes = kThreads / kLanesPerToken;  // tokens the CTA reads per step
-  __shared__ alignas(16) float partial[kStripes * kGroup * kHeadDim];  // float4 stores
-  __shared__ float stripe_max[kStripes][kGroup], stripe_sum[kStripes][kGroup];
+  constexpr int kTokensPerWarp = 32 / kLanesPerToken;
+  constexpr int kStripes = kThreads / kLanesPerToken;
+  // Scores for phase 1-2, then the stripe partial sums of phase 3.
+  constexpr int kScoreFloats = kGroup * kPartition;
+  constexpr int kReduceFloats = kStripes * kGroup * kHeadDim;
+  __shared__ float shared[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
+  __shared__ float head_max[kGroup], head_sum[kGroup];
   __shared__ int32_t block_ids[kPartition];  // this partition's slice of the block table
 
-  const int head_slot = static_cast<int>(blockIdx.x % head_slots);
-  const int partition = static_cast<int>(blockIdx.x / head_slots);
-  const int kv_head = head_slot / chunks_per_kv_head;
-  const int chunk = head_slot % chunks_per_kv_head;
-  const int seq = blockIdx.y;
+  const int partition = blockIdx.x;
+  const int kv_head = blockIdx.y / chunks_per_kv_head;
+  const int chunk = blockIdx.y % chunks_per_kv_head;
+  const int seq = blockIdx.z;
   const int group = static_cast<int>(args.num_q_heads / kv.heads);
   const int q_first = kv_head * group + chunk * kMaxGroup;
   const int q_count = min(kGroup, group - chunk * kMaxGroup);
@@ -135,9 +122,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int column = (threadIdx.x % kLanesPerToken) * 8;
-  const int stripe = threadIdx.x / kLanesPerToken;
   const auto* query = static_cast<const unsigned char*>(args.query);
 
   float q[kGroup][8];
@@ -154,42 +140,31 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // This thread's 16 bytes of token j's head row, or null for a block id outside the cache.
-  // Block sizes are powers of two in practice: a shift then replaces a division per token.
-  const unsigned char* head_base = cache + kv_head * kv.head_stride + column * kDTypeBytes;
-  const int block_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
-  auto token_row = [&](int j) -> const unsigned char* {
+  auto token_row = [&](int j, int64_t plane_offset) -> const unsigned char* {
     const int token = token_begin + j;
-    const int index = block_shift >= 0 ? token >> block_shift : token / block_size;
-    const int32_t block = block_ids[index - first_block];
+    const int32_t block = block_ids[token / block_size - first_block];
     if (block < 0 || block >= kv.blocks) return nullptr;
-    return head_base + block * kv.block_stride + (token - index * block_size) * kv.token_stride;
+    return cache + kv.token_offset(block, kv_head, token % block_size) + plane_offset +
+           column * kDTypeBytes;
   };
 
-  float acc[kGroup][8] = {};
-  float running_max[kGroup], running_sum[kGroup];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    running_max[g] = -FLT_MAX;
-    running_sum[g] = 0.0f;
-  }
-  // The loop bound is the same for the whole CTA: the shuffles below need every lane of a warp,
-  // and a warp holds several stripes.
-  for (int first = 0; first < tokens; first += kStripes * kUnroll) {
-    uint4 k_raw[kUnroll], v_raw[kUnroll];
+  // 1. Scores.
+  const int sub = lane / kLanesPerToken;
+  for (int base = warp * kTokensPerWarp; base < tokens; base += kWarps * kTokensPerWarp * kUnroll) {
+    uint4 raw[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = first + u * kStripes + stripe;
-      const unsigned char* row = j < tokens ? token_row(j) : nullptr;
+      const int j = base + u * kWarps * kTokensPerWarp + sub;
+      const unsigned char* row = j < tokens ? token_row(j, kv.k_offset) : nullptr;
       valid[u] = row != nullptr;
-      k_raw[u] = valid[u] ? Load16(row + kv.k_offset, aligned) : make_uint4(0, 0, 0, 0);
-      v_raw[u] = valid[u] ? Load16(row + kv.v_offset, aligned) : make_uint4(0, 0, 0, 0);
+      raw[u] = valid[u] ? Load16(row, aligned) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float k[8];
-      ToFloat8<kBf16>(k_raw[u], k);
+      ToFloat8<kBf16>(raw[u], k);
+      const int j = base + u * kWarps * kTokensPerWarp + sub;
       float dot[kGroup];
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
@@ -197,68 +172,78 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < 8; ++i) dot[g] = fmaf(q[g][i], k[i], dot[g]);
       }
-      SumAcrossLanes<kGroup, kLanesPerToken>(dot, lane);
-      float score[kGroup];
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        score[g] =
-            __shfl_sync(0xffffffffu, dot[0], LaneOfHead<kGroup, kLanesPerToken>(g), kLanesPerToken);
+      const int head = SumAcrossLanes<kGroup, kLanesPerToken>(dot, lane);
+      if ((lane & (kLanesPerToken / kGroup - 1)) == 0 && j < tokens) {
+        shared[head * kPartition + j] = valid[u] ? dot[0] : -FLT_MAX;
       }
-      if (!valid[u]) continue;  // all lanes of the token agree; no shuffle follows
+    }
+  }
+  __syncthreads();
+
+  // 2. Softmax per query head (one warp per head).
+  for (int g = warp; g < kGroup; g += kWarps) {
+    float* s = shared + g * kPartition;
+    float m = -FLT_MAX;
+    for (int j = lane; j < tokens; j += 32) m = fmaxf(m, s[j]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(~0u, m, offset));
+    float l = 0.0f;
+    for (int j = lane; j < tokens; j += 32) {
+      const float p = s[j] == -FLT_MAX ? 0.0f : exp2f(s[j] - m);
+      s[j] = p;
+      l += p;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) l += __shfl_xor_sync(~0u, l, offset);
+    if (lane == 0) {
+      head_max[g] = m;
+      head_sum[g] = l;
+    }
+  }
+  __syncthreads();
+
+  // 3. P·V over token stripes.
+  const int stripe = threadIdx.x / kLanesPerToken;
+  float acc[kGroup][8] = {};
+  for (int base = stripe; base < tokens; base += kStripes * kUnroll) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kStripes;
+      const unsigned char* row = j < tokens ? token_row(j, kv.v_offset) : nullptr;
+      raw[u] = row ? Load16(row, aligned) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kStripes;
+      if (j >= tokens) break;
       float v[8];
-      ToFloat8<kBf16>(v_raw[u], v);
+      ToFloat8<kBf16>(raw[u], v);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
-        if (score[g] > running_max[g]) {
-          const float rescale = exp2f(running_max[g] - score[g]);
-          running_sum[g] *= rescale;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[g][i] *= rescale;
-          running_max[g] = score[g];
-        }
-        const float p = exp2f(score[g] - running_max[g]);
-        running_sum[g] += p;
+        const float p = shared[g * kPartition + j];
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, v[i], acc[g][i]);
       }
     }
   }
-
-  // Merge the stripes: rescale each to the CTA's max, then add through shared memory.
-  if (threadIdx.x % kLanesPerToken == 0) {
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      stripe_max[stripe][g] = running_max[g];
-      stripe_sum[stripe][g] = running_sum[g];
-    }
-  }
-  __syncthreads();
+  __syncthreads();  // scores are dead; reuse shared for the stripe reduction
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    float m = -FLT_MAX;
-    for (int s = 0; s < kStripes; ++s) m = fmaxf(m, stripe_max[s][g]);
-    const float rescale = exp2f(running_max[g] - m);
-    float* out = partial + (stripe * kGroup + g) * kHeadDim + column;
-    reinterpret_cast<float4*>(out)[0] = make_float4(acc[g][0] * rescale, acc[g][1] * rescale,
-                                                    acc[g][2] * rescale, acc[g][3] * rescale);
-    reinterpret_cast<float4*>(out)[1] = make_float4(acc[g][4] * rescale, acc[g][5] * rescale,
-                                                    acc[g][6] * rescale, acc[g][7] * rescale);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) shared[(stripe * kGroup + g) * kHeadDim + column + i] = acc[g][i];
   }
   __syncthreads();
   for (int e = threadIdx.x; e < q_count * kHeadDim; e += kThreads) {
     const int g = e / kHeadDim, d = e % kHeadDim;
     float total = 0.0f;
-    for (int s = 0; s < kStripes; ++s) total += partial[(s * kGroup + g) * kHeadDim + d];
+    for (int s = 0; s < kStripes; ++s) total += shared[(s * kGroup + g) * kHeadDim + d];
     const int64_t slot =
         (static_cast<int64_t>(seq) * args.num_q_heads + q_first + g) * ws.partitions + partition;
     ws.out[slot * kHeadDim + d] = total;
     if (d == 0) {
-      float m = -FLT_MAX;
-      for (int s = 0; s < kStripes; ++s) m = fmaxf(m, stripe_max[s][g]);
-      float sum = 0.0f;
-      for (int s = 0; s < kStripes; ++s) sum += stripe_sum[s][g] * exp2f(stripe_max[s][g] - m);
-      ws.max[slot] = m;
-      ws.sum[slot] = sum;
+      ws.max[slot] = head_max[g];
+      ws.sum[slot] = head_sum[g];
     }
   }
 }
@@ -298,22 +283,21 @@ Status LaunchFor(const PagedKv& kv, const unsigned char* cache, const DecodeAtte
                  const Workspace& ws, bool aligned, cudaStream_t stream) {
   const int group = static_cast<int>(args.num_q_heads / kv.heads);
   const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
-  const int head_slots = static_cast<int>(kv.heads) * chunks;
-  const dim3 grid(static_cast<unsigned>(head_slots * ws.partitions),
+  const dim3 grid(ws.partitions, static_cast<unsigned>(kv.heads * chunks),
                   static_cast<unsigned>(args.num_seqs));
   const int widest = std::min(group, kMaxGroup);
   if (widest <= 1) {
     PartitionKernel<kHeadDim, 1, kBf16>
-        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, head_slots, aligned);
+        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, aligned);
   } else if (widest <= 2) {
     PartitionKernel<kHeadDim, 2, kBf16>
-        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, head_slots, aligned);
+        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, aligned);
   } else if (widest <= 4) {
     PartitionKernel<kHeadDim, 4, kBf16>
-        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, head_slots, aligned);
+        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, aligned);
   } else {
     PartitionKernel<kHeadDim, 8, kBf16>
-        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, head_slots, aligned);
+        <<<grid, kThreads, 0, stream>>>(kv, cache, args, ws, chunks, aligned);
   }
   KV_RETURN_IF_ERROR(detail::LaunchStatus("decode attention partitions"));
   MergeKernel<kBf16>
@@ -342,8 +326,8 @@ Status LaunchDecodeAttention(const PagedKv& kv, const void* layer_base,
                                    std::to_string(kv.heads) + " kv heads");
   }
   if (args.num_seqs == 0) return Status::Ok();
-  if (args.num_seqs > 65535) {
-    return Status::Unsupported("decode attention launches at most 65535 sequences");
+  if (args.num_seqs > 65535 || kv.heads * ((args.num_q_heads / kv.heads + 7) / 8) > 65535) {
+    return Status::Unsupported("decode attention launches at most 65535 sequences and head chunks");
   }
   if (args.max_seq_len < 0 || args.max_seq_len > (int64_t{1} << 30)) {
     return Status::InvalidArgument("max_seq_len out of range");
@@ -365,10 +349,6 @@ Status LaunchDecodeAttention(const PagedKv& kv, const void* layer_base,
   ws.partition_tokens = static_cast<int>(DecodePartitionTokens(kv, args));
   ws.partitions = static_cast<int>(
       std::max<int64_t>(1, (args.max_seq_len + ws.partition_tokens - 1) / ws.partition_tokens));
-  const int64_t head_slots = kv.heads * ((args.num_q_heads / kv.heads + kMaxGroup - 1) / kMaxGroup);
-  if (head_slots * ws.partitions > int64_t{INT32_MAX}) {
-    return Status::Unsupported("decode attention launches at most 2^31 - 1 CTAs per sequence");
-  }
   const uint64_t slots = static_cast<uint64_t>(args.num_seqs * args.num_q_heads) * ws.partitions;
   ws.out = static_cast<float*>(workspace);
   ws.max = ws.out + slots * kv.head_dim;

@@ -331,7 +331,9 @@ int KernelsMain(int argc, char** argv) {
     std::printf(
         "kvbench kernels — the GPU kernels of kvd on the current device, each figure beside a\n"
         "ceiling measured in the same run (see benchmarks/kernels.md for recorded figures).\n\n"
-        "  plan copy d2d of random 64 KiB / 16 KiB pages vs one cudaMemcpyAsync d2d (read+write)\n"
+        "  plan copy d2d of random 64 KiB / 16 KiB pages vs one cudaMemcpyAsync d2d (read+write):\n"
+        "    the kernel over a table already on the device, and PlanCopier::Copy (table encoded\n"
+        "    and uploaded per copy, overlapping the previous copy), with the host encoding time\n"
         "  d2h / h2d pinned pages vs one large pinned cudaMemcpyAsync, and vs one memcpy a page\n"
         "  decode attention (bf16, 32 q heads / 8 kv heads, head_dim 128) K/V bytes read per\n"
         "  second vs the d2d copy bandwidth\n\nflags:\n%s",

@@ -34,6 +34,7 @@
 
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
+#include "daemon/offload_service.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
 
@@ -209,6 +210,13 @@ class Daemon::Core {
   void FailRequestsOfPeer(uint64_t peer_id, const Status& why);
   void ExpireRequests(Clock::time_point now);
 
+  // ---- offload_service.cc ----
+  // The engine's region `region_id`, if this kvd has a pool; kUnsupported without one.
+  Result<std::shared_ptr<Region>> OffloadRegion(Engine& engine, uint32_t region_id);
+  Result<proto::OffloadResult> OffloadStore(Engine& engine, const proto::OffloadStore& m);
+  Result<proto::OffloadResult> OffloadLookup(Engine& engine, const proto::OffloadLookup& m);
+  Result<proto::OffloadResult> OffloadLoad(Engine& engine, const proto::OffloadLoad& m);
+
   DaemonOptions options_;
   boost::asio::io_context io_;
   std::unique_ptr<transport::Transport> transport_;
@@ -227,6 +235,8 @@ class Daemon::Core {
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
   std::vector<Retired> retired_;
+  // Outlives every engine session; destroyed before the transport (its copies hold regions).
+  std::unique_ptr<OffloadService> offload_;
 
   uint64_t transfers_done_ = 0;
   uint64_t transfers_failed_ = 0;

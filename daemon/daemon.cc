@@ -106,6 +106,13 @@ Status Daemon::Core::Start() {
     }
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend));
   }
+  if (options_.offload_bytes > 0) {
+    OffloadOptions offload;
+    offload.capacity_bytes = options_.offload_bytes;
+    KV_ASSIGN_OR_RETURN(offload.device_copy, offload::ParseDeviceCopy(options_.offload_copy));
+    // Before the io thread starts: touching (and pinning) the memory may take seconds.
+    KV_ASSIGN_OR_RETURN(offload_, OffloadService::Create(offload));
+  }
   transport_->set_notification_handler([this](std::string_view message) {
     asio::post(io_, [this, m = std::string(message)] { OnNotification(m); });
   });
@@ -248,6 +255,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_bytes_sent(bytes_sent_);
   s.set_bytes_received(bytes_received_);
   s.set_runs_sent(runs_sent_);
+  if (offload_) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }
 
@@ -289,6 +297,9 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
     io_.stop();
     io_thread_.join();
   }
+  // Waits for the pool's copies; their completions release engine regions, which must happen
+  // before the transport goes.
+  offload_.reset();
   sources_.clear();
   loads_.clear();
   retired_.clear();

@@ -36,6 +36,9 @@ struct DaemonOptions {
   int missed_heartbeats = 5;  // then the peer is declared dead
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds partial_frame_timeout{5000};
+  // CPU offload pool (daemon/offload_service.h): 0 for none. Allocated at Start.
+  uint64_t offload_bytes = 0;
+  std::string offload_copy = "auto";  // GPU pages: "auto", "kernel" or "copy-engine"
 };
 
 class Daemon {

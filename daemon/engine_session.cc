@@ -99,6 +99,17 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
       if ((engine = FindEngine(engine_id)) != nullptr) ReplyToEngine(*engine, m.seq(), s);
       return;
     }
+    case proto::EngineMessage::kOffloadStore:
+    case proto::EngineMessage::kOffloadLookup:
+    case proto::EngineMessage::kOffloadLoad: {
+      auto result = m.has_offload_store()    ? OffloadStore(*engine, m.offload_store())
+                    : m.has_offload_lookup() ? OffloadLookup(*engine, m.offload_lookup())
+                                             : OffloadLoad(*engine, m.offload_load());
+      proto::Reply reply;
+      if (result.ok()) *reply.mutable_offload() = std::move(*result);
+      ReplyToEngine(*engine, m.seq(), result.status(), &reply);
+      return;
+    }
     default:
       engine->conn->Close(Status::InvalidArgument(engine->conn->label() + ": unknown message"));
   }

@@ -30,8 +30,8 @@ int64_t OffloadPool::ShardOf(const KvRegion& region) {
   return region.spec().replicated ? 0 : region.global_head(0);
 }
 
-Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& options) {
-  LayoutSpec one = options.slot_layout;
+Result<KvRegion> OffloadPool::SlotRegion(const LayoutSpec& layout, uint64_t bytes) {
+  LayoutSpec one = layout;
   one.blocks = 1;
   one.strides = {};
   one.tp_rank = 0;
@@ -41,9 +41,9 @@ Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& opti
   auto shape = KvRegion::Create(one);
   if (!shape.ok()) return shape.status().WithContext("offload slot layout");
   const uint64_t slot_bytes = BlockBytes(*shape);
-  const uint64_t slots = options.capacity_bytes / slot_bytes;
+  const uint64_t slots = bytes / slot_bytes;
   if (slots == 0) {
-    return Status::InvalidArgument("offload pool of " + std::to_string(options.capacity_bytes) +
+    return Status::InvalidArgument("offload pool of " + std::to_string(bytes) +
                                    " bytes holds no block of " + DescribeShape(*shape) + " (" +
                                    std::to_string(slot_bytes) + " bytes)");
   }
@@ -54,7 +54,19 @@ Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& opti
     return Status::Internal("dense slot layout spans " + std::to_string(region.span_bytes()) +
                             " bytes, not " + std::to_string(slots * slot_bytes));
   }
-  KV_ASSIGN_OR_RETURN(HostBuffer memory, HostBuffer::Allocate(slots * slot_bytes, options.memory));
+  return region;
+}
+
+Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& options) {
+  KV_ASSIGN_OR_RETURN(KvRegion region, SlotRegion(options.slot_layout, options.capacity_bytes));
+  KV_ASSIGN_OR_RETURN(HostBuffer memory, HostBuffer::Allocate(region.span_bytes(), options.memory));
+  return std::unique_ptr<OffloadPool>(
+      new OffloadPool(std::move(region), std::move(memory), options.device_copy));
+}
+
+Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& options,
+                                                         HostBuffer& memory) {
+  KV_ASSIGN_OR_RETURN(KvRegion region, SlotRegion(options.slot_layout, memory.size()));
   return std::unique_ptr<OffloadPool>(
       new OffloadPool(std::move(region), std::move(memory), options.device_copy));
 }

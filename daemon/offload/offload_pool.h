@@ -90,6 +90,11 @@ class OffloadPool {
   // Allocates (and, with a CUDA device present, pins) the pool's memory once.
   // kInvalidArgument for a bad slot layout or a capacity under one slot.
   static Result<std::unique_ptr<OffloadPool>> Create(const PoolOptions& options);
+  // Over memory allocated earlier (kvd allocates at start, before any engine names the block
+  // shape): capacity is memory.size(), options.capacity_bytes and options.memory are ignored.
+  // `memory` is moved from only on success, so a failed attempt can be retried with it.
+  static Result<std::unique_ptr<OffloadPool>> Create(const PoolOptions& options,
+                                                     HostBuffer& memory);
   ~OffloadPool();
   OffloadPool(const OffloadPool&) = delete;
   OffloadPool& operator=(const OffloadPool&) = delete;
@@ -123,6 +128,8 @@ class OffloadPool {
 
  private:
   OffloadPool(KvRegion slots, HostBuffer memory, DeviceCopy device_copy);
+  // The pool's memory as a region of `layout` holding as many slots as fit in `bytes`.
+  static Result<KvRegion> SlotRegion(const LayoutSpec& layout, uint64_t bytes);
 
   Status CheckShape(const KvRegion& region) const;
   Status CheckRequest(const BlockTransfer& request) const;

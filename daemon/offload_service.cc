@@ -1,0 +1,238 @@
+// OffloadService, and the engine protocol's offload messages (Daemon::Core, see core.h).
+#include "daemon/offload_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+
+#include "daemon/core.h"
+#include "daemon/wire_layout.h"
+
+namespace kv::daemon {
+
+namespace asio = boost::asio;
+using offload::BlockKey;
+using offload::OffloadPool;
+
+Result<std::unique_ptr<OffloadService>> OffloadService::Create(const OffloadOptions& options) {
+  if (options.capacity_bytes == 0) return Status::InvalidArgument("offload pool of 0 bytes");
+  KV_ASSIGN_OR_RETURN(offload::HostBuffer memory,
+                      offload::HostBuffer::Allocate(options.capacity_bytes, options.memory));
+  return std::unique_ptr<OffloadService>(new OffloadService(options, std::move(memory)));
+}
+
+OffloadService::OffloadService(const OffloadOptions& options, offload::HostBuffer memory)
+    : options_(options), memory_(std::move(memory)) {}
+
+OffloadService::~OffloadService() = default;
+
+Result<OffloadPool*> OffloadService::PoolFor(const KvRegion& region) {
+  if (pool_) return pool_.get();
+  offload::PoolOptions options;
+  options.slot_layout = region.spec();
+  options.device_copy = options_.device_copy;
+  KV_ASSIGN_OR_RETURN(pool_, OffloadPool::Create(options, memory_));
+  shape_ = offload::DescribeShape(region);
+  const offload::PoolStats stats = pool_->stats();
+  spdlog::info("offload pool: {} slots of {} ({} bytes each, {})", stats.capacity_slots, shape_,
+               stats.slot_bytes, region.spec().order);
+  return pool_.get();
+}
+
+proto::OffloadStatus OffloadService::Snapshot() const {
+  proto::OffloadStatus s;
+  s.set_enabled(true);
+  if (!pool_) {
+    s.set_capacity_bytes(memory_.size());
+    s.set_huge_pages(memory_.huge_pages());
+    s.set_pinned_memory(memory_.pinned());
+    return s;
+  }
+  const offload::PoolStats p = pool_->stats();
+  s.set_shape(shape_);
+  s.set_capacity_bytes(p.capacity_bytes);
+  s.set_slot_bytes(p.slot_bytes);
+  s.set_capacity_slots(p.capacity_slots);
+  s.set_used_slots(p.used_slots);
+  s.set_pinned_slots(p.pinned_slots);
+  s.set_hits(p.hits);
+  s.set_misses(p.misses);
+  s.set_evictions(p.evictions);
+  s.set_bytes_in(p.bytes_in);
+  s.set_bytes_out(p.bytes_out);
+  s.set_failed_copies(p.failed_copies);
+  s.set_huge_pages(p.huge_pages);
+  s.set_pinned_memory(p.pinned_memory);
+  return s;
+}
+
+// ---- the engine protocol's offload messages ----------------------------------------------------
+
+namespace {
+
+Status CheckOffloadId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("offload request id must have 1 to " +
+                                   std::to_string(kMaxRequestIdBytes) + " bytes");
+  }
+  return Status::Ok();
+}
+
+template <typename Keys>
+Result<std::vector<BlockKey>> ParseKeys(const Keys& wire) {
+  if (wire.empty() || wire.size() > kMaxOffloadKeys) {
+    return Status::InvalidArgument("an offload request names 1 to " +
+                                   std::to_string(kMaxOffloadKeys) + " keys, not " +
+                                   std::to_string(wire.size()));
+  }
+  std::vector<BlockKey> keys;
+  keys.reserve(wire.size());
+  for (int i = 0; i < wire.size(); ++i) {
+    const std::string& bytes = wire.Get(i);
+    auto key = BlockKey::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+    if (!key.ok()) return key.status().WithContext("key " + std::to_string(i));
+    keys.push_back(*key);
+  }
+  return keys;
+}
+
+template <typename Ids>
+Result<std::vector<int64_t>> ParseBlocks(const Ids& wire, size_t keys) {
+  if (static_cast<size_t>(wire.size()) != keys) {
+    return Status::InvalidArgument(std::to_string(keys) + " keys but " +
+                                   std::to_string(wire.size()) + " block ids");
+  }
+  return std::vector<int64_t>(wire.begin(), wire.end());
+}
+
+proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer) {
+  proto::DaemonMessage m;
+  m.mutable_layer_ready()->set_request_id(id);
+  m.mutable_layer_ready()->set_layer(static_cast<int32_t>(layer));
+  return m;
+}
+
+proto::DaemonMessage DoneMessage(const std::string& id, const Status& status, uint64_t bytes,
+                                 uint64_t runs) {
+  proto::DaemonMessage m;
+  auto* done = m.mutable_request_done();
+  done->set_request_id(id);
+  done->set_sent(false);
+  done->set_bytes(bytes);
+  done->set_runs(runs);
+  if (!status.ok()) ToWire(status, done->mutable_error());
+  return m;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint32_t region_id) {
+  if (!offload_) {
+    return Status::Unsupported("kvd " + options_.name +
+                               " has no offload pool (start it with --offload-bytes)");
+  }
+  if (region_id >= engine.regions.size()) {
+    return Status::OutOfRange("region " + std::to_string(region_id) + " is not registered (" +
+                              std::to_string(engine.regions.size()) + " regions)");
+  }
+  return engine.regions[region_id];
+}
+
+Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
+                                                        const proto::OffloadStore& m) {
+  KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
+  KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
+  KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
+  KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
+  offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
+                                  keys, blocks, nullptr};
+  // The ticket's figures are filled in on the io thread right after Store() returns; the
+  // completion reads them only in its io-thread half, which runs after this handler.
+  auto figures = std::make_shared<std::pair<uint64_t, uint64_t>>();  // bytes, runs
+  // The region rides with the completion: its mapping outlives the copy even if the engine
+  // disconnects meanwhile.
+  auto ticket = pool->Store(
+      transfer, [this, engine_id = engine.id, id = m.request_id(), region, figures](Status s) {
+        asio::post(io_, [this, engine_id, id, s, figures] {
+          if (s.ok()) SendToEngine(engine_id, LayerReadyMessage(id, 0));
+          SendToEngine(engine_id, DoneMessage(id, s, figures->first, figures->second));
+        });
+      });
+  if (!ticket.ok()) return ticket.status();
+  *figures = {ticket->bytes, ticket->runs};
+  proto::OffloadResult result;
+  result.set_stored(ticket->stored);
+  result.set_already_present(ticket->already_present);
+  for (const BlockKey& key : ticket->evicted) {
+    result.add_evicted(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size());
+  }
+  result.set_bytes(ticket->bytes);
+  result.set_runs(ticket->runs);
+  return result;
+}
+
+Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
+                                                         const proto::OffloadLookup& m) {
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
+  KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
+  KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
+  proto::OffloadResult result;
+  if (!m.per_key()) {
+    KV_ASSIGN_OR_RETURN(size_t hits, pool->Lookup(region->layout, keys));
+    result.set_hits(hits);
+    return result;
+  }
+  KV_ASSIGN_OR_RETURN(auto states, pool->Probe(region->layout, keys));
+  for (OffloadPool::KeyState state : states) {
+    result.add_key_states(state == OffloadPool::KeyState::kReady     ? proto::KEY_READY
+                          : state == OffloadPool::KeyState::kStoring ? proto::KEY_STORING
+                                                                     : proto::KEY_ABSENT);
+  }
+  return result;
+}
+
+Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
+                                                       const proto::OffloadLoad& m) {
+  KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
+  KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
+  KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
+  KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
+  offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
+                                  keys, blocks, nullptr};
+  const uint64_t engine_id = engine.id;
+  const std::string id = m.request_id();
+  offload::LayerDone on_layer;
+  if (m.per_layer()) {
+    on_layer = [this, engine_id, id](int64_t layer) {
+      asio::post(io_, [this, engine_id, id, layer] {
+        SendToEngine(engine_id, LayerReadyMessage(id, layer));
+      });
+    };
+  }
+  // Without per-layer reports the engine still waits on layers: every one is ready at the end.
+  const int64_t report_at_end = m.per_layer() ? 0 : region->layout.spec().layers;
+  auto figures = std::make_shared<std::pair<uint64_t, uint64_t>>();  // as in OffloadStore
+  auto ticket =
+      pool->Load(transfer, std::move(on_layer),
+                 [this, engine_id, id, region, report_at_end, figures](Status s) {
+                   asio::post(io_, [this, engine_id, id, s, report_at_end, figures] {
+                     if (s.ok()) {
+                       for (int64_t l = 0; l < report_at_end; ++l) {
+                         SendToEngine(engine_id, LayerReadyMessage(id, l));
+                       }
+                     }
+                     SendToEngine(engine_id, DoneMessage(id, s, figures->first, figures->second));
+                   });
+                 });
+  if (!ticket.ok()) return ticket.status();
+  *figures = {ticket->bytes, ticket->runs};
+  proto::OffloadResult result;
+  result.set_bytes(ticket->bytes);
+  result.set_runs(ticket->runs);
+  result.set_per_layer(ticket->per_layer);
+  return result;
+}
+
+}  // namespace kv::daemon

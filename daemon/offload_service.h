@@ -1,0 +1,66 @@
+// OffloadService: kvd's CPU offload pool (daemon/offload/) as the daemon holds it.
+//
+// One per kvd, created at start when `--offload-bytes` is given, and alive until shutdown: it
+// belongs to the daemon, not to an engine, so an engine that restarts and registers again finds
+// the blocks it stored before.
+//
+// Sizing. The memory is allocated (touched, and pinned with a GPU present) once, at start, so a
+// machine that cannot give it fails kvd's start rather than an engine's first store, and no
+// allocation ever runs on the io thread. The slot shape is not known then: the first offload
+// request (store, lookup or load) fixes it from the region it names — layers, KV heads, tokens
+// per block and content bytes, in that region's physical order. Requests from regions of
+// another shape are rejected with kIncompatible naming both shapes; if that first shape does
+// not fit one slot into the memory, the request fails and the next one tries again.
+//
+// The engine-protocol handlers (OffloadStore, OffloadLookup, OffloadLoad) are Daemon::Core
+// methods in offload_service.cc; copies run on the pool's copy threads and their completions
+// hop to the io thread, so no pool work blocks it.
+//
+// Threading: PoolFor() and Snapshot() on the io thread. The pool itself is thread-safe.
+// Destruction waits for every accepted copy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "daemon/offload/offload_pool.h"
+#include "daemon/proto/kvd.pb.h"
+#include "layout/kv_region.h"
+#include "layout/status.h"
+
+namespace kv::daemon {
+
+struct OffloadOptions {
+  uint64_t capacity_bytes = 0;
+  offload::DeviceCopy device_copy = offload::DeviceCopy::kAuto;
+  offload::HostBufferOptions memory;
+};
+
+class OffloadService {
+ public:
+  // Allocates the pool's memory. kInvalidArgument for 0 bytes; allocation errors as
+  // HostBuffer::Allocate reports them.
+  static Result<std::unique_ptr<OffloadService>> Create(const OffloadOptions& options);
+  ~OffloadService();
+  OffloadService(const OffloadService&) = delete;
+  OffloadService& operator=(const OffloadService&) = delete;
+
+  // The pool, created on first use with `region`'s block shape (see above).
+  Result<offload::OffloadPool*> PoolFor(const KvRegion& region);
+
+  proto::OffloadStatus Snapshot() const;
+
+ private:
+  OffloadService(const OffloadOptions& options, offload::HostBuffer memory);
+
+  const OffloadOptions options_;
+  offload::HostBuffer memory_;  // empty once the pool took it
+  std::string shape_;
+  std::unique_ptr<offload::OffloadPool> pool_;
+};
+
+// Limits of the offload messages.
+inline constexpr int kMaxOffloadKeys = 16384;  // keeps a store's reply (evicted keys) small
+
+}  // namespace kv::daemon

@@ -118,6 +118,32 @@ TEST(GpuDecodeAttention, DropsBadBlockIdsAndRescalesPeakedScores) {
   }
 }
 
+// The kernel streams a partition in tiles with a running max: leading tiles with no valid token
+// (max still -inf) must rescale to nothing once a real one arrives; a partition and a whole
+// sequence without valid tokens must give a zero sum that the merge drops, or zeros.
+TEST(GpuDecodeAttention, LeadingEmptyTilesAndEmptySequences) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(63);
+  for (int64_t head_dim : {64, 128, 256}) {
+    auto p = testing::MakeAttentionProblem(rng, "LBNHC", head_dim, 2, 4, 16, 3, 1800,
+                                           DType::kBFloat16, false);
+    p.args.scale = 3.0f;
+    const int64_t stride = p.args.block_table_stride;
+    for (int64_t b = 0; b < 5; ++b) p.block_table[b] = -1;                // 80 tokens: > 1 tile
+    for (int64_t b = 0; b < stride; ++b) p.block_table[stride + b] = -1;  // all of sequence 1
+    for (int64_t b = 32; b < 64 && b < stride; ++b) {
+      p.block_table[2 * stride + b] = -1;  // tokens 512..1023: one whole partition or more
+    }
+    p.seq_lens[1] = 700;
+    p.seq_lens[2] = 1800;
+    const auto got = RunOnDevice(p);
+    const auto want = Reference(p);
+    EXPECT_LE(RelativeError(got, want), 1e-2) << "head_dim " << head_dim;
+    const int64_t row = p.args.num_q_heads * head_dim;  // sequence 1's outputs are all zero
+    for (int64_t i = row; i < 2 * row; ++i) ASSERT_EQ(got[i], 0.0f) << "element " << i;
+  }
+}
+
 // Writes one problem, the gathered K/V and the kernel's output for tests/kernels/sdpa_check.py
 // (torch's scaled_dot_product_attention) when KV_SDPA_DUMP names a folder.
 TEST(GpuDecodeAttention, DumpForTorchComparison) {

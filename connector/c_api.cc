@@ -13,6 +13,10 @@ struct kv_connector {
   std::unique_ptr<kv::connector::Connector> impl;
 };
 
+struct kv_offload_op {
+  kv::connector::OffloadOp impl;
+};
+
 struct kv_daemon {
   std::shared_ptr<kv::daemon::Daemon> impl;
   std::string address;
@@ -55,6 +59,19 @@ kv::connector::ConnectorOptions Options(const char* instance, int rank, int size
   o.tp_size = size;
   o.timeout = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 30000);
   return o;
+}
+
+kv::Result<std::vector<kv::offload::BlockKey>> Keys(const uint8_t* keys, size_t key_bytes,
+                                                    size_t count) {
+  KV_RETURN_IF_ERROR(NeedNonNull(keys, "keys"));
+  std::vector<kv::offload::BlockKey> out;
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    KV_ASSIGN_OR_RETURN(auto key,
+                        kv::offload::BlockKey::FromBytes({keys + i * key_bytes, key_bytes}));
+    out.push_back(key);
+  }
+  return out;
 }
 
 }  // namespace
@@ -211,6 +228,70 @@ int kv_get_failed_blocks(kv_connector* c, kv_blocks_callback on_blocks, void* ct
     on_blocks(ctx, blocks.data(), blocks.size());
     return kv::Status::Ok();
   });
+}
+
+int kv_offload_store(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
+                     const int64_t* block_ids, size_t count, kv_offload_op** op,
+                     kv_offload_store_info* info, kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
+    KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
+    *op = nullptr;
+    KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
+    KV_ASSIGN_OR_RETURN(auto stored, c->impl->OffloadStore(parsed, {block_ids, count}, region));
+    if (info != nullptr) {
+      *info = {stored.stored, stored.already_present, stored.evicted.size(), stored.bytes,
+               stored.runs};
+    }
+    *op = new kv_offload_op{std::move(stored.op)};
+    return kv::Status::Ok();
+  });
+}
+
+int kv_offload_lookup(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
+                      size_t count, size_t* hits, kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+    KV_RETURN_IF_ERROR(NeedNonNull(hits, "hits"));
+    KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
+    KV_ASSIGN_OR_RETURN(*hits, c->impl->OffloadLookup(parsed, region));
+    return kv::Status::Ok();
+  });
+}
+
+int kv_offload_load(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
+                    const int64_t* block_ids, size_t count, int per_layer, kv_offload_op** op,
+                    kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
+    KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
+    *op = nullptr;
+    KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
+    KV_ASSIGN_OR_RETURN(auto loaded,
+                        c->impl->OffloadLoad(parsed, {block_ids, count}, per_layer != 0, region));
+    *op = new kv_offload_op{std::move(loaded.op)};
+    return kv::Status::Ok();
+  });
+}
+
+int kv_offload_wait(kv_offload_op* op, kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
+    return op->impl.Wait();
+  });
+}
+
+int kv_offload_wait_layer(kv_offload_op* op, int layer, kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
+    return op->impl.WaitLayer(layer);
+  });
+}
+
+void kv_offload_op_free(kv_offload_op* op) {
+  delete op;
 }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "connector/client.h"
 #include "daemon/daemon.h"
@@ -30,6 +31,27 @@ Result<int> ConnectUnix(const std::string& path) {
     return s;
   }
   return fd;
+}
+
+constexpr std::string_view kOffloadPrefix = "offload:";
+
+bool IsOffloadId(const std::string& id) {
+  return id.starts_with(kOffloadPrefix);
+}
+
+Status CheckEngineRequestId(const std::string& id) {
+  if (IsOffloadId(id)) {
+    return Status::InvalidArgument("request id '" + id + "': ids starting '" +
+                                   std::string(kOffloadPrefix) + "' are reserved for offload ops");
+  }
+  return Status::Ok();
+}
+
+template <typename Field>
+void AddKeys(std::span<const offload::BlockKey> keys, Field* out) {
+  for (const auto& key : keys) {
+    out->Add(std::string(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size()));
+  }
 }
 
 }  // namespace
@@ -86,6 +108,7 @@ Result<std::vector<KvCache>> Connector::RegisterKvCaches(std::span<const LayoutS
     m.mutable_register_region()->set_bytes(memory.size());
     KV_RETURN_IF_ERROR(client_->Call(std::move(m), memory.fd()).status());
     caches.push_back(KvCache{memory.data(), memory.size(), layout});
+    region_layers_.push_back(static_cast<int>(layout.spec().layers));
     memory_.push_back(std::move(memory));
   }
   return caches;
@@ -93,6 +116,7 @@ Result<std::vector<KvCache>> Connector::RegisterKvCaches(std::span<const LayoutS
 
 Status Connector::SaveLayer(const std::string& request, int layer,
                             std::span<const int64_t> block_ids) {
+  KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
   proto::EngineMessage m;
   auto* save = m.mutable_save_layer();
   save->set_request_id(request);
@@ -116,6 +140,7 @@ Result<TransferParams> Connector::RequestFinished(const std::string& request) {
 
 Status Connector::StartLoad(const std::string& request, const TransferParams& params,
                             std::span<const int64_t> local_block_ids) {
+  KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
   proto::EngineMessage m;
   auto* load = m.mutable_start_load();
   load->set_request_id(request);
@@ -135,7 +160,14 @@ Status Connector::WaitLayer(const std::string& request, int layer) {
 }
 
 Finished Connector::GetFinished() {
-  return client_->TakeFinished();
+  Finished finished = client_->TakeFinished();
+  std::lock_guard lock(offload_mu_);
+  std::erase_if(finished.received, [this](const std::string& id) {
+    if (!IsOffloadId(id)) return false;
+    if (live_offloads_.count(id)) done_offloads_.insert(id);
+    return true;
+  });
+  return finished;
 }
 
 std::vector<int64_t> Connector::GetFailedBlocks() {
@@ -147,6 +179,171 @@ Result<proto::DaemonStatus> Connector::DaemonStatus() {
   m.mutable_status();
   KV_ASSIGN_OR_RETURN(proto::Reply reply, client_->Call(std::move(m)));
   return reply.status();
+}
+
+// ---- CPU offload
+// ----------------------------------------------------------------------------------
+
+Result<int> Connector::RegionLayers(uint32_t region) const {
+  if (region >= region_layers_.size()) {
+    return Status::OutOfRange("region " + std::to_string(region) + " is not registered (" +
+                              std::to_string(region_layers_.size()) + " regions)");
+  }
+  return region_layers_[region];
+}
+
+Result<OffloadStored> Connector::OffloadStore(std::span<const offload::BlockKey> keys,
+                                              std::span<const int64_t> block_ids, uint32_t region) {
+  KV_RETURN_IF_ERROR(RegionLayers(region).status());
+  const std::string id = std::string(kOffloadPrefix) + std::to_string(next_offload_++);
+  proto::EngineMessage m;
+  auto* store = m.mutable_offload_store();
+  store->set_request_id(id);
+  store->set_region_id(region);
+  AddKeys(keys, store->mutable_keys());
+  store->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+  {
+    std::lock_guard lock(offload_mu_);
+    live_offloads_.insert(id);
+  }
+  // A store's failure leaves the engine's blocks as they were: no blocks to report as failed.
+  client_->ExpectLoad(id, {});
+  OffloadStored out;
+  out.op = OffloadOp(this, id, 0);  // from here on, an error forgets the op
+  KV_ASSIGN_OR_RETURN(proto::Reply reply, client_->Call(std::move(m)));
+  const proto::OffloadResult& r = reply.offload();
+  out.stored = r.stored();
+  out.already_present = r.already_present();
+  out.bytes = r.bytes();
+  out.runs = r.runs();
+  for (const std::string& bytes : r.evicted()) {
+    auto key = offload::BlockKey::FromBytes(
+        {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+    if (!key.ok()) return key.status().WithContext("kvd reported an evicted key");
+    out.evicted.push_back(*key);
+  }
+  return out;
+}
+
+Result<size_t> Connector::OffloadLookup(std::span<const offload::BlockKey> keys, uint32_t region) {
+  proto::EngineMessage m;
+  m.mutable_offload_lookup()->set_region_id(region);
+  AddKeys(keys, m.mutable_offload_lookup()->mutable_keys());
+  KV_ASSIGN_OR_RETURN(proto::Reply reply, client_->Call(std::move(m)));
+  if (reply.offload().hits() > keys.size()) {
+    return Status::Internal("kvd reported more hits than keys asked for");
+  }
+  return static_cast<size_t>(reply.offload().hits());
+}
+
+Result<std::vector<KeyState>> Connector::OffloadProbe(std::span<const offload::BlockKey> keys,
+                                                      uint32_t region) {
+  proto::EngineMessage m;
+  m.mutable_offload_lookup()->set_region_id(region);
+  m.mutable_offload_lookup()->set_per_key(true);
+  AddKeys(keys, m.mutable_offload_lookup()->mutable_keys());
+  KV_ASSIGN_OR_RETURN(proto::Reply reply, client_->Call(std::move(m)));
+  if (static_cast<size_t>(reply.offload().key_states_size()) != keys.size()) {
+    return Status::Internal("kvd answered " + std::to_string(reply.offload().key_states_size()) +
+                            " key states for " + std::to_string(keys.size()) + " keys");
+  }
+  std::vector<KeyState> states;
+  for (int state : reply.offload().key_states()) {
+    states.push_back(state == proto::KEY_READY     ? KeyState::kReady
+                     : state == proto::KEY_STORING ? KeyState::kStoring
+                                                   : KeyState::kAbsent);
+  }
+  return states;
+}
+
+Result<OffloadLoaded> Connector::OffloadLoad(std::span<const offload::BlockKey> keys,
+                                             std::span<const int64_t> block_ids, bool per_layer,
+                                             uint32_t region, std::vector<MissingKey>* missing) {
+  KV_ASSIGN_OR_RETURN(int layers, RegionLayers(region));
+  const std::string id = std::string(kOffloadPrefix) + std::to_string(next_offload_++);
+  proto::EngineMessage m;
+  auto* load = m.mutable_offload_load();
+  load->set_request_id(id);
+  load->set_region_id(region);
+  load->set_per_layer(per_layer);
+  AddKeys(keys, load->mutable_keys());
+  load->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
+  {
+    std::lock_guard lock(offload_mu_);
+    live_offloads_.insert(id);
+  }
+  // Registered before the call: the first layer may land before the reply is read.
+  client_->ExpectLoad(id, {block_ids.begin(), block_ids.end()});
+  OffloadLoaded out;
+  out.op = OffloadOp(this, id, layers - 1);
+  auto reply = client_->Call(std::move(m));
+  if (!reply.ok()) {
+    if (reply.status().code() == Code::kNotFound && missing != nullptr) {
+      missing->clear();
+      auto states = OffloadProbe(keys, region);
+      for (size_t i = 0; states.ok() && i < states->size(); ++i) {
+        if ((*states)[i] != KeyState::kReady) missing->push_back({i, (*states)[i]});
+      }
+    }
+    return reply.status();
+  }
+  out.bytes = reply->offload().bytes();
+  out.runs = reply->offload().runs();
+  out.per_layer = reply->offload().per_layer();
+  return out;
+}
+
+Status Connector::WaitOffload(const std::string& id, int layer) {
+  Status s = client_->WaitLayer(id, layer);
+  if (s.code() != Code::kNotFound) return s;
+  // The client forgot the op: GetFinished() took it as done, or GetFailedBlocks() as failed.
+  std::lock_guard lock(offload_mu_);
+  if (done_offloads_.count(id)) return Status::Ok();
+  return Status::Aborted("offload op " + id +
+                         " failed; a load's blocks were reported by GetFailedBlocks()");
+}
+
+void Connector::ForgetOffload(const std::string& id) {
+  client_->ForgetLoad(id);
+  std::lock_guard lock(offload_mu_);
+  live_offloads_.erase(id);
+  done_offloads_.erase(id);
+}
+
+OffloadOp::OffloadOp(OffloadOp&& other) noexcept {
+  *this = std::move(other);
+}
+
+OffloadOp& OffloadOp::operator=(OffloadOp&& other) noexcept {
+  if (this != &other) {
+    Forget();
+    owner_ = std::exchange(other.owner_, nullptr);
+    id_ = std::move(other.id_);
+    last_layer_ = other.last_layer_;
+  }
+  return *this;
+}
+
+OffloadOp::~OffloadOp() {
+  Forget();
+}
+
+void OffloadOp::Forget() {
+  if (owner_ != nullptr) owner_->ForgetOffload(id_);
+  owner_ = nullptr;
+}
+
+Status OffloadOp::Wait() {
+  return WaitLayer(last_layer_);
+}
+
+Status OffloadOp::WaitLayer(int layer) {
+  if (owner_ == nullptr) return Status::InvalidArgument("offload op handle is empty");
+  if (layer < 0 || layer > last_layer_) {
+    return Status::OutOfRange("layer " + std::to_string(layer) + " of offload op " + id_ +
+                              " outside [0, " + std::to_string(last_layer_ + 1) + ")");
+  }
+  return owner_->WaitOffload(id_, layer);
 }
 
 Result<proto::DaemonStatus> QueryDaemonStatus(const std::string& socket_path,

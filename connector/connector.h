@@ -8,18 +8,23 @@
 //   prefill rank:  RegisterKvCaches → per layer: (write K/V) → SaveLayer → RequestFinished
 //   decode rank:   RegisterKvCaches → StartLoad → per layer: WaitLayer → (attend)
 //   both:          GetFinished / GetFailedBlocks once per step
+//   CPU offload:   OffloadStore → (op.Wait) ... OffloadLookup → OffloadLoad → op.WaitLayer / Wait
 //
 // Errors are values; every blocking call ends by the connector's timeout at the latest.
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "daemon/offload/block_key.h"
 #include "daemon/proto/kvd.pb.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
@@ -64,6 +69,70 @@ struct Finished {
   std::vector<std::string> received;  // destination side: every layer in place
 };
 
+// ---- CPU offload (kvd --offload-bytes) ----------------------------------------------------------
+//
+// kvd's host pool keyed by the engine's block hash (offload::BlockKey: 8 to 32 bytes, e.g. vLLM's
+// prefix block hash). The pool belongs to kvd: blocks stored by an engine that restarts are
+// found by the engine that registers next with the same block shape. Stores and loads are
+// asynchronous; their handles say when the bytes landed. Offload ops are never reported by
+// GetFinished(); a load that fails reports its blocks through GetFailedBlocks() as well.
+// Request ids starting "offload:" are reserved for them.
+
+class Connector;
+
+// An asynchronous store or load. Move-only; must not outlive its Connector. Dropping it before
+// completion forgets the op: the copy still runs, its outcome is no longer reported.
+class OffloadOp {
+ public:
+  OffloadOp() = default;
+  OffloadOp(OffloadOp&& other) noexcept;
+  OffloadOp& operator=(OffloadOp&& other) noexcept;
+  OffloadOp(const OffloadOp&) = delete;
+  OffloadOp& operator=(const OffloadOp&) = delete;
+  ~OffloadOp();
+
+  // Until the op's bytes landed (a store's in the pool, a load's in every layer of the engine's
+  // blocks): OK, the copy's error, or kTimeout after the connector's timeout.
+  Status Wait();
+  // A load: until `layer` landed. Layer by layer with per_layer on a layer-first cache; all
+  // layers at once otherwise. A store has one "layer", 0.
+  Status WaitLayer(int layer);
+  const std::string& id() const { return id_; }
+
+ private:
+  friend class Connector;
+  OffloadOp(Connector* owner, std::string id, int last_layer)
+      : owner_(owner), id_(std::move(id)), last_layer_(last_layer) {}
+  void Forget();
+
+  Connector* owner_ = nullptr;
+  std::string id_;
+  int last_layer_ = 0;
+};
+
+struct OffloadStored {
+  OffloadOp op;
+  size_t stored = 0;           // keys this store copies
+  size_t already_present = 0;  // keys the pool held already (refreshed as recently used)
+  std::vector<offload::BlockKey> evicted;  // keys dropped to make room
+  uint64_t bytes = 0;
+  size_t runs = 0;  // copies the plan needed
+};
+
+struct OffloadLoaded {
+  OffloadOp op;
+  uint64_t bytes = 0;
+  size_t runs = 0;
+  bool per_layer = false;  // layers land (and WaitLayer returns) one by one
+};
+
+enum class KeyState { kAbsent, kStoring, kReady };
+
+struct MissingKey {
+  size_t index = 0;  // into the load's keys
+  KeyState state = KeyState::kAbsent;
+};
+
 class Connector {
  public:
   static Result<std::unique_ptr<Connector>> Open(const std::string& socket_path,
@@ -94,12 +163,45 @@ class Connector {
 
   Result<proto::DaemonStatus> DaemonStatus();
 
+  // CPU offload. `region` is the index of a cache RegisterKvCaches returned; keys[i] is the hash
+  // of the block in block_ids[i]. Errors: kUnsupported (kvd has no pool), kInvalidArgument (a
+  // key outside 8..32 bytes, counts that differ, over 16384 keys), kOutOfRange (block id,
+  // region), kIncompatible (the pool holds blocks of another shape: the message names both).
+  //
+  // Store: copies the blocks of keys the pool lacks; the blocks must not change until the op
+  // completes. kResourceExhausted when even eviction cannot make room (nothing is stored then);
+  // evictions are reported in the result, never silent.
+  Result<OffloadStored> OffloadStore(std::span<const offload::BlockKey> keys,
+                                     std::span<const int64_t> block_ids, uint32_t region = 0);
+  // How many leading keys are ready in the pool: the prefix the engine need not recompute.
+  Result<size_t> OffloadLookup(std::span<const offload::BlockKey> keys, uint32_t region = 0);
+  // Where each key stands; counts no hit or miss.
+  Result<std::vector<KeyState>> OffloadProbe(std::span<const offload::BlockKey> keys,
+                                             uint32_t region = 0);
+  // Load: every key must be ready, else kNotFound naming each missing key, nothing written, and
+  // `missing` (when given) lists them. per_layer: the engine will WaitLayer layer by layer.
+  Result<OffloadLoaded> OffloadLoad(std::span<const offload::BlockKey> keys,
+                                    std::span<const int64_t> block_ids, bool per_layer = false,
+                                    uint32_t region = 0,
+                                    std::vector<MissingKey>* missing = nullptr);
+
   class Client;
 
  private:
   static Result<std::unique_ptr<Connector>> Connect(int fd, ConnectorOptions options,
                                                     std::shared_ptr<daemon::Daemon> embedded);
   Connector(std::unique_ptr<Client> client, std::shared_ptr<daemon::Daemon> embedded);
+  friend class OffloadOp;
+  Result<int> RegionLayers(uint32_t region) const;
+  Status WaitOffload(const std::string& id, int layer);
+  void ForgetOffload(const std::string& id);
+
+  std::vector<int> region_layers_;  // layers of each registered cache, for OffloadOp::Wait
+  std::atomic<uint64_t> next_offload_ = 1;
+  std::mutex offload_mu_;
+  // Ops a live handle names, and those of them GetFinished() took as done from the client
+  // (the client then no longer knows them).
+  std::set<std::string> live_offloads_, done_offloads_;
 
   std::shared_ptr<daemon::Daemon> embedded_;  // kept alive for the connector's lifetime
   std::vector<daemon::SharedMemory> memory_;  // this process's view of the registered regions

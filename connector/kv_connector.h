@@ -78,6 +78,39 @@ int kv_get_finished(kv_connector* c, kv_request_callback on_request, void* ctx, 
 typedef void (*kv_blocks_callback)(void* ctx, const int64_t* block_ids, size_t count);
 int kv_get_failed_blocks(kv_connector* c, kv_blocks_callback on_blocks, void* ctx, kv_error* err);
 
+/* CPU offload: kvd's host pool keyed by block hash (kvd --offload-bytes). `keys` holds `count`
+ * keys of `key_bytes` bytes each (8 to 32: vLLM's 64-bit prefix hashes are 8), back to back;
+ * keys[i] names block_ids[i] of cache `region` (its index in kv_register_kv_caches). Stores and
+ * loads are asynchronous: *op receives a handle to wait on and to free with kv_offload_op_free,
+ * before the connector is closed. On error *op is left NULL. */
+typedef struct kv_offload_op kv_offload_op;
+
+typedef struct {
+  size_t stored;          /* keys this store copies */
+  size_t already_present; /* keys the pool held already */
+  size_t evicted;         /* keys dropped to make room */
+  uint64_t bytes;
+  size_t runs;
+} kv_offload_store_info;
+
+/* KV_RESOURCE_EXHAUSTED (6) when even eviction cannot make room: nothing is stored then.
+ * `info` may be NULL. The blocks must not change until the op completes. */
+int kv_offload_store(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
+                     const int64_t* block_ids, size_t count, kv_offload_op** op,
+                     kv_offload_store_info* info, kv_error* err);
+/* *hits receives how many leading keys the pool holds ready. */
+int kv_offload_lookup(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
+                      size_t count, size_t* hits, kv_error* err);
+/* Every key must be ready, else 4 (not found) with one line per missing key in err and nothing
+ * written. per_layer != 0: the caller waits layer by layer (kv_offload_wait_layer). */
+int kv_offload_load(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
+                    const int64_t* block_ids, size_t count, int per_layer, kv_offload_op** op,
+                    kv_error* err);
+/* Until the op's bytes landed: 0, the copy's error, or 8 (timeout). */
+int kv_offload_wait(kv_offload_op* op, kv_error* err);
+int kv_offload_wait_layer(kv_offload_op* op, int layer, kv_error* err);
+void kv_offload_op_free(kv_offload_op* op);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +21,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvd --name NAME --listen HOST:PORT --socket PATH [--transport "
     "auto|ucx|nccl|ipc|local]\n"
-    "           [--offload-bytes N] [--log-level trace|debug|info|warn|error]\n"
+    "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
+    "           [--log-level trace|debug|info|warn|error]\n"
     "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
@@ -28,7 +30,13 @@ constexpr const char* kUsage =
     "ready line on stdout names it). Data moves over --transport (auto: the best this build has).\n"
     "--lease-ms: how long a source holds a request's blocks waiting for the destination (30000).\n"
     "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
-    "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n";
+    "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n"
+    "--offload-bytes: host memory for the CPU offload pool (0: none). Allocated at start (huge\n"
+    "  pages where reserved, pinned with a GPU); the first engine to store, look up or load fixes\n"
+    "  the block shape, and the pool keeps its blocks across engine restarts. `kvctl status` and\n"
+    "  `kvctl --daemon PATH offload` show its figures.\n"
+    "--offload-copy: how GPU pages reach the pool: auto (the kernels' chooser), kernel (plan-copy\n"
+    "  kernel) or copy-engine (cudaMemcpyBatchAsync; leaves the SMs to the model).\n";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvd: %s\n", message.c_str());
@@ -43,14 +51,48 @@ bool ParseMs(const std::string& text, std::chrono::milliseconds* out) {
   return true;
 }
 
+// "64G", "512M", "1048576": bytes with an optional binary K/M/G suffix.
+bool ParseBytes(std::string text, uint64_t* out) {
+  uint64_t unit = 1;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K':
+      case 'k':
+        unit = 1ull << 10;
+        break;
+      case 'M':
+      case 'm':
+        unit = 1ull << 20;
+        break;
+      case 'G':
+      case 'g':
+        unit = 1ull << 30;
+        break;
+      default:
+        break;
+    }
+    if (unit != 1) text.pop_back();
+  }
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || end == text.c_str() || *end != '\0' || errno != 0 ||
+      v > (uint64_t{1} << 50) / unit) {
+    return false;
+  }
+  *out = v * unit;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags;
   const std::map<std::string, std::string> known = {
-      {"name", "kvd"},       {"listen", "127.0.0.1:0"}, {"socket", ""},
-      {"transport", "auto"}, {"offload-bytes", "0"},    {"log-level", "info"},
-      {"lease-ms", "30000"}, {"heartbeat-ms", "1000"},  {"drain-ms", "5000"}};
+      {"name", "kvd"},         {"listen", "127.0.0.1:0"}, {"socket", ""},
+      {"transport", "auto"},   {"offload-bytes", "0"},    {"log-level", "info"},
+      {"lease-ms", "30000"},   {"heartbeat-ms", "1000"},  {"drain-ms", "5000"},
+      {"offload-copy", "auto"}};
   flags = known;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -72,9 +114,6 @@ int main(int argc, char** argv) {
     flags[name] = value;
   }
   if (flags["socket"].empty()) return Fail("--socket PATH is required (see --help)");
-  if (flags["offload-bytes"] != "0") {
-    return Fail("--offload-bytes: the offload pool is not wired into kvd in this build");
-  }
   auto level = spdlog::level::from_str(flags["log-level"]);
   if (level == spdlog::level::off && flags["log-level"] != "off") {
     return Fail("--log-level '" + flags["log-level"] +
@@ -96,6 +135,11 @@ int main(int argc, char** argv) {
     return Fail("--heartbeat-ms must be in (0, 3600000]");
   }
   if (!ParseMs(flags["drain-ms"], &drain)) return Fail("--drain-ms must be in (0, 3600000]");
+  if (!ParseBytes(flags["offload-bytes"], &options.offload_bytes)) {
+    return Fail("--offload-bytes '" + flags["offload-bytes"] +
+                "' is not a byte count like 65536, 512M or 64G (at most 1 PiB)");
+  }
+  options.offload_copy = flags["offload-copy"];
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t stop_signals;

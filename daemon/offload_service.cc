@@ -141,9 +141,9 @@ Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint
 Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
                                                         const proto::OffloadStore& m) {
   KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
                                   keys, blocks, nullptr};
@@ -174,8 +174,8 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
 
 Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
                                                          const proto::OffloadLookup& m) {
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   proto::OffloadResult result;
   if (!m.per_key()) {
@@ -195,9 +195,9 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
 Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
                                                        const proto::OffloadLoad& m) {
   KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
                                   keys, blocks, nullptr};

@@ -33,14 +33,23 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-// `kvbench transport` in a child process: put bandwidth of the same transport for runs of the
-// size kvd posted on average. 0 when it could not be measured (the reason goes to stderr).
+// The ceiling pd is held to: `kvbench transport` of the same backend, with the same UCX settings
+// (this process's environment, inherited by the child and the kvds alike), for runs of the size
+// kvd posted on average, on the same kind of memory kvd moves: memory registered with the
+// transport (--user-memory), as kvd registers the engines' shared memory, not memory the
+// transport allocated itself (a faster path UCX offers only to its own segments).
+std::string CeilingCommand(const std::string& backend, uint64_t run_bytes, uint64_t runs_per_batch,
+                           const std::string& binary = "kvbench") {
+  return binary + " transport --backend " + backend + " --user-memory --size " +
+         std::to_string(run_bytes) + " --runs-per-batch " +
+         std::to_string(std::max<uint64_t>(1, runs_per_batch)) + " --iters 200 --rounds 1";
+}
+
+// Runs CeilingCommand in a child process. 0 when it could not be measured (reason on stderr).
 double MeasureCeiling(const std::string& backend, uint64_t run_bytes, uint64_t runs_per_batch) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string command = "'" + self + "' transport --backend " + backend + " --size " +
-                              std::to_string(run_bytes) + " --runs-per-batch " +
-                              std::to_string(std::max<uint64_t>(1, runs_per_batch)) +
-                              " --iters 200 --rounds 1 --no-ceiling --json";
+  const std::string command =
+      CeilingCommand(backend, run_bytes, runs_per_batch, "'" + self + "'") + " --no-ceiling --json";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return 0;
   std::string out;
@@ -91,6 +100,9 @@ int PdMain(int argc, char** argv) {
         "pages to the decode kvd; the decode engines wait per layer and check every byte.\n"
         "Layouts, TP sizes and block sizes may differ between the sides: the planner converts.\n"
         "Exits non-zero when any request failed or any byte differed.\n\n"
+        "The ceiling printed beside the result is `kvbench transport --user-memory` of the same\n"
+        "backend and run size, run right after: memory registered with the transport, as kvd\n"
+        "registers the engines' shared memory, under the same UCX_* environment.\n\n"
         "examples:\n"
         "  kvbench pd\n"
         "  kvbench pd --prefill-tp 2 --decode-tp 1 --decode-order BLHNC --decode-block-size 32\n"
@@ -215,20 +227,23 @@ int PdMain(int argc, char** argv) {
   const double runs_per_request = r.requests > 0 ? static_cast<double>(runs) / r.requests : 0;
   const double p50 = Percentile(r.latency_ms, 0.5), p99 = Percentile(r.latency_ms, 0.99);
   double ceiling = 0;
+  const uint64_t run_bytes = r.bytes / std::max<uint64_t>(runs, 1);
+  const uint64_t runs_per_batch = runs / (c.requests * c.layers);
   if (!flags.has("no-ceiling") && transport == "ucx" && runs > 0 && r.verified > 0) {
-    ceiling = MeasureCeiling(transport, r.bytes / std::max<uint64_t>(runs, 1),
-                             runs / (c.requests * c.layers));
+    ceiling = MeasureCeiling(transport, run_bytes, runs_per_batch);
   }
   if (json) {
     std::printf(
         "{\"requests\": %d, \"verified\": %d, \"failed\": %d, \"bytes\": %llu, "
         "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, \"p50_ms\": %.3f, "
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
-        "\"ceiling_gbps\": %.4f, \"prefill_kvd_rss\": %llu, \"decode_kvd_rss\": %llu}\n",
+        "\"ceiling_gbps\": %.4f, \"ceiling_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
+        "\"decode_kvd_rss\": %llu}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
-        transport.c_str(), ceiling, static_cast<unsigned long long>(prefill_rss),
-        static_cast<unsigned long long>(decode_rss));
+        transport.c_str(), ceiling,
+        ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch).c_str() : "",
+        static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss));
   } else {
     std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
     std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,
@@ -236,8 +251,10 @@ int PdMain(int argc, char** argv) {
     std::printf("  runs per request %.1f   latency p50 %.2f ms   p99 %.2f ms\n", runs_per_request,
                 p50, p99);
     if (ceiling > 0) {
-      std::printf("  ceiling  %.3f GB/s (kvbench transport %s, same run size)   ratio %.2f\n",
-                  ceiling, transport.c_str(), gbps / ceiling);
+      std::printf(
+          "  ceiling  %.3f GB/s   ratio %.2f\n           (%s: same run size, memory kind and "
+          "UCX settings as kvd)\n",
+          ceiling, gbps / ceiling, CeilingCommand(transport, run_bytes, runs_per_batch).c_str());
     }
     std::printf(
         "  kvd resident memory: prefill %.1f MiB, decode %.1f MiB (%u engines registered)\n",

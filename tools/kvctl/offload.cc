@@ -1,30 +1,59 @@
-// kvctl offload — the offload pool: how a cache shape fills it, and (with --probe) what this
-// machine gives it (huge pages, pinning). Live figures of a running kvd come with the daemon
-// wiring (daemon/offload/README.md).
+// kvctl offload — the offload pool: the live figures of a running kvd's pool (--daemon), or, for
+// planning, how a cache shape fills a pool and (with --probe) what this machine gives it (huge
+// pages, pinning).
 #include <cstdio>
 #include <string>
 
+#include "connector/connector.h"
 #include "daemon/offload/offload_pool.h"
 #include "tools/common/cli.h"
+#include "tools/kvctl/pool_status.h"
 
 namespace kv {
 namespace {
 
-constexpr const char* kHelp = R"(kvctl offload — size kvd's CPU offload pool for a KV cache shape.
+constexpr const char* kHelp = R"(kvctl offload — kvd's CPU offload pool: live figures, or sizing.
 
-A slot of the pool holds one block of every layer, i.e. one block hash the engine stores. This
+With --daemon SOCKET it asks that kvd for its pool: the block shape the first engine fixed,
+capacity and slots in use (and in flight), lookup hits and misses with the hit rate, evictions,
+bytes stored and loaded, failed copies, and whether the memory sits on huge pages and is pinned.
+
+Without --daemon it sizes a pool for a KV cache shape. A slot of the pool holds one block of every layer, i.e. one block hash the engine stores. This
 prints how many blocks (and tokens) --offload-bytes holds, the slot and page sizes, and how many
 copies (runs) one block costs in the chosen layout. With --probe it really allocates the pool as
 kvd would (huge pages when reserved, pinned when a CUDA device is present) and prints its
 statistics, so you can check a machine before starting kvd.
 
-Example: kvctl offload --offload-bytes 64G --layers 32 --heads 8 --head-dim 128 --probe
+Examples:
+  kvctl --daemon /tmp/kvd.sock offload --json
+  kvctl offload --offload-bytes 64G --layers 32 --heads 8 --head-dim 128 --probe
 
 Flags:
 )";
 
+int LiveMain(const cli::Flags& flags) {
+  auto timeout = flags.integer("timeout-ms", 5000, 1, 600000);
+  if (!timeout.ok()) {
+    std::fprintf(stderr, "kvctl offload: %s\n", timeout.status().ToString().c_str());
+    return 2;
+  }
+  auto s = connector::QueryDaemonStatus(flags.str("daemon"), std::chrono::milliseconds(*timeout));
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvctl offload: %s\n", s.status().ToString().c_str());
+    return 1;
+  }
+  if (flags.has("json")) {
+    std::printf("%s\n", tools::PoolStatusJson(s->offload()).c_str());
+  } else {
+    std::printf("kvd %s\n%s", s->name().c_str(), tools::PoolStatusText(s->offload()).c_str());
+  }
+  return 0;
+}
+
 int OffloadMain(int argc, char** argv) {
   cli::Flags flags({
+      {"daemon", "a running kvd's unix socket: print its pool's live figures"},
+      {"timeout-ms", "with --daemon: how long to wait for kvd's answer (default 5000)"},
       {"offload-bytes", "pool size, e.g. 64G (default 1G)"},
       {"order", "physical order of the engine's cache (default LBNHC)"},
       {"layers", "layers (default 32)"},
@@ -46,6 +75,16 @@ int OffloadMain(int argc, char** argv) {
     return 2;
   };
   if (!parsed.ok()) return fail(parsed);
+  if (flags.has("daemon")) {
+    for (const char* sizing : {"offload-bytes", "order", "layers", "heads", "head-dim",
+                               "dtype-bytes", "block-size", "probe"}) {
+      if (flags.has(sizing)) {
+        return fail(Status::InvalidArgument(
+            std::string("--") + sizing + " sizes a pool; with --daemon kvd's own pool is shown"));
+      }
+    }
+    return LiveMain(flags);
+  }
   LayoutSpec spec;
   spec.order = flags.str("order", "LBNHC");
   spec.blocks = 1;
@@ -123,7 +162,8 @@ int OffloadMain(int argc, char** argv) {
 }
 
 [[maybe_unused]] const bool registered = cli::Register(
-    {"offload", "size the CPU offload pool for a cache shape; --probe allocates it", &OffloadMain});
+    {"offload", "kvd's CPU offload pool: live figures (--daemon SOCKET) or sizing for a shape",
+     &OffloadMain});
 
 }  // namespace
 }  // namespace kv

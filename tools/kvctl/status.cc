@@ -1,10 +1,12 @@
-// kvctl status — what a running kvd is doing: name, uptime, memory, peers, regions, transfers.
+// kvctl status — what a running kvd is doing: name, uptime, memory, peers, regions, transfers,
+// and its CPU offload pool.
 #include <cstdio>
 #include <string>
 
 #include "connector/connector.h"
 #include "tools/common/cli.h"
 #include "tools/kvctl/human_bytes.h"
+#include "tools/kvctl/pool_status.h"
 
 namespace kv {
 namespace {
@@ -14,7 +16,9 @@ constexpr const char* kHelp = R"(kvctl status — ask a running kvd what it is d
 Connects to kvd's unix socket (the --socket it was started with; only its own user may) and
 prints its name, uptime, resident memory, transport and TCP address, the peer daemons and the
 state of each session, the engines and KV regions registered, and the transfers in flight,
-done and failed with the bytes moved. Nothing is changed; it is safe on a busy daemon.
+done and failed with the bytes moved, and the CPU offload pool (kvd --offload-bytes): its
+block shape, capacity and use, lookup hits and misses, evictions and the bytes stored and
+loaded. Nothing is changed; it is safe on a busy daemon.
 
 Examples:
   kvctl --daemon /tmp/kvd.sock status
@@ -76,7 +80,7 @@ int StatusMain(int argc, char** argv) {
         "\"transport\": %s, \"listen\": %s, \"peers\": [%s], \"engines\": %u, "
         "\"regions\": %u, \"region_bytes\": %llu, \"transfers_in_flight\": %u, "
         "\"transfers_done\": %llu, \"transfers_failed\": %llu, \"bytes_sent\": %llu, "
-        "\"bytes_received\": %llu, \"runs_sent\": %llu}\n",
+        "\"bytes_received\": %llu, \"runs_sent\": %llu, \"offload\": %s}\n",
         Quoted(s->name()).c_str(), s->uptime_seconds(),
         static_cast<unsigned long long>(s->resident_bytes()), Quoted(s->transport()).c_str(),
         Quoted(s->listen_address()).c_str(), peers.c_str(), s->engines(), s->regions(),
@@ -85,7 +89,8 @@ int StatusMain(int argc, char** argv) {
         static_cast<unsigned long long>(s->transfers_failed()),
         static_cast<unsigned long long>(s->bytes_sent()),
         static_cast<unsigned long long>(s->bytes_received()),
-        static_cast<unsigned long long>(s->runs_sent()));
+        static_cast<unsigned long long>(s->runs_sent()),
+        tools::PoolStatusJson(s->offload()).c_str());
     return 0;
   }
   std::printf("kvd %s   up %.1f s   resident %s   transport %s on %s\n", s->name().c_str(),
@@ -98,6 +103,7 @@ int StatusMain(int argc, char** argv) {
               static_cast<unsigned long long>(s->transfers_failed()));
   std::printf("bytes sent %s   received %s\n", tools::HumanBytes(s->bytes_sent()).c_str(),
               tools::HumanBytes(s->bytes_received()).c_str());
+  std::printf("%s", tools::PoolStatusText(s->offload()).c_str());
   std::printf("peers %d\n", s->peers_size());
   for (const auto& p : s->peers()) {
     std::printf("  %-20s %-24s %s\n", p.name().empty() ? "?" : p.name().c_str(),

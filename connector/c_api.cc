@@ -67,9 +67,9 @@ kv::Result<std::vector<kv::offload::BlockKey>> Keys(const uint8_t* keys, size_t 
   std::vector<kv::offload::BlockKey> out;
   out.reserve(count);
   for (size_t i = 0; i < count; ++i) {
-    KV_ASSIGN_OR_RETURN(auto key,
-                        kv::offload::BlockKey::FromBytes({keys + i * key_bytes, key_bytes}));
-    out.push_back(key);
+    auto key = kv::offload::BlockKey::FromBytes({keys + i * key_bytes, key_bytes});
+    if (!key.ok()) return key.status().WithContext("key " + std::to_string(i));
+    out.push_back(*key);
   }
   return out;
 }
@@ -80,12 +80,18 @@ extern "C" {
 
 int kv_daemon_start(const char* name, const char* listen, const char* transport, kv_daemon** out,
                     kv_error* err) {
+  return kv_daemon_start_with_offload(name, listen, transport, 0, out, err);
+}
+
+int kv_daemon_start_with_offload(const char* name, const char* listen, const char* transport,
+                                 uint64_t offload_bytes, kv_daemon** out, kv_error* err) {
   return Guarded(err, [&]() -> kv::Status {
     KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
     kv::daemon::DaemonOptions o;
     if (name) o.name = name;
     if (listen) o.listen = listen;
     if (transport) o.transport_name = transport;
+    o.offload_bytes = offload_bytes;
     KV_ASSIGN_OR_RETURN(auto d, kv::daemon::Daemon::Start(std::move(o)));
     *out = new kv_daemon{d, d->listen_address()};
     return kv::Status::Ok();

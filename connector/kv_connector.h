@@ -47,6 +47,9 @@ typedef struct {
  * transport "auto", "ucx" or "local". */
 int kv_daemon_start(const char* name, const char* listen, const char* transport, kv_daemon** out,
                     kv_error* err);
+/* The same with a CPU offload pool of offload_bytes (kvd --offload-bytes; 0: none). */
+int kv_daemon_start_with_offload(const char* name, const char* listen, const char* transport,
+                                 uint64_t offload_bytes, kv_daemon** out, kv_error* err);
 /* The TCP address peers reach it on ("127.0.0.1:41234"); valid until kv_daemon_stop. */
 const char* kv_daemon_address(const kv_daemon* daemon);
 void kv_daemon_stop(kv_daemon* daemon);

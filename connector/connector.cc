@@ -160,8 +160,10 @@ Status Connector::WaitLayer(const std::string& request, int layer) {
 }
 
 Finished Connector::GetFinished() {
-  Finished finished = client_->TakeFinished();
+  // Held across TakeFinished: an op the client forgets is in done_offloads_ before a waiter
+  // that missed it in the client looks there.
   std::lock_guard lock(offload_mu_);
+  Finished finished = client_->TakeFinished();
   std::erase_if(finished.received, [this](const std::string& id) {
     if (!IsOffloadId(id)) return false;
     if (live_offloads_.count(id)) done_offloads_.insert(id);

@@ -198,7 +198,7 @@ class Connector {
 
   std::vector<int> region_layers_;  // layers of each registered cache, for OffloadOp::Wait
   std::atomic<uint64_t> next_offload_ = 1;
-  std::mutex offload_mu_;
+  std::mutex offload_mu_;  // taken before the client's lock, never after it
   // Ops a live handle names, and those of them GetFinished() took as done from the client
   // (the client then no longer knows them).
   std::set<std::string> live_offloads_, done_offloads_;

@@ -6,8 +6,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "connector/client.h"
 #include "connector/connector.h"
@@ -231,6 +233,82 @@ TEST_P(OffloadWire, RestartedEngineFindsItsPages) {
   EXPECT_EQ(Mismatches(cache, 15, 40), 0);
   EXPECT_EQ(Mismatches(cache, 4, 41), 0);
   EXPECT_EQ(Mismatches(cache, 9, 42), 0);
+}
+
+// Copies in flight when their engine goes away still land, and their completions (for an
+// engine kvd no longer knows) are dropped quietly.
+TEST_P(OffloadWire, EngineLeavingWithStoresInFlight) {
+  ASSERT_NO_FATAL_FAILURE(StartKvd(128));
+  std::vector<BlockKey> all;
+  {
+    KvCache cache;
+    auto engine = Engine("leaver", Shape("LBNHC"), &cache);
+    ASSERT_TRUE(engine);
+    std::vector<connector::OffloadStored> pending;
+    for (uint64_t round = 0; round < 4; ++round) {
+      auto keys = Keys(1000 + 16 * round, 16);
+      std::vector<int64_t> blocks(16);
+      for (int64_t b = 0; b < 16; ++b) {
+        blocks[b] = b;
+        Fill(cache, b, 1000 + 16 * round + b);
+      }
+      auto stored = engine->OffloadStore(keys, blocks);
+      ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+      pending.push_back(std::move(*stored));
+      all.insert(all.end(), keys.begin(), keys.end());
+      // The engine rewrites its blocks only after a store landed.
+      ASSERT_TRUE(pending.back().op.Wait().ok());
+    }
+    // One more, not waited for: the engine disconnects with it in flight.
+    auto last = engine->OffloadStore(
+        Keys(5000, 16),
+        std::vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+    ASSERT_TRUE(last.ok()) << last.status().ToString();
+  }
+  KvCache cache;
+  auto next = Engine("next", Shape("LBNHC"), &cache);
+  ASSERT_TRUE(next);
+  // The in-flight store lands on the pool's copy thread; poll its keys, bounded.
+  auto in_flight = Keys(5000, 16);
+  size_t hits = 0;
+  for (int attempt = 0; attempt < 500 && hits < in_flight.size(); ++attempt) {
+    auto states = next->OffloadProbe(in_flight);
+    ASSERT_TRUE(states.ok()) << states.status().ToString();
+    hits = std::count(states->begin(), states->end(), KeyState::kReady);
+    if (hits < in_flight.size()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(hits, in_flight.size());
+  auto found = next->OffloadLookup(all);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, all.size());
+  auto loaded = next->OffloadLoad(
+      std::span(all).subspan(48, 16),
+      std::vector<int64_t>({15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0}));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_TRUE(loaded->op.Wait().ok());
+  for (int64_t i = 0; i < 16; ++i) EXPECT_EQ(Mismatches(cache, 15 - i, 1048 + i), 0) << i;
+}
+
+// kvd stopping with copies in flight: it waits for them; the engine's waits end, none hangs.
+TEST_P(OffloadWire, KvdStoppingWithCopiesInFlight) {
+  ASSERT_NO_FATAL_FAILURE(StartKvd(64));
+  KvCache cache;
+  auto engine = Engine("e", Shape("LBNHC"), &cache);
+  ASSERT_TRUE(engine);
+  auto stored = engine->OffloadStore(
+      Keys(1, 16), std::vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  if (daemon_) {
+    daemon_->Shutdown();
+  } else {
+    auto code = process_->Stop(std::chrono::milliseconds(5000));
+    ASSERT_TRUE(code.ok()) << code.status().ToString();
+    EXPECT_EQ(*code, 0);
+  }
+  Status waited = stored->op.Wait();
+  // Either the completion made it out before the connection closed, or the wait names kvd.
+  EXPECT_TRUE(waited.ok() || waited.code() == Code::kUnavailable) << waited.ToString();
+  EXPECT_EQ(engine->OffloadLookup(Keys(1, 1)).status().code(), Code::kUnavailable);
 }
 
 TEST_P(OffloadWire, UnknownKeysInLoadAreNamedAndNothingIsWritten) {

@@ -258,13 +258,16 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   peer->notes.clear();
-  // With batches in flight, FORCE: UCX then completes every outstanding request on the endpoint
-  // (flushes included, with an error), which is what lets Finish() hand the memory back. An idle
-  // endpoint closes gracefully instead, so the peer sees an orderly goodbye rather than a reset
-  // in the middle of its wire-up (UCX 1.13 aborts on a reset while a wire-up reply is pending).
+  // A failed or stalled peer with batches in flight is closed with FORCE: UCX then completes
+  // every outstanding request on the endpoint (flushes included, with an error), which is what
+  // lets Finish() hand the memory back. A live peer that we merely disconnect (kAborted), or an
+  // idle endpoint, closes gracefully: its requests finish first and the peer sees an orderly
+  // goodbye. UCX 1.13 aborts the process on a forced close of a live TCP endpoint with requests
+  // in flight ("unexpected error: Endpoint timeout") or with a wire-up reply pending.
+  const bool force = batches_in_flight && reason.code() != Code::kAborted;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = batches_in_flight ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
   if (UCS_PTR_IS_PTR(request)) closing_.emplace_back(std::move(peer), request);
 }

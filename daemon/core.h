@@ -58,6 +58,7 @@ struct Engine {
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;
+  int offload_in_flight = 0;  // stores and loads accepted and not yet completed
 };
 
 struct Peer {
@@ -216,6 +217,9 @@ class Daemon::Core {
   Result<proto::OffloadResult> OffloadStore(Engine& engine, const proto::OffloadStore& m);
   Result<proto::OffloadResult> OffloadLookup(Engine& engine, const proto::OffloadLookup& m);
   Result<proto::OffloadResult> OffloadLoad(Engine& engine, const proto::OffloadLoad& m);
+  // On the io thread once a store or load completed: its last events go to the engine, if
+  // it is still connected.
+  void OffloadCompleted(uint64_t engine_id, const std::vector<proto::DaemonMessage>& events);
 
   DaemonOptions options_;
   boost::asio::io_context io_;

@@ -105,6 +105,13 @@ Result<std::vector<int64_t>> ParseBlocks(const Ids& wire, size_t keys) {
   return std::vector<int64_t>(wire.begin(), wire.end());
 }
 
+Status CheckOffloadsInFlight(const Engine& engine) {
+  if (engine.offload_in_flight < kMaxOffloadOpsInFlight) return Status::Ok();
+  return Status::ResourceExhausted(std::to_string(engine.offload_in_flight) +
+                                   " offload stores and loads in flight, the most an engine may "
+                                   "have; wait for some to complete");
+}
+
 proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer) {
   proto::DaemonMessage m;
   m.mutable_layer_ready()->set_request_id(id);
@@ -138,12 +145,21 @@ Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint
   return engine.regions[region_id];
 }
 
+void Daemon::Core::OffloadCompleted(uint64_t engine_id,
+                                    const std::vector<proto::DaemonMessage>& events) {
+  Engine* engine = FindEngine(engine_id);
+  if (engine == nullptr) return;  // it left; the copy still landed (or failed) in the pool
+  --engine->offload_in_flight;
+  for (const auto& event : events) (void)engine->conn->Send(event);
+}
+
 Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
                                                         const proto::OffloadStore& m) {
   KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
   KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
+  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
                                   keys, blocks, nullptr};
@@ -155,12 +171,15 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
   auto ticket = pool->Store(
       transfer, [this, engine_id = engine.id, id = m.request_id(), region, figures](Status s) {
         asio::post(io_, [this, engine_id, id, s, figures] {
-          if (s.ok()) SendToEngine(engine_id, LayerReadyMessage(id, 0));
-          SendToEngine(engine_id, DoneMessage(id, s, figures->first, figures->second));
+          std::vector<proto::DaemonMessage> events;
+          if (s.ok()) events.push_back(LayerReadyMessage(id, 0));
+          events.push_back(DoneMessage(id, s, figures->first, figures->second));
+          OffloadCompleted(engine_id, events);
         });
       });
   if (!ticket.ok()) return ticket.status();
   *figures = {ticket->bytes, ticket->runs};
+  ++engine.offload_in_flight;
   proto::OffloadResult result;
   result.set_stored(ticket->stored);
   result.set_already_present(ticket->already_present);
@@ -198,6 +217,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
   KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
+  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
                                   keys, blocks, nullptr};
@@ -218,16 +238,17 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
       pool->Load(transfer, std::move(on_layer),
                  [this, engine_id, id, region, report_at_end, figures](Status s) {
                    asio::post(io_, [this, engine_id, id, s, report_at_end, figures] {
-                     if (s.ok()) {
-                       for (int64_t l = 0; l < report_at_end; ++l) {
-                         SendToEngine(engine_id, LayerReadyMessage(id, l));
-                       }
+                     std::vector<proto::DaemonMessage> events;
+                     for (int64_t l = 0; s.ok() && l < report_at_end; ++l) {
+                       events.push_back(LayerReadyMessage(id, l));
                      }
-                     SendToEngine(engine_id, DoneMessage(id, s, figures->first, figures->second));
+                     events.push_back(DoneMessage(id, s, figures->first, figures->second));
+                     OffloadCompleted(engine_id, events);
                    });
                  });
   if (!ticket.ok()) return ticket.status();
   *figures = {ticket->bytes, ticket->runs};
+  ++engine.offload_in_flight;
   proto::OffloadResult result;
   result.set_bytes(ticket->bytes);
   result.set_runs(ticket->runs);

@@ -62,5 +62,7 @@ class OffloadService {
 
 // Limits of the offload messages.
 inline constexpr int kMaxOffloadKeys = 16384;  // keeps a store's reply (evicted keys) small
+// Per engine: bounds the copy queue one engine can build up.
+inline constexpr int kMaxOffloadOpsInFlight = 1024;
 
 }  // namespace kv::daemon

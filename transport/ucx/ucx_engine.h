@@ -17,8 +17,11 @@
 //    goes as a rendezvous active message instead (kPutAmId, header: region token and offset).
 //    The receiver checks the range against its registration and receives the data in place;
 //    on one host UCX moves it with a single CMA copy. The send completes only after the
-//    receiver holds the data, so such a batch completes when the flush and every one of its
-//    sends have. Endpoints keep peer error handling on both paths.
+//    receiver holds the data (CMA: the receiver read it), but a protocol that streams fragments
+//    (TCP) completes a send once the fragments are out, so when every send of the batch has
+//    completed the batch reads one byte back (ucp_get_nbx + flush): the reply leaves the peer
+//    after it handled every fragment before it on the lane. Then the batch completes.
+//    Endpoints keep peer error handling on both paths.
 //  * The receiver of a put message holds the registration until the data is in: deregistering
 //    while one is in flight is safe, as for the batches below.
 //  * A batch past its deadline fails its peer: the endpoint is force-closed, which makes UCX
@@ -100,7 +103,10 @@ struct BatchState {
   Clock::time_point deadline;
   Status failure;       // set when the batch times out or its peer fails before UCX reports back
   uint64_t serial = 0;  // order of posting, for notifications (Peer::message_batches)
-  bool sent_messages = false;    // some runs went as put messages
+  bool sent_messages = false;  // some runs went as put messages
+  bool fenced = false;         // the read-back after the messages was posted
+  uint64_t fence_offset = 0;   // a remote byte a message wrote, read back by the fence
+  char fence_byte = 0;
   uint32_t pending = 0;          // the flush and the put messages not yet complete
   ucs_status_t status = UCS_OK;  // the first error UCX reported for any of them
 };
@@ -186,6 +192,7 @@ class Engine {
   void Finish(BatchState* batch, ucs_status_t status);
   void PostRuns(BatchState* batch, ucp_ep_h ep);
   void SettleBatch(BatchState* batch, ucs_status_t status);
+  bool FenceMessages(BatchState* batch);
   void MarkNoteFlushed(PeerId id, uint64_t seq);
   void SendReadyNotes(Peer* peer);
   void Shutdown();

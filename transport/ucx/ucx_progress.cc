@@ -208,6 +208,7 @@ void Engine::PostRuns(BatchState* batch, ucp_ep_h ep) {
     if (messages && run.length >= kMessageMinBytes) {
       batch->headers.push_back(PutHeader{batch->remote_token, run.dst_offset});
       batch->sent_messages = true;
+      batch->fence_offset = run.dst_offset;
       request = ucp_am_send_nbx(ep, kPutAmId, &batch->headers.back(), sizeof(PutHeader), local,
                                 run.length, &message_param);
       if (UCS_PTR_IS_PTR(request)) {
@@ -242,7 +243,36 @@ void Engine::OnPutMessageSent(void* request, ucs_status_t status, void* user_dat
 
 void Engine::SettleBatch(BatchState* batch, ucs_status_t status) {
   if (status != UCS_OK && batch->status == UCS_OK) batch->status = status;
-  if (--batch->pending == 0) Finish(batch, batch->status);
+  if (--batch->pending > 0) return;
+  if (batch->sent_messages && !batch->fenced && FenceMessages(batch)) return;
+  Finish(batch, batch->status);
+}
+
+bool Engine::FenceMessages(BatchState* batch) {
+  batch->fenced = true;
+  auto it = peers_.find(batch->peer);
+  if (batch->status != UCS_OK || !batch->failure.ok() || it == peers_.end()) return false;
+  ucp_ep_h ep = it->second->ep;
+  ucp_request_param_t get_param{};
+  ucs_status_ptr_t get =
+      ucp_get_nbx(ep, &batch->fence_byte, 1, batch->remote_address + batch->fence_offset,
+                  batch->remote_key->rkey, &get_param);
+  if (UCS_PTR_IS_ERR(get)) {
+    batch->status = UCS_PTR_STATUS(get);
+    return false;
+  }
+  if (get != nullptr) ucp_request_free(get);
+  ucp_request_param_t flush{};
+  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  flush.cb.send = &Engine::OnBatchFlushed;
+  flush.user_data = batch;
+  ucs_status_ptr_t request = ucp_ep_flush_nbx(ep, &flush);
+  if (!UCS_PTR_IS_PTR(request)) {
+    if (UCS_PTR_STATUS(request) != UCS_OK) batch->status = UCS_PTR_STATUS(request);
+    return false;
+  }
+  batch->pending = 1;
+  return true;
 }
 
 void Engine::Finish(BatchState* batch, ucs_status_t status) {

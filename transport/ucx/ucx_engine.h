@@ -4,7 +4,7 @@
 // Threading model: the ucp worker is single-threaded and is touched only by the progress thread.
 // Callers validate their input, then hand the work over as a command (Enqueue); calls that need
 // an answer (connect, import_remote) wait for it with a deadline (RunSync). The progress thread
-// busy-polls for kIdleSpin after the last event (kBusySpin while batches are in flight), then
+// polls for kIdleSpin after the last event (kBusySpin while batches are in flight), then
 // arms the worker and sleeps in epoll on the worker's fd and an eventfd that Enqueue rings: fast
 // under load, no CPU when idle (the daemon must not spin an idle core on a 2-core host).
 //
@@ -67,8 +67,15 @@ inline constexpr unsigned kPutAmId = 18;
 inline constexpr uint64_t kMessageMinBytes = 64 << 10;
 inline constexpr size_t kMaxNotification = 64 << 10;
 inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
-inline constexpr auto kIdleSpin = std::chrono::microseconds(100);  // nothing in flight
-inline constexpr auto kBusySpin = std::chrono::milliseconds(2);    // batches in flight
+// After its last event the progress thread polls kPureSpin flat out, then keeps polling but
+// yields the core between polls (on two cores the peer it waits for may need it), and sleeps
+// in epoll only after kIdleSpin (kBusySpin with batches in flight). Protocols that ping-pong
+// between the processes (software RMA acknowledgements, rendezvous) must not find the other
+// side asleep: a window shorter than a round trip under load locks both sides into a wake-up
+// per fragment, 0.1 GB/s instead of 3 (the old 100 us window did; benchmarks/transport.md).
+inline constexpr auto kPureSpin = std::chrono::microseconds(50);
+inline constexpr auto kIdleSpin = std::chrono::milliseconds(2);   // nothing in flight
+inline constexpr auto kBusySpin = std::chrono::milliseconds(50);  // batches in flight
 
 class Engine;
 

@@ -109,7 +109,12 @@ void Engine::Loop() {
     // Shared-memory completions raise no event, so with batches in flight polling is what
     // completes them; a quiet peer (a stalled TCP stream) still lets the thread sleep.
     const bool busy = !in_flight_.empty();
-    if (now - last_event > (busy ? kBusySpin : kIdleSpin)) Sleep(busy);
+    const auto quiet = now - last_event;
+    if (quiet > (busy ? kBusySpin : kIdleSpin)) {
+      Sleep(busy);
+    } else if (quiet > kPureSpin) {
+      std::this_thread::yield();
+    }
   }
   Shutdown();
 }

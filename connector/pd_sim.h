@@ -36,6 +36,11 @@ struct PdConfig {
   bool mla = false;  // one latent "head" replicated on every rank
   Mode mode = Mode::kPush;
   int window = 4;  // requests in flight per wave
+  // Prefill ranks write every layer of a wave before its clock starts and save the layers back
+  // to back; the clock stops when the last layer is in place and decode ranks verify after it:
+  // the figures time kvd alone, as behind an engine whose forward pass outruns the link. Off:
+  // writing and verifying K/V (the simulated forward passes) are on the clock, layer by layer.
+  bool prewrite = false;
   std::chrono::milliseconds timeout{20000};
 };
 
@@ -44,8 +49,10 @@ struct PdResult {
   int verified = 0;
   int failed = 0;
   uint64_t bytes = 0;  // bytes the decode ranks should hold, summed over verified requests
-  double seconds = 0;
+  double seconds = 0;  // on the clock: every wave, less prewriting
   std::vector<double> latency_ms;    // per verified request: load start to last layer verified
+                                     // (prewrite: to last layer in place)
+                                     // (prewrite: to last layer in place)
   uint64_t guard_bytes_written = 0;  // non-zero bytes found in decode guard blocks
   std::string first_error;
 };

@@ -84,6 +84,11 @@ int PdMain(int argc, char** argv) {
       {"mla", "MLA cache: one latent head replicated on every rank", true},
       {"mode", "push: stream each layer as it is saved (default); pull: whole request at the end"},
       {"window", "requests in flight per wave (default 8)"},
+      {"prewrite",
+       "prefill engines write every layer's K/V before the clock starts and save the layers "
+       "back to back; the clock stops when the last layer is in place, decode engines verify "
+       "after it: times kvd alone (default: writing and verifying K/V are on the clock)",
+       true},
       {"no-ceiling", "skip the kvbench transport comparison", true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
@@ -106,7 +111,8 @@ int PdMain(int argc, char** argv) {
         "examples:\n"
         "  kvbench pd\n"
         "  kvbench pd --prefill-tp 2 --decode-tp 1 --decode-order BLHNC --decode-block-size 32\n"
-        "  kvbench pd --mla --mode pull --json\n\nflags:\n%s",
+        "  kvbench pd --mla --mode pull --json\n"
+        "  kvbench pd --prewrite          # kvd alone, against its ceiling\n\nflags:\n%s",
         flags.Help().c_str());
     return 0;
   }
@@ -137,6 +143,7 @@ int PdMain(int argc, char** argv) {
   c.prefill_order = flags.str("prefill-order", "LBNHC");
   c.decode_order = flags.str("decode-order", "LBNHC");
   c.mla = flags.has("mla");
+  c.prewrite = flags.has("prewrite");
   const std::string mode = flags.str("mode", "push");
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
@@ -197,7 +204,7 @@ int PdMain(int argc, char** argv) {
         static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
         c.prefill_order.c_str(), c.prefill_tp, static_cast<long long>(c.prefill_block_size),
         c.decode_order.c_str(), c.decode_tp, static_cast<long long>(c.decode_block_size),
-        c.mla ? " MLA" : "", mode.c_str());
+        c.mla ? " MLA" : "", (mode + (c.prewrite ? ", K/V written before the clock" : "")).c_str());
     std::fflush(stdout);
   }
   // Sampled while the engines are still registered: the daemons' cost of serving them.
@@ -237,11 +244,12 @@ int PdMain(int argc, char** argv) {
         "{\"requests\": %d, \"verified\": %d, \"failed\": %d, \"bytes\": %llu, "
         "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, \"p50_ms\": %.3f, "
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
-        "\"ceiling_gbps\": %.4f, \"ceiling_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
+        "\"prewrite\": %s, \"ceiling_gbps\": %.4f, \"ceiling_command\": \"%s\", "
+        "\"prefill_kvd_rss\": %llu, "
         "\"decode_kvd_rss\": %llu}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
-        transport.c_str(), ceiling,
+        transport.c_str(), c.prewrite ? "true" : "false", ceiling,
         ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch).c_str() : "",
         static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss));
   } else {

@@ -1,5 +1,4 @@
 // The ucx backend with two workers in one process, over TCP and over shared memory.
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -152,28 +151,6 @@ TEST_P(UcxPair, NotificationsNeverOvertakeTheirData) {
   EXPECT_EQ(stale, 0);
 }
 
-// Large runs into registered memory travel as put messages, small ones as RMA, in one batch.
-TEST_P(UcxPair, MixedBatchOfSmallAndLargeRunsLandsWhole) {
-  std::vector<kv::Run> runs = {{0, 0, 300},
-                               {4096, 8192, 256 << 10},
-                               {1 << 20, 3 << 20, 100},
-                               {2 << 20, 5 << 20, 3 << 20},
-                               {7 << 20, 15 << 20, 64 << 10}};
-  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  ExpectCopied(src, dst, runs, 0xEE);
-}
-
-// The receiver of a put message checks it against its live registrations: once the target
-// deregistered, a peer still holding the old descriptor fails its batch and writes nothing.
-TEST_P(UcxPair, PutMessageIntoADeregisteredRegionFailsTheBatchAndWritesNothing) {
-  dst_reg.reset();
-  std::vector<kv::Run> runs = {{0, 1 << 20, 1 << 20}};
-  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs);
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0xEE), static_cast<std::ptrdiff_t>(dst.size()));
-}
-
 TEST_P(UcxPair, DisconnectForgetsThePeerAndReconnectWorks) {
   initiator->disconnect(peer);
   std::vector<kv::Run> runs = {{0, 0, 1}};
@@ -259,33 +236,6 @@ INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "shm"),
 TEST(UcxTransport, UnparsableSettingIsRejected) {
   auto t = CreateTransport("ucx", {{{"UCX_RNDV_THRESH", "banana"}}});
   EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
-  t = CreateTransport("ucx", {{{"KV_UCX_PUT_MESSAGES", "maybe"}}});
-  EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
-}
-
-// KV_UCX_PUT_MESSAGES=n on the target: its descriptors offer no put messages and large puts
-// take UCX's RMA; the bytes land the same.
-TEST(UcxTransport, PutMessagesCanBeTurnedOffByTheTarget) {
-  auto initiator = CreateTransport("ucx", Tls("shm"));
-  auto target = CreateTransport("ucx", {{{"UCX_TLS", "shm"}, {"KV_UCX_PUT_MESSAGES", "n"}}});
-  ASSERT_TRUE(initiator.ok()) << initiator.status().ToString();
-  ASSERT_TRUE(target.ok()) << target.status().ToString();
-  std::vector<uint8_t> src(4 << 20), dst(4 << 20, 0xEE);
-  Fill(src, 5);
-  auto s = (*initiator)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  auto d = (*target)->register_memory(dst.data(), dst.size(), MemoryLocation::Host());
-  ASSERT_TRUE(s.ok() && d.ok());
-  auto peer = (*initiator)->connect((*target)->address());
-  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  auto remote = (*initiator)->import_remote(*peer, (*d)->packed_descriptor());
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-  std::vector<kv::Run> runs = {{0, 1 << 20, 2 << 20}};
-  Status posted = PostAndWait(**initiator, Op::kPut, **s, **remote, runs);
-  ASSERT_TRUE(posted.ok()) << posted.ToString();
-  ExpectCopied(src, dst, runs, 0xEE);
-  remote->reset();
-  s->reset();
-  d->reset();
 }
 
 }  // namespace

@@ -58,7 +58,6 @@ class MemoryMap {
   uint64_t length() const { return length_; }
   MemoryLocation location() const { return where_; }
   const std::string& packed_rkey() const { return rkey_; }
-  ucp_mem_h memh() const { return memh_; }
 
  private:
   MemoryMap(ucp_context_h context, ucp_mem_h memh, void* base, uint64_t length,

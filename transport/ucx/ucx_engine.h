@@ -11,19 +11,6 @@
 // Rules (the contract of Transport, made precise for UCX):
 //  * A batch is one ucp_put_nbx/ucp_get_nbx per run and one ucp_ep_flush_nbx; it completes when
 //    the flush does. done() runs on the progress thread.
-//  * Except large puts into registered host memory (the remote descriptor says so): UCX 1.13
-//    reaches such memory only by software-emulated RMA (fragments through the peer's AM lane,
-//    acknowledged one by one; 0.1-0.6 GB/s on one host), so each run of kMessageMinBytes or more
-//    goes as a rendezvous active message instead (kPutAmId, header: region token and offset).
-//    The receiver checks the range against its registration and receives the data in place;
-//    on one host UCX moves it with a single CMA copy. The send completes only after the
-//    receiver holds the data (CMA: the receiver read it), but a protocol that streams fragments
-//    (TCP) completes a send once the fragments are out, so when every send of the batch has
-//    completed the batch reads one byte back (ucp_get_nbx + flush): the reply leaves the peer
-//    after it handled every fragment before it on the lane. Then the batch completes.
-//    Endpoints keep peer error handling on both paths.
-//  * The receiver of a put message holds the registration until the data is in: deregistering
-//    while one is in flight is safe, as for the batches below.
 //  * A batch past its deadline fails its peer: the endpoint is force-closed, which makes UCX
 //    release every request on it; the late batch completes with kTimeout, the peer's other
 //    batches with kUnavailable. done() therefore never runs while UCX may still touch the batch's
@@ -33,10 +20,9 @@
 //  * A batch holds its local mapping and its remote key: deregistering while a batch is in flight
 //    is safe, the unmap waits. Registrations and imported descriptors must be destroyed before
 //    the Transport.
-//  * A notification is sent as an eager active message after a flush of its endpoint completes
-//    and every batch with put messages posted to the peer before it has completed, so it arrives
-//    after the data of every batch posted before it; notifications leave in the order notify()
-//    was called.
+//  * A notification is sent as an eager active message after a flush of its endpoint completes,
+//    so it arrives after the data of every batch posted before it; notifications leave in the
+//    order notify() was called.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -61,10 +47,6 @@
 namespace kv::transport::ucx {
 
 inline constexpr unsigned kNotifyAmId = 17;
-inline constexpr unsigned kPutAmId = 18;
-// Below this a run stays a ucp_put: a rendezvous round trip costs more than copying it through
-// the AM lane.
-inline constexpr uint64_t kMessageMinBytes = 64 << 10;
 inline constexpr size_t kMaxNotification = 64 << 10;
 inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
 // After its last event the progress thread polls kPureSpin flat out, then keeps polling but
@@ -88,12 +70,6 @@ struct RemoteKey {
   ucp_rkey_h rkey;
 };
 
-// The header of a put message, in the sender's byte order (both ends are on one host).
-struct PutHeader {
-  uint64_t token;   // the receiver's region, from its descriptor
-  uint64_t offset;  // into that region
-};
-
 // One accepted batch, owned by the progress thread from Enqueue until done() has run.
 struct BatchState {
   Engine* engine = nullptr;
@@ -104,25 +80,15 @@ struct BatchState {
   uint64_t remote_address = 0;
   std::shared_ptr<MemoryMap> local_map;
   std::shared_ptr<RemoteKey> remote_key;
-  uint64_t remote_token = 0;       // non-zero: large puts go as messages to this remote region
-  std::vector<PutHeader> headers;  // of the put messages; UCX reads them until each completes
   Completion done;
   Clock::time_point deadline;
-  Status failure;       // set when the batch times out or its peer fails before UCX reports back
-  uint64_t serial = 0;  // order of posting, for notifications (Peer::message_batches)
-  bool sent_messages = false;  // some runs went as put messages
-  bool fenced = false;         // the read-back after the messages was posted
-  uint64_t fence_offset = 0;   // a remote byte a message wrote, read back by the fence
-  char fence_byte = 0;
-  uint32_t pending = 0;          // the flush and the put messages not yet complete
-  ucs_status_t status = UCS_OK;  // the first error UCX reported for any of them
+  Status failure;  // set when the batch times out or its peer fails before UCX reports back
 };
 
 struct Note {
   uint64_t seq;
   std::string message;
-  uint64_t after_batch = 0;  // batches of a lower serial must have completed first
-  bool flushed = false;      // its flush completed: the RMA data before it has landed
+  bool ready = false;  // its flush completed: the data before it has landed
 };
 
 // What a notification's flush callback needs to find the notification again; the peer may be
@@ -140,7 +106,6 @@ struct Peer {
   ucp_ep_h ep = nullptr;
   std::deque<Note> notes;
   uint64_t next_note = 0;
-  std::set<uint64_t> message_batches;  // serials of batches with put messages in flight
 };
 
 // An owned file descriptor.
@@ -182,11 +147,6 @@ class Engine {
   void Notify(PeerId id, std::string message);
   void SetHandler(NotificationHandler handler) { handler_ = std::move(handler); }
 
-  // ---- Any thread ----------------------------------------------------------------------------
-  // Makes `map` a target of put messages; the token goes into its descriptor. The entry lapses
-  // when the map is destroyed.
-  uint64_t AddMessageTarget(const std::shared_ptr<MemoryMap>& map);
-
  private:
   Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd);
   void Loop();
@@ -197,20 +157,12 @@ class Engine {
   void FailPeer(PeerId id, const Status& reason);
   void ReapClosedEndpoints();
   void Finish(BatchState* batch, ucs_status_t status);
-  void PostRuns(BatchState* batch, ucp_ep_h ep);
-  void SettleBatch(BatchState* batch, ucs_status_t status);
-  bool FenceMessages(BatchState* batch);
-  void MarkNoteFlushed(PeerId id, uint64_t seq);
+  void MarkNoteReady(PeerId id, uint64_t seq);
   void SendReadyNotes(Peer* peer);
   void Shutdown();
 
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void OnBatchFlushed(void* request, ucs_status_t status, void* user_data);
-  static void OnPutMessageSent(void* request, ucs_status_t status, void* user_data);
-  static ucs_status_t OnPutMessage(void* arg, const void* header, size_t header_length, void* data,
-                                   size_t length, const ucp_am_recv_param_t* param);
-  static void OnPutMessageReceived(void* request, ucs_status_t status, size_t length,
-                                   void* user_data);
   static void OnNoteFlushed(void* request, ucs_status_t status, void* user_data);
   static void OnNoteSent(void* request, ucs_status_t status, void* user_data);
   static ucs_status_t OnNotification(void* arg, const void* header, size_t header_length,
@@ -233,13 +185,7 @@ class Engine {
   std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;
   std::vector<std::pair<std::unique_ptr<Peer>, void*>> closing_;  // peer, close request
   std::set<BatchState*> in_flight_;
-  uint64_t next_batch_serial_ = 1;
   NotificationHandler handler_;
-  uint64_t rejected_put_messages_ = 0;
-
-  std::mutex targets_mu_;
-  std::unordered_map<uint64_t, std::weak_ptr<MemoryMap>> targets_;  // guarded by targets_mu_
-  uint64_t next_target_ = 1;                                        // guarded by targets_mu_
 
   std::thread thread_;  // last: starts after everything above exists
 };

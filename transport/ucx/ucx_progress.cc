@@ -4,8 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
+
+#include <cstdio>
 
 #include "transport/ucx/ucx_engine.h"
 
@@ -52,9 +53,6 @@ Engine::Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd 
   am.cb = &Engine::OnNotification;
   am.arg = this;
   // Cannot fail for a valid id on a worker created with UCP_FEATURE_AM.
-  (void)ucp_worker_set_am_recv_handler(worker_.get(), &am);
-  am.id = kPutAmId;
-  am.cb = &Engine::OnPutMessage;
   (void)ucp_worker_set_am_recv_handler(worker_.get(), &am);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -179,105 +177,36 @@ void Engine::Post(BatchState* batch) {
     return Finish(batch, UCS_OK);
   }
   in_flight_.insert(batch);
-  batch->serial = next_batch_serial_++;
-  batch->pending = 1;  // the flush
-  PostRuns(batch, it->second->ep);
-  if (batch->sent_messages) it->second->message_batches.insert(batch->serial);
-  ucp_request_param_t flush{};
-  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  flush.cb.send = &Engine::OnBatchFlushed;
-  flush.user_data = batch;
-  ucs_status_ptr_t request = ucp_ep_flush_nbx(it->second->ep, &flush);
-  if (!UCS_PTR_IS_PTR(request)) SettleBatch(batch, UCS_PTR_STATUS(request));
-}
-
-void Engine::PostRuns(BatchState* batch, ucp_ep_h ep) {
+  ucp_ep_h ep = it->second->ep;
   const bool put = batch->op == Op::kPut;
-  // No per-run callback for RMA: the flush completes after every run, so the run requests are
+  // No per-run callback: the flush below completes after every run, so the run requests are
   // released at once and one completion per batch is all the bookkeeping there is.
-  ucp_request_param_t rma_param{};
-  ucp_request_param_t message_param{};
-  message_param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                               UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH;
-  message_param.flags = UCP_AM_SEND_FLAG_RNDV;  // completes only once the receiver holds the data
-  message_param.cb.send = &Engine::OnPutMessageSent;
-  message_param.user_data = batch;
-  message_param.memh = batch->local_map->memh();
-  const bool messages = put && batch->remote_token != 0;
-  // UCX reads a message's header until the send completes: the headers live in the batch.
-  if (messages) batch->headers.reserve(batch->runs.size());
+  ucp_request_param_t run_param{};
   for (const Run& run : batch->runs) {
     if (run.length == 0) continue;
     void* local = batch->local + (put ? run.src_offset : run.dst_offset);
-    ucs_status_ptr_t request;
-    if (messages && run.length >= kMessageMinBytes) {
-      batch->headers.push_back(PutHeader{batch->remote_token, run.dst_offset});
-      batch->sent_messages = true;
-      batch->fence_offset = run.dst_offset;
-      request = ucp_am_send_nbx(ep, kPutAmId, &batch->headers.back(), sizeof(PutHeader), local,
-                                run.length, &message_param);
-      if (UCS_PTR_IS_PTR(request)) {
-        ++batch->pending;
-        continue;
-      }
-    } else {
-      uint64_t remote = batch->remote_address + (put ? run.dst_offset : run.src_offset);
-      request =
-          put ? ucp_put_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &rma_param)
-              : ucp_get_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &rma_param);
-      if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
-    }
+    uint64_t remote = batch->remote_address + (put ? run.dst_offset : run.src_offset);
+    ucs_status_ptr_t request =
+        put ? ucp_put_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param)
+            : ucp_get_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param);
     if (UCS_PTR_IS_ERR(request)) {
-      batch->failure = FromUcs(UCS_PTR_STATUS(request), put ? "put of a run" : "get of a run");
-      return;  // the runs already posted are still covered by the flush and their callbacks
+      batch->failure = FromUcs(UCS_PTR_STATUS(request), put ? "ucp_put_nbx" : "ucp_get_nbx");
+      break;  // the runs already posted are still covered by the flush
     }
+    if (request != nullptr) ucp_request_free(request);
   }
-}
-
-void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data) {
-  auto* batch = static_cast<BatchState*>(user_data);
-  ucp_request_free(request);
-  batch->engine->SettleBatch(batch, status);
-}
-
-void Engine::OnPutMessageSent(void* request, ucs_status_t status, void* user_data) {
-  auto* batch = static_cast<BatchState*>(user_data);
-  ucp_request_free(request);
-  batch->engine->SettleBatch(batch, status);
-}
-
-void Engine::SettleBatch(BatchState* batch, ucs_status_t status) {
-  if (status != UCS_OK && batch->status == UCS_OK) batch->status = status;
-  if (--batch->pending > 0) return;
-  if (batch->sent_messages && !batch->fenced && FenceMessages(batch)) return;
-  Finish(batch, batch->status);
-}
-
-bool Engine::FenceMessages(BatchState* batch) {
-  batch->fenced = true;
-  auto it = peers_.find(batch->peer);
-  if (batch->status != UCS_OK || !batch->failure.ok() || it == peers_.end()) return false;
-  ucp_ep_h ep = it->second->ep;
-  ucp_request_param_t get_param{};
-  ucs_status_ptr_t get =
-      ucp_get_nbx(ep, &batch->fence_byte, 1, batch->remote_address + batch->fence_offset,
-                  batch->remote_key->rkey, &get_param);
-  if (UCS_PTR_IS_ERR(get)) {
-    batch->status = UCS_PTR_STATUS(get);
-    return false;
-  }
-  if (get != nullptr) ucp_request_free(get);
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   flush.cb.send = &Engine::OnBatchFlushed;
   flush.user_data = batch;
   ucs_status_ptr_t request = ucp_ep_flush_nbx(ep, &flush);
-  if (!UCS_PTR_IS_PTR(request)) {
-    if (UCS_PTR_STATUS(request) != UCS_OK) batch->status = UCS_PTR_STATUS(request);
-    return false;
-  }
-  batch->pending = 1;
-  return true;
+  if (!UCS_PTR_IS_PTR(request)) Finish(batch, UCS_PTR_STATUS(request));
+}
+
+void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data) {
+  auto* batch = static_cast<BatchState*>(user_data);
+  ucp_request_free(request);
+  batch->engine->Finish(batch, status);
 }
 
 void Engine::Finish(BatchState* batch, ucs_status_t status) {
@@ -287,66 +216,8 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
                       ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
                       : Status::Ok();
   Completion done = std::move(batch->done);
-  Peer* peer = nullptr;
-  if (batch->sent_messages) {
-    auto it = peers_.find(batch->peer);
-    if (it != peers_.end()) peer = it->second.get();
-    if (peer != nullptr) peer->message_batches.erase(batch->serial);
-  }
   delete batch;  // releases the mapping and the remote key before the caller hears back
   done(std::move(result));
-  if (peer != nullptr && peers_.count(peer->id) != 0) SendReadyNotes(peer);
-}
-
-uint64_t Engine::AddMessageTarget(const std::shared_ptr<MemoryMap>& map) {
-  std::lock_guard lock(targets_mu_);
-  std::erase_if(targets_, [](const auto& entry) { return entry.second.expired(); });
-  const uint64_t token = next_target_++;
-  targets_[token] = map;
-  return token;
-}
-
-ucs_status_t Engine::OnPutMessage(void* arg, const void* header, size_t header_length, void* data,
-                                  size_t length, const ucp_am_recv_param_t* param) {
-  auto* engine = static_cast<Engine*>(arg);
-  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  // A peer may name only a live registration, and only inside it; anything else is refused
-  // and, for a rendezvous, fails the sender's batch with the status returned here.
-  PutHeader where{};
-  std::shared_ptr<MemoryMap> map;
-  if (header_length == sizeof where) {
-    std::memcpy(&where, header, sizeof where);
-    std::lock_guard lock(engine->targets_mu_);
-    auto it = engine->targets_.find(where.token);
-    if (it != engine->targets_.end()) map = it->second.lock();
-  }
-  if (map == nullptr || where.offset > map->length() || length > map->length() - where.offset) {
-    if (engine->rejected_put_messages_++ == 0) {
-      std::fprintf(stderr, "kvd ucx: refused a put message outside every registration\n");
-    }
-    return rendezvous ? UCS_ERR_INVALID_ADDR : UCS_OK;
-  }
-  char* target = static_cast<char*>(map->base()) + where.offset;
-  if (!rendezvous) {
-    std::memcpy(target, data, length);
-    return UCS_OK;
-  }
-  ucp_request_param_t receive{};
-  receive.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-  receive.cb.recv_am = &Engine::OnPutMessageReceived;
-  receive.memh = map->memh();
-  auto* hold = new std::shared_ptr<MemoryMap>(std::move(map));  // until the data is in
-  receive.user_data = hold;
-  ucs_status_ptr_t request =
-      ucp_am_recv_data_nbx(engine->worker_.get(), data, target, length, &receive);
-  if (!UCS_PTR_IS_PTR(request)) delete hold;
-  return UCS_INPROGRESS;
-}
-
-void Engine::OnPutMessageReceived(void* request, ucs_status_t, size_t, void* user_data) {
-  delete static_cast<std::shared_ptr<MemoryMap>*>(user_data);
-  ucp_request_free(request);
 }
 
 void Engine::CheckDeadlines(Clock::time_point now) {
@@ -411,7 +282,7 @@ void Engine::Notify(PeerId id, std::string message) {
   if (it == peers_.end()) return;  // the peer failed: its notifications are dropped with it
   Peer* peer = it->second.get();
   uint64_t seq = peer->next_note++;
-  peer->notes.push_back(Note{seq, std::move(message), next_batch_serial_});
+  peer->notes.push_back(Note{seq, std::move(message)});
   // UCX does not order active messages after RMA: the flush is what makes the data land first.
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -421,30 +292,26 @@ void Engine::Notify(PeerId id, std::string message) {
   ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep, &flush);
   if (UCS_PTR_IS_PTR(request)) return;
   delete ref;
-  if (request == nullptr) MarkNoteFlushed(id, seq);
+  if (request == nullptr) MarkNoteReady(id, seq);
 }
 
 void Engine::OnNoteFlushed(void* request, ucs_status_t status, void* user_data) {
   std::unique_ptr<NoteRef> ref(static_cast<NoteRef*>(user_data));
   ucp_request_free(request);
-  if (status == UCS_OK) ref->engine->MarkNoteFlushed(ref->peer, ref->seq);
+  if (status == UCS_OK) ref->engine->MarkNoteReady(ref->peer, ref->seq);
 }
 
-void Engine::MarkNoteFlushed(PeerId id, uint64_t seq) {
+void Engine::MarkNoteReady(PeerId id, uint64_t seq) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
   for (Note& note : it->second->notes) {
-    if (note.seq == seq) note.flushed = true;
+    if (note.seq == seq) note.ready = true;
   }
   SendReadyNotes(it->second.get());
 }
 
 void Engine::SendReadyNotes(Peer* peer) {
-  // Put messages are not covered by a flush: their batches must have completed as well.
-  const uint64_t oldest_open =
-      peer->message_batches.empty() ? UINT64_MAX : *peer->message_batches.begin();
-  while (!peer->notes.empty() && peer->notes.front().flushed &&
-         peer->notes.front().after_batch <= oldest_open) {
+  while (!peer->notes.empty() && peer->notes.front().ready) {
     auto* message = new std::string(std::move(peer->notes.front().message));
     peer->notes.pop_front();
     ucp_request_param_t param{};

@@ -2,7 +2,6 @@
 // progress thread (ucx_progress.cc). Rules on deadlines, failure and lifetime: ucx_engine.h.
 #include "transport/ucx/ucx_transport.h"
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -18,15 +17,12 @@ using ucx::Engine;
 
 constexpr uint32_t kAddressMagic = 0x4155564b;     // "KVUA"
 constexpr uint32_t kDescriptorMagic = 0x4d55564b;  // "KVUM"
-constexpr uint32_t kWireVersion = 2;               // 2: descriptors carry a put-message token
+constexpr uint32_t kWireVersion = 1;
 constexpr size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are a few hundred bytes
 
-// `message_token` is non-zero for registered host memory: peers put large runs into it as
-// messages (ucx_engine.h says why).
 class UcxRegistration final : public MemoryRegistration {
  public:
-  UcxRegistration(std::shared_ptr<ucx::MemoryMap> map, uint64_t message_token)
-      : map_(std::move(map)), message_token_(message_token) {}
+  explicit UcxRegistration(std::shared_ptr<ucx::MemoryMap> map) : map_(std::move(map)) {}
   void* base() const override { return map_->base(); }
   uint64_t length() const override { return map_->length(); }
   MemoryLocation location() const override { return map_->location(); }
@@ -37,32 +33,24 @@ class UcxRegistration final : public MemoryRegistration {
         .u64(reinterpret_cast<uintptr_t>(map_->base()))
         .u64(map_->length())
         .bytes(map_->packed_rkey())
-        .u64(message_token_)
         .take();
   }
   const std::shared_ptr<ucx::MemoryMap>& map() const { return map_; }
 
  private:
   std::shared_ptr<ucx::MemoryMap> map_;
-  uint64_t message_token_;
 };
 
 class UcxRemote final : public RemoteMemory {
  public:
   UcxRemote(const Engine* engine, PeerId peer, uint64_t address, uint64_t length,
-            std::shared_ptr<ucx::RemoteKey> key, uint64_t message_token)
-      : engine_(engine),
-        peer_(peer),
-        address_(address),
-        length_(length),
-        key_(std::move(key)),
-        message_token_(message_token) {}
+            std::shared_ptr<ucx::RemoteKey> key)
+      : engine_(engine), peer_(peer), address_(address), length_(length), key_(std::move(key)) {}
   PeerId peer() const override { return peer_; }
   uint64_t length() const override { return length_; }
   const Engine* engine() const { return engine_; }
   uint64_t address() const { return address_; }
   const std::shared_ptr<ucx::RemoteKey>& key() const { return key_; }
-  uint64_t message_token() const { return message_token_; }
 
  private:
   const Engine* engine_;
@@ -70,16 +58,12 @@ class UcxRemote final : public RemoteMemory {
   uint64_t address_;
   uint64_t length_;
   std::shared_ptr<ucx::RemoteKey> key_;
-  uint64_t message_token_;
 };
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(std::unique_ptr<Engine> engine, std::string address, bool cuda, bool put_messages)
-      : engine_(std::move(engine)),
-        address_(std::move(address)),
-        cuda_(cuda),
-        put_messages_(put_messages) {}
+  UcxTransport(std::unique_ptr<Engine> engine, std::string address, bool cuda)
+      : engine_(std::move(engine)), address_(std::move(address)), cuda_(cuda) {}
 
   std::string_view name() const override { return "ucx"; }
   std::string address() const override { return address_; }
@@ -96,17 +80,13 @@ class UcxTransport final : public Transport {
     // Slabs are registered once: the same range again shares the mapping.
     auto key = std::make_tuple(reinterpret_cast<uintptr_t>(base), length, where.kind, where.device);
     std::lock_guard lock(mu_);
-    Mapping& mapping = maps_[key];
-    std::shared_ptr<ucx::MemoryMap> map = mapping.map.lock();
+    std::shared_ptr<ucx::MemoryMap> map = maps_[key].lock();
     if (!map) {
       KV_ASSIGN_OR_RETURN(map, ucx::MemoryMap::Create(engine_->context(), base, length, where));
-      mapping.map = map;
-      mapping.message_token =
-          put_messages_ && where.kind == MemoryKind::kHost ? engine_->AddMessageTarget(map) : 0;
+      maps_[key] = map;
     }
-    const uint64_t token = mapping.message_token;
-    std::erase_if(maps_, [](const auto& entry) { return entry.second.map.expired(); });
-    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map), token));
+    std::erase_if(maps_, [](const auto& entry) { return entry.second.expired(); });
+    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
   }
 
   Result<std::unique_ptr<MemoryRegistration>> allocate_memory(uint64_t length,
@@ -115,8 +95,7 @@ class UcxTransport final : public Transport {
     if (where.kind != MemoryKind::kHost)
       return Status::Unsupported("the ucx transport allocates host memory only");
     KV_ASSIGN_OR_RETURN(auto map, ucx::MemoryMap::Allocate(engine_->context(), length));
-    // UCX's own segments are written by true RMA through shared memory: no messages.
-    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map), 0));
+    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {
@@ -156,16 +135,14 @@ class UcxTransport final : public Transport {
     KV_RETURN_IF_ERROR(CheckPeer(peer));
     ByteReader in(packed);
     uint32_t magic = 0, version = 0;
-    uint64_t address = 0, length = 0, token = 0;
+    uint64_t address = 0, length = 0;
     std::string_view rkey;
-    if (!in.u32(&magic) || magic != kDescriptorMagic || !in.u32(&version))
+    if (!in.u32(&magic) || magic != kDescriptorMagic || !in.u32(&version) || !in.u64(&address) ||
+        !in.u64(&length) || !in.bytes(&rkey) || !in.at_end() || rkey.empty() ||
+        rkey.size() > kMaxBlob)
       return Status::InvalidArgument("not a ucx memory descriptor");
     if (version != kWireVersion)
-      return Status::Incompatible("ucx descriptor version " + std::to_string(version) +
-                                  ", this build speaks " + std::to_string(kWireVersion));
-    if (!in.u64(&address) || !in.u64(&length) || !in.bytes(&rkey) || !in.u64(&token) ||
-        !in.at_end() || rkey.empty() || rkey.size() > kMaxBlob)
-      return Status::InvalidArgument("not a ucx memory descriptor");
+      return Status::Incompatible("ucx descriptor version " + std::to_string(version));
     if (length == 0 || address + length < address)
       return Status::InvalidArgument("ucx descriptor range wraps around or is empty");
     KV_ASSIGN_OR_RETURN(ucp_rkey_h key,
@@ -174,7 +151,7 @@ class UcxTransport final : public Transport {
                         }));
     return std::unique_ptr<RemoteMemory>(
         new UcxRemote(engine_.get(), peer, address, length,
-                      std::make_shared<ucx::RemoteKey>(engine_.get(), key), token));
+                      std::make_shared<ucx::RemoteKey>(engine_.get(), key)));
   }
 
   Status post(const Batch& batch, Completion done) override {
@@ -193,7 +170,6 @@ class UcxTransport final : public Transport {
     state->remote_address = remote->address();
     state->local_map = local->map();
     state->remote_key = remote->key();
-    state->remote_token = remote->message_token();
     state->done = std::move(done);
     state->deadline = batch.deadline;
     engine_->Enqueue([engine = engine_.get(), state] { engine->Post(state); });
@@ -231,14 +207,9 @@ class UcxTransport final : public Transport {
   std::unique_ptr<Engine> engine_;
   const std::string address_;
   const bool cuda_;
-  const bool put_messages_;  // offer put messages for registered host memory
 
-  struct Mapping {
-    std::weak_ptr<ucx::MemoryMap> map;
-    uint64_t message_token = 0;
-  };
   std::mutex mu_;  // guards everything below
-  std::map<std::tuple<uintptr_t, uint64_t, MemoryKind, int>, Mapping> maps_;
+  std::map<std::tuple<uintptr_t, uint64_t, MemoryKind, int>, std::weak_ptr<ucx::MemoryMap>> maps_;
   std::set<PeerId> peers_;
   PeerId next_peer_ = 1;
 };
@@ -246,22 +217,7 @@ class UcxTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
-  // KV_UCX_PUT_MESSAGES=n (a setting, else the environment, as UCX_* are) keeps UCX's own
-  // software-emulated RMA for registered host memory: for comparison, or for a UCX whose RMA
-  // reaches such memory directly. Every other setting is UCX's.
-  const char* env = std::getenv("KV_UCX_PUT_MESSAGES");
-  bool put_messages = env == nullptr || std::string_view(env) != "n";
-  TransportOptions ucx_options;
-  for (const auto& [name, value] : options.settings) {
-    if (name != "KV_UCX_PUT_MESSAGES") {
-      ucx_options.settings.emplace_back(name, value);
-    } else if (value == "y" || value == "n") {
-      put_messages = value == "y";
-    } else {
-      return Status::InvalidArgument("KV_UCX_PUT_MESSAGES is y or n, not '" + value + "'");
-    }
-  }
-  KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(ucx_options));
+  KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(options));
   KV_ASSIGN_OR_RETURN(ucx::WorkerPtr worker, ucx::CreateWorker(context.get()));
   KV_ASSIGN_OR_RETURN(std::string worker_address, ucx::WorkerAddress(worker.get()));
   bool cuda = ucx::ContextSupports(context.get(), MemoryKind::kCuda);
@@ -269,8 +225,7 @@ Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& op
       ByteWriter().u32(kAddressMagic).u32(kWireVersion).bytes(worker_address).take();
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                       Engine::Create(std::move(context), std::move(worker)));
-  return std::unique_ptr<Transport>(
-      new UcxTransport(std::move(engine), std::move(address), cuda, put_messages));
+  return std::unique_ptr<Transport>(new UcxTransport(std::move(engine), std::move(address), cuda));
 }
 
 }  // namespace kv::transport

@@ -22,8 +22,8 @@ Status Flags::Parse(int argc, char** argv) {
       name = name.substr(0, eq);
       has_value = true;
     }
-    auto it = std::find_if(spec_.begin(), spec_.end(),
-                           [&](const FlagSpec& f) { return f.name == name; });
+    auto it =
+        std::find_if(spec_.begin(), spec_.end(), [&](const FlagSpec& f) { return f.name == name; });
     if (it == spec_.end()) return Status::InvalidArgument("unknown flag --" + name);
     if (it->is_switch) {
       if (has_value) return Status::InvalidArgument("--" + name + " takes no value");
@@ -37,6 +37,22 @@ Status Flags::Parse(int argc, char** argv) {
     values_[name] = value;
   }
   return Status::Ok();
+}
+
+std::optional<int> Flags::ParseOrExit(const char* command, const char* usage, int argc,
+                                      char** argv) {
+  Status parsed = Parse(argc, argv);
+  if (has("help")) {
+    std::printf("%s%s", usage, Help().c_str());
+    return 0;
+  }
+  if (!parsed.ok()) return Fail(command, Status(parsed.code(), parsed.message() + " (see --help)"));
+  return std::nullopt;
+}
+
+int Fail(const char* command, const Status& status) {
+  std::fprintf(stderr, "%s: %s\n", command, status.ToString().c_str());
+  return 2;
 }
 
 std::string Flags::str(const std::string& name, const std::string& fallback) const {
@@ -92,10 +108,20 @@ Result<uint64_t> Flags::bytes(const std::string& name, uint64_t fallback) const 
   uint64_t mult = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = 1ull << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ull << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ull << 30;
+        break;
+      default:
+        break;
     }
     if (mult != 1) s.pop_back();
   }
@@ -133,10 +159,13 @@ int Dispatch(const char* program, const char* blurb, int argc, char** argv) {
     if (c.name == first) return c.run(argc - 1, argv + 1);
   }
   FILE* out = (first == "--help" || first == "-h" || first == "help") ? stdout : stderr;
-  if (!first.empty() && out == stderr) std::fprintf(stderr, "%s: unknown command '%s'\n\n", program, first.c_str());
-  std::fprintf(out, "%s\n\nusage: %s COMMAND [flags]   (%s COMMAND --help for its flags)\n\ncommands:\n",
+  if (!first.empty() && out == stderr)
+    std::fprintf(stderr, "%s: unknown command '%s'\n\n", program, first.c_str());
+  std::fprintf(out,
+               "%s\n\nusage: %s COMMAND [flags]   (%s COMMAND --help for its flags)\n\ncommands:\n",
                blurb, program, program);
-  for (const auto& c : commands) std::fprintf(out, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
+  for (const auto& c : commands)
+    std::fprintf(out, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
   return out == stdout ? 0 : 2;
 }
 

@@ -28,6 +28,11 @@ class Flags {
 
   Status Parse(int argc, char** argv);  // argv[0] is the subcommand name
 
+  // The shared start of a subcommand. On --help prints `usage` then the flag list to stdout and
+  // returns 0; on a bad flag prints one line "<command>: <error> (see --help)" to stderr and
+  // returns 2; otherwise returns nullopt and the command goes on.
+  std::optional<int> ParseOrExit(const char* command, const char* usage, int argc, char** argv);
+
   bool has(const std::string& name) const { return values_.count(name) > 0; }
   std::string str(const std::string& name, const std::string& fallback = "") const;
   // kInvalidArgument naming the flag when the value is not an integer in [min, max].
@@ -46,6 +51,9 @@ class Flags {
   std::map<std::string, std::string> values_;
   std::vector<std::string> positional_;
 };
+
+// Prints "<command>: <status>" as one line on stderr; returns the exit code for bad input, 2.
+int Fail(const char* command, const Status& status);
 
 // A subcommand: `run` gets argv with argv[0] the subcommand name and returns the exit code.
 struct Command {

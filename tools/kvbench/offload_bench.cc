@@ -283,15 +283,7 @@ int OffloadMain(int argc, char** argv) {
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
   });
-  Status parsed = flags.Parse(argc, argv);
-  if (flags.has("help")) {
-    std::printf("%s%s", kHelp, flags.Help().c_str());
-    return 0;
-  }
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "kvbench offload: %s (see --help)\n", parsed.ToString().c_str());
-    return 2;
-  }
+  if (auto exit = flags.ParseOrExit("kvbench offload", kHelp, argc, argv)) return *exit;
   OffloadBenchConfig config;
   const bool want_gpu = GpuOffloadBenchSlot() != nullptr && !flags.has("host");
   auto get = [&](const char* name, int64_t fallback, int64_t max) -> Result<int64_t> {

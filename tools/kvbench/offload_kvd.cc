@@ -138,16 +138,8 @@ int OffloadKvdMain(int argc, char** argv) {
       {"json", "print one JSON object", true},
       {"help", "this text", true},
   });
-  Status parsed = flags.Parse(argc, argv);
-  if (flags.has("help")) {
-    std::printf("%s%s", kHelp, flags.Help().c_str());
-    return 0;
-  }
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "kvbench offload-kvd: %s\n", s.ToString().c_str());
-    return 2;
-  };
-  if (!parsed.ok()) return fail(parsed.WithContext("see --help"));
+  if (auto exit = flags.ParseOrExit("kvbench offload-kvd", kHelp, argc, argv)) return *exit;
+  auto fail = [](const Status& s) { return cli::Fail("kvbench offload-kvd", s); };
   OffloadBenchConfig config;
   auto layers = flags.integer("layers", 32, 1, 1024);
   auto heads = flags.integer("heads", 8, 1, 1024);

@@ -65,16 +65,8 @@ int OffloadMain(int argc, char** argv) {
       {"json", "print one JSON object", true},
       {"help", "this text", true},
   });
-  Status parsed = flags.Parse(argc, argv);
-  if (flags.has("help")) {
-    std::printf("%s%s", kHelp, flags.Help().c_str());
-    return 0;
-  }
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "kvctl offload: %s (see --help)\n", s.ToString().c_str());
-    return 2;
-  };
-  if (!parsed.ok()) return fail(parsed);
+  if (auto exit = flags.ParseOrExit("kvctl offload", kHelp, argc, argv)) return *exit;
+  auto fail = [](const Status& s) { return cli::Fail("kvctl offload", s); };
   if (flags.has("daemon")) {
     for (const char* sizing : {"offload-bytes", "order", "layers", "heads", "head-dim",
                                "dtype-bytes", "block-size", "probe"}) {

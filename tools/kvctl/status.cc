@@ -52,16 +52,8 @@ int StatusMain(int argc, char** argv) {
       {"json", "print one JSON object", true},
       {"help", "this text", true},
   });
-  Status parsed = flags.Parse(argc, argv);
-  if (flags.has("help")) {
-    std::printf("%s%s", kHelp, flags.Help().c_str());
-    return 0;
-  }
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "kvctl status: %s\n", s.ToString().c_str());
-    return 2;
-  };
-  if (!parsed.ok()) return fail(parsed.WithContext("see --help"));
+  if (auto exit = flags.ParseOrExit("kvctl status", kHelp, argc, argv)) return *exit;
+  auto fail = [](const Status& s) { return cli::Fail("kvctl status", s); };
   if (!flags.has("daemon")) return fail(Status::InvalidArgument("--daemon SOCKET is required"));
   auto timeout = flags.integer("timeout-ms", 5000, 1, 600000);
   if (!timeout.ok()) return fail(timeout.status());

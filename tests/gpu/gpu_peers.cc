@@ -21,6 +21,8 @@ using namespace std::chrono_literals;
 enum Verb : uint32_t { kTransfer = 1, kWaitNote, kDump, kExit };
 
 constexpr auto kBound = 60s;
+// How long post_after() may take with its event pending; it should return in microseconds.
+constexpr auto kPostBound = 10s;
 
 std::string EncodeStatus(const Status& s) {
   return ByteWriter().u32(static_cast<uint32_t>(s.code())).bytes(s.message()).take();
@@ -171,7 +173,11 @@ class PeerBody {
   }
 
   // Posts through DeviceOrdered with an event recorded behind a host callback that holds its
-  // stream until released: the batch must not complete while the event has not fired.
+  // stream until released: the batch must not complete while the event has not fired, and
+  // post_after() itself must return while the event is pending (an engine records the layer's
+  // event long before the layer is done; a post that waited for it would stall the engine's
+  // thread, and deadlock one whose GPU work waits for the host). So the post runs on a thread of
+  // its own and the gate is released only after it returned, or after kPostBound.
   Status PostGated(const Batch& batch, Completion done, std::future<Status>& future) {
     auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
     if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
@@ -192,15 +198,29 @@ class PeerBody {
         },
         &released);
     cudaEventRecord(gate, stream);
-    Status posted = ordered->post_after(batch, gate, std::move(done));
-    // Whatever the backend does, it cannot have moved the bytes yet: give it time to go wrong.
-    const bool early = posted.ok() && future.wait_for(200ms) == std::future_status::ready;
+    auto posting = std::async(std::launch::async, [&, done = std::move(done)]() mutable {
+      return ordered->post_after(batch, gate, std::move(done));
+    });
+    Status verdict;
+    bool in_flight = true;  // a failed verdict still waits for the batch before `batch` dies
+    if (posting.wait_for(kPostBound) != std::future_status::ready) {
+      verdict = Status::Internal("post_after blocked the caller until its event fired");
+    } else if (Status posted = posting.get(); !posted.ok()) {
+      verdict = posted;
+      in_flight = false;
+    } else if (future.wait_for(200ms) == std::future_status::ready) {
+      // Whatever the backend does, it cannot have moved the bytes yet: it had time to go wrong.
+      verdict = Status::Internal("the batch completed before its event fired, with: " +
+                                 future.get().ToString());
+      in_flight = false;
+    }
     released = true;
+    if (posting.valid()) in_flight = posting.get().ok();  // returns once the gate opened
+    if (!verdict.ok() && in_flight) (void)future.wait_for(kBound);
     cudaStreamSynchronize(stream);
     cudaEventDestroy(gate);
     cudaStreamDestroy(stream);
-    if (early) return Status::Internal("the batch completed before its event fired");
-    return posted;
+    return verdict;
   }
 
   Status AwaitNote(const std::string& text) {

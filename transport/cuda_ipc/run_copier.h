@@ -20,8 +20,9 @@ namespace kv::transport::gpu {
 
 class RunCopier {
  public:
-  // Allocates the kernel's run table on `device`. `forced` overrides the chooser (for tuning
-  // and benchmarks); nullopt lets it pick per copy.
+  // Allocates the kernel's run table on `device` and runs one tiny copy to completion, so that
+  // the kernel is loaded here and Copy() never blocks the caller (see run_copier.cc). `forced`
+  // overrides the chooser (for tuning and benchmarks); nullopt lets it pick per copy.
   static Result<std::unique_ptr<RunCopier>> Create(
       int device, std::optional<kernels::CopyPath> forced = std::nullopt);
 

@@ -27,6 +27,10 @@ TEST(Flags, RejectsUnknownAndMalformed) {
   ASSERT_TRUE(h.Parse(3, const_cast<char**>(word)).ok());
   EXPECT_FALSE(h.integer("tokens", 0).ok());
   EXPECT_FALSE(h.integer("tokens", 0, 0, 3).ok());
+  Flags huge({{"size", ""}});
+  const char* wraps[] = {"pool", "--size", "17179869184G"};  // 2^34 GiB = 2^64 bytes
+  ASSERT_TRUE(huge.Parse(3, const_cast<char**>(wraps)).ok());
+  EXPECT_EQ(huge.bytes("size", 0).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

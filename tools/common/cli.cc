@@ -127,7 +127,10 @@ Result<uint64_t> Flags::bytes(const std::string& name, uint64_t fallback) const 
   }
   KV_ASSIGN_OR_RETURN(int64_t v, ParseInt(name, s));
   if (v < 0) return Status::InvalidArgument("--" + name + " must not be negative");
-  return static_cast<uint64_t>(v) * mult;
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(v), mult, &bytes))
+    return Status::InvalidArgument("--" + name + " " + str(name) + " does not fit in 64 bits");
+  return bytes;
 }
 
 std::string Flags::Help() const {

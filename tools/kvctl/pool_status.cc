@@ -1,5 +1,7 @@
 #include "tools/kvctl/pool_status.h"
 
+#include <cstdio>
+
 #include "daemon/offload/pool_stats.h"
 
 namespace kv::tools {
@@ -23,23 +25,30 @@ offload::PoolStats FromWire(const proto::OffloadStatus& s) {
   return p;
 }
 
-// The shape comes from another process: escaped so the JSON stays JSON whatever it holds.
-std::string Quoted(const std::string& text) {
+}  // namespace
+
+std::string JsonQuoted(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
   }
   return out + "\"";
 }
-
-}  // namespace
 
 std::string PoolStatusJson(const proto::OffloadStatus& s) {
   if (!s.enabled()) return "{\"enabled\": false}";
   // ToJson's object, opened with the two fields it does not know.
   const std::string figures = offload::ToJson(FromWire(s));
-  return "{\"enabled\": true, \"shape\": " + Quoted(s.shape()) + ", " + figures.substr(1);
+  return "{\"enabled\": true, \"shape\": " + JsonQuoted(s.shape()) + ", " + figures.substr(1);
 }
 
 std::string PoolStatusText(const proto::OffloadStatus& s) {

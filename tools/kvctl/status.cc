@@ -27,23 +27,7 @@ Examples:
 Flags:
 )";
 
-// Names come from other processes: escaped so the JSON stays JSON whatever they hold.
-std::string Quoted(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+using tools::JsonQuoted;
 
 int StatusMain(int argc, char** argv) {
   cli::Flags flags({
@@ -64,8 +48,8 @@ int StatusMain(int argc, char** argv) {
     std::string peers;
     for (const auto& p : s->peers()) {
       if (!peers.empty()) peers += ", ";
-      peers += "{\"name\": " + Quoted(p.name()) + ", \"address\": " + Quoted(p.address()) +
-               ", \"state\": " + Quoted(p.state()) + "}";
+      peers += "{\"name\": " + JsonQuoted(p.name()) + ", \"address\": " + JsonQuoted(p.address()) +
+               ", \"state\": " + JsonQuoted(p.state()) + "}";
     }
     std::printf(
         "{\"name\": %s, \"uptime_seconds\": %.1f, \"resident_bytes\": %llu, "
@@ -73,9 +57,9 @@ int StatusMain(int argc, char** argv) {
         "\"regions\": %u, \"region_bytes\": %llu, \"transfers_in_flight\": %u, "
         "\"transfers_done\": %llu, \"transfers_failed\": %llu, \"bytes_sent\": %llu, "
         "\"bytes_received\": %llu, \"runs_sent\": %llu, \"offload\": %s}\n",
-        Quoted(s->name()).c_str(), s->uptime_seconds(),
-        static_cast<unsigned long long>(s->resident_bytes()), Quoted(s->transport()).c_str(),
-        Quoted(s->listen_address()).c_str(), peers.c_str(), s->engines(), s->regions(),
+        JsonQuoted(s->name()).c_str(), s->uptime_seconds(),
+        static_cast<unsigned long long>(s->resident_bytes()), JsonQuoted(s->transport()).c_str(),
+        JsonQuoted(s->listen_address()).c_str(), peers.c_str(), s->engines(), s->regions(),
         static_cast<unsigned long long>(s->region_bytes()), s->transfers_in_flight(),
         static_cast<unsigned long long>(s->transfers_done()),
         static_cast<unsigned long long>(s->transfers_failed()),

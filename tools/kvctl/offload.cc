@@ -18,9 +18,10 @@ With --daemon SOCKET it asks that kvd for its pool: the block shape the first en
 capacity and slots in use (and in flight), lookup hits and misses with the hit rate, evictions,
 bytes stored and loaded, failed copies, and whether the memory sits on huge pages and is pinned.
 
-Without --daemon it sizes a pool for a KV cache shape. A slot of the pool holds one block of every layer, i.e. one block hash the engine stores. This
-prints how many blocks (and tokens) --offload-bytes holds, the slot and page sizes, and how many
-copies (runs) one block costs in the chosen layout. With --probe it really allocates the pool as
+Without --daemon it sizes a pool for a KV cache shape. A slot of the pool holds one block of
+every layer, i.e. one block hash the engine stores. This prints how many blocks (and tokens)
+--offload-bytes holds, the slot and page sizes, and how many copies (runs) one block costs in
+the chosen layout. With --probe it really allocates the pool as
 kvd would (huge pages when reserved, pinned when a CUDA device is present) and prints its
 statistics, so you can check a machine before starting kvd.
 
@@ -33,10 +34,7 @@ Flags:
 
 int LiveMain(const cli::Flags& flags) {
   auto timeout = flags.integer("timeout-ms", 5000, 1, 600000);
-  if (!timeout.ok()) {
-    std::fprintf(stderr, "kvctl offload: %s\n", timeout.status().ToString().c_str());
-    return 2;
-  }
+  if (!timeout.ok()) return cli::Fail("kvctl offload", timeout.status());
   auto s = connector::QueryDaemonStatus(flags.str("daemon"), std::chrono::milliseconds(*timeout));
   if (!s.ok()) {
     std::fprintf(stderr, "kvctl offload: %s\n", s.status().ToString().c_str());

@@ -90,6 +90,12 @@ void FoldContiguous(std::vector<Loop>& loops, int64_t* unit) {
   }
 }
 
+// Blocks holding `tokens` tokens: ceil(tokens / block_size), without the wrap of tokens + N - 1
+// for a token count near 2^63 (tokens come from the wire).
+int64_t BlocksFor(int64_t tokens, int64_t block_size) {
+  return tokens / block_size + (tokens % block_size != 0);
+}
+
 Status CheckBlockIds(const char* side, std::span<const int64_t> ids, int64_t blocks) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= blocks)
@@ -101,7 +107,7 @@ Status CheckBlockIds(const char* side, std::span<const int64_t> ids, int64_t blo
 }
 
 Status CheckBlockCount(const char* side, size_t given, int64_t tokens, int64_t block_size) {
-  const int64_t needed = (tokens + block_size - 1) / block_size;
+  const int64_t needed = BlocksFor(tokens, block_size);
   if (static_cast<int64_t>(given) >= needed) return Status::Ok();
   return Status::InvalidArgument("too few " + std::string(side) +
                                  " blocks: " + std::to_string(tokens) + " tokens in blocks of " +
@@ -109,9 +115,6 @@ Status CheckBlockCount(const char* side, size_t given, int64_t tokens, int64_t b
                                  ", got " + std::to_string(given));
 }
 
-// Positions in spec.dst_blocks of the blocks that tokens use, in ascending block id, so in
-// ascending destination offset when B is outside N. Each destination byte must be written once,
-// so a block used twice is an error.
 // Sorts (block id, position) pairs by id, 8 bits a pass up to the largest id. Ids are small
 // non-negative integers, and a comparison sort here was half of planning one layer.
 void RadixSortById(std::vector<std::pair<int64_t, int64_t>>& pairs, int64_t max_id) {
@@ -130,9 +133,12 @@ Status BlockUsedTwice(int64_t block) {
                                  " is used twice: its bytes would be written twice");
 }
 
+// Positions in spec.dst_blocks of the blocks that tokens use, in ascending block id, so in
+// ascending destination offset when B is outside N. Each destination byte must be written once,
+// so a block used twice is an error.
 Result<std::vector<int64_t>> DestinationOrder(const TransferSpec& spec, int64_t block_size,
                                               int64_t max_id) {
-  const auto used = spec.dst_blocks.first((spec.tokens + block_size - 1) / block_size);
+  const auto used = spec.dst_blocks.first(BlocksFor(spec.tokens, block_size));
   std::vector<int64_t> order(used.size());
   for (size_t j = 0; j < order.size(); ++j) order[j] = static_cast<int64_t>(j);
   if (std::is_sorted(used.begin(), used.end())) {

@@ -180,6 +180,10 @@ TEST(KvRegion, RejectsInconsistentTensorParallel) {
   s.total_heads = 0;
   s.tp_rank = 2;
   EXPECT_FALSE(KvRegion::Create(s).ok());
+  s.tp_rank = 0;
+  s.tp_size = 4;
+  s.heads = (int64_t{1} << 62) + 1;  // heads x tp_size wraps int64
+  EXPECT_EQ(KvRegion::Create(s).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -289,6 +289,11 @@ TEST(PlanErrors, TooFewBlocks) {
   Status s = PlanError(Llama("LBNHC"), Llama("LBNHC"), q);
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
   EXPECT_NE(s.message().find("need 3"), std::string::npos) << s.ToString();
+  q.tokens = INT64_MAX;  // ceil(tokens / block_size) without wrapping
+  s = PlanError(Llama("LBNHC"), Llama("LBNHC"), q);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("need " + std::to_string(INT64_MAX / 16 + 1)), std::string::npos)
+      << s.ToString();
 }
 
 TEST(PlanErrors, DestinationBlockUsedTwice) {

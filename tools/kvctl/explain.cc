@@ -97,10 +97,7 @@ int ExplainMain(int argc, char** argv) {
       {"layout", "layout file (JSON) to explain"},
       {"help", "this text", true},
   };
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "kvctl explain: %s\n", s.ToString().c_str());
-    return 2;
-  };
+  auto fail = [](const Status& s) { return cli::Fail("kvctl explain", s); };
   if (Status s = flags.Parse(argc, argv); !s.ok()) return fail(s);
   if (flags.has("help")) {
     std::printf(

@@ -117,8 +117,7 @@ void PrintSummary(const KvRegion& src, const KvRegion& dst, const TransferSpec& 
 }
 
 int Fail(const Status& status) {
-  std::fprintf(stderr, "kvctl plan: %s\n", status.ToString().c_str());
-  return 2;
+  return cli::Fail("kvctl plan", status);
 }
 
 int PlanMain(int argc, char** argv) {

@@ -118,6 +118,10 @@ PlanCopier::~PlanCopier() = default;
 Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // Resolved once here (the streams belong to this device), not by two CUDA calls per Copy().
+  if (impl->options.max_ctas <= 0) {
+    KV_ASSIGN_OR_RETURN(impl->options.max_ctas, detail::SmCount());
+  }
   KV_RETURN_IF_ERROR(detail::CudaStatus(
       cudaStreamCreateWithFlags(&impl->upload, cudaStreamNonBlocking), "upload stream"));
   for (TableSlot& slot : impl->slots) KV_RETURN_IF_ERROR(slot.Init());

@@ -106,14 +106,11 @@ class CudaPageMover final : public PageMover {
     return Status::Ok();
   }
 
-  const char* name() const override { return name_.c_str(); }
-
  private:
   CudaPageMover(int device, DeviceCopy how, cudaStream_t stream,
                 std::unique_ptr<kernels::PlanCopier> copier)
       : device_(device),
         how_(how),
-        name_("cuda:" + std::to_string(device)),
         stream_(stream),
         copier_(std::move(copier)),
         completer_([this] { Complete(); }) {}
@@ -177,7 +174,6 @@ class CudaPageMover final : public PageMover {
 
   const int device_;
   const DeviceCopy how_;
-  const std::string name_;
   cudaStream_t stream_;
   std::unique_ptr<kernels::PlanCopier> copier_;
   std::mutex submit_mu_;

@@ -32,8 +32,6 @@ class HostPageMover final : public PageMover {
     return Status::Ok();
   }
 
-  const char* name() const override { return "cpu"; }
-
  private:
   void Work() {
     std::unique_lock lock(mu_);

@@ -37,8 +37,6 @@ class PageMover {
  public:
   virtual ~PageMover() = default;
   virtual Status Submit(CopyJob job) = 0;
-  // What the copies run on, for stats and logs: "cpu", "cuda:0 (kernel|copy engine)".
-  virtual const char* name() const = 0;
 };
 
 // memcpy of every run on a worker thread (kernels::CopyRunsHost).

@@ -345,7 +345,8 @@ Status LaunchForDim(const PagedKv& kv, const unsigned char* cache, const DecodeA
 Status LaunchDecodeAttention(const PagedKv& kv, const void* layer_base,
                              const DecodeAttentionArgs& args, void* workspace,
                              uint64_t workspace_bytes, void* stream) {
-  if (args.num_seqs < 0 || args.num_q_heads <= 0 || args.num_q_heads % kv.heads != 0) {
+  if (kv.heads <= 0 || args.num_seqs < 0 || args.num_q_heads <= 0 ||
+      args.num_q_heads % kv.heads != 0) {
     return Status::InvalidArgument("num_q_heads " + std::to_string(args.num_q_heads) +
                                    " must be a positive multiple of the " +
                                    std::to_string(kv.heads) + " kv heads");

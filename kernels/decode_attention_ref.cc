@@ -11,7 +11,8 @@ namespace kv::kernels {
 
 Status DecodeAttentionHost(const PagedKv& kv, const void* layer_base,
                            const DecodeAttentionArgs& args) {
-  if (args.num_seqs < 0 || args.num_q_heads <= 0 || args.num_q_heads % kv.heads != 0) {
+  if (kv.heads <= 0 || args.num_seqs < 0 || args.num_q_heads <= 0 ||
+      args.num_q_heads % kv.heads != 0) {
     return Status::InvalidArgument("num_q_heads " + std::to_string(args.num_q_heads) +
                                    " must be a positive multiple of the " +
                                    std::to_string(kv.heads) + " kv heads");

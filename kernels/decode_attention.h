@@ -6,7 +6,9 @@
 // token j at block block_table[s · block_table_stride + j / block_size], offset j % block_size.
 // Inputs fp16 or bf16, accumulation in fp32, output in the input dtype. A sequence of length 0
 // gets zeros. Tokens whose block id lies outside [0, kv.blocks) are left out of the softmax
-// (they should never occur; this keeps a bad table from reading outside the cache).
+// (they should never occur; this keeps a bad table from reading outside the cache). A row must
+// hold ceil(min(seq_len, max_seq_len) / block_size) ids: the CPU reference checks this
+// (kOutOfRange, nothing written); the kernel cannot see seq_lens on the host and trusts it.
 //
 // The GPU path is flash-decoding: the context is split into partitions of
 // DecodePartitionTokens() tokens, each (sequence, KV head, partition) is one CTA that serves

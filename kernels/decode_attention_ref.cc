@@ -11,6 +11,7 @@ namespace kv::kernels {
 
 Status DecodeAttentionHost(const PagedKv& kv, const void* layer_base,
                            const DecodeAttentionArgs& args) {
+  if (kv.block_size <= 0) return Status::InvalidArgument("block_size must be positive");
   if (kv.heads <= 0 || args.num_seqs < 0 || args.num_q_heads <= 0 ||
       args.num_q_heads % kv.heads != 0) {
     return Status::InvalidArgument("num_q_heads " + std::to_string(args.num_q_heads) +
@@ -23,6 +24,15 @@ Status DecodeAttentionHost(const PagedKv& kv, const void* layer_base,
   const int64_t group = args.num_q_heads / kv.heads;
   const int64_t d = kv.head_dim;
   std::vector<double> q(d), scores, acc(d);
+  // Each sequence reads its own row of the block table only; check before writing any output.
+  for (int64_t s = 0; s < args.num_seqs; ++s) {
+    const int64_t len = std::min<int64_t>(args.seq_lens[s], args.max_seq_len);
+    if (len > 0 && (len + kv.block_size - 1) / kv.block_size > args.block_table_stride) {
+      return Status::OutOfRange("sequence " + std::to_string(s) + " of " + std::to_string(len) +
+                                " tokens needs more blocks than a block-table row holds (" +
+                                std::to_string(args.block_table_stride) + ")");
+    }
+  }
   for (int64_t s = 0; s < args.num_seqs; ++s) {
     const int64_t len = std::min<int64_t>(args.seq_lens[s], args.max_seq_len);
     for (int64_t qh = 0; qh < args.num_q_heads; ++qh) {

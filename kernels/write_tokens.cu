@@ -38,6 +38,8 @@ Status LaunchWriteTokens(const PagedKv& kv, void* layer_base, const NewTokens& t
   const int64_t row = kv.heads * kv.head_dim;
   const int64_t items = tokens.tokens * kv.heads;
   const int64_t ctas = (items + kThreads / 32 - 1) / (kThreads / 32);
+  // The grid's x limit; past it the cast below would launch a smaller grid and skip tokens.
+  if (ctas > INT32_MAX) return Status::Unsupported("write-tokens launch of over 2^31 CTAs");
   WriteTokensKernel<<<static_cast<unsigned>(ctas), kThreads, 0,
                       static_cast<cudaStream_t>(stream)>>>(
       kv, static_cast<unsigned char*>(layer_base), static_cast<const unsigned char*>(tokens.key),

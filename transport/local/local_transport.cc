@@ -98,14 +98,20 @@ struct Peer {
   std::shared_ptr<std::atomic<bool>> open = std::make_shared<std::atomic<bool>>(true);
 };
 
+// `importer` is the endpoint of the transport that imported it: (peer, id) mean something only
+// there, and post() refuses a remote another LocalTransport imported (its peer ids would name a
+// different peer, whose region `id` may be shorter than the runs were checked against).
 class LocalRemote final : public RemoteMemory {
  public:
-  LocalRemote(PeerId peer, uint64_t id, uint64_t length) : peer_(peer), id_(id), length_(length) {}
+  LocalRemote(const Endpoint* importer, PeerId peer, uint64_t id, uint64_t length)
+      : importer_(importer), peer_(peer), id_(id), length_(length) {}
   PeerId peer() const override { return peer_; }
   uint64_t length() const override { return length_; }
+  const Endpoint* importer() const { return importer_; }
   uint64_t id() const { return id_; }
 
  private:
+  const Endpoint* importer_;
   PeerId peer_;
   uint64_t id_;
   uint64_t length_;
@@ -186,14 +192,15 @@ class LocalTransport final : public Transport {
     auto it = ep->regions.find(id);
     if (it == ep->regions.end() || it->second.second != length)
       return Status::NotFound("descriptor names no live registration of " + ep->address);
-    return std::unique_ptr<RemoteMemory>(new LocalRemote(peer, id, length));
+    return std::unique_ptr<RemoteMemory>(new LocalRemote(ep_.get(), peer, id, length));
   }
 
   Status post(const Batch& batch, Completion done) override {
     KV_RETURN_IF_ERROR(CheckBatch(batch));
     auto* local = dynamic_cast<const LocalRegistration*>(batch.local);
     auto* remote = dynamic_cast<const LocalRemote*>(batch.remote);
-    if (local == nullptr || local->endpoint() != ep_.get() || remote == nullptr)
+    if (local == nullptr || local->endpoint() != ep_.get() || remote == nullptr ||
+        remote->importer() != ep_.get())
       return Status::InvalidArgument("batch names memory of another transport");
     KV_ASSIGN_OR_RETURN(Peer p, FindPeer(remote->peer()));
     std::vector<Run> runs(batch.runs.begin(), batch.runs.end());

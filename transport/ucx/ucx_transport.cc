@@ -113,13 +113,16 @@ class UcxTransport final : public Transport {
       std::lock_guard lock(mu_);
       id = next_peer_++;
     }
-    KV_ASSIGN_OR_RETURN(PeerId connected,
-                        engine_->RunSync<PeerId>([this, id, w = std::string(worker)] {
-                          return engine_->Connect(w, id);
-                        }));
+    Result<PeerId> connected = engine_->RunSync<PeerId>(
+        [this, id, w = std::string(worker)] { return engine_->Connect(w, id); });
+    if (!connected.ok()) {
+      // Timed out, the Connect is still queued: close what it will open (commands run in order).
+      engine_->Enqueue([this, id] { (void)engine_->Disconnect(id); });
+      return connected.status();
+    }
     std::lock_guard lock(mu_);
-    peers_.insert(connected);
-    return connected;
+    peers_.insert(*connected);
+    return *connected;
   }
 
   void disconnect(PeerId peer) override {

@@ -22,6 +22,7 @@
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/run_copier.h"
 #include "transport/cuda_ipc/side_channel.h"
+#include "transport/settings.h"
 
 namespace kv::transport {
 namespace {
@@ -527,21 +528,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   NotificationHandler handler_;
 };
 
-Result<int64_t> IntSetting(const TransportOptions& options, std::string_view key,
-                           int64_t fallback) {
-  for (const auto& [k, v] : options.settings) {
-    if (k != key) continue;
-    char* end = nullptr;
-    long long value = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || value < 0) {
-      return Status::InvalidArgument("setting " + std::string(key) + "='" + v +
-                                     "' is not a non-negative integer");
-    }
-    return static_cast<int64_t>(value);
-  }
-  return fallback;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
@@ -552,8 +538,9 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
   }
   int current = 0;
   cudaGetDevice(&current);
-  KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "device", current));
-  KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "connect_timeout_ms", 5000));
+  KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "cuda_ipc", "device", current, 0));
+  KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "cuda_ipc", "connect_timeout_ms",
+                                                     5000, 0, kMaxTimeoutMs));
   if (device >= count) {
     return Status::InvalidArgument("cuda_ipc: device " + std::to_string(device) + " of " +
                                    std::to_string(count));

@@ -16,6 +16,7 @@
 #include "transport/nccl/nccl_link.h"
 #include "transport/nccl/wire.h"
 #include "transport/run_check.h"
+#include "transport/settings.h"
 
 namespace kv::transport {
 namespace {
@@ -68,21 +69,6 @@ class NcclRemote final : public RemoteMemory {
   uint64_t id_;
   uint64_t length_;
 };
-
-Result<int64_t> IntSetting(const TransportOptions& options, std::string_view key, int64_t fallback,
-                           int64_t min) {
-  for (const auto& [k, v] : options.settings) {
-    if (k != key) continue;
-    char* end = nullptr;
-    long long value = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || value < min) {
-      return Status::InvalidArgument("nccl setting " + std::string(key) + "='" + v +
-                                     "' must be an integer ≥ " + std::to_string(min));
-    }
-    return static_cast<int64_t>(value);
-  }
-  return fallback;
-}
 
 class NcclTransport final : public Transport, public DeviceOrdered {
  public:
@@ -258,9 +244,11 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   int current = 0;
   cudaGetDevice(&current);
   LinkOptions link;
-  KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "device", current, 0));
-  KV_ASSIGN_OR_RETURN(int64_t staging, IntSetting(options, "staging_bytes", 32ll << 20, 4096));
-  KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "timeout_ms", 30000, 1));
+  KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "nccl", "device", current, 0));
+  KV_ASSIGN_OR_RETURN(int64_t staging,
+                      IntSetting(options, "nccl", "staging_bytes", 32ll << 20, 4096));
+  KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
+                      IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   if (device >= count) {
     return Status::InvalidArgument("nccl: device " + std::to_string(device) + " of " +
                                    std::to_string(count));

@@ -22,6 +22,7 @@
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/run_copier.h"
 #include "transport/cuda_ipc/side_channel.h"
+#include "transport/run_check.h"
 #include "transport/settings.h"
 
 namespace kv::transport {
@@ -300,10 +301,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (local == nullptr || remote == nullptr) {
       return Status::InvalidArgument("cuda_ipc: batch names memory of another transport");
     }
+    KV_RETURN_IF_ERROR(CheckBatch(batch));
     const bool put = batch.op == Op::kPut;
-    const uint64_t src_bytes = put ? local->length() : remote->length();
-    const uint64_t dst_bytes = put ? remote->length() : local->length();
-    KV_RETURN_IF_ERROR(ValidateRuns(batch.runs, src_bytes, dst_bytes));
     char* local_base = static_cast<char*>(local->base());
     void* dst = put ? static_cast<void*>(remote->base()) : local_base;
     const void* src = put ? static_cast<const void*>(local_base) : remote->base();

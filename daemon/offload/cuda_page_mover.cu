@@ -94,6 +94,9 @@ class CudaPageMover final : public PageMover {
       cudaEvent_t event = nullptr;
       Status error = EnqueuePhase(job.src_base, job.dst_base, job.phases[p], direction, &event);
       const bool failed = !error.ok();
+      // A phase that failed part-way may already have copies on the stream: fence them, so the
+      // job reports its error only once nothing can still write the slots it is about to free.
+      if (failed && event == nullptr && !RecordEvent(&event).ok()) cudaStreamSynchronize(stream_);
       entries.push_back({state, event, p, failed || p + 1 == job.phases.size(), std::move(error)});
       if (failed) break;
     }
@@ -159,7 +162,8 @@ class CudaPageMover final : public PageMover {
       Pending entry = std::move(pending_.front());
       pending_.pop_front();
       lock.unlock();
-      const Status status = entry.error.ok() ? WaitAndDestroy(entry.event) : entry.error;
+      const Status waited = WaitAndDestroy(entry.event);  // a failed phase is fenced too
+      const Status status = entry.error.ok() ? waited : entry.error;
       JobState& job = *entry.job;
       if (!job.finished) {
         if (status.ok() && job.on_phase) job.on_phase(entry.phase);

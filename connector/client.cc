@@ -171,16 +171,23 @@ void Connector::Client::ExpectLoad(const std::string& request, std::vector<int64
 void Connector::Client::ForgetLoad(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
   loads_.erase(request);
+  cv_.notify_all();  // a waiter on it answers kNotFound now, not at its timeout
 }
 
 Status Connector::Client::WaitLayer(const std::string& request, int layer) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = loads_.find(request);
-  if (it == loads_.end()) return Status::NotFound("no load of request " + request);
-  Load& load = it->second;
-  cv_.wait_for(lock, timeout_, [&] { return load.ready.count(layer) > 0 || !load.failed.ok(); });
-  if (load.ready.count(layer) > 0) return Status::Ok();
-  if (!load.failed.ok()) return load.failed;
+  // Looked up afresh on every wake-up: TakeFinished, TakeFailedBlocks or ForgetLoad on another
+  // thread may erase the load while this one waits.
+  const Load* load = nullptr;
+  auto settled = [&] {
+    auto it = loads_.find(request);
+    load = it == loads_.end() ? nullptr : &it->second;
+    return load == nullptr || load->ready.count(layer) > 0 || !load->failed.ok();
+  };
+  cv_.wait_for(lock, timeout_, settled);
+  if (load == nullptr) return Status::NotFound("no load of request " + request);
+  if (load->ready.count(layer) > 0) return Status::Ok();
+  if (!load->failed.ok()) return load->failed;
   return Status::Timeout("layer " + std::to_string(layer) + " of request " + request +
                          " not in place within " + std::to_string(timeout_.count()) + " ms");
 }

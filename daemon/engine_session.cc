@@ -73,32 +73,32 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
     engine->conn->Close(Status::InvalidArgument(engine->conn->label() + ": message before hello"));
     return;
   }
+  // A handler may fail this engine and erase it (a send to it that overflows its backlog closes
+  // it): the reply looks the engine up again.
+  auto reply_to = [&](const Status& status, proto::Reply* payload = nullptr) {
+    if (Engine* e = FindEngine(engine_id)) ReplyToEngine(*e, m.seq(), status, payload);
+  };
   switch (m.body_case()) {
     case proto::EngineMessage::kRegisterRegion: {
       auto id = HandleRegister(*engine, m.register_region());
       proto::Reply reply;
       if (id.ok()) reply.set_region_id(*id);
-      ReplyToEngine(*engine, m.seq(), id.status(), &reply);
+      reply_to(id.status(), &reply);
       return;
     }
     case proto::EngineMessage::kSaveLayer:
-      ReplyToEngine(*engine, m.seq(), SaveLayer(*engine, m.save_layer()));
+      reply_to(SaveLayer(*engine, m.save_layer()));
       return;
     case proto::EngineMessage::kRequestFinished: {
       auto params = RequestFinished(*engine, m.request_finished());
       proto::Reply reply;
       if (params.ok()) *reply.mutable_params() = std::move(*params);
-      // The engine may have been failed and erased while the request was handled.
-      if ((engine = FindEngine(engine_id)) != nullptr) {
-        ReplyToEngine(*engine, m.seq(), params.status(), &reply);
-      }
+      reply_to(params.status(), &reply);
       return;
     }
-    case proto::EngineMessage::kStartLoad: {
-      Status s = StartLoad(*engine, m.start_load());
-      if ((engine = FindEngine(engine_id)) != nullptr) ReplyToEngine(*engine, m.seq(), s);
+    case proto::EngineMessage::kStartLoad:
+      reply_to(StartLoad(*engine, m.start_load()));
       return;
-    }
     case proto::EngineMessage::kOffloadStore:
     case proto::EngineMessage::kOffloadLookup:
     case proto::EngineMessage::kOffloadLoad: {
@@ -107,7 +107,7 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
                                              : OffloadLoad(*engine, m.offload_load());
       proto::Reply reply;
       if (result.ok()) *reply.mutable_offload() = std::move(*result);
-      ReplyToEngine(*engine, m.seq(), result.status(), &reply);
+      reply_to(result.status(), &reply);
       return;
     }
     default:

@@ -150,7 +150,9 @@ void Daemon::Core::OffloadCompleted(uint64_t engine_id,
   Engine* engine = FindEngine(engine_id);
   if (engine == nullptr) return;  // it left; the copy still landed (or failed) in the pool
   --engine->offload_in_flight;
-  for (const auto& event : events) (void)engine->conn->Send(event);
+  // SendToEngine looks the engine up for each event: a send that fails closes the connection
+  // and erases the engine.
+  for (const auto& event : events) SendToEngine(engine_id, event);
 }
 
 Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,

@@ -194,7 +194,9 @@ Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) 
   spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer.name, hello.ranks_size());
   auto queued = std::move(peer.queued);
   peer.queued.clear();
-  for (auto& m : queued) (void)peer.conn->Send(m);
+  // By id, not through `peer`: a send that fails closes the connection and erases the peer.
+  const uint64_t id = peer.id;
+  for (auto& m : queued) SendToPeer(id, std::move(m));
   return Status::Ok();
 }
 

@@ -254,4 +254,10 @@ inline constexpr size_t kMaxRequestIdBytes = 256;
 inline constexpr int kMaxTpSize = 1024;
 inline constexpr int kMaxRegionsPerEngine = 64;
 
+// An engine's or a peer's request id (transfers and offload ops): 1 to kMaxRequestIdBytes bytes.
+Status CheckRequestId(const std::string& id);
+// The RequestDone an engine hears when a transfer (sent: its source side) or an offload op ends.
+proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const Status& status,
+                                        uint64_t bytes, uint64_t runs);
+
 }  // namespace kv::daemon

@@ -70,14 +70,6 @@ proto::OffloadStatus OffloadService::Snapshot() const {
 
 namespace {
 
-Status CheckOffloadId(const std::string& id) {
-  if (id.empty() || id.size() > kMaxRequestIdBytes) {
-    return Status::InvalidArgument("offload request id must have 1 to " +
-                                   std::to_string(kMaxRequestIdBytes) + " bytes");
-  }
-  return Status::Ok();
-}
-
 template <typename Keys>
 Result<std::vector<BlockKey>> ParseKeys(const Keys& wire) {
   if (wire.empty() || wire.size() > kMaxOffloadKeys) {
@@ -112,22 +104,35 @@ Status CheckOffloadsInFlight(const Engine& engine) {
                                    "have; wait for some to complete");
 }
 
+// What a store and a load check before their copy, and what the copy needs: the keys and block
+// ids, the engine's region (it rides with the completion) and the pool, created on first use.
+struct OffloadCopy {
+  std::vector<BlockKey> keys;
+  std::vector<int64_t> blocks;
+  std::shared_ptr<Region> region;
+  OffloadPool* pool = nullptr;
+
+  offload::BlockTransfer transfer() const {
+    return {&region->layout, static_cast<std::byte*>(region->memory.data()), keys, blocks, nullptr};
+  }
+};
+
+template <typename Message>  // proto::OffloadStore or proto::OffloadLoad
+Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Message& m) {
+  KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
+  OffloadCopy copy;
+  KV_ASSIGN_OR_RETURN(copy.keys, ParseKeys(m.keys()));
+  KV_ASSIGN_OR_RETURN(copy.blocks, ParseBlocks(m.block_ids(), copy.keys.size()));
+  KV_ASSIGN_OR_RETURN(copy.region, core.OffloadRegion(engine, m.region_id()));
+  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
+  KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.region->layout));
+  return copy;
+}
+
 proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer) {
   proto::DaemonMessage m;
   m.mutable_layer_ready()->set_request_id(id);
   m.mutable_layer_ready()->set_layer(static_cast<int32_t>(layer));
-  return m;
-}
-
-proto::DaemonMessage DoneMessage(const std::string& id, const Status& status, uint64_t bytes,
-                                 uint64_t runs) {
-  proto::DaemonMessage m;
-  auto* done = m.mutable_request_done();
-  done->set_request_id(id);
-  done->set_sent(false);
-  done->set_bytes(bytes);
-  done->set_runs(runs);
-  if (!status.ok()) ToWire(status, done->mutable_error());
   return m;
 }
 
@@ -157,28 +162,23 @@ void Daemon::Core::OffloadCompleted(uint64_t engine_id,
 
 Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
                                                         const proto::OffloadStore& m) {
-  KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
-  KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
-  KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
-  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
-  KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
-  offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
-                                  keys, blocks, nullptr};
+  KV_ASSIGN_OR_RETURN(const OffloadCopy copy, PrepareCopy(*this, engine, m));
+  const std::shared_ptr<Region>& region = copy.region;
+  const offload::BlockTransfer transfer = copy.transfer();
   // The ticket's figures are filled in on the io thread right after Store() returns; the
   // completion reads them only in its io-thread half, which runs after this handler.
   auto figures = std::make_shared<std::pair<uint64_t, uint64_t>>();  // bytes, runs
   // The region rides with the completion: its mapping outlives the copy even if the engine
   // disconnects meanwhile.
-  auto ticket = pool->Store(
-      transfer, [this, engine_id = engine.id, id = m.request_id(), region, figures](Status s) {
-        asio::post(io_, [this, engine_id, id, s, figures] {
-          std::vector<proto::DaemonMessage> events;
-          if (s.ok()) events.push_back(LayerReadyMessage(id, 0));
-          events.push_back(DoneMessage(id, s, figures->first, figures->second));
-          OffloadCompleted(engine_id, events);
-        });
-      });
+  auto ticket = copy.pool->Store(transfer, [this, engine_id = engine.id, id = m.request_id(),
+                                            region, figures](Status s) {
+    asio::post(io_, [this, engine_id, id, s, figures] {
+      std::vector<proto::DaemonMessage> events;
+      if (s.ok()) events.push_back(LayerReadyMessage(id, 0));
+      events.push_back(RequestDoneMessage(id, /*sent=*/false, s, figures->first, figures->second));
+      OffloadCompleted(engine_id, events);
+    });
+  });
   if (!ticket.ok()) return ticket.status();
   *figures = {ticket->bytes, ticket->runs};
   ++engine.offload_in_flight;
@@ -215,14 +215,9 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
 
 Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
                                                        const proto::OffloadLoad& m) {
-  KV_RETURN_IF_ERROR(CheckOffloadId(m.request_id()));
-  KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
-  KV_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, ParseBlocks(m.block_ids(), keys.size()));
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
-  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
-  KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
-  offload::BlockTransfer transfer{&region->layout, static_cast<std::byte*>(region->memory.data()),
-                                  keys, blocks, nullptr};
+  KV_ASSIGN_OR_RETURN(const OffloadCopy copy, PrepareCopy(*this, engine, m));
+  const std::shared_ptr<Region>& region = copy.region;
+  const offload::BlockTransfer transfer = copy.transfer();
   const uint64_t engine_id = engine.id;
   const std::string id = m.request_id();
   offload::LayerDone on_layer;
@@ -236,18 +231,17 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
   // Without per-layer reports the engine still waits on layers: every one is ready at the end.
   const int64_t report_at_end = m.per_layer() ? 0 : region->layout.spec().layers;
   auto figures = std::make_shared<std::pair<uint64_t, uint64_t>>();  // as in OffloadStore
-  auto ticket =
-      pool->Load(transfer, std::move(on_layer),
-                 [this, engine_id, id, region, report_at_end, figures](Status s) {
-                   asio::post(io_, [this, engine_id, id, s, report_at_end, figures] {
-                     std::vector<proto::DaemonMessage> events;
-                     for (int64_t l = 0; s.ok() && l < report_at_end; ++l) {
-                       events.push_back(LayerReadyMessage(id, l));
-                     }
-                     events.push_back(DoneMessage(id, s, figures->first, figures->second));
-                     OffloadCompleted(engine_id, events);
-                   });
-                 });
+  auto on_done = [this, engine_id, id, region, report_at_end, figures](Status s) {
+    asio::post(io_, [this, engine_id, id, s, report_at_end, figures] {
+      std::vector<proto::DaemonMessage> events;
+      for (int64_t l = 0; s.ok() && l < report_at_end; ++l) {
+        events.push_back(LayerReadyMessage(id, l));
+      }
+      events.push_back(RequestDoneMessage(id, /*sent=*/false, s, figures->first, figures->second));
+      OffloadCompleted(engine_id, events);
+    });
+  };
+  auto ticket = copy.pool->Load(transfer, std::move(on_layer), std::move(on_done));
   if (!ticket.ok()) return ticket.status();
   *figures = {ticket->bytes, ticket->runs};
   ++engine.offload_in_flight;

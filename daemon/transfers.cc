@@ -15,14 +15,6 @@ namespace {
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr int kMaxBlocksPerRequest = 1 << 20;
 
-Status CheckRequestId(const std::string& id) {
-  if (id.empty() || id.size() > kMaxRequestIdBytes) {
-    return Status::InvalidArgument("request id must have 1 to " +
-                                   std::to_string(kMaxRequestIdBytes) + " bytes");
-  }
-  return Status::Ok();
-}
-
 // Block ids from an engine or a peer, checked against every region they will index.
 template <typename Ids>
 Status CheckBlocks(const Ids& ids, const std::vector<const KvRegion*>& regions, int64_t tokens) {
@@ -61,6 +53,16 @@ bool SharesHead(const KvRegion& src, const KvRegion& dst) {
   return false;
 }
 
+}  // namespace
+
+Status CheckRequestId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("request id must have 1 to " +
+                                   std::to_string(kMaxRequestIdBytes) + " bytes");
+  }
+  return Status::Ok();
+}
+
 proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const Status& status,
                                         uint64_t bytes, uint64_t runs) {
   proto::DaemonMessage m;
@@ -72,8 +74,6 @@ proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const 
   if (!status.ok()) ToWire(status, done->mutable_error());
   return m;
 }
-
-}  // namespace
 
 // ---- source side --------------------------------------------------------------------------------
 

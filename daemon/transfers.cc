@@ -153,7 +153,15 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
                                    " ranks");
   }
   std::vector<DestinationRank> destination;
+  // Every decode rank, once each: SendLayers picks the source rank of a replicated cache by it.
+  std::vector<bool> named(want.ranks_size(), false);
   for (const auto& wire : want.ranks()) {
+    if (wire.tp_rank() < 0 || wire.tp_rank() >= want.ranks_size() || named[wire.tp_rank()]) {
+      return Status::InvalidArgument("destination rank " + std::to_string(wire.tp_rank()) +
+                                     " is out of range [0, " + std::to_string(want.ranks_size()) +
+                                     ") or named twice");
+    }
+    named[wire.tp_rank()] = true;
     if (wire.regions_size() < 1 || wire.regions_size() > kMaxRegionsPerEngine ||
         wire.descriptors_size() != wire.regions_size()) {
       return Status::InvalidArgument("destination rank " + std::to_string(wire.tp_rank()) +

@@ -145,29 +145,23 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
   return Status::Ok();
 }
 
-Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
-  // The fd arrived with this message's bytes; claim it first so that it is closed on every path.
-  const int fd = engine.conn->TakeFd();
-  if (fd < 0) return Status::InvalidArgument("RegisterRegion came without a memory fd");
+namespace {
+
+// A registration's checks before its memory is mapped: the layout it declares and its fit.
+Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRegion& reg) {
   if (engine.regions.size() >= static_cast<size_t>(kMaxRegionsPerEngine)) {
-    close(fd);
     return Status::ResourceExhausted("an engine registers at most " +
                                      std::to_string(kMaxRegionsPerEngine) + " regions");
   }
   auto layout = FromWire(reg.layout());
-  if (!layout.ok()) {
-    close(fd);
-    return layout.status().WithContext("region layout");
-  }
+  if (!layout.ok()) return layout.status().WithContext("region layout");
   if (layout->spec().tp_rank != engine.tp_rank || layout->spec().tp_size != engine.tp_size) {
-    close(fd);
     return Status::InvalidArgument(
         "region layout says TP rank " + std::to_string(layout->spec().tp_rank) + " of " +
         std::to_string(layout->spec().tp_size) + ", the engine said " +
         std::to_string(engine.tp_rank) + " of " + std::to_string(engine.tp_size));
   }
   if (reg.bytes() < layout->span_bytes()) {
-    close(fd);
     return Status::OutOfRange("region of " + std::to_string(reg.bytes()) +
                               " bytes cannot hold its layout's " +
                               std::to_string(layout->span_bytes()) + " bytes");
@@ -175,11 +169,24 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
   if (!engine.regions.empty()) {
     const KvRegion& first = engine.regions.front()->layout;
     if (first.spec().layers != layout->spec().layers) {
-      close(fd);
       return Status::Incompatible("every region of an engine must have the same layer count (" +
                                   std::to_string(first.spec().layers) + " vs " +
                                   std::to_string(layout->spec().layers) + ")");
     }
+  }
+  return layout;
+}
+
+}  // namespace
+
+Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
+  // The fd arrived with this message's bytes; claim it first so that it is closed on every path.
+  const int fd = engine.conn->TakeFd();
+  if (fd < 0) return Status::InvalidArgument("RegisterRegion came without a memory fd");
+  auto layout = CheckRegistration(engine, reg);
+  if (!layout.ok()) {
+    close(fd);
+    return layout.status();
   }
   KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Adopt(fd, reg.bytes()));
   auto region = std::make_shared<Region>(Region{*layout, std::move(memory), nullptr});

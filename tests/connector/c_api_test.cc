@@ -8,19 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/c_api_layout.h"
+
 namespace {
 
-kv_layout Layout() {
-  kv_layout l{};
-  l.order = "LBNHC";
-  l.layers = 2;
-  l.blocks = 8;
-  l.heads = 2;
-  l.block_size = 4;
-  l.content_bytes = 16;
-  l.tp_size = 1;
-  return l;
-}
+constexpr auto Layout = kv::c_api_test::SmallCLayout;
 
 TEST(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
   kv_error err{};

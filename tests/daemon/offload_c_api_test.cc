@@ -5,25 +5,12 @@
 #include <vector>
 
 #include "connector/kv_connector.h"
+#include "tests/common/c_api_layout.h"
 
 namespace {
 
-// 2 layers × 2 heads × 4 tokens × 16 B, LBNHC: a block is 128 bytes per layer, a layer 1024.
-kv_layout Layout() {
-  kv_layout l{};
-  l.order = "LBNHC";
-  l.layers = 2;
-  l.blocks = 8;
-  l.heads = 2;
-  l.block_size = 4;
-  l.content_bytes = 16;
-  l.tp_size = 1;
-  return l;
-}
-
-char* Page(void* base, int layer, int block) {
-  return static_cast<char*>(base) + layer * 1024 + block * 128;
-}
+constexpr auto Layout = kv::c_api_test::SmallCLayout;
+constexpr auto Page = kv::c_api_test::SmallPage;
 
 TEST(OffloadCApi, StoreLookupLoadAndErrorsAsValues) {
   kv_error err{};

@@ -85,6 +85,17 @@ std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::
   return d.ok() ? *d : nullptr;
 }
 
+// The cache the failure tests register: 2 layers of 8 blocks of 16 tokens, 2 heads.
+LayoutSpec TinySpec() {
+  LayoutSpec spec;
+  spec.layers = 2;
+  spec.blocks = 8;
+  spec.heads = 2;
+  spec.block_size = 16;
+  spec.content_bytes = 64;
+  return spec;
+}
+
 void ExpectAllVerified(const Result<connector::PdResult>& r, const PdConfig& c) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->requests, c.requests);
@@ -137,12 +148,7 @@ TEST(PdEmbeddedFailure, LoadFromAnAddressWithNoKvdFailsInBoundedTime) {
   ASSERT_TRUE(decode);
   auto engine = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  LayoutSpec spec;
-  spec.layers = 2;
-  spec.blocks = 8;
-  spec.heads = 2;
-  spec.block_size = 16;
-  spec.content_bytes = 64;
+  const LayoutSpec spec = TinySpec();
   ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
   connector::TransferParams params;
   params.peer_address = "127.0.0.1:1";  // nothing listens on port 1
@@ -159,12 +165,7 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
   ASSERT_TRUE(d);
   auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
   ASSERT_TRUE(engine.ok());
-  LayoutSpec spec;
-  spec.layers = 2;
-  spec.blocks = 8;
-  spec.heads = 2;
-  spec.block_size = 16;
-  spec.content_bytes = 64;
+  const LayoutSpec spec = TinySpec();
   ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
   const std::vector<int64_t> bad = {7, 8};
   Status s = (*engine)->SaveLayer("r", 0, bad);
@@ -173,22 +174,11 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
   EXPECT_EQ((*engine)->SaveLayer("r", 2, std::vector<int64_t>{1}).code(), Code::kOutOfRange);
 }
 
-}  // namespace
-}  // namespace kv
-
-namespace kv {
-namespace {
-
 TEST(PdEmbeddedFailure, AnEngineThatLeavesFailsItsRequestsAndDropsItsRegions) {
   auto prefill = StartDaemon("p", "");
   auto decode = StartDaemon("d", "");
   ASSERT_TRUE(prefill && decode);
-  LayoutSpec spec;
-  spec.layers = 2;
-  spec.blocks = 8;
-  spec.heads = 2;
-  spec.block_size = 16;
-  spec.content_bytes = 64;
+  const LayoutSpec spec = TinySpec();
   auto source =
       Connector::OpenEmbedded(prefill, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
   auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});

@@ -51,28 +51,30 @@ uint8_t Content(uint64_t key, int64_t l, int64_t h, int64_t n, int64_t c) {
   return static_cast<uint8_t>(key * 131 + l * 31 + h * 17 + n * 7 + c);
 }
 
-void Fill(const KvCache& cache, int64_t block, uint64_t key) {
+// Calls fn(byte, expected) for every content byte of `block` in layer `only_layer` (-1: every
+// layer), `expected` being the content of the block that holds `key`.
+template <typename Fn>
+void ForEachByte(const KvCache& cache, int64_t block, uint64_t key, int64_t only_layer, Fn fn) {
   auto* base = static_cast<uint8_t*>(cache.base);
   const KvRegion& r = cache.layout;
-  for (int64_t l = 0; l < r.size(Axis::kL); ++l)
-    for (int64_t h = 0; h < r.size(Axis::kH); ++h)
-      for (int64_t n = 0; n < r.size(Axis::kN); ++n)
-        for (int64_t c = 0; c < r.logical_content_bytes(); ++c)
-          base[r.offset(l, block, h, n) + c] = Content(key, l, h, n, c);
-}
-
-// Mismatches of `block` against the content of `key`, in layer `only_layer` or every layer.
-int64_t Mismatches(const KvCache& cache, int64_t block, uint64_t key, int64_t only_layer = -1) {
-  const auto* base = static_cast<const uint8_t*>(cache.base);
-  const KvRegion& r = cache.layout;
-  int64_t bad = 0;
   for (int64_t l = 0; l < r.size(Axis::kL); ++l) {
     if (only_layer >= 0 && l != only_layer) continue;
     for (int64_t h = 0; h < r.size(Axis::kH); ++h)
       for (int64_t n = 0; n < r.size(Axis::kN); ++n)
         for (int64_t c = 0; c < r.logical_content_bytes(); ++c)
-          bad += base[r.offset(l, block, h, n) + c] != Content(key, l, h, n, c);
+          fn(base[r.offset(l, block, h, n) + c], Content(key, l, h, n, c));
   }
+}
+
+void Fill(const KvCache& cache, int64_t block, uint64_t key) {
+  ForEachByte(cache, block, key, -1, [](uint8_t& byte, uint8_t expected) { byte = expected; });
+}
+
+// Mismatches of `block` against the content of `key`, in layer `only_layer` or every layer.
+int64_t Mismatches(const KvCache& cache, int64_t block, uint64_t key, int64_t only_layer = -1) {
+  int64_t bad = 0;
+  ForEachByte(cache, block, key, only_layer,
+              [&bad](uint8_t byte, uint8_t expected) { bad += byte != expected; });
   return bad;
 }
 

@@ -21,9 +21,9 @@ bytes stored and loaded, failed copies, and whether the memory sits on huge page
 Without --daemon it sizes a pool for a KV cache shape. A slot of the pool holds one block of
 every layer, i.e. one block hash the engine stores. This prints how many blocks (and tokens)
 --offload-bytes holds, the slot and page sizes, and how many copies (runs) one block costs in
-the chosen layout. With --probe it really allocates the pool as
-kvd would (huge pages when reserved, pinned when a CUDA device is present) and prints its
-statistics, so you can check a machine before starting kvd.
+the chosen layout. With --probe it really allocates the pool as kvd would (huge pages when
+reserved, pinned when a CUDA device is present) and prints its statistics, so you can check a
+machine before starting kvd.
 
 Examples:
   kvctl --daemon /tmp/kvd.sock offload --json

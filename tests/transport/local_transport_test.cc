@@ -59,6 +59,28 @@ class LocalPair : public ::testing::Test {
   std::unique_ptr<RemoteMemory> remote;
 };
 
+// A remote imported by one transport names a peer and a region id of that transport only: posted
+// on another transport it would reach another peer's region (it once wrote 4 KiB into 16 bytes).
+TEST_F(LocalPair, RemoteImportedByAnotherTransportIsRefused) {
+  auto third = CreateTransport("local");
+  ASSERT_TRUE(third.ok());
+  std::vector<uint8_t> small(16, 0xEE);
+  auto small_reg = target->register_memory(small.data(), small.size(), MemoryLocation::Host());
+  ASSERT_TRUE(small_reg.ok());
+  auto third_peer = (*third)->connect(target->address());
+  ASSERT_TRUE(third_peer.ok());
+  auto third_remote = (*third)->import_remote(*third_peer, (*small_reg)->packed_descriptor());
+  ASSERT_TRUE(third_remote.ok());
+  // In range of the 16-byte remote, so only the importer check can refuse it.
+  std::vector<kv::Run> runs = {{0, 0, 16}};
+  Status s =
+      initiator->post({Op::kPut, src_reg.get(), third_remote->get(), runs, Clock::now() + 5s},
+                      [](Status) { ADD_FAILURE() << "a refused batch must not complete"; });
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(small, std::vector<uint8_t>(16, 0xEE));
+  EXPECT_EQ(dst, std::vector<uint8_t>(dst.size(), 0xEE));
+}
+
 TEST_F(LocalPair, PutsManySmallRunsAndGetsThemBack) {
   auto runs = SpreadRuns(1000, 512, 256);
   ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs).ok());

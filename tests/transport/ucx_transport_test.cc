@@ -1,5 +1,6 @@
 // The ucx backend with two workers in one process, over TCP and over shared memory.
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -22,7 +23,7 @@ TransportOptions Tls(const std::string& tls) {
 }
 
 class UcxPair : public ::testing::TestWithParam<std::string> {
- protected:
+ public:
   void SetUp() override {
     auto a = CreateTransport("ucx", Tls(GetParam()));
     auto b = CreateTransport("ucx", Tls(GetParam()));
@@ -115,27 +116,29 @@ TEST_P(UcxPair, RunOutsideTheRegisteredRangeIsRejectedWithNothingPosted) {
   EXPECT_EQ(dst[dst.size() - 1], 0xEE);
 }
 
-// The receiver checks the bytes when the notification arrives: a notification that overtook its
-// data would see stale bytes.
-TEST_P(UcxPair, NotificationsNeverOvertakeTheirData) {
+// Posts `count` batches of one 1 MiB slice each, a notification after each; the receiver checks
+// the slice's bytes when its notification arrives: one that overtook its data would see stale
+// bytes.
+void ExpectNotificationsAfterTheirData(UcxPair& pair, PeerId peer, uint64_t count) {
   std::mutex mu;
   std::vector<std::string> seen;
   std::atomic<int> stale{0};
   const uint64_t slice = 1 << 20;
-  target->set_notification_handler([&](std::string_view m) {
+  pair.target->set_notification_handler([&](std::string_view m) {
     uint64_t i = std::stoull(std::string(m));
-    if (std::memcmp(src.data() + i * slice, dst.data() + i * slice, slice) != 0) ++stale;
+    if (std::memcmp(pair.src.data() + i * slice, pair.dst.data() + i * slice, slice) != 0) ++stale;
     std::lock_guard lock(mu);
     seen.emplace_back(m);
   });
-  std::vector<Waiter> waiters(8);
+  std::vector<Waiter> waiters(count);
   for (uint64_t i = 0; i < waiters.size(); ++i) {
     std::vector<kv::Run> runs = {{i * slice, i * slice, slice}};
-    ASSERT_TRUE(initiator
-                    ->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(10s)},
-                           waiters[i].callback())
-                    .ok());
-    ASSERT_TRUE(initiator->notify(peer, std::to_string(i)).ok());
+    ASSERT_TRUE(
+        pair.initiator
+            ->post({Op::kPut, pair.src_reg.get(), pair.remote.get(), runs, testing::In(10s)},
+                   waiters[i].callback())
+            .ok());
+    ASSERT_TRUE(pair.initiator->notify(peer, std::to_string(i)).ok());
   }
   for (auto& w : waiters) ASSERT_TRUE(w.Wait().ok());
   for (int i = 0; i < 10000; ++i) {
@@ -145,10 +148,16 @@ TEST_P(UcxPair, NotificationsNeverOvertakeTheirData) {
     }
     std::this_thread::sleep_for(1ms);
   }
+  // Stops the handler before `seen` and `stale` go out of scope.
+  pair.target->set_notification_handler([](std::string_view) {});
   std::lock_guard lock(mu);
   ASSERT_EQ(seen.size(), waiters.size());
   for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], std::to_string(i)) << "out of order";
   EXPECT_EQ(stale, 0);
+}
+
+TEST_P(UcxPair, NotificationsNeverOvertakeTheirData) {
+  ExpectNotificationsAfterTheirData(*this, peer, 8);
 }
 
 TEST_P(UcxPair, DisconnectForgetsThePeerAndReconnectWorks) {
@@ -232,6 +241,60 @@ TEST_P(UcxPair, DeviceMemoryIsRefusedWhereUcxHasNoCuda) {
 
 INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
+
+// With an in-flight bound of one 1 MiB slice per peer, batches and the notifications behind them
+// wait in the transport's queue.
+class UcxPairSmallBound : public UcxPair {
+ public:
+  void SetUp() override {
+    ::setenv("KV_UCX_MAX_INFLIGHT_BYTES", "1048576", 1);
+    UcxPair::SetUp();
+  }
+  void TearDown() override {
+    UcxPair::TearDown();
+    ::unsetenv("KV_UCX_MAX_INFLIGHT_BYTES");
+  }
+};
+
+TEST_P(UcxPairSmallBound, NotificationsWaitForTheBatchesQueuedBeforeThem) {
+  ExpectNotificationsAfterTheirData(*this, peer, 8);
+}
+
+TEST_P(UcxPairSmallBound, ABatchLargerThanTheBoundGoesOutAlone) {
+  auto runs = SpreadRuns(2, 3 << 20, 4096);
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs).ok());
+  ExpectCopied(src, dst, runs, 0xEE);
+}
+
+TEST_P(UcxPairSmallBound, DisconnectCompletesTheQueuedBatchesToo) {
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 0, 4096}}).ok());
+  std::vector<Waiter> waiters(8);
+  for (uint64_t i = 0; i < waiters.size(); ++i) {
+    std::vector<kv::Run> runs = {{i << 20, i << 20, 1 << 20}};
+    ASSERT_TRUE(initiator
+                    ->post({Op::kPut, src_reg.get(), remote.get(), runs, testing::In(10s)},
+                           waiters[i].callback())
+                    .ok());
+  }
+  initiator->disconnect(peer);
+  // Batches still queued when the disconnect ran never reached UCX: they complete all the same.
+  for (auto& w : waiters) {
+    Status s = w.Wait();
+    EXPECT_TRUE(s.ok() || s.code() == Code::kAborted) << s.ToString();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, UcxPairSmallBound, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST(UcxTransport, UnparsableInFlightBoundIsRejected) {
+  for (const char* bad : {"0", "12abc", "", "-5", "99999999999999999999999"}) {
+    ::setenv("KV_UCX_MAX_INFLIGHT_BYTES", bad, 1);
+    auto t = CreateTransport("ucx");
+    EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << "'" << bad << "'";
+  }
+  ::unsetenv("KV_UCX_MAX_INFLIGHT_BYTES");
+}
 
 TEST(UcxTransport, UnparsableSettingIsRejected) {
   auto t = CreateTransport("ucx", {{{"UCX_RNDV_THRESH", "banana"}}});

@@ -23,6 +23,12 @@
 //  * A notification is sent as an eager active message after a flush of its endpoint completes,
 //    so it arrives after the data of every batch posted before it; notifications leave in the
 //    order notify() was called.
+//  * At most max_bytes_in_flight (kMaxBytesInFlight unless the environment sets
+//    KV_UCX_MAX_INFLIGHT_BYTES) of a peer's batches are handed to UCX at once; later batches, and
+//    the notifications behind them, wait in the peer's queue in call order and go out as earlier
+//    batches complete (on the progress thread, with no hop). Without the bound a notification's
+//    active message queues behind every fragment posted before it was *sent*: with a wave of
+//    layers posted at once, every layer's notice arrived after the last layer's data.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -58,6 +64,11 @@ inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
 inline constexpr auto kPureSpin = std::chrono::microseconds(50);
 inline constexpr auto kIdleSpin = std::chrono::milliseconds(2);   // nothing in flight
 inline constexpr auto kBusySpin = std::chrono::milliseconds(50);  // batches in flight
+// Enough to keep the shared-memory and TCP lanes busy (a completion starts the next batch on the
+// same thread), little enough that a notification waits for a few ms of data at most. A batch
+// larger than the bound goes out alone.
+inline constexpr uint64_t kMaxBytesInFlight = 16 << 20;
+inline constexpr const char* kMaxInFlightVariable = "KV_UCX_MAX_INFLIGHT_BYTES";
 
 class Engine;
 
@@ -82,7 +93,9 @@ struct BatchState {
   std::shared_ptr<RemoteKey> remote_key;
   Completion done;
   Clock::time_point deadline;
-  Status failure;  // set when the batch times out or its peer fails before UCX reports back
+  Status failure;       // set when the batch times out or its peer fails before UCX reports back
+  uint64_t bytes = 0;   // the runs' total: what the batch counts against kMaxBytesInFlight
+  bool posted = false;  // handed to UCX, which now owes it a flush completion
 };
 
 struct Note {
@@ -99,6 +112,12 @@ struct NoteRef {
   uint64_t seq;
 };
 
+// Work for a peer not handed to UCX yet: a batch, or (batch == nullptr) the flush of note `note`.
+struct Queued {
+  BatchState* batch;
+  uint64_t note;
+};
+
 // A connected endpoint; also the argument of its error handler.
 struct Peer {
   Engine* engine = nullptr;
@@ -106,6 +125,9 @@ struct Peer {
   ucp_ep_h ep = nullptr;
   std::deque<Note> notes;
   uint64_t next_note = 0;
+  std::deque<Queued> queued;  // in post()/notify() order
+  uint64_t bytes_posted = 0;  // of batches handed to UCX and not finished
+  bool pumping = false;       // Pump() is on the stack: a completion inside it must not recurse
 };
 
 // An owned file descriptor.
@@ -127,7 +149,8 @@ class UniqueFd {
 class Engine {
  public:
   // Sets up wake-up (worker fd + an eventfd in one epoll set) and starts the progress thread.
-  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, WorkerPtr worker);
+  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, WorkerPtr worker,
+                                                uint64_t max_bytes_in_flight);
   ~Engine();  // stops the progress thread; aborts whatever is still in flight
 
   ucp_context_h context() const { return context_.get(); }
@@ -148,7 +171,8 @@ class Engine {
   void SetHandler(NotificationHandler handler) { handler_ = std::move(handler); }
 
  private:
-  Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd);
+  Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd,
+         uint64_t max_bytes_in_flight);
   void Loop();
   bool RunCommands();
   void Sleep(bool work_in_flight);
@@ -156,6 +180,10 @@ class Engine {
   void HandleEndpointErrors();
   void FailPeer(PeerId id, const Status& reason);
   void ReapClosedEndpoints();
+  // Hands the peer's queued work to UCX while the in-flight bound allows.
+  void Pump(Peer* peer);
+  void Start(Peer* peer, BatchState* batch);
+  void FlushNote(Peer* peer, uint64_t seq);
   void Finish(BatchState* batch, ucs_status_t status);
   void MarkNoteReady(PeerId id, uint64_t seq);
   void SendReadyNotes(Peer* peer);
@@ -172,6 +200,7 @@ class Engine {
   WorkerPtr worker_;  // destroyed before the context: members go in reverse order
   UniqueFd wake_fd_;
   UniqueFd epoll_fd_;
+  const uint64_t max_bytes_in_flight_;  // per peer
 
   std::mutex queue_mu_;
   std::vector<std::function<void()>> commands_;  // guarded by queue_mu_

@@ -21,7 +21,8 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, WorkerPtr worker) {
+Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, WorkerPtr worker,
+                                               uint64_t max_bytes_in_flight) {
   int worker_fd = -1;
   if (ucs_status_t s = ucp_worker_get_efd(worker.get(), &worker_fd); s != UCS_OK)
     return FromUcs(s, "ucp_worker_get_efd");
@@ -36,15 +37,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, WorkerPtr wor
     if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &event) != 0)
       return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
   }
-  return std::unique_ptr<Engine>(
-      new Engine(std::move(context), std::move(worker), std::move(wake), std::move(epoll)));
+  return std::unique_ptr<Engine>(new Engine(std::move(context), std::move(worker), std::move(wake),
+                                            std::move(epoll), max_bytes_in_flight));
 }
 
-Engine::Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd)
+Engine::Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd,
+               uint64_t max_bytes_in_flight)
     : context_(std::move(context)),
       worker_(std::move(worker)),
       wake_fd_(std::move(wake_fd)),
-      epoll_fd_(std::move(epoll_fd)) {
+      epoll_fd_(std::move(epoll_fd)),
+      max_bytes_in_flight_(max_bytes_in_flight) {
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -177,7 +180,34 @@ void Engine::Post(BatchState* batch) {
     return Finish(batch, UCS_OK);
   }
   in_flight_.insert(batch);
-  ucp_ep_h ep = it->second->ep;
+  for (const Run& run : batch->runs) batch->bytes += run.length;
+  it->second->queued.push_back(Queued{batch, 0});
+  Pump(it->second.get());
+}
+
+void Engine::Pump(Peer* peer) {
+  if (peer->pumping) return;  // the Pump below us on the stack carries on
+  peer->pumping = true;
+  while (!peer->queued.empty()) {
+    Queued next = peer->queued.front();
+    if (next.batch != nullptr && peer->bytes_posted > 0 &&
+        peer->bytes_posted + next.batch->bytes > max_bytes_in_flight_) {
+      break;  // a completion pumps again
+    }
+    peer->queued.pop_front();
+    if (next.batch != nullptr) {
+      Start(peer, next.batch);
+    } else {
+      FlushNote(peer, next.note);
+    }
+  }
+  peer->pumping = false;
+}
+
+void Engine::Start(Peer* peer, BatchState* batch) {
+  batch->posted = true;
+  peer->bytes_posted += batch->bytes;
+  ucp_ep_h ep = peer->ep;
   const bool put = batch->op == Op::kPut;
   // No per-run callback: the flush below completes after every run, so the run requests are
   // released at once and one completion per batch is all the bookkeeping there is.
@@ -211,6 +241,14 @@ void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data)
 
 void Engine::Finish(BatchState* batch, ucs_status_t status) {
   in_flight_.erase(batch);
+  if (batch->posted) {
+    // A failed peer is gone from peers_ already: nothing of it is left to pump.
+    auto it = peers_.find(batch->peer);
+    if (it != peers_.end()) {
+      it->second->bytes_posted -= batch->bytes;
+      Pump(it->second.get());
+    }
+  }
   Status result = !batch->failure.ok() ? batch->failure
                   : status != UCS_OK
                       ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
@@ -257,12 +295,17 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   bool batches_in_flight = false;
   for (BatchState* batch : in_flight_) {
     if (batch->peer != id) continue;
-    batches_in_flight = true;
+    batches_in_flight |= batch->posted;
     if (batch->failure.ok()) batch->failure = reason;
   }
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   peer->notes.clear();
+  // Batches UCX never saw complete here, with the failure set above.
+  for (const Queued& queued : peer->queued) {
+    if (queued.batch != nullptr) Finish(queued.batch, UCS_OK);
+  }
+  peer->queued.clear();
   // A failed or stalled peer with batches in flight is closed with FORCE: UCX then completes
   // every outstanding request on the endpoint (flushes included, with an error), which is what
   // lets Finish() hand the memory back. A live peer that we merely disconnect (kAborted), or an
@@ -283,6 +326,16 @@ void Engine::Notify(PeerId id, std::string message) {
   Peer* peer = it->second.get();
   uint64_t seq = peer->next_note++;
   peer->notes.push_back(Note{seq, std::move(message)});
+  // Behind queued batches, the flush waits its turn: it must cover them once they are posted.
+  if (peer->queued.empty()) {
+    FlushNote(peer, seq);
+  } else {
+    peer->queued.push_back(Queued{nullptr, seq});
+  }
+}
+
+void Engine::FlushNote(Peer* peer, uint64_t seq) {
+  const PeerId id = peer->id;
   // UCX does not order active messages after RMA: the flush is what makes the data land first.
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;

@@ -2,6 +2,8 @@
 // progress thread (ucx_progress.cc). Rules on deadlines, failure and lifetime: ucx_engine.h.
 #include "transport/ucx/ucx_transport.h"
 
+#include <charconv>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -217,9 +219,24 @@ class UcxTransport final : public Transport {
   PeerId next_peer_ = 1;
 };
 
+// The per-peer bound on bytes handed to UCX (ucx_engine.h), from the environment, as UCX's own
+// tuning is.
+Result<uint64_t> MaxBytesInFlight() {
+  const char* text = std::getenv(ucx::kMaxInFlightVariable);
+  if (text == nullptr) return ucx::kMaxBytesInFlight;
+  const std::string_view value(text);
+  uint64_t bytes = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), bytes);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || bytes == 0)
+    return Status::InvalidArgument(std::string(ucx::kMaxInFlightVariable) + "='" +
+                                   std::string(value) + "' must be a byte count > 0");
+  return bytes;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
+  KV_ASSIGN_OR_RETURN(uint64_t max_in_flight, MaxBytesInFlight());
   KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(options));
   KV_ASSIGN_OR_RETURN(ucx::WorkerPtr worker, ucx::CreateWorker(context.get()));
   KV_ASSIGN_OR_RETURN(std::string worker_address, ucx::WorkerAddress(worker.get()));
@@ -227,7 +244,7 @@ Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& op
   std::string address =
       ByteWriter().u32(kAddressMagic).u32(kWireVersion).bytes(worker_address).take();
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                      Engine::Create(std::move(context), std::move(worker)));
+                      Engine::Create(std::move(context), std::move(worker), max_in_flight));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(engine), std::move(address), cuda));
 }
 

@@ -39,6 +39,17 @@ Status CheckBlocks(const Ids& ids, const std::vector<const KvRegion*>& regions, 
   return Status::Ok();
 }
 
+// The per-layer timeline at debug level: "trace <us> <event> <request> <layer> <bytes>" on the
+// steady clock, which every process on the host shares, so two kvds' lines merge into one
+// timeline (tools/pd_timeline.py reads them).
+void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes = 0) {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+          .count();
+  spdlog::debug("trace {} {} {} {} {}", us, event, request, layer, bytes);
+}
+
 std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
   std::vector<const KvRegion*> out;
   for (const auto& r : engine.regions) out.push_back(&r->layout);
@@ -115,6 +126,7 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
                                    ": save_layer named other blocks than before");
   }
   rank.saved[save.layer()] = true;
+  Trace("save", request.id, save.layer());
   PumpSource(request);
   return Status::Ok();
 }
@@ -200,6 +212,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   } else if (request.state != SourceRequest::State::kCollecting) {
     return Status::AlreadyExists("request " + request.id + " already has a destination");
   }
+  Trace("want", want.request_id(), -1);
   request.state = SourceRequest::State::kStreaming;
   request.peer_id = peer.id;
   request.mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
@@ -286,9 +299,11 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
         batch.deadline = request.deadline;
         const uint64_t bytes = plan.bytes;
         KV_RETURN_IF_ERROR(transport_->post(
-            batch, [this, id = request.id, src, remote = dst.remotes[i], bytes](Status s) {
+            batch, [this, id = request.id, src, remote = dst.remotes[i], bytes, begin](Status s) {
+              Trace("flushed", id, begin);
               boost::asio::post(io_, [this, id, s, bytes] { OnBatchDone(id, s, bytes); });
             }));
+        Trace("post", request.id, begin, bytes);
         ++request.batches_in_flight;
         range_bytes += plan.bytes;
         range_runs += plan.runs.size();
@@ -310,6 +325,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
       notice.set_runs(range_runs);
     }
     KV_RETURN_IF_ERROR(transport_->notify(peer->transport_peer, notice.SerializeAsString()));
+    Trace("notify", request.id, layer);
   }
   return Status::Ok();
 }
@@ -412,6 +428,7 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
   }
   request.peer_id = *peer_id;
   request.state = DestRequest::State::kRequested;
+  Trace("request", request.id, -1);
   proto::PeerMessage message;
   proto::WantRequest* want = message.mutable_want();
   want->set_request_id(request.id);
@@ -445,6 +462,7 @@ void Daemon::Core::OnNotification(const std::string& message) {
     return;
   }
   request.ready[notice.layer()] = true;
+  Trace("notice", request.id, notice.layer());
   request.bytes += notice.bytes();
   request.runs += notice.runs();
   bytes_received_ += notice.bytes();

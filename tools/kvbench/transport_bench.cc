@@ -3,7 +3,9 @@
 //
 // The target process is forked before this process initialises UCX; it registers its memory,
 // hands over its address and descriptor on a socketpair and waits. The initiator keeps a window
-// of batches in flight, each of --runs-per-batch runs of --size bytes to distinct offsets.
+// of batches in flight, each of --runs-per-batch runs of --size bytes to distinct offsets; with
+// --footprint, successive batches move on through a buffer of that size, so that the bytes come
+// from and go to memory the caches do not hold, as when kvd moves a wave of distinct KV pages.
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -36,6 +38,7 @@ struct Config {
   int64_t runs_per_batch = 1;
   int64_t window = 0;
   int64_t rounds = 0;
+  uint64_t footprint = 0;  // bytes of each side's buffer: a whole number of batches
   bool ceiling = true;
   bool transport_memory = true;
   bool same_offset = false;  // every run to offset 0, as ucx_perftest does: cache-resident  //
@@ -75,7 +78,7 @@ int TargetMain(Channel& channel, const Config& config) {
     std::fprintf(stderr, "kvbench transport (target): %s\n", t.status().ToString().c_str());
     return 2;
   }
-  auto memory = MakeBuffer(**t, config.size * config.runs_per_batch, config.transport_memory, 0);
+  auto memory = MakeBuffer(**t, config.footprint, config.transport_memory, 0);
   if (!memory.ok()) {
     std::fprintf(stderr, "kvbench transport (target): %s\n", memory.status().ToString().c_str());
     return 3;
@@ -130,6 +133,9 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
                            const transport::RemoteMemory& remote, const std::vector<Run>& runs,
                            const Config& config, int64_t iters) {
   InFlight in_flight;
+  const uint64_t batch_bytes = config.size * config.runs_per_batch;
+  const uint64_t slots = config.footprint / batch_bytes;
+  std::vector<Run> moved = runs;
   auto start = Clock::now();
   auto reported = start;
   for (int64_t i = 0; i < iters; ++i) {
@@ -140,7 +146,13 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
     }
     if (in_flight.count() >= config.window)
       KV_RETURN_IF_ERROR(in_flight.WaitFor(config.window / 2, Clock::now() + kBatchDeadline));
-    transport::Batch batch{transport::Op::kPut, &src, &remote, runs, Clock::now() + kBatchDeadline};
+    const uint64_t shift = (i % slots) * batch_bytes;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      moved[r].src_offset = runs[r].src_offset + shift;
+      moved[r].dst_offset = runs[r].dst_offset + shift;
+    }
+    transport::Batch batch{transport::Op::kPut, &src, &remote, moved,
+                           Clock::now() + kBatchDeadline};
     transport::Completion done = in_flight.Slot();
     Status posted = t.post(batch, done);
     if (!posted.ok()) {
@@ -171,7 +183,7 @@ int Bench(const Config& config) {
 
   auto t = transport::CreateTransport(config.backend, config.options);
   if (!t.ok()) return Fail(t.status().ToString());
-  auto memory = MakeBuffer(**t, config.size * config.runs_per_batch, config.transport_memory, 1);
+  auto memory = MakeBuffer(**t, config.footprint, config.transport_memory, 1);
   if (!memory.ok()) return Fail(memory.status().ToString());
   const transport::MemoryRegistration& src = *memory->registration;
   auto peer = (*t)->connect(*address);
@@ -227,13 +239,13 @@ int Bench(const Config& config) {
     return 0;
   }
   std::printf(
-      "transport %s, put, %llu B x %lld runs per batch%s, %lld batches, window %lld, %s memory, "
-      "median of %lld rounds\n",
+      "transport %s, put, %llu B x %lld runs per batch%s, %lld batches, window %lld, %s memory "
+      "(%llu B footprint), median of %lld rounds\n",
       config.backend.c_str(), static_cast<unsigned long long>(config.size),
       static_cast<long long>(config.runs_per_batch), config.same_offset ? " (all at offset 0)" : "",
       static_cast<long long>(config.iters), static_cast<long long>(config.window),
       config.transport_memory ? "transport-allocated" : "heap",
-      static_cast<long long>(config.rounds));
+      static_cast<unsigned long long>(config.footprint), static_cast<long long>(config.rounds));
   std::printf("  kvd          %8.3f GB/s   %8.3f us per run\n", gbps, per_run_us);
   if (config.ceiling) {
     std::printf("  ucx_perftest %8.3f GB/s   %8.3f us per message  (ucp_put_bw, same size)\n",
@@ -255,6 +267,9 @@ int TransportMain(int argc, char** argv) {
       {"rounds", "measurements of each side, alternating; the median is reported (default 3)"},
       {"tls", "UCX_TLS for both kvd and ucx_perftest, e.g. tcp (default: UCX's choice)"},
       {"user-memory", "register plain heap memory instead of the transport's own allocation", true},
+      {"footprint",
+       "bytes each side's batches cycle through, e.g. 256M (default: one batch): larger than "
+       "the CPU caches, it measures memory bandwidth as kvd moving distinct pages sees it"},
       {"same-offset",
        "every run to offset 0, as ucx_perftest does (isolates per-run software "
        "cost from memory bandwidth)",
@@ -291,12 +306,19 @@ int TransportMain(int argc, char** argv) {
   auto runs = flags.integer("runs-per-batch", 1, 1, 1'000'000);
   auto window = flags.integer("window", 32, 1, 4096);
   auto rounds = flags.integer("rounds", 3, 1, 100);
-  for (const Status& s :
-       {size.status(), iters.status(), runs.status(), window.status(), rounds.status()}) {
+  auto footprint = flags.bytes("footprint", 0);
+  for (const Status& s : {size.status(), iters.status(), runs.status(), window.status(),
+                          rounds.status(), footprint.status()}) {
     if (!s.ok()) return Fail(s.message());
   }
   if (*size == 0 || *size > (1ull << 30)) return Fail("--size must be in [1, 1G]");
   if (*size * *runs > (4ull << 30)) return Fail("--size x --runs-per-batch must stay within 4G");
+  if (*footprint > (4ull << 30)) return Fail("--footprint must stay within 4G");
+  if (flags.has("same-offset") && *footprint > 0)
+    return Fail("--same-offset and --footprint contradict each other");
+  // Whole batches: the last one must not run past the buffer.
+  const uint64_t batch_bytes = *size * *runs;
+  c.footprint = std::max<uint64_t>(1, *footprint / batch_bytes) * batch_bytes;
   c.size = *size;
   c.iters = *iters;
   c.runs_per_batch = *runs;

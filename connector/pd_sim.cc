@@ -2,126 +2,19 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <latch>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "connector/pd_pattern.h"
 #include "kernels/strided_kv.h"
-#include "kernels/write_tokens.h"
 
 namespace kv::connector {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t Seed(const std::string& id) {
-  uint64_t h = 1469598103934665603ull;
-  for (char c : id) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
-  return h;
-}
-
-// The value of element d of K (kv = 0) or V (kv = 1) of (layer, global head, token): what every
-// rank holding that head must end up with, whatever its layout. One hash per row keeps writing
-// and verifying cheap next to the transfer being measured; rows differ in every element.
-uint64_t Row(uint64_t seed, int64_t layer, int64_t head, int64_t token) {
-  return Mix(seed ^ Mix((static_cast<uint64_t>(layer) << 44) ^ (static_cast<uint64_t>(head) << 28) ^
-                        static_cast<uint64_t>(token)));
-}
-
-uint16_t Element(uint64_t row, int64_t d, int kv) {
-  return static_cast<uint16_t>((row >> (kv * 16)) + static_cast<uint64_t>(d) * 0x9e37u + kv);
-}
-
-struct Engine {
-  std::unique_ptr<Connector> connector;
-  KvCache cache;
-};
-
-Status WriteLayer(const Engine& e, uint64_t seed, int64_t layer, const std::vector<int64_t>& blocks,
-                  int64_t tokens, int64_t head_dim) {
-  const KvRegion& region = e.cache.layout;
-  const int64_t heads = region.size(Axis::kH);
-  const int64_t n = region.size(Axis::kN);
-  std::vector<uint16_t> k(tokens * heads * head_dim), v(k.size());
-  std::vector<int64_t> slots(tokens);
-  for (int64_t t = 0; t < tokens; ++t) {
-    slots[t] = blocks[t / n] * n + t % n;
-    for (int64_t h = 0; h < heads; ++h) {
-      const uint64_t row = Row(seed, layer, region.global_head(h), t);
-      for (int64_t d = 0; d < head_dim; ++d) {
-        k[(t * heads + h) * head_dim + d] = Element(row, d, 0);
-        v[(t * heads + h) * head_dim + d] = Element(row, d, 1);
-      }
-    }
-  }
-  const kernels::StridedKv strided = kernels::DescribeRegion(region);
-  KV_ASSIGN_OR_RETURN(kernels::PagedKv paged,
-                      kernels::SplitKv(strided, head_dim, kernels::DType::kFloat16));
-  kernels::NewTokens input;
-  input.key = k.data();
-  input.value = v.data();
-  input.slots = slots.data();
-  input.tokens = tokens;
-  return kernels::WriteTokensHost(
-      paged, static_cast<char*>(e.cache.base) + layer * strided.layer_stride, input);
-}
-
-Status VerifyLayer(const Engine& e, const std::string& id, uint64_t seed, int64_t layer,
-                   const std::vector<int64_t>& blocks, int64_t tokens, int64_t head_dim) {
-  const KvRegion& region = e.cache.layout;
-  const int64_t n = region.size(Axis::kN);
-  const auto* base = static_cast<const char*>(e.cache.base);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t h = 0; h < region.size(Axis::kH); ++h) {
-      const int64_t g = region.global_head(h);
-      const auto loc = region.kv(layer, blocks[t / n], h, t % n);
-      const uint64_t row = Row(seed, layer, g, t);
-      for (int64_t d = 0; d < head_dim; ++d) {
-        uint16_t got[2];
-        std::memcpy(&got[0], base + loc.k_offset + 2 * d, 2);
-        std::memcpy(&got[1], base + loc.v_offset + 2 * d, 2);
-        for (int kv = 0; kv < 2; ++kv) {
-          if (got[kv] != Element(row, d, kv)) {
-            return Status::Internal("request " + id + ": " + (kv ? "V" : "K") + " of layer " +
-                                    std::to_string(layer) + " head " + std::to_string(g) +
-                                    " token " + std::to_string(t) + " element " +
-                                    std::to_string(d) + " differs");
-          }
-        }
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-uint64_t NonZeroBytesFrom(const Engine& e, int64_t first_block) {
-  const KvRegion& region = e.cache.layout;
-  const auto* base = static_cast<const unsigned char*>(e.cache.base);
-  uint64_t count = 0;
-  for (int64_t l = 0; l < region.size(Axis::kL); ++l) {
-    for (int64_t b = first_block; b < region.size(Axis::kB); ++b) {
-      for (int64_t h = 0; h < region.size(Axis::kH); ++h) {
-        for (int64_t n = 0; n < region.size(Axis::kN); ++n) {
-          const auto loc = region.kv(l, b, h, n);
-          for (uint64_t i = 0; i < loc.bytes; ++i) {
-            count += (base[loc.k_offset + i] != 0) + (base[loc.v_offset + i] != 0);
-          }
-        }
-      }
-    }
-  }
-  return count;
-}
 
 int64_t BlocksFor(int64_t tokens, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
@@ -160,10 +53,19 @@ Result<LayoutSpec> PdLayout(const PdConfig& c, bool prefill, int rank) {
 
 Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factory,
                        const ConnectorFactory& decode_factory,
-                       const std::function<void(int, int)>& progress) {
+                       const std::function<void(int, int)>& progress, PdEngines* engines) {
   if (c.requests < 1 || c.window < 1 || c.tokens < 1 || c.layers < 1 || c.head_dim < 1) {
     return Status::InvalidArgument("requests, window, tokens, layers and head_dim must be >= 1");
   }
+  // Declared before the connectors, so the caches outlive their registrations.
+  std::unique_ptr<PdEngines> host;
+  if (engines == nullptr) host = HostPdEngines(c);
+  PdEngines* const memory = engines ? engines : host.get();
+  struct Engine {
+    int rank;
+    std::unique_ptr<Connector> connector;
+    KvCache cache;
+  };
   auto open_side = [&](bool prefill) -> Result<std::vector<Engine>> {
     std::vector<Engine> engines;
     const int tp = prefill ? c.prefill_tp : c.decode_tp;
@@ -172,8 +74,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       ConnectorOptions options{prefill ? "prefill" : "decode", r, tp, c.timeout};
       auto connector = (prefill ? prefill_factory : decode_factory)(options);
       if (!connector.ok()) return connector.status();
-      KV_ASSIGN_OR_RETURN(auto caches, (*connector)->RegisterKvCaches({&spec, 1}));
-      engines.push_back(Engine{std::move(*connector), caches.front()});
+      KV_ASSIGN_OR_RETURN(KvCache cache, memory->Register(**connector, spec, prefill));
+      engines.push_back(Engine{r, std::move(*connector), cache});
     }
     return engines;
   };
@@ -199,26 +101,37 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
   for (int first = 0; first < c.requests; first += c.window) {
     const int count = std::min(c.window, c.requests - first);
     std::vector<std::string> ids(count);
+    std::vector<uint64_t> seeds(count);
     std::vector<std::vector<int64_t>> src_blocks(count), dst_blocks(count);
     for (int j = 0; j < count; ++j) {
       ids[j] = "req-" + std::to_string(first + j);
+      seeds[j] = pattern::Seed(ids[j]);
       for (int64_t k = 0; k < np; ++k) src_blocks[j].push_back(j * np + k);
       for (int64_t k = 0; k < nd; ++k) dst_blocks[j].push_back((c.window - 1 - j) * nd + k);
     }
     std::vector<std::atomic<bool>> failed(count);
+    auto fail = [&](int j, const Status& s) {
+      if (!s.ok() && !failed[j].exchange(true)) note_error(s);
+      return s.ok();
+    };
     std::vector<Clock::time_point> done_at(count, Clock::time_point::min());
+    // steady_clock nanoseconds: last layer written on every prefill rank / in place on every
+    // decode rank.
+    std::vector<std::atomic<int64_t>> saved_ns(count), in_place_ns(count);
     std::latch prefill_finished(static_cast<ptrdiff_t>(prefill.size()));
     std::vector<std::thread> threads;
     auto write_layer = [&](const Engine& e, int64_t l, int j) {
-      Status s = WriteLayer(e, Seed(ids[j]), l, src_blocks[j], c.tokens, c.head_dim);
-      if (!s.ok() && !failed[j].exchange(true)) note_error(s);
-      return s.ok();
+      return fail(j, memory->Write(e.rank, j, seeds[j], l, src_blocks[j]));
     };
     if (c.prewrite) {
       for (const Engine& e : prefill) {
         threads.emplace_back([&, &e = e] {
           for (int64_t l = 0; l < c.layers; ++l) {
+            if (Status s = memory->Forward(e.rank, c.layer_time); !s.ok()) note_error(s);
             for (int j = 0; j < count; ++j) write_layer(e, l, j);
+          }
+          if (Status s = memory->Flush(e.rank); !s.ok()) {
+            for (int j = 0; j < count; ++j) fail(j, s);
           }
         });
       }
@@ -234,16 +147,23 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
           ~CountDown() { latch.count_down(); }
         } count_down{prefill_finished};
         for (int64_t l = 0; l < c.layers; ++l) {
+          if (!c.prewrite) {
+            if (Status s = memory->Forward(e.rank, c.layer_time); !s.ok()) {
+              for (int j = 0; j < count; ++j) fail(j, s);
+            }
+          }
           for (int j = 0; j < count; ++j) {
             // A request whose K/V could not be written is not saved.
             if (c.prewrite ? failed[j].load() : !write_layer(e, l, j)) continue;
-            Status s = e.connector->SaveLayer(ids[j], static_cast<int>(l), src_blocks[j]);
-            if (!s.ok() && !failed[j].exchange(true)) note_error(s);
+            if (!fail(j, memory->Save(e.rank, ids[j], static_cast<int>(l), src_blocks[j]))) {
+              continue;
+            }
+            if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, &saved_ns[j]));
           }
         }
         for (int j = 0; j < count; ++j) {
           auto params = e.connector->RequestFinished(ids[j]);
-          if (!params.ok() && !failed[j].exchange(true)) note_error(params.status());
+          if (!params.ok()) fail(j, params.status());
         }
       });
     }
@@ -256,32 +176,27 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
           params.request_id = ids[j];
           params.tokens = c.tokens;
           params.mode = c.mode;
-          Status s = e.connector->StartLoad(ids[j], params, dst_blocks[j]);
-          if (!s.ok() && !failed[j].exchange(true)) note_error(s);
+          fail(j, e.connector->StartLoad(ids[j], params, dst_blocks[j]));
         }
-        auto verify = [&](int64_t l, int j) {
-          Status s = VerifyLayer(e, ids[j], Seed(ids[j]), l, dst_blocks[j], c.tokens, c.head_dim);
-          if (!s.ok() && !failed[j].exchange(true)) note_error(s);
-          return s.ok();
+        auto check = [&](int64_t l, int j) {
+          return fail(j, memory->Check(e.rank, j, ids[j], seeds[j], l, dst_blocks[j]));
         };
         for (int64_t l = 0; l < c.layers; ++l) {
           for (int j = 0; j < count; ++j) {
             if (failed[j]) continue;
-            Status s = e.connector->WaitLayer(ids[j], static_cast<int>(l));
-            if (!s.ok()) {
-              if (!failed[j].exchange(true)) note_error(s);
-              continue;
-            }
-            if (!c.prewrite && !verify(l, j)) continue;
+            if (!fail(j, e.connector->WaitLayer(ids[j], static_cast<int>(l)))) continue;
+            const auto now = Clock::now();
+            if (l + 1 == c.layers) StoreMax(in_place_ns[j], now.time_since_epoch().count());
+            if (!c.prewrite && !check(l, j)) continue;
             std::lock_guard<std::mutex> lock(mu);
-            done_at[j] = std::max(done_at[j], Clock::now());
+            done_at[j] = std::max(done_at[j], c.prewrite ? now : Clock::now());
           }
         }
         // With prewrite the clock stops when the last layer is in place; every byte is checked
         // all the same.
         for (int64_t l = 0; c.prewrite && l < c.layers; ++l) {
           for (int j = 0; j < count; ++j) {
-            if (!failed[j]) verify(l, j);
+            if (!failed[j]) check(l, j);
           }
         }
         (void)e.connector->GetFinished();
@@ -289,6 +204,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       });
     }
     for (auto& t : threads) t.join();
+    const std::vector<Status> checked = memory->FinishWave(count, ids);
+    for (int j = 0; j < count; ++j) fail(j, checked[j]);
 
     // The sources release each request once the destination confirmed (or it failed): only then
     // may the next wave reuse the blocks.
@@ -327,11 +244,15 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       result.bytes += bytes_per_request;
       result.latency_ms.push_back(
           std::chrono::duration<double, std::milli>(done_at[j] - wave_start).count());
+      result.stream_ms.push_back(static_cast<double>(in_place_ns[j] - saved_ns[j]) / 1e6);
     }
     if (progress) progress(result.requests, c.requests);
   }
   result.seconds = seconds;
-  for (const Engine& e : decode) result.guard_bytes_written += NonZeroBytesFrom(e, c.window * nd);
+  for (const Engine& e : decode) {
+    KV_ASSIGN_OR_RETURN(uint64_t written, memory->GuardBytes(e.rank, c.window * nd));
+    result.guard_bytes_written += written;
+  }
   return result;
 }
 

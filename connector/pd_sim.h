@@ -3,7 +3,7 @@
 // `kvbench pd` (kvds as processes) and the tests (kvds embedded or as processes).
 //
 // Requests run in waves of `window`: every prefill rank writes K/V of each layer of the wave's
-// requests with the token-writing reference kernel and saves the layer (a batched forward pass,
+// requests with the token-writing kernel and saves the layer (a batched forward pass,
 // layer by layer); every decode rank loads them, waits per layer and verifies its heads of that
 // layer. A wave ends when the sources released every request, so its blocks can be reused.
 // Blocks past the last wave's are guard blocks: they must still be zero at the end.
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "connector/connector.h"
+#include "connector/pd_engines.h"
 #include "layout/status.h"
 
 namespace kv::connector {
@@ -41,6 +42,8 @@ struct PdConfig {
   // the figures time kvd alone, as behind an engine whose forward pass outruns the link. Off:
   // writing and verifying K/V (the simulated forward passes) are on the clock, layer by layer.
   bool prewrite = false;
+  // The forward pass of one layer on the prefill ranks, before they write it (0: none).
+  std::chrono::microseconds layer_time{0};
   std::chrono::milliseconds timeout{20000};
 };
 
@@ -50,9 +53,12 @@ struct PdResult {
   int failed = 0;
   uint64_t bytes = 0;  // bytes the decode ranks should hold, summed over verified requests
   double seconds = 0;  // on the clock: every wave, less prewriting
-  std::vector<double> latency_ms;    // per verified request: load start to last layer verified
-                                     // (prewrite: to last layer in place)
-                                     // (prewrite: to last layer in place)
+  std::vector<double> latency_ms;  // per verified request: load start to last layer verified
+                                   // (prewrite: to last layer in place)
+  // Per verified request: from its last layer saved (written, on every prefill rank) to its last
+  // layer in place (WaitLayer returned on every decode rank): what per-layer streaming leaves
+  // after the prefill.
+  std::vector<double> stream_ms;
   uint64_t guard_bytes_written = 0;  // non-zero bytes found in decode guard blocks
   std::string first_error;
 };
@@ -65,8 +71,10 @@ using ConnectorFactory =
 Result<LayoutSpec> PdLayout(const PdConfig& config, bool prefill, int rank);
 
 // Runs the simulation; `progress(done, total)` is called from the driver thread after every wave.
+// `engines` (null: HostPdEngines(config)) is the caller's, fresh, and outlives the call.
 Result<PdResult> RunPd(const PdConfig& config, const ConnectorFactory& prefill,
                        const ConnectorFactory& decode,
-                       const std::function<void(int, int)>& progress = nullptr);
+                       const std::function<void(int, int)>& progress = nullptr,
+                       PdEngines* engines = nullptr);
 
 }  // namespace kv::connector

@@ -89,6 +89,9 @@ int PdMain(int argc, char** argv) {
        "back to back; the clock stops when the last layer is in place, decode engines verify "
        "after it: times kvd alone (default: writing and verifying K/V are on the clock)",
        true},
+      {"layer-us",
+       "the forward pass of one layer on the prefill side before it is written, in "
+       "microseconds (default 0)"},
       {"no-ceiling", "skip the kvbench transport comparison", true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
@@ -126,14 +129,15 @@ int PdMain(int argc, char** argv) {
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(*v);
     return Status::Ok();
   };
-  int64_t block_size = 16;
+  int64_t block_size = 16, layer_us = 0;
   for (Status s :
        {integer("requests", 32, 1, 1 << 20, &c.requests),
         integer("tokens", 512, 1, 1 << 20, &c.tokens), integer("layers", 16, 1, 4096, &c.layers),
         integer("heads", 8, 1, 4096, &c.heads), integer("head-dim", 128, 1, 65536, &c.head_dim),
         integer("block-size", 16, 1, 65536, &block_size),
         integer("prefill-tp", 1, 1, 64, &c.prefill_tp),
-        integer("decode-tp", 1, 1, 64, &c.decode_tp), integer("window", 8, 1, 4096, &c.window)}) {
+        integer("decode-tp", 1, 1, 64, &c.decode_tp), integer("window", 8, 1, 4096, &c.window),
+        integer("layer-us", 0, 0, 10000000, &layer_us)}) {
     if (!s.ok()) return Fail(s.message());
   }
   for (Status s : {integer("prefill-block-size", block_size, 1, 65536, &c.prefill_block_size),
@@ -144,6 +148,7 @@ int PdMain(int argc, char** argv) {
   c.decode_order = flags.str("decode-order", "LBNHC");
   c.mla = flags.has("mla");
   c.prewrite = flags.has("prewrite");
+  c.layer_time = std::chrono::microseconds(layer_us);
   const std::string mode = flags.str("mode", "push");
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;

@@ -45,8 +45,9 @@ class PdEngines {
   // Connector::SaveLayer once what Write queued before it is written.
   virtual Status Save(int rank, const std::string& id, int layer,
                       std::span<const int64_t> blocks) = 0;
-  // Raises *latest_ns (steady_clock nanoseconds) to the time everything saved so far is written.
-  virtual Status MarkSaved(int rank, std::atomic<int64_t>* latest_ns) = 0;
+  // Notes, for `slot`, the time everything this rank saved so far is written (FinishWave
+  // reports the latest over the ranks).
+  virtual Status MarkSaved(int rank, int slot) = 0;
   // Waits until everything this rank queued has run, or its error.
   virtual Status Flush(int rank) = 0;
 
@@ -57,9 +58,14 @@ class PdEngines {
                        std::span<const int64_t> blocks) = 0;
 
   // ---- driver ----
-  // After a wave of `slots` requests: waits for every rank's queued work and returns, per slot,
-  // the first error its queued checks found (bytes, decode attention against the prefill side).
-  virtual std::vector<Status> FinishWave(int slots, const std::vector<std::string>& ids) = 0;
+  // After a wave of the requests `ids` (slot j holds ids[j]): waits for every rank's queued
+  // work and reports per slot.
+  struct WaveOutcome {
+    std::vector<Status> checks;     // the first error its queued checks found (bytes, decode
+                                    // attention against the prefill side's)
+    std::vector<int64_t> saved_ns;  // MarkSaved's latest time, steady_clock ns; 0: none
+  };
+  virtual WaveOutcome FinishWave(const std::vector<std::string>& ids) = 0;
   // Non-zero bytes in decode rank `rank`'s blocks [first_block, blocks): guard blocks no request
   // may touch.
   virtual Result<uint64_t> GuardBytes(int rank, int64_t first_block) = 0;

@@ -1,6 +1,8 @@
 // The P/D simulator's host engines: caches in the shared memory RegisterKvCaches allocates,
 // K/V written with the token-writing kernel's CPU reference and checked byte by byte.
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "connector/pd_engines.h"
@@ -18,7 +20,7 @@ using pattern::Row;
 class HostEngines final : public PdEngines {
  public:
   explicit HostEngines(const PdConfig& config)
-      : head_dim_(config.head_dim), tokens_(config.tokens) {}
+      : head_dim_(config.head_dim), tokens_(config.tokens), saved_ns_(config.window, 0) {}
 
   Result<KvCache> Register(Connector& connector, const LayoutSpec& spec, bool prefill) override {
     KV_ASSIGN_OR_RETURN(auto caches, connector.RegisterKvCaches({&spec, 1}));
@@ -66,8 +68,9 @@ class HostEngines final : public PdEngines {
     return prefill_[rank].connector->SaveLayer(id, layer, blocks);
   }
 
-  Status MarkSaved(int, std::atomic<int64_t>* latest_ns) override {
-    StoreMax(*latest_ns, std::chrono::steady_clock::now().time_since_epoch().count());
+  Status MarkSaved(int, int slot) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    saved_ns_[slot] = std::chrono::steady_clock::now().time_since_epoch().count();
     return Status::Ok();
   }
 
@@ -102,8 +105,12 @@ class HostEngines final : public PdEngines {
     return Status::Ok();
   }
 
-  std::vector<Status> FinishWave(int slots, const std::vector<std::string>&) override {
-    return std::vector<Status>(slots);
+  WaveOutcome FinishWave(const std::vector<std::string>& ids) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    WaveOutcome outcome{std::vector<Status>(ids.size()),
+                        std::vector<int64_t>(saved_ns_.begin(), saved_ns_.begin() + ids.size())};
+    std::fill(saved_ns_.begin(), saved_ns_.end(), 0);
+    return outcome;
   }
 
   Result<uint64_t> GuardBytes(int rank, int64_t first_block) override {
@@ -133,6 +140,8 @@ class HostEngines final : public PdEngines {
   const int64_t head_dim_;
   const int64_t tokens_;
   std::vector<Rank> prefill_, decode_;
+  std::mutex mu_;
+  std::vector<int64_t> saved_ns_;  // per wave slot; every prefill rank's thread marks it
 };
 
 }  // namespace

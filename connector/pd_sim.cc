@@ -115,9 +115,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       return s.ok();
     };
     std::vector<Clock::time_point> done_at(count, Clock::time_point::min());
-    // steady_clock nanoseconds: last layer written on every prefill rank / in place on every
-    // decode rank.
-    std::vector<std::atomic<int64_t>> saved_ns(count), in_place_ns(count);
+    // steady_clock nanoseconds: last layer in place on every decode rank.
+    std::vector<std::atomic<int64_t>> in_place_ns(count);
     std::latch prefill_finished(static_cast<ptrdiff_t>(prefill.size()));
     std::vector<std::thread> threads;
     auto write_layer = [&](const Engine& e, int64_t l, int j) {
@@ -158,7 +157,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
             if (!fail(j, memory->Save(e.rank, ids[j], static_cast<int>(l), src_blocks[j]))) {
               continue;
             }
-            if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, &saved_ns[j]));
+            if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, j));
           }
         }
         for (int j = 0; j < count; ++j) {
@@ -204,8 +203,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       });
     }
     for (auto& t : threads) t.join();
-    const std::vector<Status> checked = memory->FinishWave(count, ids);
-    for (int j = 0; j < count; ++j) fail(j, checked[j]);
+    const PdEngines::WaveOutcome outcome = memory->FinishWave(ids);
+    for (int j = 0; j < count; ++j) fail(j, outcome.checks[j]);
 
     // The sources release each request once the destination confirmed (or it failed): only then
     // may the next wave reuse the blocks.
@@ -244,7 +243,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       result.bytes += bytes_per_request;
       result.latency_ms.push_back(
           std::chrono::duration<double, std::milli>(done_at[j] - wave_start).count());
-      result.stream_ms.push_back(static_cast<double>(in_place_ns[j] - saved_ns[j]) / 1e6);
+      result.stream_ms.push_back(static_cast<double>(in_place_ns[j] - outcome.saved_ns[j]) / 1e6);
     }
     if (progress) progress(result.requests, c.requests);
   }

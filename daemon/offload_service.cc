@@ -30,7 +30,7 @@ Result<OffloadPool*> OffloadService::PoolFor(const KvRegion& region) {
   if (pool_) return pool_.get();
   offload::PoolOptions options;
   options.slot_layout = region.spec();
-  options.device_copy = options_.device_copy;
+  options.gpu.how = options_.device_copy;
   KV_ASSIGN_OR_RETURN(pool_, OffloadPool::Create(options, memory_));
   shape_ = offload::DescribeShape(region);
   const offload::PoolStats stats = pool_->stats();

@@ -1,6 +1,16 @@
-// The GPU side of the pool's copies. Kept free of spdlog/fmt: nvcc cannot compile them.
+// The GPU side of the pool's copies (contract: page_mover.h). Kept free of spdlog/fmt: nvcc
+// cannot compile them.
+//
+// Submit() puts a job's copies on the streams and returns; it never waits for the GPU. Copy-engine
+// phases are cudaMemcpyBatchAsync calls, split over the mover's streams. Kernel phases read their
+// run table straight from pinned host memory (mapped under UVA; 16 bytes per 32 KiB chunk cross
+// PCIe), one table per job, recycled when the job finished: unlike kernels::PlanCopier's two
+// device tables, no table upload or reuse makes the submitting thread wait for an earlier copy,
+// which on a per-layer load sits behind the engine's event. The completion thread polls each
+// phase's event against a deadline instead of blocking in cudaEventSynchronize.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -14,6 +24,8 @@
 namespace kv::offload {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 Status CudaError(const char* what, cudaError_t err) {
   cudaGetLastError();
   return Status::Unavailable(std::string(what) + ": " + cudaGetErrorString(err));
@@ -25,36 +37,68 @@ Status CudaError(const char* what, cudaError_t err) {
     if (kv_err_ != cudaSuccess) return CudaError(what, kv_err_); \
   } while (0)
 
+constexpr int kMaxStreams = 8;
+
+// One job's run table for the copy kernel: pinned host memory the kernel reads directly.
+struct KernelTable {
+  void* data = nullptr;
+  uint64_t capacity = 0;
+  KernelTable() = default;
+  KernelTable(const KernelTable&) = delete;
+  KernelTable& operator=(const KernelTable&) = delete;
+  ~KernelTable() {
+    if (data != nullptr) cudaFreeHost(data);
+  }
+};
+
 // One submitted job, shared by the completion entries of its phases.
 struct JobState {
   std::function<void(size_t)> on_phase;
   std::function<void(Status)> done;
-  bool finished = false;  // touched only by the completion thread
+  std::unique_ptr<KernelTable> table;  // back to the mover once the job finished
+  bool finished = false;               // touched only by the completion thread
 };
 
 // The completion thread's unit of work: wait for `event`, then report `phase` of `job`; the
 // entry that carries `last` (or an error) also finishes the job.
 struct Pending {
   std::shared_ptr<JobState> job;
-  cudaEvent_t event = nullptr;
+  cudaEvent_t event = nullptr;  // pooled; null when the phase put nothing on the stream
   size_t phase = 0;
   bool last = false;
   Status error;
 };
 
+bool UseCopyEngine(DeviceCopy how, std::span<const Run> runs) {
+  if (how != DeviceCopy::kAuto) return how == DeviceCopy::kCopyEngine;
+  uint64_t bytes = 0;
+  for (const Run& r : runs) bytes += r.length;
+  return bytes >= kOffloadCopyEngineMinRun * runs.size();
+}
+
 class CudaPageMover final : public PageMover {
  public:
-  static Result<std::unique_ptr<PageMover>> Create(int device, DeviceCopy how) {
-    KV_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device));
-    cudaStream_t stream;
-    KV_CUDA_RETURN("cudaStreamCreate", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    auto copier = kernels::PlanCopier::Create();
-    if (!copier.ok()) {
-      cudaStreamDestroy(stream);
-      return copier.status();
+  static Result<std::unique_ptr<PageMover>> Create(int device, const CudaMoverOptions& options) {
+    if (options.streams < 1 || options.streams > kMaxStreams) {
+      return Status::InvalidArgument("offload copy streams: " + std::to_string(options.streams) +
+                                     ", expected 1 to " + std::to_string(kMaxStreams));
     }
-    return std::unique_ptr<PageMover>(
-        new CudaPageMover(device, how, stream, std::move(copier).value()));
+    if (options.timeout.count() <= 0) {
+      return Status::InvalidArgument("offload copy timeout must be positive");
+    }
+    KV_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device));
+    int sms = 0;
+    KV_CUDA_RETURN("SM count",
+                   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    std::unique_ptr<CudaPageMover> mover(new CudaPageMover(device, options, sms));
+    for (int i = 0; i < options.streams; ++i) {
+      KV_CUDA_RETURN("cudaStreamCreate",
+                     cudaStreamCreateWithFlags(&mover->streams_[i], cudaStreamNonBlocking));
+      KV_CUDA_RETURN("cudaEventCreate",
+                     cudaEventCreateWithFlags(&mover->joins_[i], cudaEventDisableTiming));
+    }
+    mover->completer_ = std::thread([m = mover.get()] { m->Complete(); });
+    return std::unique_ptr<PageMover>(std::move(mover));
   }
 
   ~CudaPageMover() override {
@@ -63,40 +107,64 @@ class CudaPageMover final : public PageMover {
       stopping_ = true;
     }
     wake_.notify_one();
-    completer_.join();
-    copier_.reset();
-    cudaStreamDestroy(stream_);
+    if (completer_.joinable()) completer_.join();
+    if (wedged_ && !Drained()) {
+      // A stuck copy may still read the tables: leak them rather than free memory in use.
+      for (auto& t : free_tables_) (void)t.release();
+    }
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (int i = 0; i < options_.streams; ++i) {
+      if (joins_[i] != nullptr) cudaEventDestroy(joins_[i]);
+      if (streams_[i] != nullptr) cudaStreamDestroy(streams_[i]);
+    }
   }
 
   Status Submit(CopyJob job) override {
-    std::lock_guard submit_lock(submit_mu_);  // PlanCopier is single-threaded
+    std::lock_guard submit_lock(submit_mu_);  // one job's copies at a time on the streams
     {
       std::lock_guard lock(mu_);
       if (stopping_) return Status::Aborted("cuda page mover is shutting down");
+      if (wedged_) {
+        return Status::Unavailable("offload copies on cuda:" + std::to_string(device_) +
+                                   " are stuck: an earlier copy missed its deadline");
+      }
     }
     KV_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
-    cudaPointerAttributes attrs{};
-    KV_CUDA_RETURN("cudaPointerGetAttributes", cudaPointerGetAttributes(&attrs, job.src_base));
-    const auto direction = attrs.type == cudaMemoryTypeDevice
-                               ? kernels::CopyDirection::kDeviceToHost
-                               : kernels::CopyDirection::kHostToDevice;
-    if (job.ready_event != nullptr) {
-      KV_CUDA_RETURN("cudaStreamWaitEvent",
-                     cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready_event), 0));
-    }
     auto state = std::make_shared<JobState>();
+    std::vector<bool> engine(job.phases.size());
+    uint64_t table_bytes = 0;
+    for (size_t p = 0; p < job.phases.size(); ++p) {
+      engine[p] = UseCopyEngine(options_.how, job.phases[p]);
+      if (!engine[p]) table_bytes += TableBytes(job.phases[p]);
+    }
+    if (table_bytes > 0) {
+      KV_ASSIGN_OR_RETURN(state->table, TakeTable(table_bytes));
+    }
+    if (job.ready_event != nullptr) {
+      KV_CUDA_RETURN(
+          "cudaStreamWaitEvent",
+          cudaStreamWaitEvent(streams_[0], static_cast<cudaEvent_t>(job.ready_event), 0));
+    }
     state->on_phase = std::move(job.on_phase);
     state->done = std::move(job.done);
     // From here on the job is accepted: a failure finishes it through the completion thread,
     // after the phases already on the stream have landed.
     std::deque<Pending> entries;
+    auto* table = state->table ? static_cast<std::byte*>(state->table->data) : nullptr;
     for (size_t p = 0; p < job.phases.size(); ++p) {
       cudaEvent_t event = nullptr;
-      Status error = EnqueuePhase(job.src_base, job.dst_base, job.phases[p], direction, &event);
+      Status error = [&] {
+        KV_RETURN_IF_ERROR(engine[p]
+                               ? EnqueueDma(job.src_base, job.dst_base, job.phases[p])
+                               : EnqueueKernel(job.src_base, job.dst_base, job.phases[p], &table));
+        return RecordEvent(&event);
+      }();
+      // A phase that failed part-way may have copies on the stream: the job reports its error
+      // only once nothing can still write what its caller is about to free.
+      if (!error.ok() && event == nullptr && !RecordEvent(&event).ok()) {
+        cudaStreamSynchronize(streams_[0]);
+      }
       const bool failed = !error.ok();
-      // A phase that failed part-way may already have copies on the stream: fence them, so the
-      // job reports its error only once nothing can still write the slots it is about to free.
-      if (failed && event == nullptr && !RecordEvent(&event).ok()) cudaStreamSynchronize(stream_);
       entries.push_back({state, event, p, failed || p + 1 == job.phases.size(), std::move(error)});
       if (failed) break;
     }
@@ -110,47 +178,146 @@ class CudaPageMover final : public PageMover {
   }
 
  private:
-  CudaPageMover(int device, DeviceCopy how, cudaStream_t stream,
-                std::unique_ptr<kernels::PlanCopier> copier)
-      : device_(device),
-        how_(how),
-        stream_(stream),
-        copier_(std::move(copier)),
-        completer_([this] { Complete(); }) {}
+  CudaPageMover(int device, const CudaMoverOptions& options, int sms)
+      : device_(device), options_(options) {
+    kernel_options_.max_ctas = sms;
+  }
 
-  // Puts one phase's copies on the stream and records the event that marks their end.
-  Status EnqueuePhase(const std::byte* src, std::byte* dst, const std::vector<Run>& runs,
-                      kernels::CopyDirection direction, cudaEvent_t* event) {
-    if (!runs.empty()) {
-      const bool dma =
-          how_ == DeviceCopy::kCopyEngine ||
-          (how_ == DeviceCopy::kAuto &&
-           kernels::ChooseCopyPath(runs, direction, stream_) == kernels::CopyPath::kCopyEngine);
-      KV_RETURN_IF_ERROR(dma ? kernels::LaunchBatchCopy(src, dst, runs, stream_)
-                             : copier_->Copy(src, dst, runs, stream_));
+  static uint64_t TableBytes(std::span<const Run> runs) {
+    const uint64_t bytes = kernels::PlanCopyTableBytes(runs.size(), kernels::PlanCopyChunks(runs));
+    return (bytes + 15) / 16 * 16;  // each phase's table starts 16-byte aligned
+  }
+
+  // A recycled table of at least `bytes`, or a new one. Tables live as long as the mover: the
+  // pool's jobs have a bounded size, so their number and size settle.
+  Result<std::unique_ptr<KernelTable>> TakeTable(uint64_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = free_tables_.begin(); it != free_tables_.end(); ++it) {
+        if ((*it)->capacity >= bytes) {
+          auto table = std::move(*it);
+          free_tables_.erase(it);
+          return Result<std::unique_ptr<KernelTable>>(std::move(table));
+        }
+      }
     }
-    return RecordEvent(event);
+    auto table = std::make_unique<KernelTable>();
+    const uint64_t want = std::max<uint64_t>(bytes, 64 << 10);
+    KV_CUDA_RETURN("cudaMallocHost (run table)", cudaMallocHost(&table->data, want));
+    table->capacity = want;
+    return Result<std::unique_ptr<KernelTable>>(std::move(table));
+  }
+
+  // One phase through the copy engine: its runs cut into contiguous shares of about equal bytes,
+  // one per stream. Every stream other than the first starts after the first stream's earlier
+  // work (the engine's event, earlier jobs) and the first waits for all of them at the end, so
+  // the first stream alone carries the mover's order.
+  Status EnqueueDma(const std::byte* src, std::byte* dst, std::span<const Run> runs) {
+    const int lanes = static_cast<int>(std::min<size_t>(options_.streams, runs.size()));
+    if (lanes <= 1) return kernels::LaunchBatchCopy(src, dst, runs, streams_[0]);
+    uint64_t total = 0;
+    for (const Run& r : runs) total += r.length;
+    size_t cuts[kMaxStreams + 1] = {};
+    uint64_t bytes = 0;
+    for (int lane = 1, at = 0; lane < lanes; ++lane) {
+      const uint64_t until = total * static_cast<uint64_t>(lane) / lanes;
+      while (at < static_cast<int>(runs.size()) && bytes < until) bytes += runs[at++].length;
+      cuts[lane] = static_cast<size_t>(at);
+    }
+    cuts[lanes] = runs.size();
+    KV_CUDA_RETURN("cudaEventRecord (fork)", cudaEventRecord(joins_[0], streams_[0]));
+    KV_RETURN_IF_ERROR(kernels::LaunchBatchCopy(src, dst, runs.first(cuts[1]), streams_[0]));
+    for (int lane = 1; lane < lanes; ++lane) {
+      cudaStream_t s = streams_[lane];
+      cudaError_t err = cudaStreamWaitEvent(s, joins_[0], 0);
+      if (err != cudaSuccess) return CudaError("cudaStreamWaitEvent (fork)", err);
+      const Status launched = kernels::LaunchBatchCopy(
+          src, dst, runs.subspan(cuts[lane], cuts[lane + 1] - cuts[lane]), s);
+      // Joined even after a failure: whatever reached this stream is then fenced by the first.
+      err = cudaEventRecord(joins_[lane], s);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(streams_[0], joins_[lane], 0);
+      if (err != cudaSuccess) {
+        cudaStreamSynchronize(s);
+        return CudaError("joining the offload copy streams", err);
+      }
+      KV_RETURN_IF_ERROR(launched);
+    }
+    return Status::Ok();
+  }
+
+  // One phase through the copy kernel, its table encoded at *table (advanced past it).
+  Status EnqueueKernel(const std::byte* src, std::byte* dst, std::span<const Run> runs,
+                       std::byte** table) {
+    const uint64_t bytes = TableBytes(runs);
+    if (bytes == 0) return Status::Ok();
+    KV_ASSIGN_OR_RETURN(uint64_t chunks, kernels::EncodePlanCopyTable(runs, *table, bytes));
+    Status launched = kernels::LaunchPlanCopy(src, dst, *table, runs.size(), chunks,
+                                              kernel_options_, streams_[0]);
+    *table += bytes;
+    return launched;
   }
 
   Status RecordEvent(cudaEvent_t* event) {
-    // Blocking sync: the completion thread sleeps in the driver instead of spinning a core.
-    KV_CUDA_RETURN("cudaEventCreate",
-                   cudaEventCreateWithFlags(event, cudaEventDisableTiming | cudaEventBlockingSync));
-    cudaError_t err = cudaEventRecord(*event, stream_);
+    {
+      std::lock_guard lock(mu_);
+      if (!free_events_.empty()) {
+        *event = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    if (*event == nullptr) {
+      // Polled, never waited on: no blocking-sync flag needed.
+      KV_CUDA_RETURN("cudaEventCreate", cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+    }
+    cudaError_t err = cudaEventRecord(*event, streams_[0]);
     if (err != cudaSuccess) {
-      cudaEventDestroy(*event);
+      ReturnEvent(*event);
       *event = nullptr;
       return CudaError("cudaEventRecord", err);
     }
     return Status::Ok();
   }
 
-  // A null event (a job with nothing to copy) has nothing to wait for.
-  static Status WaitAndDestroy(cudaEvent_t event) {
+  // Whether the streams of a wedged mover emptied within one more timeout.
+  bool Drained() {
+    const auto deadline = Clock::now() + options_.timeout;
+    for (int i = 0; i < options_.streams; ++i) {
+      cudaError_t err;
+      while ((err = cudaStreamQuery(streams_[i])) == cudaErrorNotReady && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (err != cudaSuccess) return false;
+    }
+    return true;
+  }
+
+  void ReturnEvent(cudaEvent_t event) {
+    std::lock_guard lock(mu_);
+    free_events_.push_back(event);
+  }
+
+  // Polls `event` until it fired, failed, or the deadline passed. Yields for the first 200 µs
+  // (a phase's tail), then sleeps in 50 µs steps: a late wake-up costs at most that much per
+  // job, never a core.
+  Status Wait(cudaEvent_t event) {
     if (event == nullptr) return Status::Ok();
-    cudaError_t err = cudaEventSynchronize(event);
-    cudaEventDestroy(event);
-    return err == cudaSuccess ? Status::Ok() : CudaError("copy on the offload stream", err);
+    const auto start = Clock::now();
+    for (;;) {
+      const cudaError_t err = cudaEventQuery(event);
+      if (err == cudaSuccess) return Status::Ok();
+      if (err != cudaErrorNotReady) return CudaError("copy on the offload stream", err);
+      const auto waited = Clock::now() - start;
+      if (waited >= options_.timeout) {
+        return Status::Timeout("offload copy on cuda:" + std::to_string(device_) +
+                               " did not land within " + std::to_string(options_.timeout.count()) +
+                               " ms");
+      }
+      if (waited < std::chrono::microseconds(200)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
   }
 
   void Complete() {
@@ -161,8 +328,19 @@ class CudaPageMover final : public PageMover {
       if (pending_.empty()) return;
       Pending entry = std::move(pending_.front());
       pending_.pop_front();
+      const bool wedged = wedged_;
       lock.unlock();
-      const Status waited = WaitAndDestroy(entry.event);  // a failed phase is fenced too
+      // Once one copy missed its deadline, everything behind it on the stream is stuck too.
+      Status waited =
+          wedged ? Status::Timeout("an earlier offload copy on cuda:" + std::to_string(device_) +
+                                   " missed its deadline")
+                 : Wait(entry.event);
+      if (waited.code() == Code::kTimeout) {
+        std::lock_guard wedge(mu_);
+        wedged_ = true;  // its event may still fire: it is not reused
+      } else if (entry.event != nullptr) {
+        ReturnEvent(entry.event);
+      }
       const Status status = entry.error.ok() ? waited : entry.error;
       JobState& job = *entry.job;
       if (!job.finished) {
@@ -173,25 +351,32 @@ class CudaPageMover final : public PageMover {
         }
       }
       lock.lock();
+      if (entry.last && job.table && !wedged_) free_tables_.push_back(std::move(job.table));
+      if (job.table && wedged_) (void)job.table.release();  // may still be read
     }
   }
 
   const int device_;
-  const DeviceCopy how_;
-  cudaStream_t stream_;
-  std::unique_ptr<kernels::PlanCopier> copier_;
+  const CudaMoverOptions options_;
+  kernels::PlanCopyOptions kernel_options_;
+  cudaStream_t streams_[kMaxStreams] = {};
+  cudaEvent_t joins_[kMaxStreams] = {};  // [0] forks a phase, [i] joins stream i; submit_mu_
   std::mutex submit_mu_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards everything below
   std::condition_variable wake_;
   std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  std::vector<std::unique_ptr<KernelTable>> free_tables_;
   bool stopping_ = false;
-  std::thread completer_;  // last: starts after every member it uses exists
+  bool wedged_ = false;
+  std::thread completer_;  // started by Create() once every member it uses exists
 };
 
 }  // namespace
 
-Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, DeviceCopy how) {
-  return CudaPageMover::Create(device, how);
+Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device,
+                                                       const CudaMoverOptions& options) {
+  return CudaPageMover::Create(device, options);
 }
 
 }  // namespace kv::offload

@@ -3,7 +3,7 @@
 
 namespace kv::offload {
 
-Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, DeviceCopy) {
+Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, const CudaMoverOptions&) {
   return Status::Unsupported("cannot offload pages of cuda:" + std::to_string(device) +
                              ": this build of kvd has no CUDA support");
 }

@@ -61,21 +61,21 @@ Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& opti
   KV_ASSIGN_OR_RETURN(KvRegion region, SlotRegion(options.slot_layout, options.capacity_bytes));
   KV_ASSIGN_OR_RETURN(HostBuffer memory, HostBuffer::Allocate(region.span_bytes(), options.memory));
   return std::unique_ptr<OffloadPool>(
-      new OffloadPool(std::move(region), std::move(memory), options.device_copy));
+      new OffloadPool(std::move(region), std::move(memory), options.gpu));
 }
 
 Result<std::unique_ptr<OffloadPool>> OffloadPool::Create(const PoolOptions& options,
                                                          HostBuffer& memory) {
   KV_ASSIGN_OR_RETURN(KvRegion region, SlotRegion(options.slot_layout, memory.size()));
   return std::unique_ptr<OffloadPool>(
-      new OffloadPool(std::move(region), std::move(memory), options.device_copy));
+      new OffloadPool(std::move(region), std::move(memory), options.gpu));
 }
 
-OffloadPool::OffloadPool(KvRegion slots, HostBuffer memory, DeviceCopy device_copy)
+OffloadPool::OffloadPool(KvRegion slots, HostBuffer memory, const CudaMoverOptions& gpu)
     : slots_(std::move(slots)),
       slot_bytes_(BlockBytes(slots_)),
       memory_(std::move(memory)),
-      device_copy_(device_copy),
+      gpu_(gpu),
       index_(static_cast<uint32_t>(slots_.size(Axis::kB))),
       host_mover_(CreateHostPageMover()) {
   stats_.slot_bytes = slot_bytes_;
@@ -145,7 +145,7 @@ Result<PageMover*> OffloadPool::MoverFor(MemoryLocation where) {
   }
   auto it = cuda_movers_.find(where.device);
   if (it == cuda_movers_.end()) {
-    KV_ASSIGN_OR_RETURN(auto mover, CreateCudaPageMover(where.device, device_copy_));
+    KV_ASSIGN_OR_RETURN(auto mover, CreateCudaPageMover(where.device, gpu_));
     it = cuda_movers_.emplace(where.device, std::move(mover)).first;
   }
   return it->second.get();
@@ -239,6 +239,8 @@ void OffloadPool::FinishStore(const std::vector<PoolKey>& keys, uint64_t bytes,
   for (const auto& key : keys) {
     if (status.ok()) {
       index_.Publish(key);
+    } else if (status.code() == Code::kTimeout) {
+      index_.Retire(key);  // the copy may still land: its slot must never be handed out again
     } else {
       index_.Abandon(key);
     }

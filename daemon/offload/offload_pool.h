@@ -22,6 +22,12 @@
 // stored or loaded is pinned and never evicted. A store that cannot get enough slots fails as a
 // whole with kResourceExhausted; it never drops blocks silently.
 //
+// Deadlines. A GPU copy that does not land within PoolOptions::gpu.timeout fails its store or
+// load with kTimeout; the keys of such a store are forgotten and their slots never reused (the
+// copy may still land; they count as used and in flight), and that device's copies are refused
+// from then on. A load that timed out may still write the engine's blocks later: the engine
+// must treat them as lost.
+//
 // Threading: every method is thread-safe. Completions run on a copy thread (one per memory: host,
 // or each CUDA device), in submission order per memory, with no pool lock held: they may call
 // into the pool, but must not block (that stalls every later copy of that memory). Destruction
@@ -53,8 +59,8 @@ struct PoolOptions {
   // tensor-parallel fields are ignored (the pool is dense; ranks are shards).
   LayoutSpec slot_layout;
   HostBufferOptions memory;
-  // How copies between GPU pages and the pool run (see page_mover.h).
-  DeviceCopy device_copy = DeviceCopy::kAuto;
+  // How copies between GPU pages and the pool run: path, streams, deadline (see page_mover.h).
+  CudaMoverOptions gpu;
 };
 
 // The engine side of a store or a load: which of its blocks hold which keys.
@@ -127,7 +133,7 @@ class OffloadPool {
   static int64_t ShardOf(const KvRegion& region);
 
  private:
-  OffloadPool(KvRegion slots, HostBuffer memory, DeviceCopy device_copy);
+  OffloadPool(KvRegion slots, HostBuffer memory, const CudaMoverOptions& gpu);
   // The pool's memory as a region of `layout` holding as many slots as fit in `bytes`.
   static Result<KvRegion> SlotRegion(const LayoutSpec& layout, uint64_t bytes);
 
@@ -142,7 +148,7 @@ class OffloadPool {
   const KvRegion slots_;  // the pool's memory as a region: B = slots, shard 0
   const uint64_t slot_bytes_;
   HostBuffer memory_;
-  const DeviceCopy device_copy_;
+  const CudaMoverOptions gpu_;
 
   mutable std::mutex mu_;  // guards index_ and stats_
   SlotIndex index_;

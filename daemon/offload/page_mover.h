@@ -5,11 +5,12 @@
 // dst_base. Phases exist so a load can report each layer as soon as its bytes landed ("per-layer
 // waits"); a store is one phase. Jobs run in submission order.
 //
-// Threading: Submit() is thread-safe. on_phase and done run on the mover's own thread, in
-// order, and must not block; done runs exactly once per accepted job. Destruction finishes every
-// accepted job first.
+// Threading: Submit() is thread-safe and never waits for the GPU (nor for the engine's event):
+// it only enqueues. on_phase and done run on the mover's own thread, in order, and must not
+// block; done runs exactly once per accepted job. Destruction finishes every accepted job first.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -24,6 +25,7 @@ namespace kv::offload {
 struct CopyJob {
   const std::byte* src_base = nullptr;
   std::byte* dst_base = nullptr;
+
   std::vector<std::vector<Run>> phases;  // checked against both buffers by the caller
   // A cudaEvent_t the engine recorded after the kernels that write (store) or last read (load)
   // these pages; the copy is ordered after it on the mover's stream. Null: no wait. Host movers
@@ -42,17 +44,31 @@ class PageMover {
 // memcpy of every run on a worker thread (kernels::CopyRunsHost).
 std::unique_ptr<PageMover> CreateHostPageMover();
 
-// Which engine copies GPU pages to and from the pool. kAuto follows kernels::ChooseCopyPath per
-// phase (the plan-copy kernel for small runs, the copy engine for large ones). The kernel is
-// fastest on an idle GPU but needs SMs: beside a model that fills every SM it starves
-// (benchmarks/offload.md), where kCopyEngine (cudaMemcpyBatchAsync) keeps its bandwidth.
+// Which engine copies GPU pages to and from the pool. The plan-copy kernel is as fast as the copy
+// engine on an idle GPU but needs SMs: beside a model that fills every SM it starves (6 GB/s in
+// benchmarks/offload.md), while the copy engine (cudaMemcpyBatchAsync) keeps its bandwidth and
+// leaves the SMs to the model. Every pool copy crosses PCIe, so kAuto takes the copy engine
+// unless the phase's runs are so small (mean under kOffloadCopyEngineMinRun) that its
+// per-descriptor cost dominates; then the kernel.
 enum class DeviceCopy : uint8_t { kAuto, kKernel, kCopyEngine };
+inline constexpr uint64_t kOffloadCopyEngineMinRun = 16 << 10;
 // "auto", "kernel", "copy-engine"; kInvalidArgument naming the value otherwise.
 Result<DeviceCopy> ParseDeviceCopy(std::string_view name);
 
-// Copies on a private non-blocking stream of `device`, by `how`; a completion thread waits on
-// one event per phase. kUnsupported in builds without CUDA; kUnavailable when the device cannot
-// be used.
-Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, DeviceCopy how);
+struct CudaMoverOptions {
+  DeviceCopy how = DeviceCopy::kAuto;
+  // Copy-engine phases are split over this many streams (1 to 8), so several DMA engines work
+  // on one job's pages at once.
+  int streams = 1;
+  // A phase that has not landed this long after the previous one did fails its job with
+  // kTimeout, and the mover refuses further jobs (its stream is stuck): the copy may still land
+  // later, so the caller must not reuse what it was writing (see OffloadPool).
+  std::chrono::milliseconds timeout{30000};
+};
+
+// Copies on private non-blocking streams of `device`; a completion thread polls one pooled event
+// per phase, with `options.timeout` as its deadline. kUnsupported in builds without CUDA;
+// kUnavailable when the device cannot be used; kInvalidArgument for bad options.
+Result<std::unique_ptr<PageMover>> CreateCudaPageMover(int device, const CudaMoverOptions& options);
 
 }  // namespace kv::offload

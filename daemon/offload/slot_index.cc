@@ -55,6 +55,13 @@ void SlotIndex::Abandon(const PoolKey& key) {
   entries_.erase(it);
 }
 
+void SlotIndex::Retire(const PoolKey& key) {
+  auto it = entries_.find(key);
+  assert(it != entries_.end() && it->second.state == State::kStoring && it->second.pins == 1);
+  entries_.erase(it);
+  ++retired_;
+}
+
 void SlotIndex::Pin(const PoolKey& key) {
   Entry& e = entries_.at(key);
   if (e.pins++ == 0 && e.state == State::kReady) LeaveLru(e);

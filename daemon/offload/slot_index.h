@@ -49,7 +49,8 @@ class SlotIndex {
   const Entry* Find(const PoolKey& key) const;
 
   uint32_t capacity() const { return capacity_; }
-  uint32_t used() const { return static_cast<uint32_t>(entries_.size()); }
+  // Keys held, plus slots retired by stuck copies (they stay "in flight" for good).
+  uint32_t used() const { return static_cast<uint32_t>(entries_.size()) + retired_; }
   uint32_t free_slots() const { return static_cast<uint32_t>(free_.size()); }
   // Ready and unpinned: what Claim() may take when no slot is free.
   uint32_t evictable() const { return static_cast<uint32_t>(lru_.size()); }
@@ -63,6 +64,9 @@ class SlotIndex {
   // Forgets a key and frees its slot (a store that failed). The key must be unpinned apart from
   // the pin Claim() took.
   void Abandon(const PoolKey& key);
+  // Forgets a key whose store is stuck (its copy missed its deadline and may still land), and
+  // never hands its slot out again: the key can be stored afresh elsewhere, the slot is lost.
+  void Retire(const PoolKey& key);
 
   void Pin(const PoolKey& key);
   void Unpin(const PoolKey& key);
@@ -77,6 +81,7 @@ class SlotIndex {
   std::unordered_map<PoolKey, Entry, PoolKeyHash> entries_;
   std::list<PoolKey> lru_;      // front: least recently used
   std::vector<uint32_t> free_;  // a stack; lowest slot on top
+  uint32_t retired_ = 0;
 };
 
 }  // namespace kv::offload

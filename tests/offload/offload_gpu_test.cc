@@ -1,9 +1,12 @@
 // The offload pool with engine pages in GPU memory: the pool is pinned, the copy waits for the
-// engine's event, and pages come back bit-exact in both a layer-first and a blocks-first layout.
-// Skips without a CUDA device.
+// engine's event, and pages come back bit-exact in both a layer-first and a blocks-first layout,
+// by either copy path and over several streams; a submit never waits for the engine's event; a
+// copy stuck past its deadline fails with kTimeout and its slots are never reused. Skips without
+// a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <vector>
@@ -51,16 +54,24 @@ bool SameBlock(const KvRegion& r, const std::vector<uint8_t>& x, int64_t a,
   return true;
 }
 
-class OffloadPoolGpu : public ::testing::TestWithParam<const char*> {};
+struct Variant {
+  const char* order;
+  DeviceCopy how;
+  int streams;
+};
+
+class OffloadPoolGpu : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  const std::string order = GetParam();
+  const std::string order = GetParam().order;
   auto region = KvRegion::Create(Shape(order, 32), MemoryLocation::Cuda(0));
   ASSERT_TRUE(region.ok()) << region.status().ToString();
   PoolOptions options;
   options.slot_layout = Shape(order, 1);
   options.capacity_bytes = 16 * 4 * 2 * 16 * 256;
+  options.gpu.how = GetParam().how;
+  options.gpu.streams = GetParam().streams;
   auto pool = OffloadPool::Create(options);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   EXPECT_TRUE((*pool)->stats().pinned_memory);
@@ -110,7 +121,139 @@ TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   cudaFree(dev);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, OffloadPoolGpu, ::testing::Values("LBNHC", "BLNHC"));
+INSTANTIATE_TEST_SUITE_P(Paths, OffloadPoolGpu,
+                         ::testing::Values(Variant{"LBNHC", DeviceCopy::kAuto, 1},
+                                           Variant{"BLNHC", DeviceCopy::kAuto, 1},
+                                           Variant{"LBNHC", DeviceCopy::kKernel, 1},
+                                           Variant{"BLNHC", DeviceCopy::kKernel, 1},
+                                           Variant{"LBNHC", DeviceCopy::kCopyEngine, 3},
+                                           Variant{"BLNHC", DeviceCopy::kCopyEngine, 2}));
+
+// An engine stream held by a host function until the test opens the gate: its event stands for
+// a forward pass that has not finished writing (store) or reading (load) the pages.
+class Gate {
+ public:
+  Gate() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), cudaSuccess);
+    EXPECT_EQ(
+        cudaLaunchHostFunc(
+            stream_, [](void* f) { static_cast<std::shared_future<void>*>(f)->wait(); }, &opened_),
+        cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(event_, stream_), cudaSuccess);
+  }
+  ~Gate() {
+    Open();
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(event_);
+    cudaStreamDestroy(stream_);
+  }
+  void Open() {
+    if (!open_) open_promise_.set_value();
+    open_ = true;
+  }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  std::promise<void> open_promise_;
+  std::shared_future<void> opened_ = open_promise_.get_future().share();
+  bool open_ = false;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+};
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  std::byte* base() const { return static_cast<std::byte*>(ptr); }
+};
+
+std::vector<BlockKey> Keys(uint64_t first, size_t n) {
+  std::vector<BlockKey> keys;
+  for (size_t i = 0; i < n; ++i) keys.push_back(BlockKey::FromUint64(first + i));
+  return keys;
+}
+
+// A per-layer load through the copy kernel is many phases; none of them may hold the submitting
+// thread (kvd's io thread) until the engine's event fires.
+TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  LayoutSpec shape = Shape("LBNHC", 32);
+  shape.layers = 8;
+  auto region = KvRegion::Create(shape, MemoryLocation::Cuda(0));
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  DeviceBuffer cache(region->span_bytes());
+  PoolOptions options;
+  options.slot_layout = shape;
+  options.capacity_bytes = 8 * region->span_bytes() / 32;
+  options.gpu.how = DeviceCopy::kKernel;
+  auto pool = OffloadPool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const auto keys = Keys(100, 4);
+  const std::vector<int64_t> blocks = {1, 2, 3, 4}, targets = {10, 11, 12, 13};
+  std::promise<Status> stored;
+  ASSERT_TRUE((*pool)
+                  ->Store({&*region, cache.base(), keys, blocks, nullptr},
+                          [&](Status s) { stored.set_value(s); })
+                  .ok());
+  ASSERT_TRUE(Wait(stored.get_future()).ok());
+
+  Gate gate;
+  std::promise<Status> loaded;
+  std::atomic<int> layers{0};
+  auto submitted = std::async(std::launch::async, [&] {
+    return (*pool)
+        ->Load(
+            {&*region, cache.base(), keys, targets, gate.event()}, [&](int64_t) { ++layers; },
+            [&](Status s) { loaded.set_value(s); })
+        .status();
+  });
+  const bool returned = submitted.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "Load() waited for the engine's event";
+  EXPECT_EQ(layers.load(), 0) << "a layer landed before the engine's event fired";
+  gate.Open();
+  ASSERT_TRUE(submitted.get().ok());
+  ASSERT_TRUE(Wait(loaded.get_future()).ok());
+  EXPECT_EQ(layers.load(), 8);
+}
+
+// A copy that cannot start (the engine's event never fires) fails with kTimeout at the deadline;
+// its slot is never handed out again, and the device's copies are refused from then on.
+TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  auto region = KvRegion::Create(Shape("BLNHC", 8), MemoryLocation::Cuda(0));
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  DeviceBuffer cache(region->span_bytes());
+  PoolOptions options;
+  options.slot_layout = Shape("BLNHC", 1);
+  options.capacity_bytes = 4 * region->span_bytes() / 8;
+  options.gpu.timeout = std::chrono::milliseconds(200);
+  auto pool = OffloadPool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  Gate gate;
+  const auto keys = Keys(7, 2);
+  const std::vector<int64_t> blocks = {0, 1};
+  std::promise<Status> stored;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*pool)
+                  ->Store({&*region, cache.base(), keys, blocks, gate.event()},
+                          [&](Status s) { stored.set_value(s); })
+                  .ok());
+  const Status s = Wait(stored.get_future());
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  const PoolStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.used_slots, 2u);  // retired: the copy may still land there
+  EXPECT_EQ(stats.failed_copies, 1u);
+  auto probe = (*pool)->Probe(*region, keys);
+  ASSERT_TRUE(probe.ok());
+  EXPECT_EQ((*probe)[0], OffloadPool::KeyState::kAbsent);
+  auto again = (*pool)->Store(
+      {&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr}, [](Status) {});
+  EXPECT_EQ(again.status().code(), Code::kUnavailable) << again.status().ToString();
+  gate.Open();
+}
 
 }  // namespace
 }  // namespace kv::offload

@@ -62,5 +62,20 @@ TEST(SlotIndex, AbandonReturnsTheSlotAndShardsAreDistinct) {
   EXPECT_NE(index.Find(K(7, 4)), nullptr);
 }
 
+TEST(SlotIndex, RetireForgetsTheKeyButNeverReusesItsSlot) {
+  SlotIndex index(2);
+  std::optional<PoolKey> evicted;
+  ASSERT_EQ(index.Claim(K(1), &evicted), 0u);
+  index.Retire(K(1));  // its copy is stuck and may still land in slot 0
+  EXPECT_EQ(index.Find(K(1)), nullptr);
+  EXPECT_EQ(index.used(), 1u);
+  EXPECT_EQ(index.free_slots(), 1u);
+  EXPECT_EQ(ClaimReady(index, K(1)), 1u);   // stored afresh, elsewhere
+  auto slot = index.Claim(K(2), &evicted);  // no free slot: evicts rather than take slot 0
+  ASSERT_TRUE(slot && evicted);
+  EXPECT_EQ(*slot, 1u);
+  EXPECT_EQ(*evicted, K(1));
+}
+
 }  // namespace
 }  // namespace kv::offload

@@ -114,7 +114,8 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
   options.capacity_bytes = 2 * config.batch * static_cast<uint64_t>(engine.size(Axis::kL)) *
                            engine.size(Axis::kH) * engine.size(Axis::kN) *
                            engine.logical_content_bytes();
-  KV_ASSIGN_OR_RETURN(options.device_copy, offload::ParseDeviceCopy(config.device_copy));
+  KV_ASSIGN_OR_RETURN(options.gpu.how, offload::ParseDeviceCopy(config.device_copy));
+  options.gpu.streams = config.copy_streams;
   KV_ASSIGN_OR_RETURN(auto pool, offload::OffloadPool::Create(options));
   KV_CUDA_OK("event", cudaEventRecord(start.e, compute.s));
   KV_RETURN_IF_ERROR(busy.Launch(compute.s));
@@ -221,9 +222,11 @@ Status RunGpu(const OffloadBenchConfig& config, OffloadReport* report) {
   cudaDeviceProp prop{};
   KV_CUDA_OK("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, 0));
   report->machine = std::string(prop.name) + " (cuda:0)";
-  report->path = config.device_copy == "auto"
-                     ? "plan-copy kernel or cudaMemcpyBatchAsync (kernels::ChooseCopyPath)"
-                     : "--copy-path " + config.device_copy;
+  report->path = (config.device_copy == "auto"
+                      ? std::string("the pool's choice (cudaMemcpyBatchAsync for runs of 16 KiB "
+                                    "and up on average, else the plan-copy kernel)")
+                      : "--copy-path " + config.device_copy) +
+                 ", " + std::to_string(config.copy_streams) + " stream(s)";
   report->ceiling = "one pinned cudaMemcpyAsync";
   for (const auto& order : config.orders) {
     KV_RETURN_IF_ERROR(RunOrder(config, order, prop.multiProcessorCount, report));

@@ -3,9 +3,12 @@
 // pages, pinning).
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "connector/connector.h"
+#include "daemon/offload/model_shape.h"
 #include "daemon/offload/offload_pool.h"
+#include "layout/plan.h"
 #include "tools/common/cli.h"
 #include "tools/kvctl/pool_status.h"
 
@@ -48,6 +51,18 @@ int LiveMain(const cli::Flags& flags) {
   return 0;
 }
 
+// The copies one block costs on its own (no neighbour to merge with): the plan of engine block 1
+// into slot 0 of a pool of the same order.
+Result<uint64_t> RunsPerScatteredBlock(LayoutSpec spec) {
+  KV_ASSIGN_OR_RETURN(KvRegion pool, KvRegion::Create(spec));
+  spec.blocks = 2;
+  KV_ASSIGN_OR_RETURN(KvRegion engine, KvRegion::Create(spec));
+  const std::vector<int64_t> src = {1}, dst = {0};
+  KV_ASSIGN_OR_RETURN(Plan plan,
+                      PlanTransfer(engine, pool, TransferSpec{src, dst, spec.block_size}));
+  return static_cast<uint64_t>(plan.runs.size());
+}
+
 int OffloadMain(int argc, char** argv) {
   cli::Flags flags({
       {"daemon", "a running kvd's unix socket: print its pool's live figures"},
@@ -75,9 +90,6 @@ int OffloadMain(int argc, char** argv) {
     }
     return LiveMain(flags);
   }
-  LayoutSpec spec;
-  spec.order = flags.str("order", "LBNHC");
-  spec.blocks = 1;
   auto bytes = flags.bytes("offload-bytes", 1ull << 30);
   auto layers = flags.integer("layers", 32, 1, 4096);
   auto heads = flags.integer("heads", 8, 1, 4096);
@@ -88,20 +100,22 @@ int OffloadMain(int argc, char** argv) {
                           dtype.status(), tokens.status()}) {
     if (!s.ok()) return fail(s);
   }
-  spec.layers = *layers;
-  spec.heads = *heads;
-  spec.block_size = *tokens;
-  spec.content_bytes = 2 * *head_dim * *dtype;  // K and V packed in C
+  const LayoutSpec spec = offload::ModelCacheSpec(flags.str("order", "LBNHC"),
+                                                  {*layers, *heads, *head_dim, *dtype, *tokens}, 1);
   auto one = KvRegion::Create(spec);
   if (!one.ok()) return fail(one.status());
 
-  const uint64_t slot = spec.layers * spec.heads * spec.block_size * spec.content_bytes;
+  // A block's logical bytes: with an S axis C is K alone and S doubles it.
+  const uint64_t slot = static_cast<uint64_t>(spec.layers * spec.heads * spec.block_size *
+                                              one->logical_content_bytes());
   const uint64_t slots = *bytes / slot;
   if (slots == 0) {
     return fail(Status::InvalidArgument("--offload-bytes " + std::to_string(*bytes) +
                                         " holds no block of " + std::to_string(slot) + " bytes"));
   }
-  const uint64_t runs_per_block = one->blocks_first() ? 1 : spec.layers;
+  auto runs = RunsPerScatteredBlock(spec);
+  if (!runs.ok()) return fail(runs.status());
+  const uint64_t runs_per_block = *runs;
   const bool json = flags.has("json");
   if (json) {
     std::printf(

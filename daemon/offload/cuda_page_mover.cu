@@ -1,8 +1,8 @@
 // The GPU side of the pool's copies (contract: page_mover.h). Kept free of spdlog/fmt: nvcc
 // cannot compile them.
 //
-// Submit() puts a job's copies on the streams and returns; it never waits for the GPU. Copy-engine
-// phases are cudaMemcpyBatchAsync calls, split over the mover's streams. Kernel phases read their
+// Submit() puts a job's copies on the stream and returns; it never waits for the GPU. Copy-engine
+// phases are cudaMemcpyBatchAsync calls. Kernel phases read their
 // run table straight from pinned host memory (mapped under UVA; 16 bytes per 32 KiB chunk cross
 // PCIe), one table per job, recycled when the job finished: unlike kernels::PlanCopier's two
 // device tables, no table upload or reuse makes the submitting thread wait for an earlier copy,
@@ -36,8 +36,6 @@ Status CudaError(const char* what, cudaError_t err) {
     cudaError_t kv_err_ = (call);                                \
     if (kv_err_ != cudaSuccess) return CudaError(what, kv_err_); \
   } while (0)
-
-constexpr int kMaxStreams = 8;
 
 // One job's run table for the copy kernel: pinned host memory the kernel reads directly.
 struct KernelTable {
@@ -79,9 +77,8 @@ bool UseCopyEngine(DeviceCopy how, std::span<const Run> runs) {
 class CudaPageMover final : public PageMover {
  public:
   static Result<std::unique_ptr<PageMover>> Create(int device, const CudaMoverOptions& options) {
-    if (options.streams < 1 || options.streams > kMaxStreams) {
-      return Status::InvalidArgument("offload copy streams: " + std::to_string(options.streams) +
-                                     ", expected 1 to " + std::to_string(kMaxStreams));
+    if (options.dma_slice_runs < 1) {
+      return Status::InvalidArgument("offload copy-engine batches need at least one run");
     }
     if (options.timeout.count() <= 0) {
       return Status::InvalidArgument("offload copy timeout must be positive");
@@ -91,12 +88,8 @@ class CudaPageMover final : public PageMover {
     KV_CUDA_RETURN("SM count",
                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     std::unique_ptr<CudaPageMover> mover(new CudaPageMover(device, options, sms));
-    for (int i = 0; i < options.streams; ++i) {
-      KV_CUDA_RETURN("cudaStreamCreate",
-                     cudaStreamCreateWithFlags(&mover->streams_[i], cudaStreamNonBlocking));
-      KV_CUDA_RETURN("cudaEventCreate",
-                     cudaEventCreateWithFlags(&mover->joins_[i], cudaEventDisableTiming));
-    }
+    KV_CUDA_RETURN("cudaStreamCreate",
+                   cudaStreamCreateWithFlags(&mover->stream_, cudaStreamNonBlocking));
     mover->completer_ = std::thread([m = mover.get()] { m->Complete(); });
     return std::unique_ptr<PageMover>(std::move(mover));
   }
@@ -113,14 +106,11 @@ class CudaPageMover final : public PageMover {
       for (auto& t : free_tables_) (void)t.release();
     }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-    for (int i = 0; i < options_.streams; ++i) {
-      if (joins_[i] != nullptr) cudaEventDestroy(joins_[i]);
-      if (streams_[i] != nullptr) cudaStreamDestroy(streams_[i]);
-    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   Status Submit(CopyJob job) override {
-    std::lock_guard submit_lock(submit_mu_);  // one job's copies at a time on the streams
+    std::lock_guard submit_lock(submit_mu_);  // one job's copies at a time on the stream
     {
       std::lock_guard lock(mu_);
       if (stopping_) return Status::Aborted("cuda page mover is shutting down");
@@ -141,9 +131,8 @@ class CudaPageMover final : public PageMover {
       KV_ASSIGN_OR_RETURN(state->table, TakeTable(table_bytes));
     }
     if (job.ready_event != nullptr) {
-      KV_CUDA_RETURN(
-          "cudaStreamWaitEvent",
-          cudaStreamWaitEvent(streams_[0], static_cast<cudaEvent_t>(job.ready_event), 0));
+      KV_CUDA_RETURN("cudaStreamWaitEvent",
+                     cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready_event), 0));
     }
     state->on_phase = std::move(job.on_phase);
     state->done = std::move(job.done);
@@ -162,7 +151,7 @@ class CudaPageMover final : public PageMover {
       // A phase that failed part-way may have copies on the stream: the job reports its error
       // only once nothing can still write what its caller is about to free.
       if (!error.ok() && event == nullptr && !RecordEvent(&event).ok()) {
-        cudaStreamSynchronize(streams_[0]);
+        cudaStreamSynchronize(stream_);
       }
       const bool failed = !error.ok();
       entries.push_back({state, event, p, failed || p + 1 == job.phases.size(), std::move(error)});
@@ -208,39 +197,13 @@ class CudaPageMover final : public PageMover {
     return Result<std::unique_ptr<KernelTable>>(std::move(table));
   }
 
-  // One phase through the copy engine: its runs cut into contiguous shares of about equal bytes,
-  // one per stream. Every stream other than the first starts after the first stream's earlier
-  // work (the engine's event, earlier jobs) and the first waits for all of them at the end, so
-  // the first stream alone carries the mover's order.
+  // One phase through the copy engine, in batches of dma_slice_runs: the engine starts on the
+  // first batch while the driver still takes in the next, rather than after the whole table.
   Status EnqueueDma(const std::byte* src, std::byte* dst, std::span<const Run> runs) {
-    const int lanes = static_cast<int>(std::min<size_t>(options_.streams, runs.size()));
-    if (lanes <= 1) return kernels::LaunchBatchCopy(src, dst, runs, streams_[0]);
-    uint64_t total = 0;
-    for (const Run& r : runs) total += r.length;
-    size_t cuts[kMaxStreams + 1] = {};
-    uint64_t bytes = 0;
-    for (int lane = 1, at = 0; lane < lanes; ++lane) {
-      const uint64_t until = total * static_cast<uint64_t>(lane) / lanes;
-      while (at < static_cast<int>(runs.size()) && bytes < until) bytes += runs[at++].length;
-      cuts[lane] = static_cast<size_t>(at);
-    }
-    cuts[lanes] = runs.size();
-    KV_CUDA_RETURN("cudaEventRecord (fork)", cudaEventRecord(joins_[0], streams_[0]));
-    KV_RETURN_IF_ERROR(kernels::LaunchBatchCopy(src, dst, runs.first(cuts[1]), streams_[0]));
-    for (int lane = 1; lane < lanes; ++lane) {
-      cudaStream_t s = streams_[lane];
-      cudaError_t err = cudaStreamWaitEvent(s, joins_[0], 0);
-      if (err != cudaSuccess) return CudaError("cudaStreamWaitEvent (fork)", err);
-      const Status launched = kernels::LaunchBatchCopy(
-          src, dst, runs.subspan(cuts[lane], cuts[lane + 1] - cuts[lane]), s);
-      // Joined even after a failure: whatever reached this stream is then fenced by the first.
-      err = cudaEventRecord(joins_[lane], s);
-      if (err == cudaSuccess) err = cudaStreamWaitEvent(streams_[0], joins_[lane], 0);
-      if (err != cudaSuccess) {
-        cudaStreamSynchronize(s);
-        return CudaError("joining the offload copy streams", err);
-      }
-      KV_RETURN_IF_ERROR(launched);
+    const size_t slice = static_cast<size_t>(options_.dma_slice_runs);
+    for (size_t at = 0; at < runs.size(); at += slice) {
+      KV_RETURN_IF_ERROR(kernels::LaunchBatchCopy(
+          src, dst, runs.subspan(at, std::min(slice, runs.size() - at)), stream_));
     }
     return Status::Ok();
   }
@@ -251,8 +214,8 @@ class CudaPageMover final : public PageMover {
     const uint64_t bytes = TableBytes(runs);
     if (bytes == 0) return Status::Ok();
     KV_ASSIGN_OR_RETURN(uint64_t chunks, kernels::EncodePlanCopyTable(runs, *table, bytes));
-    Status launched = kernels::LaunchPlanCopy(src, dst, *table, runs.size(), chunks,
-                                              kernel_options_, streams_[0]);
+    Status launched =
+        kernels::LaunchPlanCopy(src, dst, *table, runs.size(), chunks, kernel_options_, stream_);
     *table += bytes;
     return launched;
   }
@@ -269,7 +232,7 @@ class CudaPageMover final : public PageMover {
       // Polled, never waited on: no blocking-sync flag needed.
       KV_CUDA_RETURN("cudaEventCreate", cudaEventCreateWithFlags(event, cudaEventDisableTiming));
     }
-    cudaError_t err = cudaEventRecord(*event, streams_[0]);
+    cudaError_t err = cudaEventRecord(*event, stream_);
     if (err != cudaSuccess) {
       ReturnEvent(*event);
       *event = nullptr;
@@ -278,17 +241,14 @@ class CudaPageMover final : public PageMover {
     return Status::Ok();
   }
 
-  // Whether the streams of a wedged mover emptied within one more timeout.
+  // Whether the stream of a wedged mover emptied within one more timeout.
   bool Drained() {
     const auto deadline = Clock::now() + options_.timeout;
-    for (int i = 0; i < options_.streams; ++i) {
-      cudaError_t err;
-      while ((err = cudaStreamQuery(streams_[i])) == cudaErrorNotReady && Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (err != cudaSuccess) return false;
+    cudaError_t err;
+    while ((err = cudaStreamQuery(stream_)) == cudaErrorNotReady && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    return true;
+    return err == cudaSuccess;
   }
 
   void ReturnEvent(cudaEvent_t event) {
@@ -359,8 +319,7 @@ class CudaPageMover final : public PageMover {
   const int device_;
   const CudaMoverOptions options_;
   kernels::PlanCopyOptions kernel_options_;
-  cudaStream_t streams_[kMaxStreams] = {};
-  cudaEvent_t joins_[kMaxStreams] = {};  // [0] forks a phase, [i] joins stream i; submit_mu_
+  cudaStream_t stream_ = nullptr;
   std::mutex submit_mu_;
   std::mutex mu_;  // guards everything below
   std::condition_variable wake_;

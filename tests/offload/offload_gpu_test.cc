@@ -1,8 +1,8 @@
 // The offload pool with engine pages in GPU memory: the pool is pinned, the copy waits for the
 // engine's event, and pages come back bit-exact in both a layer-first and a blocks-first layout,
-// by either copy path and over several streams; a submit never waits for the engine's event; a
-// copy stuck past its deadline fails with kTimeout and its slots are never reused. Skips without
-// a CUDA device.
+// by either copy path and in copy-engine batches of any size; a submit never waits for the engine's
+// event; a copy stuck past its deadline fails with kTimeout and its slots are never reused. Skips
+// without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -57,7 +57,7 @@ bool SameBlock(const KvRegion& r, const std::vector<uint8_t>& x, int64_t a,
 struct Variant {
   const char* order;
   DeviceCopy how;
-  int streams;
+  int dma_slice_runs;
 };
 
 class OffloadPoolGpu : public ::testing::TestWithParam<Variant> {};
@@ -71,7 +71,7 @@ TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   options.slot_layout = Shape(order, 1);
   options.capacity_bytes = 16 * 4 * 2 * 16 * 256;
   options.gpu.how = GetParam().how;
-  options.gpu.streams = GetParam().streams;
+  options.gpu.dma_slice_runs = GetParam().dma_slice_runs;
   auto pool = OffloadPool::Create(options);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   EXPECT_TRUE((*pool)->stats().pinned_memory);
@@ -122,12 +122,12 @@ TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, OffloadPoolGpu,
-                         ::testing::Values(Variant{"LBNHC", DeviceCopy::kAuto, 1},
-                                           Variant{"BLNHC", DeviceCopy::kAuto, 1},
-                                           Variant{"LBNHC", DeviceCopy::kKernel, 1},
-                                           Variant{"BLNHC", DeviceCopy::kKernel, 1},
+                         ::testing::Values(Variant{"LBNHC", DeviceCopy::kAuto, 512},
+                                           Variant{"BLNHC", DeviceCopy::kAuto, 512},
+                                           Variant{"LBNHC", DeviceCopy::kKernel, 512},
+                                           Variant{"BLNHC", DeviceCopy::kKernel, 512},
                                            Variant{"LBNHC", DeviceCopy::kCopyEngine, 3},
-                                           Variant{"BLNHC", DeviceCopy::kCopyEngine, 2}));
+                                           Variant{"BLNHC", DeviceCopy::kCopyEngine, 1}));
 
 // An engine stream held by a host function until the test opens the gate: its event stands for
 // a forward pass that has not finished writing (store) or reading (load) the pages.

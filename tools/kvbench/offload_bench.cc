@@ -72,7 +72,7 @@ Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& en
       engine.logical_content_bytes();
   options.capacity_bytes = 2 * config.batch * block_bytes;
   KV_ASSIGN_OR_RETURN(options.gpu.how, offload::ParseDeviceCopy(config.device_copy));
-  options.gpu.streams = config.copy_streams;
+  options.gpu.dma_slice_runs = config.dma_slice_runs;
   KV_ASSIGN_OR_RETURN(auto pool, offload::OffloadPool::Create(options));
 
   PoolTiming timing;
@@ -213,12 +213,12 @@ void PrintJson(const OffloadBenchConfig& config, const OffloadReport& r) {
       "{\"machine\": \"%s\", \"path\": \"%s\", \"layers\": %lld, \"heads\": %lld, "
       "\"head_dim\": %lld, \"dtype_bytes\": %lld, \"block_size\": %lld, \"batch\": %lld, "
       "\"iters\": %d, \"scattered\": %s, \"per_layer\": %s, \"device_copy\": \"%s\", "
-      "\"copy_streams\": %d, \"rows\": [",
+      "\"dma_slice_runs\": %d, \"rows\": [",
       r.machine.c_str(), r.path.c_str(), static_cast<long long>(config.layers),
       static_cast<long long>(config.heads), static_cast<long long>(config.head_dim),
       static_cast<long long>(config.dtype_bytes), static_cast<long long>(config.block_size),
       static_cast<long long>(config.batch), config.iters, config.scattered ? "true" : "false",
-      config.per_layer ? "true" : "false", config.device_copy.c_str(), config.copy_streams);
+      config.per_layer ? "true" : "false", config.device_copy.c_str(), config.dma_slice_runs);
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const auto& row = r.rows[i];
     std::printf(
@@ -273,7 +273,9 @@ int OffloadMain(int argc, char** argv) {
       {"consecutive", "use engine blocks 0..batch-1 instead of random ones", true},
       {"per-layer", "loads wait per layer (one phase per layer for layer-first layouts)", true},
       {"copy-path", "GPU copies: auto (the pool's choice), kernel or copy-engine"},
-      {"copy-streams", "GPU copy-engine copies split over this many streams (default 1)"},
+      {"dma-slice",
+       "GPU copy-engine copies go to the driver in batches of this many runs "
+       "(default 512)"},
       {"no-busy", "skip the busy-GPU measurement", true},
       {"host", "run the host path even when a GPU is present", true},
       {"json", "print one JSON object instead of the table", true},
@@ -297,11 +299,11 @@ int OffloadMain(int argc, char** argv) {
   take(get("block-size", 16, 4096), &config.block_size);
   take(get("blocks", want_gpu ? 4096 : 512, 1 << 24), &config.engine_blocks);
   take(get("batch", want_gpu ? 512 : 64, 1 << 20), &config.batch);
-  int64_t iters = 5, streams = 1;
+  int64_t iters = 5, slice = 512;
   take(get("iters", 5, 1000), &iters);
-  take(get("copy-streams", 1, 8), &streams);
+  take(get("dma-slice", 512, 1 << 20), &slice);
   config.iters = static_cast<int>(iters);
-  config.copy_streams = static_cast<int>(streams);
+  config.dma_slice_runs = static_cast<int>(slice);
   if (bad.ok() && config.batch > config.engine_blocks) {
     bad = Status::InvalidArgument("--batch " + std::to_string(config.batch) + " exceeds --blocks " +
                                   std::to_string(config.engine_blocks));

@@ -115,7 +115,7 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
                            engine.size(Axis::kH) * engine.size(Axis::kN) *
                            engine.logical_content_bytes();
   KV_ASSIGN_OR_RETURN(options.gpu.how, offload::ParseDeviceCopy(config.device_copy));
-  options.gpu.streams = config.copy_streams;
+  options.gpu.dma_slice_runs = config.dma_slice_runs;
   KV_ASSIGN_OR_RETURN(auto pool, offload::OffloadPool::Create(options));
   KV_CUDA_OK("event", cudaEventRecord(start.e, compute.s));
   KV_RETURN_IF_ERROR(busy.Launch(compute.s));
@@ -226,7 +226,7 @@ Status RunGpu(const OffloadBenchConfig& config, OffloadReport* report) {
                       ? std::string("the pool's choice (cudaMemcpyBatchAsync for runs of 16 KiB "
                                     "and up on average, else the plan-copy kernel)")
                       : "--copy-path " + config.device_copy) +
-                 ", " + std::to_string(config.copy_streams) + " stream(s)";
+                 ", copy-engine batches of " + std::to_string(config.dma_slice_runs) + " runs";
   report->ceiling = "one pinned cudaMemcpyAsync";
   for (const auto& order : config.orders) {
     KV_RETURN_IF_ERROR(RunOrder(config, order, prop.multiProcessorCount, report));

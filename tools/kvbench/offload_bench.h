@@ -22,7 +22,7 @@ struct OffloadBenchConfig {
   bool scattered = true;             // engine block ids drawn at random, as vLLM's are
   bool per_layer = false;            // loads report each layer (per-layer waits), as decode would
   std::string device_copy = "auto";  // GPU copies: offload::ParseDeviceCopy's names
-  int copy_streams = 1;              // GPU copy-engine copies split over this many streams
+  int dma_slice_runs = 512;          // GPU copy-engine batches (offload::CudaMoverOptions)
 
   LayoutSpec Spec(const std::string& order, int64_t blocks) const;
 };

@@ -58,8 +58,8 @@ Result<DeviceCopy> ParseDeviceCopy(std::string_view name);
 struct CudaMoverOptions {
   DeviceCopy how = DeviceCopy::kAuto;
   // Copy-engine phases go to the driver in batches of this many runs, so the engine starts on
-  // the first batch while the driver takes in the next (a 16384-run store reached 0.90 of the
-  // pinned ceiling in one 4096-run batch at a time, a per-layer load of 512-run phases 0.93).
+  // the first batch while the driver takes in the next (16384 runs of 64 KiB: 0.85 of the
+  // pinned ceiling in 4096-run batches, 0.95 in 512-run ones; benchmarks/offload.md).
   int dma_slice_runs = 512;
   // A phase that has not landed this long after the previous one did fails its job with
   // kTimeout, and the mover refuses further jobs (its stream is stuck): the copy may still land

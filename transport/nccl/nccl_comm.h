@@ -44,6 +44,9 @@ class NcclComm {
   // communicator is marked failed (and aborted on destruction).
   Status WaitEnqueued(SteadyTime deadline, const std::atomic<bool>& cancelled);
 
+  // After an operation failed outright: the communicator is aborted on destruction.
+  void MarkFailed() { failed_ = true; }
+
   // Kills the communicator's kernels and frees it; a later call is a no-op.
   void Abort();
 

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "transport/cuda_ipc/cuda_util.h"
+#include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/staging.h"
 #include "transport/nccl/wire.h"
@@ -66,8 +67,11 @@ struct Inbound {
 // -----------------------------------------------------------------------------------
 
 struct Link::Impl {
+  explicit Impl(const LinkOptions& o)
+      : options(o), lanes_out(o.device, failed), lanes_in(o.device, failed) {}
+
   Socket socket;
-  LinkOptions options;
+  const LinkOptions options;
   std::shared_ptr<RegionTable> regions;
   std::shared_ptr<NoteSink> notes;
 
@@ -84,19 +88,15 @@ struct Link::Impl {
   std::thread reader;
   std::thread receiver;
 
-  // Each communicator is used by one thread, under its mutex, and aborted by Fail() from any
-  // thread. Those threads can block on the host inside the run copier (it waits for its previous
-  // table upload, which the stream orders behind NCCL work), so only an abort from outside can
-  // free them when the peer is gone; their NCCL waits poll `failed` and let go of the mutex.
-  std::mutex comm_out_mu;
-  NcclComm comm_out;  // sender thread
-  std::mutex comm_in_mu;
-  NcclComm comm_in;                      // receive worker
-  std::unique_ptr<StagingPipeline> out;  // sender thread
-  std::unique_ptr<StagingPipeline> in;   // receive worker
-  FrameReader frames;                    // reader thread
-  gpu::CudaStream relay;                 // captures Put's start_after at post time; guarded by mu
-  int wake_fd = -1;  // eventfd: the receive stream tells the reader a batch landed
+  // Each direction's lanes are used by one thread and aborted by Fail() from any thread; every
+  // wait of those threads polls `failed`, so they let go when the link fails.
+  Lanes lanes_out;               // sender thread
+  Lanes lanes_in;                // receive worker
+  std::unique_ptr<Staging> out;  // sender thread
+  std::unique_ptr<Staging> in;   // receive worker
+  FrameReader frames;            // reader thread
+  gpu::CudaStream relay;         // captures Put's start_after at post time; guarded by mu
+  int wake_fd = -1;              // eventfd: the receive stream tells the reader a batch landed
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -113,14 +113,8 @@ struct Link::Impl {
     }
     cv.notify_all();
     ::shutdown(socket.fd(), SHUT_RDWR);  // wakes the reader; the peer sees EOF
-    {
-      std::lock_guard lock(comm_out_mu);
-      comm_out.Abort();
-    }
-    {
-      std::lock_guard lock(comm_in_mu);
-      comm_in.Abort();
-    }
+    lanes_out.Abort();
+    lanes_in.Abort();
     for (auto& [seq, put] : dead_puts) {
       if (put.first) put.first(why);
     }
@@ -167,45 +161,28 @@ struct Link::Impl {
     }
   }
 
+  StagingOptions Staged() const {
+    return {options.device, options.chunk_bytes, options.slots, options.copy_ctas};
+  }
+
   Status SendData(const SendJob& job) {
-    if (!out) {
-      KV_ASSIGN_OR_RETURN(out, StagingPipeline::Create(options.device, options.chunk_bytes));
+    if (lanes_out.count() == 0) {
+      std::vector<std::string> ids;
+      for (int i = 0; i < options.lanes; ++i) {
+        KV_ASSIGN_OR_RETURN(std::string id, NewUniqueId());
+        KV_RETURN_IF_ERROR(socket.SendFrame(EncodeCommInit(id), ControlDeadline()));
+        ids.push_back(std::move(id));
+      }
+      for (const std::string& id : ids) {
+        KV_RETURN_IF_ERROR(lanes_out.Join(id, /*rank=*/0, ControlDeadline()));
+      }
     }
-    if (!comm_out.ready()) {
-      KV_ASSIGN_OR_RETURN(std::string id, NewUniqueId());
-      KV_RETURN_IF_ERROR(socket.SendFrame(EncodeCommInit(id), ControlDeadline()));
-      std::lock_guard lock(comm_out_mu);
-      if (failed) return Status::Aborted("nccl: link failed");
-      KV_RETURN_IF_ERROR(comm_out.Init(id, /*rank=*/0, options.device, ControlDeadline(), failed));
+    if (!out) {
+      KV_ASSIGN_OR_RETURN(out, Staging::Create(Staged(), failed));
     }
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
-    if (job.start_after.get() != nullptr) {
-      KV_RETURN_IF_ERROR(WaitOn(out->copy_stream.get(), job.start_after));
-    }
-    for (const std::vector<Run>& chunk : ChunkRuns(job.gather, job.data.chunk_bytes)) {
-      Slot& slot = out->NextSlot();
-      cudaStream_t copy = out->copy_stream.get();
-      cudaStream_t wire = out->nccl_stream.get();
-      if (slot.used) KV_RETURN_IF_ERROR(WaitOn(copy, slot.drained));
-      KV_RETURN_IF_ERROR(out->copier->Copy(job.local_base, slot.buffer.data(), chunk,
-                                           kernels::CopyDirection::kDeviceToDevice, copy));
-      KV_RETURN_IF_ERROR(slot.filled.Record(copy));
-      KV_RETURN_IF_ERROR(WaitOn(wire, slot.filled));
-      {
-        std::lock_guard lock(comm_out_mu);
-        if (failed) return Status::Aborted("nccl: link failed");
-        ncclResult_t r = ncclSend(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/1,
-                                  comm_out.get(), wire);
-        if (r == ncclInProgress) {
-          KV_RETURN_IF_ERROR(comm_out.WaitEnqueued(job.deadline, failed));
-        } else {
-          KV_RETURN_IF_ERROR(NcclStatus(r, "ncclSend"));
-        }
-      }
-      KV_RETURN_IF_ERROR(slot.drained.Record(wire));
-      slot.used = true;
-    }
-    return Status::Ok();
+    return out->Send(lanes_out, job.local_base, job.gather, job.data.chunk_bytes,
+                     job.start_after.get() != nullptr ? &job.start_after : nullptr, job.deadline);
   }
 
   // ---- reader thread ----
@@ -260,10 +237,7 @@ struct Link::Impl {
   }
 
   Status JoinIncoming(const std::string& unique_id) {
-    std::lock_guard lock(comm_in_mu);
-    if (failed) return Status::Aborted("nccl: link failed");
-    if (comm_in.ready()) return Status::InvalidArgument("second communicator for one link");
-    return comm_in.Init(unique_id, /*rank=*/1, options.device, ControlDeadline(), failed);
+    return lanes_in.Join(unique_id, /*rank=*/1, ControlDeadline());
   }
 
   void Enqueue(Inbound item) {
@@ -360,53 +334,27 @@ struct Link::Impl {
 
   Status ReceiveData(const DataMsg& msg) {
     char* base = nullptr;
-    std::vector<Range> scatter;
+    std::span<const Range> scatter = msg.ranges;
+    std::vector<Range> get_ranges;  // a get's own copy: the reader may expire the get meanwhile
     KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges));
     if (msg.reply_to == 0) {
       KV_ASSIGN_OR_RETURN(auto region, regions->Find(msg.region_id));
       KV_RETURN_IF_ERROR(CheckRanges(msg.ranges, region.second));
       base = region.first;
-      scatter = msg.ranges;
     } else {
       std::lock_guard lock(mu);
       auto it = gets.find(msg.reply_to);
       if (it == gets.end()) return Status::InvalidArgument("data for an unknown get");
       if (it->second.bytes != bytes) return Status::InvalidArgument("get reply of the wrong size");
       base = it->second.local_base;
-      scatter = it->second.ranges;
-    }
-    if (msg.chunk_bytes > options.chunk_bytes) {
-      return Status::Incompatible("peer chunks of " + std::to_string(msg.chunk_bytes) +
-                                  " bytes exceed this side's staging slots");
+      get_ranges = it->second.ranges;
+      scatter = get_ranges;
     }
     if (!in) {
-      KV_ASSIGN_OR_RETURN(in, StagingPipeline::Create(options.device, options.chunk_bytes));
+      KV_ASSIGN_OR_RETURN(in, Staging::Create(Staged(), failed));
     }
-    cudaStream_t wire = in->nccl_stream.get();
-    cudaStream_t copy = in->copy_stream.get();
-    for (std::vector<Run>& chunk : ChunkRuns(scatter, msg.chunk_bytes)) {
-      Slot& slot = in->NextSlot();
-      if (slot.used) KV_RETURN_IF_ERROR(WaitOn(wire, slot.drained));
-      {
-        std::lock_guard lock(comm_in_mu);
-        if (failed) return Status::Aborted("nccl: link failed");
-        if (!comm_in.ready()) return Status::InvalidArgument("data before the communicator");
-        ncclResult_t r = ncclRecv(slot.buffer.data(), ChunkLength(chunk), ncclUint8, /*peer=*/0,
-                                  comm_in.get(), wire);
-        if (r == ncclInProgress) {
-          KV_RETURN_IF_ERROR(comm_in.WaitEnqueued(ControlDeadline(), failed));
-        } else {
-          KV_RETURN_IF_ERROR(NcclStatus(r, "ncclRecv"));
-        }
-      }
-      KV_RETURN_IF_ERROR(slot.filled.Record(wire));
-      KV_RETURN_IF_ERROR(WaitOn(copy, slot.filled));
-      for (Run& run : chunk) std::swap(run.src_offset, run.dst_offset);
-      KV_RETURN_IF_ERROR(in->copier->Copy(slot.buffer.data(), base, chunk,
-                                          kernels::CopyDirection::kDeviceToDevice, copy));
-      KV_RETURN_IF_ERROR(slot.drained.Record(copy));
-      slot.used = true;
-    }
+    KV_RETURN_IF_ERROR(in->Receive(lanes_in, base, scatter, msg.chunk_bytes, ControlDeadline()));
+    cudaStream_t copy = in->copy_stream();
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
     {
@@ -495,9 +443,12 @@ Link::Link(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& options,
                                           std::shared_ptr<RegionTable> regions,
                                           std::shared_ptr<NoteSink> notes) {
-  auto impl = std::make_unique<Impl>();
+  if (options.lanes < 1 || options.lanes > kMaxLanes || options.slots < 1 ||
+      options.chunk_bytes == 0) {
+    return Status::InvalidArgument("nccl: bad link options");
+  }
+  auto impl = std::make_unique<Impl>(options);
   impl->socket = std::move(socket);
-  impl->options = options;
   impl->regions = std::move(regions);
   impl->notes = std::move(notes);
   KV_ASSIGN_OR_RETURN(impl->relay, gpu::CudaStream::Create(options.device));
@@ -517,7 +468,7 @@ Link::~Link() {
   impl_->reader.join();
   impl_->receiver.join();
   // Host callbacks still queued behind the scatters write to wake_fd.
-  if (impl_->in) cudaStreamSynchronize(impl_->in->copy_stream.get());
+  if (impl_->in) cudaStreamSynchronize(impl_->in->copy_stream());
   ::close(impl_->wake_fd);
 }
 

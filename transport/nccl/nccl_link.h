@@ -1,17 +1,17 @@
 // One side-channel connection between two NCCL backends, and the NCCL data path over it.
 //
 // A link is symmetric: either side may put (its bytes flow to the other side), get (the other
-// side sends) and notify. Data flowing from side X to side Y uses a two-rank communicator of its
-// own (X rank 0, Y rank 1), created on the first batch in that direction from a ncclUniqueId
-// that X sends over the socket. One communicator per direction keeps each one's operations in a
-// single thread and in one order on both ends, which NCCL needs to never deadlock.
+// side sends) and notify. Data flowing from side X to side Y uses two-rank communicators of its
+// own (X rank 0, Y rank 1), `lanes` of them (lanes.h), created on the first batch in that
+// direction from ncclUniqueIds that X sends over the socket. Each direction's communicators are
+// used by one thread, in one order on both ends, which NCCL needs to never deadlock.
 //
-// Sending a batch: announce it (kData), then per chunk of staging: gather the runs into a
-// staging slot (the kernels' run copier) on the gather stream, ncclSend the slot on the send
-// stream. Two slots alternate, so the gather of chunk k+1 overlaps the send of chunk k; a slot
-// is reused only after its send finished (a device-side event wait, never a host wait). The
-// receiver mirrors it: ncclRecv into a slot, scatter on a second stream, ack once the last
-// scatter is done. The sender's completion fires on the ack.
+// Sending a batch: announce it (kData: its ranges and chunk size, so the receiver knows every
+// chunk's size and lane up front and no chunk needs a message of its own), then enqueue the whole
+// pipeline of gathers into staging slots and sends, chunk after chunk (staging.h). Slots are
+// reused in device order (events), never by host waits. The receiver mirrors it with receives
+// and scatters and acks once the last scatter is done, learnt from an event; the sender's
+// completion fires on the ack.
 //
 // Failure: EOF, a malformed message, a batch past its deadline or an NCCL error fail the link:
 // every batch in flight completes with kUnavailable (kTimeout for the one that timed out), the
@@ -19,9 +19,9 @@
 // without a deadline.
 //
 // Thread-safety: Put/Get/Notify/Fail may be called from any thread. Three threads per link: the
-// sender (gathers and ncclSend on the outgoing communicator), the receive worker (ncclRecv and
-// scatter on the incoming one) and the reader (socket, acks, deadlines). The reader never waits
-// on the GPU, so it always sees a dead peer and can abort the other two out of NCCL.
+// sender (gathers and ncclSend on the outgoing lanes), the receive worker (ncclRecv and scatter
+// on the incoming ones) and the reader (socket, acks, deadlines). The reader never waits on the
+// GPU, so it always sees a dead peer and can abort the other two out of NCCL.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +37,15 @@
 
 namespace kv::transport::nccl {
 
+// Defaults measured on two H200s (benchmarks/gpu.md): fewer, larger chunks because each NCCL
+// operation on a non-blocking communicator costs the host ~50 µs; two lanes hide the gap between
+// one communicator's operations; a small copy grid leaves HBM bandwidth and SMs to NCCL.
 struct LinkOptions {
   int device = 0;
-  uint64_t chunk_bytes = 32ull << 20;  // one staging slot; two per direction
+  uint64_t chunk_bytes = 32ull << 20;  // one staging slot; a batch moves in chunks of this
+  int slots = 4;                       // staging slots per side and direction
+  int lanes = 2;                       // communicators per direction, 1..kMaxLanes
+  int copy_ctas = 16;                  // grid of the gather/scatter kernels; 0 = all SMs
   std::chrono::milliseconds init_timeout{30000};
 };
 

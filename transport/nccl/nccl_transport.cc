@@ -13,6 +13,7 @@
 #include "transport/codec.h"
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/side_channel.h"
+#include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_link.h"
 #include "transport/nccl/wire.h"
 #include "transport/run_check.h"
@@ -194,28 +195,56 @@ class NcclTransport final : public Transport, public DeviceOrdered {
   }
 
   // Peers that connect to us get a link too: they put into our regions, get from them and send
-  // notifications. Failed ones are dropped here.
+  // notifications. The hello exchange of every accepted socket progresses here without blocking,
+  // each bounded by init_timeout, so a slow or silent peer delays no one else. Failed links are
+  // dropped here.
   void AcceptLoop() {
+    std::vector<Handshake> pending;
     while (!stop_) {
-      pollfd p{listener_.fd(), POLLIN, 0};
-      poll(&p, 1, 50);
-      auto accepted = listener_.Accept();
+      std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
+      for (const Handshake& h : pending) fds.push_back({h.socket.fd(), POLLIN, 0});
+      poll(fds.data(), fds.size(), 50);
       {
         std::lock_guard lock(mu_);
         std::erase_if(incoming_, [](const std::shared_ptr<Link>& l) { return l->failed(); });
       }
-      if (!accepted.ok() || !accepted->valid()) continue;
-      Socket socket = std::move(accepted).value();
-      const auto deadline = Clock::now() + options_.init_timeout;
-      FrameReader reader;
-      auto hello = gpu::ReceiveFrame(socket.fd(), reader, deadline);
-      if (!hello.ok() || !nccl::DecodeHello(*hello).ok()) continue;
-      if (!socket.SendFrame(nccl::EncodeHello(), deadline).ok()) continue;
-      auto link = Link::Start(std::move(socket), options_, regions_, notes_);
-      if (!link.ok()) continue;
+      const auto now = Clock::now();
+      for (size_t i = 0; i < pending.size(); ++i) {
+        if (fds[i + 1].revents != 0) pending[i].done = Progress(pending[i]);
+        if (now >= pending[i].deadline) pending[i].done = true;
+      }
+      std::erase_if(pending, [](const Handshake& h) { return h.done; });
+      while (true) {
+        auto accepted = listener_.Accept();
+        if (!accepted.ok() || !accepted->valid()) break;
+        if (pending.size() >= kMaxHandshakes) continue;  // closes it: too many unfinished hellos
+        pending.push_back({std::move(accepted).value(), {}, now + options_.init_timeout, false});
+      }
+    }
+  }
+
+  struct Handshake {
+    Socket socket;
+    FrameReader reader;
+    Clock::time_point deadline;
+    bool done = false;  // a link started, or the peer failed the exchange: drop it
+  };
+  static constexpr size_t kMaxHandshakes = 16;
+
+  // Reads what the peer sent; on its hello, answers and starts the link. True when finished.
+  bool Progress(Handshake& h) {
+    if (!h.reader.ReadAvailable(h.socket.fd()).ok()) return true;
+    auto hello = h.reader.Next();
+    if (!hello) return false;
+    if (!nccl::DecodeHello(*hello).ok()) return true;
+    // A fresh socket's send buffer takes the small answer at once.
+    if (!h.socket.SendFrame(nccl::EncodeHello(), h.deadline).ok()) return true;
+    auto link = Link::Start(std::move(h.socket), options_, regions_, notes_);
+    if (link.ok()) {
       std::lock_guard lock(mu_);
       incoming_.push_back(std::move(link).value());
     }
+    return true;
   }
 
   const LinkOptions options_;
@@ -246,7 +275,10 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   LinkOptions link;
   KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "nccl", "device", current, 0));
   KV_ASSIGN_OR_RETURN(int64_t staging,
-                      IntSetting(options, "nccl", "staging_bytes", 32ll << 20, 4096));
+                      IntSetting(options, "nccl", "staging_bytes", 32ll << 20, 4096, 1ll << 40));
+  KV_ASSIGN_OR_RETURN(int64_t slots, IntSetting(options, "nccl", "staging_slots", 4, 1, 64));
+  KV_ASSIGN_OR_RETURN(int64_t lanes, IntSetting(options, "nccl", "lanes", 2, 1, nccl::kMaxLanes));
+  KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   if (device >= count) {
@@ -255,6 +287,9 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   }
   link.device = static_cast<int>(device);
   link.chunk_bytes = static_cast<uint64_t>(staging);
+  link.slots = static_cast<int>(slots);
+  link.lanes = static_cast<int>(lanes);
+  link.copy_ctas = static_cast<int>(copy_ctas);
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   std::string host = "127.0.0.1";
   for (const auto& [k, v] : options.settings) {

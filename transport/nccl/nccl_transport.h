@@ -5,10 +5,10 @@
 // opens one link (nccl_link.h) to the peer; its communicators are created on the first batch in
 // each direction, bootstrapped by sending the ncclUniqueId over that link. register_memory()
 // takes CUDA device memory and hands out a descriptor naming it by id; a peer's runs are checked
-// against the registration before any byte moves. Batches are gathered into pooled, bounded,
-// double-buffered staging, sent, received and scattered (see nccl_link.h); completion comes
-// with the receiver's ack. A peer that dies or stops answering fails its batches with
-// kUnavailable and its communicators are aborted, never waited on.
+// against the registration before any byte moves. Batches are gathered into bounded staging
+// slots, sent over one or more communicators, received and scattered as one pipeline the host
+// enqueues at once (staging.h); completion comes with the receiver's ack. A peer that dies or stops
+// answering fails its batches with kUnavailable and its communicators are aborted, never waited on.
 //
 // Also implements DeviceOrdered (device_ordered.h): a put's gathers can wait on a CUDA event.
 //
@@ -16,9 +16,12 @@
 // is not allowed on the shared machines, and point-to-point never needs it.
 //
 // Settings: "device" (CUDA ordinal; default the current device), "listen_host" (default
-// 127.0.0.1), "staging_bytes" (one staging slot; default 32 MiB; both sides of a link must
-// allow the sender's size), "timeout_ms" (connects, communicator creation and control messages;
-// default 30000).
+// 127.0.0.1), "staging_bytes" (one staging slot and the chunk size; default 32 MiB; both sides
+// of a link must allow the sender's size), "staging_slots" (slots per side and direction,
+// 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 2),
+// "copy_ctas" (grid of the gather/scatter kernels, 0 = one CTA per SM; default 16),
+// "timeout_ms" (connects, communicator creation and control messages; default 30000).
+// Staging memory: staging_slots × staging_bytes per side, direction and link.
 #pragma once
 
 #include <memory>

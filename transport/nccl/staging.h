@@ -1,46 +1,87 @@
-// The staging half of the NCCL data path on one side of one direction: two device buffers
-// ("slots") of a fixed size that chunks of a batch alternate through, a copy stream (gather on
-// the sender, scatter on the receiver), an NCCL stream, and the run copier.
+// The staged data path of one side of one link direction: `slots` device buffers that a batch's
+// chunks rotate through, a copy stream for the gathers (sender) or scatters (receiver), the
+// batch's run tables, and the Lanes the chunks travel on.
 //
-// Memory is bounded (two slots per direction per link, allocated on first use) and reuse is
-// ordered on the device: before a slot is refilled, its stream waits for the event that marks
-// the slot drained, so the host never waits and the copy of chunk k+1 overlaps the NCCL
-// transfer of chunk k. Used by one thread at a time.
+// The host enqueues a batch's whole pipeline at once and never waits for the GPU to move bytes:
+//   sender:   gather(k) into the next slot on the copy stream, after the send that last used
+//             the slot (its `drained` event); send(k) on the next lane after gather(k) (`filled`);
+//   receiver: recv(k) on the next lane into the next slot after the scatter that last used the
+//             slot (`drained`); scatter(k) on the copy stream after recv(k) (`filled`).
+// So gathers and scatters overlap the wire, and lanes overlap each other. The only host waits
+// are for NCCL to enqueue an operation (Lanes) and, rarely, for run tables two batches back.
+//
+// Memory is bounded: slots × slot bytes per side and direction, allocated on first use.
+// Not thread-safe: the owner thread of the direction (sender thread or receive worker).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
-#include "layout/plan.h"
 #include "layout/status.h"
 #include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/run_copier.h"
+#include "transport/nccl/lanes.h"
+#include "transport/nccl/run_tables.h"
+#include "transport/nccl/wire.h"
 
 namespace kv::transport::nccl {
 
-struct Slot {
-  gpu::DeviceBuffer buffer;
-  gpu::CudaEvent filled;   // sender: gather done; receiver: ncclRecv done
-  gpu::CudaEvent drained;  // sender: ncclSend done; receiver: scatter done
-  bool used = false;       // drained has been recorded at least once
+struct StagingOptions {
+  int device = 0;
+  uint64_t slot_bytes = 16ull << 20;
+  int slots = 4;
+  int copy_ctas = 0;  // grid of the gather/scatter kernels; 0 = one CTA per SM
 };
 
-struct StagingPipeline {
-  gpu::CudaStream copy_stream;
-  gpu::CudaStream nccl_stream;
-  std::unique_ptr<gpu::RunCopier> copier;
-  Slot slots[2];
-  size_t next = 0;
+class Staging {
+ public:
+  static Result<std::unique_ptr<Staging>> Create(const StagingOptions& options,
+                                                 const std::atomic<bool>& cancelled);
 
-  static Result<std::unique_ptr<StagingPipeline>> Create(int device, uint64_t slot_bytes);
-  Slot& NextSlot() { return slots[next++ % 2]; }
+  uint64_t slot_bytes() const { return options_.slot_bytes; }
+  cudaStream_t copy_stream() const { return copy_stream_.get(); }
+
+  // Enqueues the gather of `ranges` of `base` (in order, in chunks of chunk_bytes ≤ slot_bytes)
+  // and their sends on `lanes`. The gathers first wait on the device for `start_after` when
+  // not null. Everything is enqueued when it returns; the bytes move later.
+  Status Send(Lanes& lanes, const char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
+              const gpu::CudaEvent* start_after, SteadyTime deadline);
+  // Enqueues the receives of a batch sent that way and the scatters into `ranges` of `base`. The
+  // copy stream holds the last scatter when it returns.
+  Status Receive(Lanes& lanes, char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
+                 SteadyTime deadline);
+
+ private:
+  struct Slot {
+    char* data = nullptr;
+    gpu::CudaEvent filled;   // sender: gather done; receiver: ncclRecv done
+    gpu::CudaEvent drained;  // sender: ncclSend done; receiver: scatter done
+    bool used = false;       // drained has been recorded (or is, once its lane settles)
+    uint64_t op = 0;         // the last operation that used the slot
+    size_t lane = 0;         // and its lane
+  };
+
+  Staging(const StagingOptions& options, const std::atomic<bool>& cancelled)
+      : options_(options), cancelled_(cancelled) {}
+  Status CheckChunk(uint64_t chunk_bytes, const Lanes& lanes) const;
+  Slot& NextSlot() { return slots_[next_slot_++ % slots_.size()]; }
+  // Makes sure the operation that last used `slot` is enqueued and its event recorded.
+  Status SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline);
+
+  const StagingOptions options_;
+  const std::atomic<bool>& cancelled_;
+  gpu::DeviceBuffer memory_;
+  gpu::CudaStream copy_stream_;
+  std::unique_ptr<RunTables> tables_;
+  std::vector<Slot> slots_;
+  size_t next_slot_ = 0;
+  uint64_t next_op_ = 1;
+  // Chunks sent (received) so far: chunk k of a batch takes lane (first_lane_ + k) % lanes on
+  // both sides, so single-chunk batches (a layer each) rotate through the lanes too.
+  uint64_t first_lane_ = 0;
+  std::vector<uint64_t> in_flight_;  // per lane: the operation Lanes has not settled, or 0
 };
-
-// Bytes of a chunk's runs.
-uint64_t ChunkLength(const std::vector<Run>& chunk);
-
-// Makes `stream` wait on the device for `event`.
-Status WaitOn(cudaStream_t stream, const gpu::CudaEvent& event);
 
 }  // namespace kv::transport::nccl

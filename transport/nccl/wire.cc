@@ -163,24 +163,34 @@ Result<uint64_t> TotalBytes(std::span<const Range> ranges) {
   return total;
 }
 
-std::vector<std::vector<Run>> ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes) {
-  std::vector<std::vector<Run>> chunks(1);
+Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction direction) {
+  Chunks out;
+  out.runs.reserve(ranges.size());
+  out.starts.push_back(0);
   uint64_t used = 0;  // bytes of the current chunk already assigned
   for (const Range& range : ranges) {
     uint64_t done = 0;
     while (done < range.length) {
       if (used == chunk_bytes) {
-        chunks.emplace_back();
+        out.starts.push_back(out.runs.size());
+        out.bytes.push_back(used);
         used = 0;
       }
-      uint64_t take = std::min(range.length - done, chunk_bytes - used);
-      chunks.back().push_back(Run{range.offset + done, used, take});
+      const uint64_t take = std::min(range.length - done, chunk_bytes - used);
+      if (direction == Direction::kGather) {
+        out.runs.push_back(Run{range.offset + done, used, take});
+      } else {
+        out.runs.push_back(Run{used, range.offset + done, take});
+      }
       done += take;
       used += take;
     }
   }
-  if (chunks.back().empty()) chunks.pop_back();
-  return chunks;
+  if (used > 0) {
+    out.starts.push_back(out.runs.size());
+    out.bytes.push_back(used);
+  }
+  return out;
 }
 
 }  // namespace kv::transport::nccl

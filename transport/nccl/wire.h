@@ -3,7 +3,9 @@
 //
 // Data moves in batches: the sender announces a batch (kData: its runs in the receiver's
 // region, in the order their bytes follow one another in the sender's staging), then the bytes
-// travel as NCCL chunks of `chunk_bytes`; the receiver answers kAck once they are in place.
+// travel as NCCL chunks of `chunk_bytes` (the direction's n-th chunk since the link began on
+// lane n % lanes); the receiver answers kAck once they are in place. kCommInit comes once per lane,
+// before the first kData.
 // A get is a request (kGetRequest) answered by a kData whose reply_to names it, or by kGetError.
 // Every decoder checks sizes and counts before building anything.
 #pragma once
@@ -77,9 +79,25 @@ Result<std::string> DecodeNote(std::string_view frame);
 // Total bytes of `ranges`; kInvalidArgument on overflow.
 Result<uint64_t> TotalBytes(std::span<const Range> ranges);
 
-// Splits ranges laid end to end in staging into chunks of `chunk_bytes` of staging: for chunk k,
-// runs with src_offset in the region and dst_offset inside the chunk (a gather; swap the two for
-// the scatter). chunk_bytes > 0.
-std::vector<std::vector<Run>> ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes);
+// A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
+// staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one
+// offset in the region and the other inside the chunk (see ChunkRuns).
+struct Chunks {
+  std::vector<Run> runs;
+  std::vector<size_t> starts;   // count() + 1 entries
+  std::vector<uint64_t> bytes;  // per chunk
+
+  size_t count() const { return bytes.size(); }
+  std::span<const Run> chunk(size_t k) const {
+    return std::span<const Run>(runs).subspan(starts[k], starts[k + 1] - starts[k]);
+  }
+};
+
+// How a chunk's runs point: a gather reads the region (src_offset) and writes the chunk
+// (dst_offset); a scatter the other way round.
+enum class Direction { kGather, kScatter };
+
+// chunk_bytes > 0; zero-length ranges are skipped.
+Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction direction);
 
 }  // namespace kv::transport::nccl

@@ -1,0 +1,103 @@
+#include "transport/nccl/run_tables.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "kernels/plan_copy.h"
+
+namespace kv::transport::nccl {
+
+using gpu::CudaStatus;
+
+struct RunTables::Buffer {
+  void* host = nullptr;  // pinned: the upload is asynchronous
+  gpu::DeviceBuffer device;
+  uint64_t capacity = 0;
+  gpu::CudaEvent released;
+  bool armed = false;  // released has been recorded
+
+  ~Buffer() {
+    if (armed) cudaEventSynchronize(released.get());
+    if (host != nullptr) cudaFreeHost(host);
+  }
+};
+
+RunTables::RunTables(int device, int copy_ctas, const std::atomic<bool>& cancelled)
+    : device_(device), copy_ctas_(copy_ctas), cancelled_(cancelled) {}
+
+RunTables::~RunTables() = default;
+
+Result<std::unique_ptr<RunTables>> RunTables::Create(int device, int copy_ctas,
+                                                     const std::atomic<bool>& cancelled) {
+  if (copy_ctas <= 0) {
+    KV_RETURN_IF_ERROR(CudaStatus(
+        cudaDeviceGetAttribute(&copy_ctas, cudaDevAttrMultiProcessorCount, device), "SM count"));
+  }
+  std::unique_ptr<RunTables> tables(new RunTables(device, copy_ctas, cancelled));
+  for (auto& buffer : tables->buffers_) {
+    buffer = std::make_unique<Buffer>();
+    KV_ASSIGN_OR_RETURN(buffer->released, gpu::CudaEvent::Create(device));
+  }
+  return tables;
+}
+
+Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime deadline) {
+  current_ ^= 1;
+  Buffer& b = *buffers_[current_];
+  while (b.armed) {
+    KV_ASSIGN_OR_RETURN(bool done, b.released.Query());
+    if (done) break;
+    if (cancelled_) return Status::Aborted("nccl: link failed");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Timeout("nccl: copies of an earlier batch did not finish");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  b.armed = false;
+  first_.resize(chunks.count());
+  count_.resize(chunks.count());
+  uint64_t total = 0;
+  for (size_t k = 0; k < chunks.count(); ++k) {
+    first_[k] = total;
+    count_[k] = kernels::PlanCopyChunks(chunks.chunk(k));
+    total += count_[k];
+  }
+  const uint64_t bytes = kernels::PlanCopyTableBytes(chunks.runs.size(), total);
+  if (bytes > b.capacity) {
+    gpu::DeviceGuard guard(device_);
+    if (b.host != nullptr) cudaFreeHost(std::exchange(b.host, nullptr));
+    b.device = {};
+    b.capacity = 0;
+    const uint64_t want = std::max<uint64_t>(bytes + bytes / 2, 64 << 10);
+    KV_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&b.host, want), "run table staging"));
+    KV_ASSIGN_OR_RETURN(b.device, gpu::DeviceBuffer::Allocate(device_, want));
+    b.capacity = want;
+  }
+  auto* host = static_cast<kernels::PlanCopyChunk*>(b.host);
+  for (size_t k = 0; k < chunks.count(); ++k) {
+    KV_RETURN_IF_ERROR(kernels::EncodePlanCopyTable(chunks.chunk(k), host + first_[k],
+                                                    count_[k] * sizeof(kernels::PlanCopyChunk))
+                           .status());
+  }
+  if (bytes == 0) return Status::Ok();
+  return CudaStatus(cudaMemcpyAsync(b.device.data(), b.host, bytes, cudaMemcpyHostToDevice, stream),
+                    "run table upload");
+}
+
+Status RunTables::Copy(size_t k, const void* src_base, void* dst_base, cudaStream_t stream) const {
+  const auto* table =
+      static_cast<const kernels::PlanCopyChunk*>(buffers_[current_]->device.data()) + first_[k];
+  kernels::PlanCopyOptions options;
+  options.max_ctas = copy_ctas_;
+  return kernels::LaunchPlanCopy(src_base, dst_base, table, 0, count_[k], options, stream);
+}
+
+Status RunTables::Release(cudaStream_t stream) {
+  Buffer& b = *buffers_[current_];
+  KV_RETURN_IF_ERROR(b.released.Record(stream));
+  b.armed = true;
+  return Status::Ok();
+}
+
+}  // namespace kv::transport::nccl

@@ -1,0 +1,57 @@
+// The plan-copy run tables (kernels/plan_copy.h) of one batch's chunks: encoded on the host in
+// one pass, uploaded by one copy on the caller's stream, then one kernel launch per chunk reads
+// its slice. So a chunk costs the host a launch, and a batch one upload, however many chunks.
+//
+// Two table buffers alternate between batches. A buffer is rewritten only once the copies of the
+// batch that last used it are done: Load waits for that on the host (bounded, cancellable), and
+// in a running pipeline that batch, two back, is long finished. Memory grows to the largest
+// batch seen (16 bytes per 32 KiB of runs, plus one descriptor per run).
+//
+// Not thread-safe: one owner thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "layout/status.h"
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/nccl/nccl_comm.h"
+#include "transport/nccl/wire.h"
+
+namespace kv::transport::nccl {
+
+class RunTables {
+ public:
+  // copy_ctas: the grid of each copy kernel; 0 for one CTA per SM of `device`.
+  static Result<std::unique_ptr<RunTables>> Create(int device, int copy_ctas,
+                                                   const std::atomic<bool>& cancelled);
+  ~RunTables();  // waits for the copies that read its buffers
+  RunTables(const RunTables&) = delete;
+  RunTables& operator=(const RunTables&) = delete;
+
+  // Encodes every chunk of `chunks` and enqueues their upload on `stream`. kTimeout when the
+  // buffer is still in use at `deadline`, kAborted when cancelled meanwhile.
+  Status Load(const Chunks& chunks, cudaStream_t stream, SteadyTime deadline);
+  // Enqueues chunk k's copy (of the last Load) from src_base to dst_base on `stream`, which must
+  // be ordered after the upload.
+  Status Copy(size_t k, const void* src_base, void* dst_base, cudaStream_t stream) const;
+  // The loaded tables are free once the work enqueued on `stream` so far is done: call after the
+  // batch's last Copy.
+  Status Release(cudaStream_t stream);
+
+ private:
+  struct Buffer;
+  RunTables(int device, int copy_ctas, const std::atomic<bool>& cancelled);
+
+  const int device_;
+  const int copy_ctas_;
+  const std::atomic<bool>& cancelled_;
+  std::unique_ptr<Buffer> buffers_[2];
+  int current_ = 1;
+  std::vector<uint64_t> first_;  // per chunk of the last Load: its first descriptor
+  std::vector<uint64_t> count_;  // and how many it has
+};
+
+}  // namespace kv::transport::nccl

@@ -1,5 +1,7 @@
 #include "transport/nccl/lanes.h"
 
+#include <thread>
+
 namespace kv::transport::nccl {
 
 Lanes::Lanes(int device, const std::atomic<bool>& cancelled)
@@ -72,7 +74,9 @@ Status Lanes::SettleLocked(Lane& lane, SteadyTime deadline) {
 void Lanes::Abort() {
   std::lock_guard lock(mu_);
   aborted_ = true;
-  for (auto& lane : lanes_) lane->comm.Abort();
+  std::vector<std::thread> aborts;
+  for (auto& lane : lanes_) aborts.emplace_back([&comm = lane->comm] { comm.Abort(); });
+  for (std::thread& t : aborts) t.join();
 }
 
 }  // namespace kv::transport::nccl

@@ -56,7 +56,10 @@ class Lanes {
   Status Settle(size_t lane, SteadyTime deadline);
   Status SettleAll(SteadyTime deadline);
 
-  // Aborts every communicator (their kernels stop); later calls fail with kAborted.
+  // Aborts every communicator (their kernels stop); later calls fail with kAborted. The aborts run
+  // at once, each on a thread of its own: ncclCommAbort raises its communicator's abort flag and
+  // then waits for the device, so aborting one lane while another still spins on the dead peer
+  // would wait forever.
   void Abort();
 
  private:

@@ -113,8 +113,10 @@ struct Link::Impl {
     }
     cv.notify_all();
     ::shutdown(socket.fd(), SHUT_RDWR);  // wakes the reader; the peer sees EOF
+    // Both directions at once, for the reason Lanes::Abort gives: each abort waits for the device.
+    std::thread abort_in([this] { lanes_in.Abort(); });
     lanes_out.Abort();
-    lanes_in.Abort();
+    abort_in.join();
     for (auto& [seq, put] : dead_puts) {
       if (put.first) put.first(why);
     }

@@ -28,10 +28,11 @@
 
 namespace kv::transport::nccl {
 
+// Set from LinkOptions, which holds the defaults; Create refuses zero slots or slot bytes.
 struct StagingOptions {
   int device = 0;
-  uint64_t slot_bytes = 16ull << 20;
-  int slots = 4;
+  uint64_t slot_bytes = 0;
+  int slots = 0;
   int copy_ctas = 0;  // grid of the gather/scatter kernels; 0 = one CTA per SM
 };
 

@@ -2,6 +2,7 @@
 
 #include "transport/backends.h"
 #include "transport/local/local_transport.h"
+#include "transport/staged/staged_transport.h"
 #if KV_TRANSPORT_HAVE_UCX
 #include "transport/ucx/ucx_transport.h"
 #endif
@@ -13,11 +14,22 @@
 #endif
 
 namespace kv::transport {
+namespace {
+
+#if KV_TRANSPORT_HAVE_UCX
+// "ucx" is UCX behind the staged decorator: host memory goes straight to UCX, GPU memory too
+// where UCX has CUDA support, and through pinned host staging where it has not.
+Result<std::unique_ptr<Transport>> CreateUcx(const TransportOptions& options) {
+  return CreateStagedTransport(&CreateUcxTransport, options);
+}
+#endif
+
+}  // namespace
 
 std::span<const Backend> CompiledBackends() {
   static const Backend kBackends[] = {
 #if KV_TRANSPORT_HAVE_UCX
-    {"ucx", &CreateUcxTransport},
+    {"ucx", &CreateUcx},
 #endif
     {"local", &CreateLocalTransport},
 #if KV_TRANSPORT_HAVE_CUDA_IPC

@@ -300,7 +300,9 @@ int TransportMain(int argc, char** argv) {
     return Fail("--backend " + c.backend + ": only ucx moves bytes between processes here");
   std::string memory = flags.str("memory", "host");
   if (memory != "host")
-    return Fail("--memory " + memory + ": only host memory is benchmarked by this build");
+    return Fail("--memory " + memory +
+                ": this command measures host memory; `kvbench staged` "
+                "measures GPU regions through ucx");
   auto size = flags.bytes("size", 64 << 10);
   auto iters = flags.integer("iters", 1000, 1, 100'000'000);
   auto runs = flags.integer("runs-per-batch", 1, 1, 1'000'000);

@@ -1,0 +1,286 @@
+// The staged decorator on a CPU-only machine: "ucx" with stage_host=1 stages host memory through
+// the same slots, chunks, acks and notification queue as GPU memory, with memcpy for the copies.
+// Two processes over UCX tcp on loopback; every wait is bounded and ~ChildProcess kills and
+// reaps the target on every path.
+#include <signal.h>
+
+#include <sstream>
+
+#include "tests/transport/test_support.h"
+#include "transport/child_process.h"
+#include "transport/staged/chunker.h"
+#include "transport/staged/wire.h"
+#include "transport/transport.h"
+
+namespace kv::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Fill;
+using testing::PatternByte;
+using testing::SpreadRuns;
+using testing::Waiter;
+
+constexpr uint32_t kSeed = 5;
+constexpr uint8_t kUntouched = 0xEE;
+
+// stage: whether this side stages its host registrations; slot: staging_bytes.
+TransportOptions Options(bool stage, uint64_t slot = 64 << 10) {
+  return {{{"UCX_TLS", "tcp"},
+           {"stage_host", stage ? "1" : "0"},
+           {"staging_bytes", std::to_string(slot)},
+           {"staging_slots", "2"}}};
+}
+
+// The target: registers `bytes`, sends its address and descriptor, and answers each
+// notification: "check COUNT LENGTH GAP" with "ok" or "bad" after comparing its memory with what
+// the initiator put there, "untouched" with "ok" when no byte changed, anything else with
+// "note:" and the message. Exits on "quit".
+int TargetMain(Channel& channel, const TransportOptions& options, uint64_t bytes) {
+  auto transport = CreateTransport("ucx", options);
+  if (!transport.ok()) return 2;
+  std::vector<uint8_t> memory(bytes, kUntouched);
+  auto registration =
+      (*transport)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
+  if (!registration.ok()) return 3;
+  (*transport)->set_notification_handler([&](std::string_view message) {
+    std::istringstream in{std::string(message)};
+    std::string verb;
+    uint64_t count = 0, length = 0, gap = 0;
+    in >> verb >> count >> length >> gap;
+    bool good = true;
+    if (verb == "check") {
+      for (const kv::Run& r : SpreadRuns(count, length, gap)) {
+        for (uint64_t i = 0; good && i < r.length; ++i)
+          good = memory[r.dst_offset + i] == PatternByte(r.src_offset + i, kSeed);
+      }
+    } else if (verb == "untouched") {
+      for (uint8_t b : memory) good = good && b == kUntouched;
+    } else {
+      (void)channel.Send("note:" + std::string(message));
+      return;
+    }
+    (void)channel.Send(good ? "ok" : "bad");
+  });
+  if (!channel.Send((*transport)->address()).ok()) return 4;
+  if (!channel.Send((*registration)->packed_descriptor()).ok()) return 4;
+  auto quit = channel.Receive(Clock::now() + 120s);
+  return quit.ok() && *quit == "quit" ? 0 : 5;
+}
+
+std::unique_ptr<ChildProcess> StartTarget(const TransportOptions& options, uint64_t bytes) {
+  auto child = ChildProcess::Start(
+      [options, bytes](Channel& channel) { return TargetMain(channel, options, bytes); });
+  EXPECT_TRUE(child.ok()) << child.status().ToString();
+  return child.ok() ? std::move(*child) : nullptr;
+}
+
+struct Connection {
+  std::string address;
+  PeerId peer = 0;
+  std::string descriptor;
+  std::unique_ptr<RemoteMemory> remote;
+};
+
+Result<Connection> ConnectTo(Transport& transport, ChildProcess& child) {
+  Connection c;
+  KV_ASSIGN_OR_RETURN(c.address, child.channel().Receive(Clock::now() + 30s));
+  KV_ASSIGN_OR_RETURN(c.descriptor, child.channel().Receive(Clock::now() + 30s));
+  KV_ASSIGN_OR_RETURN(c.peer, transport.connect(c.address));
+  KV_ASSIGN_OR_RETURN(c.remote, transport.import_remote(c.peer, c.descriptor));
+  return c;
+}
+
+std::string Verdict(ChildProcess& child) {
+  auto v = child.channel().Receive(Clock::now() + 30s);
+  return v.ok() ? *v : v.status().ToString();
+}
+
+std::string Check(uint64_t count, uint64_t length, uint64_t gap) {
+  return "check " + std::to_string(count) + " " + std::to_string(length) + " " +
+         std::to_string(gap);
+}
+
+// Which sides stage: (initiator, target). Staged to staged is the GPU path; the mixed ones are
+// a GPU region put into host memory and host memory put into a GPU region.
+class StagedPair : public ::testing::TestWithParam<std::pair<bool, bool>> {};
+
+TEST_P(StagedPair, ChunkedPutsArriveBeforeTheNotificationsThatFollowThem) {
+  auto [initiator_stages, target_stages] = GetParam();
+  auto child = StartTarget(Options(target_stages), 16 << 20);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(initiator_stages));
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  std::vector<uint8_t> src(8 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  // Three batches, then the note at once: many small runs (table-bound chunks), then runs far
+  // larger than a 64 KiB slot (split across chunks). Nothing waits for a completion before the
+  // note is sent: holding it back behind the scatters is the transport's job.
+  for (auto [count, length, gap] :
+       {std::tuple<uint64_t, uint64_t, uint64_t>{3000, 700, 300}, {6, 1 << 20, 4096}}) {
+    auto runs = SpreadRuns(count, length, gap);
+    std::vector<Waiter> waiters(3);
+    const size_t third = runs.size() / 3;
+    for (size_t i = 0; i < 3; ++i) {
+      std::span<const kv::Run> part(runs.data() + i * third,
+                                    i == 2 ? runs.size() - 2 * third : third);
+      ASSERT_TRUE((*transport)
+                      ->post({Op::kPut, reg->get(), c->remote.get(), part, testing::In(20s)},
+                             waiters[i].callback())
+                      .ok());
+    }
+    ASSERT_TRUE((*transport)->notify(c->peer, Check(count, length, gap)).ok());
+    for (auto& w : waiters) {
+      Status s = w.Wait(30s);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    EXPECT_EQ(Verdict(*child), "ok") << count << " runs of " << length;
+  }
+  ASSERT_TRUE(child->channel().Send("quit").ok());
+  auto code = child->Wait(Clock::now() + 30s);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sides, StagedPair,
+                         ::testing::Values(std::pair{true, true}, std::pair{true, false},
+                                           std::pair{false, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.first ? "Staged" : "Direct") + "To" +
+                                  (info.param.second ? "Staged" : "Direct");
+                         });
+
+TEST(Staged, UserNotificationsThatLookLikeControlFramesArriveVerbatim) {
+  auto child = StartTarget(Options(true), 1 << 20);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(true));
+  ASSERT_TRUE(transport.ok());
+  auto c = ConnectTo(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::string forged = staged::EncodeAck({1, 1, 0, Status::Ok()});
+  ASSERT_TRUE((*transport)->notify(c->peer, forged).ok());
+  ASSERT_TRUE((*transport)->notify(c->peer, "plain").ok());
+  EXPECT_EQ(Verdict(*child), "note:" + forged);
+  EXPECT_EQ(Verdict(*child), "note:plain");
+}
+
+TEST(Staged, RangesOutsideTheRegionAreRefusedAndThatLinkDropped) {
+  const uint64_t bytes = 1 << 20;
+  auto child = StartTarget(Options(true), bytes);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(true));
+  ASSERT_TRUE(transport.ok());
+  std::vector<uint8_t> src(4 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  // A descriptor claiming four times the region: this side's checks pass, the target's must not.
+  auto real = staged::DecodeRegion(c->descriptor);
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  staged::RegionDescriptor forged = *real;
+  forged.length = 4 * bytes;
+  auto big = (*transport)->import_remote(c->peer, staged::EncodeRegion(forged));
+  ASSERT_TRUE(big.ok());
+  std::vector<kv::Run> outside = {{0, 0, 4096}, {0, 3 * bytes, 4096}};
+  Status refused = testing::PostAndWait(**transport, Op::kPut, **reg, **big, outside);
+  EXPECT_EQ(refused.code(), Code::kOutOfRange) << refused.ToString();
+
+  // The link is gone: later batches on it fail at once. A new connection is a new link: the
+  // target's memory is untouched (the whole chunk was refused, not just its bad range), and
+  // puts work again.
+  Status later = testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}});
+  EXPECT_EQ(later.code(), Code::kUnavailable) << later.ToString();
+  auto peer = (*transport)->connect(c->address);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto remote = (*transport)->import_remote(*peer, c->descriptor);
+  ASSERT_TRUE(remote.ok());
+  ASSERT_TRUE((*transport)->notify(*peer, "untouched").ok());
+  EXPECT_EQ(Verdict(*child), "ok");
+  auto runs = SpreadRuns(100, 4000, 96);
+  Status put = testing::PostAndWait(**transport, Op::kPut, **reg, **remote, runs);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  ASSERT_TRUE((*transport)->notify(*peer, Check(100, 4000, 96)).ok());
+  EXPECT_EQ(Verdict(*child), "ok");
+}
+
+TEST(Staged, KilledTargetFailsItsBatchesInBoundedTime) {
+  auto child = StartTarget(Options(true, 1 << 20), 64 << 20);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(true, 1 << 20));
+  ASSERT_TRUE(transport.ok());
+  std::vector<uint8_t> src(64 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}}).ok());
+
+  std::vector<Waiter> waiters(8);
+  std::vector<kv::Run> runs = SpreadRuns(64, 1 << 20, 0);
+  for (auto& w : waiters) {
+    ASSERT_TRUE(
+        (*transport)
+            ->post({Op::kPut, reg->get(), c->remote.get(), runs, testing::In(5s)}, w.callback())
+            .ok());
+  }
+  child->Kill();
+  int failed = 0;
+  for (auto& w : waiters) {
+    Status s = w.Wait(15s);
+    ASSERT_NE(s.code(), Code::kInternal) << "a batch never completed";
+    if (!s.ok()) {
+      ++failed;
+      EXPECT_TRUE(s.code() == Code::kUnavailable || s.code() == Code::kTimeout) << s.ToString();
+    }
+  }
+  EXPECT_GT(failed, 0);
+}
+
+TEST(StagedChunker, SplitsRunsToFitSlotsWithTheirTable) {
+  std::vector<kv::Run> runs = {{0, 100, 10000}, {20000, 0, 50}, {30000, 50000, 0}};
+  auto chunks = staged::PlanChunks(runs, 4096, true);
+  uint64_t covered = 0;
+  uint64_t expect_src = 0;
+  for (const auto& chunk : chunks) {
+    EXPECT_EQ(chunk.payload_offset, staged::TableBytes(chunk.runs.size()));
+    EXPECT_LE(chunk.payload_offset + chunk.payload_bytes, 4096u);
+    for (const kv::Run& r : chunk.runs) {
+      if (covered < 10000) {
+        EXPECT_EQ(r.src_offset, expect_src);
+        EXPECT_EQ(r.dst_offset, 100 + expect_src);
+        expect_src += r.length;
+      }
+      covered += r.length;
+    }
+  }
+  EXPECT_EQ(covered, 10050u);
+  EXPECT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks.back().runs.back().src_offset, 20000u);  // the zero-length run is dropped
+  auto gather = staged::GatherRuns(chunks[0]);
+  EXPECT_EQ(gather[0].dst_offset, chunks[0].payload_offset);
+  EXPECT_TRUE(staged::PlanChunks(runs, 4096, false).size() == 3u);
+}
+
+TEST(StagedWire, MalformedFramesAreRefused) {
+  staged::DataMsg m{{1, 2}, 3, 4, 1, 5, 6};
+  std::string frame = staged::EncodeData(m);
+  auto back = staged::DecodeData(frame);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->payload_bytes, 6u);
+  EXPECT_FALSE(staged::DecodeData(frame.substr(0, frame.size() - 1)).ok());
+  EXPECT_FALSE(staged::DecodeAck(frame).ok());
+  EXPECT_FALSE(staged::PeekControl(staged::EncodeUser(frame)).ok());
+  EXPECT_FALSE(staged::DecodeRegion("KVSR").ok());
+}
+
+}  // namespace
+}  // namespace kv::transport

@@ -1,0 +1,222 @@
+// The staged transport's internals, shared by staged_transport.cc (the verbs and the worker
+// thread), sender.cc (outbound links: chunks, slots, acks) and receiver.cc (inbound links:
+// validation, scatter, acks, the notification queue). The protocol is in staged_transport.h.
+//
+// Threading: the protocol state (links, jobs, slots) belongs to the worker thread alone. Callers,
+// the inner transport's completions and handler, and copy callbacks hand it work as tasks
+// (Enqueue); nothing blocks on the worker except a shutdown. Three small pieces are shared and
+// guarded by their own mutexes: the task queue, the region table (register/deregister vs. the
+// receiver's checks) and the inbound queue (the inner progress thread delivers a user's
+// notification inline when nothing is queued before it, the worker delivers the rest in order).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/staged/chunker.h"
+#include "transport/staged/stager.h"
+#include "transport/staged/wire.h"
+#include "transport/transport.h"
+
+namespace kv::transport::staged {
+
+struct Config {
+  uint64_t slot_bytes = 16ull << 20;
+  uint32_t slots = 4;
+  bool stage_host = false;
+};
+
+// Limits a receiver applies to what a sender asks for.
+inline constexpr uint32_t kMaxSlots = 64;
+inline constexpr uint64_t kMaxSlotBytes = 1ull << 30;
+inline constexpr size_t kMaxInboundLinks = 64;
+
+class Core;
+
+class StagedRegistration final : public MemoryRegistration {
+ public:
+  StagedRegistration(Core* owner, uint64_t id, void* base, uint64_t length, MemoryLocation where)
+      : owner_(owner), id_(id), base_(base), length_(length), where_(where) {}
+  ~StagedRegistration() override;
+  void* base() const override { return base_; }
+  uint64_t length() const override { return length_; }
+  MemoryLocation location() const override { return where_; }
+  std::string packed_descriptor() const override;
+  const Core* owner() const { return owner_; }
+
+ private:
+  Core* owner_;
+  uint64_t id_;
+  void* base_;
+  uint64_t length_;
+  MemoryLocation where_;
+};
+
+class StagedRemote final : public RemoteMemory {
+ public:
+  StagedRemote(const Core* owner, PeerId peer, const RegionDescriptor& d)
+      : owner_(owner), peer_(peer), d_(d) {}
+  PeerId peer() const override { return peer_; }
+  uint64_t length() const override { return d_.length; }
+  const Core* owner() const { return owner_; }
+  uint64_t region() const { return d_.region; }
+
+ private:
+  const Core* owner_;
+  PeerId peer_;
+  RegionDescriptor d_;
+};
+
+// One accepted staged put.
+struct Job {
+  uint64_t seq = 0;  // per link, in post order
+  const char* local_base = nullptr;
+  MemoryLocation local_at;
+  bool remote_staged = false;
+  uint64_t region = 0;                         // remote_staged: the receiver's region id
+  const RemoteMemory* inner_remote = nullptr;  // otherwise: the destination, an inner import
+  std::vector<Chunk> chunks;
+  Clock::time_point deadline;
+  Completion done;
+  size_t started = 0;   // chunks whose gather began
+  size_t issued = 0;    // chunks handed to the inner transport (put, and kData when staged)
+  size_t finished = 0;  // chunks in place at the destination
+  int copying = 0;      // gathers still reading the user's memory
+  bool failed = false;
+  Status status;
+};
+
+struct OutLink {
+  PeerId peer = 0;
+  enum class State { kIdle, kOpening, kReady, kFailed } state = State::kIdle;
+  std::vector<std::unique_ptr<Slot>> send_slots;
+  std::vector<uint32_t> free_send;
+  std::vector<std::unique_ptr<RemoteMemory>> recv_slots;  // the receiver's, imported
+  std::vector<uint32_t> free_recv;
+  std::deque<std::shared_ptr<Job>> jobs;
+  uint64_t next_job = 1;
+  std::deque<std::pair<uint64_t, std::string>> notes;  // (last job posted before it, message)
+  uint64_t next_data = 1;
+  std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> awaiting_ack;  // seq → job, slot
+};
+
+struct InLink {
+  PeerId back = 0;  // our connection to the sender, for acks
+  uint64_t slot_bytes = 0;
+  std::vector<std::unique_ptr<Slot>> slots;
+  bool dropped = false;
+};
+
+// An inbound notification or kData frame, in arrival order.
+struct InEntry {
+  bool data = false;
+  bool done = false;  // data: scattered (or refused)
+  std::string note;   // !data: the user's message
+};
+
+struct Region {
+  char* base = nullptr;
+  uint64_t length = 0;
+  MemoryLocation location;
+};
+
+class Core final : public Transport {
+ public:
+  Core(std::unique_ptr<Transport> inner, const Config& config);
+  ~Core() override;
+
+  std::string_view name() const override { return inner_->name(); }
+  std::string address() const override { return inner_->address(); }
+  bool supports(MemoryKind kind) const override;
+  Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
+                                                              MemoryLocation where) override;
+  Result<std::unique_ptr<MemoryRegistration>> allocate_memory(uint64_t length,
+                                                              MemoryLocation where) override {
+    return inner_->allocate_memory(length, where);
+  }
+  Result<PeerId> connect(std::string_view peer_address) override;
+  void disconnect(PeerId peer) override;
+  Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
+                                                      std::string_view packed) override;
+  Status post(const Batch& batch, Completion done) override;
+  Status notify(PeerId peer, std::string message) override;
+  void set_notification_handler(NotificationHandler handler) override;
+
+  void ForgetRegion(uint64_t id);
+  uint64_t instance() const { return instance_; }
+
+ private:
+  // ---- worker plumbing (staged_transport.cc) ----
+  void Enqueue(std::function<void()> task);
+  void WorkerLoop();
+  Stager& stager();
+  void Deliver(std::string_view message);  // to the user's handler, no lock held
+  void OnFrame(std::string_view frame);    // the inner's handler
+
+  // ---- sender (sender.cc); worker thread only ----
+  OutLink& Out(PeerId peer);
+  void AddJob(PeerId peer, std::shared_ptr<Job> job);
+  void AddNote(PeerId peer, std::string message);
+  void Pump(OutLink& link);
+  Status PrepareSlots(OutLink& link);
+  void StartChunk(OutLink& link, const std::shared_ptr<Job>& job);
+  void GatherDone(PeerId peer, std::shared_ptr<Job> job, size_t chunk, uint32_t send, uint32_t recv,
+                  Status status);
+  void PutDone(PeerId peer, std::shared_ptr<Job> job, uint32_t send, bool finishes, Status status);
+  void OnWelcome(std::string_view frame);
+  void OnAck(std::string_view frame);
+  void FlushNotes(OutLink& link);
+  void FailLink(OutLink& link, const Status& why, const Job* culprit);
+  void MaybeComplete(OutLink& link, const std::shared_ptr<Job>& job);
+  void CheckDeadlines();
+  bool Busy() const;    // any copy or inner put still in flight
+  bool Active() const;  // any staged batch not yet complete
+
+  // ---- receiver (receiver.cc); worker thread only ----
+  void OnHello(std::string_view frame);
+  void OnData(std::string_view frame, std::shared_ptr<InEntry> entry);
+  Status Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> entry);
+  void DeliverInbound();
+  void Drop(InLink& link);
+
+  const Config config_;
+  const uint64_t instance_;
+  std::unique_ptr<Transport> inner_;
+
+  // Task queue.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread worker_;
+
+  // Regions, peers and the handler: callers and worker.
+  std::mutex mu_;
+  std::map<uint64_t, Region> regions_;
+  uint64_t next_region_ = 1;
+  std::set<PeerId> connected_;
+  std::set<PeerId> staged_peers_;  // peers that got a staged batch: notes go through the worker
+  std::shared_ptr<const NotificationHandler> handler_;
+
+  // Inbound queue: the inner's progress thread and the worker.
+  std::mutex in_mu_;
+  std::deque<std::shared_ptr<InEntry>> inbound_;
+
+  // Worker-only state.
+  std::unique_ptr<Stager> stager_;
+  std::map<PeerId, OutLink> out_;
+  std::map<LinkKey, InLink> in_;
+  std::vector<std::unique_ptr<Slot>> retired_;  // slots of dropped links: a peer may still write
+  int puts_in_flight_ = 0;
+  int copies_in_flight_ = 0;
+};
+
+}  // namespace kv::transport::staged

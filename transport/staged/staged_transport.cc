@@ -1,0 +1,293 @@
+// The staged transport's verbs (validation on the caller's thread, then a task for the worker),
+// its worker loop, shutdown and factory. The protocol: staged_transport.h; threading: core.h.
+#include "transport/staged/staged_transport.h"
+
+#include <chrono>
+#include <random>
+#include <utility>
+
+#include "transport/run_check.h"
+#include "transport/settings.h"
+#include "transport/staged/core.h"
+
+namespace kv::transport {
+namespace staged {
+namespace {
+
+constexpr auto kShutdownBound = std::chrono::seconds(10);
+
+uint64_t RandomInstance() {
+  std::random_device device;
+  return (uint64_t{device()} << 32 ^ device()) ^
+         static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+}
+
+}  // namespace
+
+StagedRegistration::~StagedRegistration() {
+  owner_->ForgetRegion(id_);
+}
+
+std::string StagedRegistration::packed_descriptor() const {
+  return EncodeRegion({owner_->instance(), id_, length_, where_});
+}
+
+Core::Core(std::unique_ptr<Transport> inner, const Config& config)
+    : config_(config), instance_(RandomInstance()), inner_(std::move(inner)) {
+  inner_->set_notification_handler([this](std::string_view frame) { OnFrame(frame); });
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+Core::~Core() {
+  // Fail every link and close every connection the decorator opened, then wait (bounded) until
+  // no gather or inner put still touches a slot, so the slots can go before the inner does.
+  Enqueue([this] {
+    for (auto& [peer, link] : out_) {
+      FailLink(link, Status::Aborted("the staged transport is shutting down"), nullptr);
+      inner_->disconnect(peer);
+    }
+    for (auto& [key, link] : in_) inner_->disconnect(link.back);
+  });
+  {
+    std::unique_lock lock(queue_mu_);
+    stop_ = true;
+    queue_cv_.notify_all();
+  }
+  worker_.join();
+  inner_->set_notification_handler([](std::string_view) {});
+  stager_.reset();  // waits for copies in flight
+  // Completions the bounded wait above left behind: exactly once, even now.
+  for (auto& [peer, link] : out_) {
+    for (auto& job : link.jobs) {
+      if (job->done) std::exchange(job->done, nullptr)(Status::Aborted("transport destroyed"));
+    }
+  }
+  out_.clear();
+  in_.clear();
+  retired_.clear();
+  inner_.reset();
+}
+
+void Core::Enqueue(std::function<void()> task) {
+  std::lock_guard lock(queue_mu_);
+  tasks_.push_back(std::move(task));
+  queue_cv_.notify_one();
+}
+
+void Core::WorkerLoop() {
+  Clock::time_point stop_by = Clock::time_point::max();
+  for (;;) {
+    std::deque<std::function<void()>> batch;
+    {
+      std::unique_lock lock(queue_mu_);
+      // Deadlines are checked at least this often while batches are in flight; an idle worker
+      // sleeps until there is work.
+      auto ready = [&] { return !tasks_.empty() || stop_; };
+      if (Active() || Busy())
+        queue_cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
+      else
+        queue_cv_.wait(lock, ready);
+      batch.swap(tasks_);
+      if (stop_ && stop_by == Clock::time_point::max()) stop_by = Clock::now() + kShutdownBound;
+    }
+    for (auto& task : batch) task();
+    CheckDeadlines();
+    if (stop_by != Clock::time_point::max() && (!Busy() || Clock::now() > stop_by)) {
+      std::lock_guard lock(queue_mu_);
+      if (tasks_.empty() || Clock::now() > stop_by) return;
+    }
+  }
+}
+
+Stager& Core::stager() {
+  if (!stager_) stager_ = Stager::Create();
+  return *stager_;
+}
+
+bool Core::supports(MemoryKind kind) const {
+  return inner_->supports(kind) || (kind == MemoryKind::kCuda && BuiltWithCuda());
+}
+
+Result<std::unique_ptr<MemoryRegistration>> Core::register_memory(void* base, uint64_t length,
+                                                                  MemoryLocation where) {
+  const bool staged =
+      where.kind == MemoryKind::kHost ? config_.stage_host : !inner_->supports(where.kind);
+  if (!staged) return inner_->register_memory(base, length, where);
+  if (!BuiltWithCuda() && where.kind == MemoryKind::kCuda)
+    return Status::Unsupported(
+        "this UCX has no CUDA memory support and this build has no CUDA to stage GPU memory "
+        "through pinned host memory");
+  if (base == nullptr || length == 0)
+    return Status::InvalidArgument("register_memory needs a non-null base and a length > 0");
+  std::lock_guard lock(mu_);
+  const uint64_t id = next_region_++;
+  regions_[id] = {static_cast<char*>(base), length, where};
+  return std::unique_ptr<MemoryRegistration>(new StagedRegistration(this, id, base, length, where));
+}
+
+void Core::ForgetRegion(uint64_t id) {
+  std::lock_guard lock(mu_);
+  regions_.erase(id);
+}
+
+Result<PeerId> Core::connect(std::string_view peer_address) {
+  KV_ASSIGN_OR_RETURN(PeerId peer, inner_->connect(peer_address));
+  std::lock_guard lock(mu_);
+  connected_.insert(peer);
+  return peer;
+}
+
+void Core::disconnect(PeerId peer) {
+  {
+    std::lock_guard lock(mu_);
+    connected_.erase(peer);
+  }
+  inner_->disconnect(peer);
+  Enqueue([this, peer] {
+    auto it = out_.find(peer);
+    if (it == out_.end()) return;
+    FailLink(it->second, Status::Aborted("peer " + std::to_string(peer) + " disconnected"),
+             nullptr);
+  });
+}
+
+Result<std::unique_ptr<RemoteMemory>> Core::import_remote(PeerId peer, std::string_view packed) {
+  if (!IsRegionDescriptor(packed)) return inner_->import_remote(peer, packed);
+  KV_ASSIGN_OR_RETURN(RegionDescriptor d, DecodeRegion(packed));
+  std::lock_guard lock(mu_);
+  if (connected_.count(peer) == 0)
+    return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
+  return std::unique_ptr<RemoteMemory>(new StagedRemote(this, peer, d));
+}
+
+Status Core::post(const Batch& batch, Completion done) {
+  KV_RETURN_IF_ERROR(CheckBatch(batch));
+  auto* local = dynamic_cast<const StagedRegistration*>(batch.local);
+  auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
+  if (local == nullptr && remote == nullptr) return inner_->post(batch, std::move(done));
+  if ((local != nullptr && local->owner() != this) ||
+      (remote != nullptr && remote->owner() != this))
+    return Status::InvalidArgument("batch names memory of another transport");
+  if (batch.op != Op::kPut)
+    return Status::Unsupported("the staged transport puts only: a get of staged memory");
+  const PeerId peer = batch.remote->peer();
+  {
+    std::lock_guard lock(mu_);
+    if (connected_.count(peer) == 0)
+      return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
+    staged_peers_.insert(peer);
+  }
+  auto job = std::make_shared<Job>();
+  job->local_base = static_cast<const char*>(batch.local->base());
+  job->local_at = batch.local->location();
+  job->remote_staged = remote != nullptr;
+  job->region = remote != nullptr ? remote->region() : 0;
+  job->inner_remote = remote != nullptr ? nullptr : batch.remote;
+  job->chunks = PlanChunks(batch.runs, config_.slot_bytes, job->remote_staged);
+  job->deadline = batch.deadline;
+  job->done = std::move(done);
+  Enqueue([this, peer, job = std::move(job)]() mutable { AddJob(peer, std::move(job)); });
+  return Status::Ok();
+}
+
+Status Core::notify(PeerId peer, std::string message) {
+  {
+    std::lock_guard lock(mu_);
+    if (connected_.count(peer) == 0)
+      return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
+    if (staged_peers_.count(peer) != 0) {
+      Enqueue([this, peer, m = std::move(message)]() mutable { AddNote(peer, std::move(m)); });
+      return Status::Ok();
+    }
+  }
+  // No staged batch ever went to this peer: the inner transport orders the note on its own.
+  return inner_->notify(peer, EncodeUser(message));
+}
+
+void Core::set_notification_handler(NotificationHandler handler) {
+  auto shared = std::make_shared<const NotificationHandler>(std::move(handler));
+  std::lock_guard lock(mu_);
+  handler_ = std::move(shared);
+}
+
+void Core::Deliver(std::string_view message) {
+  std::shared_ptr<const NotificationHandler> handler;
+  {
+    std::lock_guard lock(mu_);
+    handler = handler_;
+  }
+  if (handler && *handler) (*handler)(message);
+}
+
+void Core::OnFrame(std::string_view frame) {
+  if (!frame.empty() && frame[0] == kUserTag) {
+    {
+      std::lock_guard lock(in_mu_);
+      if (!inbound_.empty()) {
+        auto entry = std::make_shared<InEntry>();
+        entry->note = std::string(frame.substr(1));
+        inbound_.push_back(std::move(entry));
+        return;
+      }
+    }
+    Deliver(frame.substr(1));  // nothing queued before it
+    return;
+  }
+  auto type = PeekControl(frame);
+  if (!type.ok()) return;  // not ours: a peer that is no staged transport; nothing to answer
+  std::string copy(frame);
+  switch (*type) {
+    case ControlType::kHello:
+      Enqueue([this, f = std::move(copy)] { OnHello(f); });
+      break;
+    case ControlType::kWelcome:
+      Enqueue([this, f = std::move(copy)] { OnWelcome(f); });
+      break;
+    case ControlType::kAck:
+      Enqueue([this, f = std::move(copy)] { OnAck(f); });
+      break;
+    case ControlType::kData: {
+      // Queued here, on the thread that delivers notifications, so that a note after it waits.
+      auto entry = std::make_shared<InEntry>();
+      entry->data = true;
+      {
+        std::lock_guard lock(in_mu_);
+        inbound_.push_back(entry);
+      }
+      Enqueue([this, f = std::move(copy), entry] { OnData(f, entry); });
+      break;
+    }
+  }
+}
+
+Result<Config> ParseConfig(const TransportOptions& options) {
+  Config c;
+  KV_ASSIGN_OR_RETURN(
+      int64_t bytes,
+      IntSetting(options, "staged", "staging_bytes", static_cast<int64_t>(c.slot_bytes),
+                 static_cast<int64_t>(kMinSlotBytes), static_cast<int64_t>(kMaxSlotBytes)));
+  KV_ASSIGN_OR_RETURN(int64_t slots,
+                      IntSetting(options, "staged", "staging_slots", c.slots, 2, kMaxSlots));
+  KV_ASSIGN_OR_RETURN(int64_t host, IntSetting(options, "staged", "stage_host", 0, 0, 1));
+  c.slot_bytes = static_cast<uint64_t>(bytes);
+  c.slots = static_cast<uint32_t>(slots);
+  c.stage_host = host != 0;
+  return c;
+}
+
+}  // namespace staged
+
+Result<std::unique_ptr<Transport>> CreateStagedTransport(BackendFactory inner,
+                                                         const TransportOptions& options) {
+  KV_ASSIGN_OR_RETURN(staged::Config config, staged::ParseConfig(options));
+  TransportOptions rest;
+  for (const auto& setting : options.settings) {
+    if (setting.first != "staging_bytes" && setting.first != "staging_slots" &&
+        setting.first != "stage_host")
+      rest.settings.push_back(setting);
+  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, inner(rest));
+  return std::unique_ptr<Transport>(new staged::Core(std::move(t), config));
+}
+
+}  // namespace kv::transport

@@ -1,0 +1,56 @@
+// The staged transport: a decorator that gives a host-only inner transport (Debian's UCX, built
+// without CUDA) GPU regions, by staging them through pinned host slots with the copy kernels.
+//
+// What passes straight through: memory the inner transport reaches itself (host memory, and
+// GPU memory where the inner has CUDA support) is registered, imported and posted by the inner
+// transport unchanged: same descriptors, same speed. Everything else is "staged":
+//
+//  put: the batch is cut into chunks that fit a slot (chunker.h). Per chunk the sender gathers
+//    the runs from its region into one of its send slots (stager.h: kernels or copy engine on a
+//    stream of its own), the inner transport puts the slot into a receive slot the receiver
+//    granted this link, then a kData control notification (inner notify: ordered after that
+//    data) tells the receiver to scatter the slot into its region. The receiver checks every
+//    range against its registration first, scatters, and acks once the scatter finished on its
+//    device; only then is the receive slot reused and, after the last chunk, the batch complete.
+//    Slots alternate (staging_slots of each), so the gather of chunk i+1 and the scatter of
+//    chunk i-1 overlap the wire of chunk i. A staged source and a direct (inner) destination
+//    skip the receiver: gather, then an inner put straight into the destination.
+//  links: the first staged put to a peer opens a link: kHello carries the sender's address, the
+//    receiver connects back (acks travel that way), allocates the receive slots and answers
+//    kWelcome with their descriptors.
+//  get: of staged memory is kUnsupported (nothing in kvd pulls; the daemon pushes).
+//
+// Notifications: a user's notification is held back until every staged batch posted before it
+// to that peer has been handed to the inner transport, and at the receiver until every scatter
+// announced before it has finished, so it still arrives after the data of every earlier batch.
+// User and control notifications are told apart by a tag byte (wire.h); both ends must be
+// staged transports (a "ucx" transport always is, see transport.h).
+//
+// Failure: a staged batch past its deadline, an inner error or a refused chunk fails its link:
+// every batch on it completes (kTimeout for the late one, the error for the refused one,
+// kUnavailable for the others) once no copy still touches its memory, and later batches to that
+// peer complete with kUnavailable; connect() again for a new link. A peer whose control message
+// names ranges outside a registration or a slot is answered with kOutOfRange and dropped (its
+// later messages are ignored). A dead receiver fails the batch by its deadline.
+//
+// Settings (TransportOptions; removed before the rest go to the inner transport):
+//   staging_bytes  bytes per slot (default 16 MiB, at least 4096)
+//   staging_slots  send slots per link and receive slots asked of the peer (default 4, 2..64)
+//   stage_host=1   stage host registrations too, with memcpy: the whole protocol on a CPU-only
+//                  machine, for tests.
+// Threading: every method is thread-safe; completions and notifications run on the inner
+// transport's progress thread or on the decorator's worker thread, never under a lock of ours.
+#pragma once
+
+#include <memory>
+
+#include "transport/backends.h"
+#include "transport/transport.h"
+
+namespace kv::transport {
+
+// Creates the inner transport with `options` less the settings above, and wraps it.
+Result<std::unique_ptr<Transport>> CreateStagedTransport(BackendFactory inner,
+                                                         const TransportOptions& options);
+
+}  // namespace kv::transport

@@ -79,7 +79,9 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
   ASSERT_TRUE(sender.process && receiver.process);
 
   // The harness's 64 KiB slots cut this batch into many chunks: slots are reused many times.
-  Status put = Transfer(sender, receiver, Op::kPut, p.runs, {.note = "layer-done"});
+  TransferOptions noted;
+  noted.note = "layer-done";
+  Status put = Transfer(sender, receiver, Op::kPut, p.runs, noted);
   ASSERT_TRUE(put.ok()) << put.ToString();
   ASSERT_TRUE(WaitForNote(receiver, "layer-done").ok());
   auto bytes = Dump(receiver);

@@ -119,6 +119,11 @@ class Transport {
 
 // Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests), and,
 // where built, "nccl" and "cuda_ipc". kUnsupported when this build lacks the backend.
+// "ucx" is UCX behind the staged decorator (transport/staged/staged_transport.h): host memory
+// goes to UCX unchanged; GPU memory too where UCX has CUDA support, and where it has not (Debian's
+// build) through pinned host slots and the copy kernels, so a CUDA build serves GPU regions over
+// "ucx" either way. Both ends of a "ucx" connection must be such builds (notifications carry a
+// tag byte). Its settings: staging_bytes, staging_slots, stage_host (see that header).
 Result<std::unique_ptr<Transport>> CreateTransport(std::string_view backend,
                                                    const TransportOptions& options = {});
 // The backends this build has, in order of preference for "auto".

@@ -78,7 +78,7 @@ class StagedRemote final : public RemoteMemory {
 // One accepted staged put.
 struct Job {
   uint64_t seq = 0;  // per link, in post order
-  const char* local_base = nullptr;
+  char* local_base = nullptr;
   MemoryLocation local_at;
   bool remote_staged = false;
   uint64_t region = 0;                         // remote_staged: the receiver's region id

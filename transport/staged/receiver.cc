@@ -102,12 +102,10 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
   }
   if (at != TableBytes(m.ranges) + m.payload_bytes)
     return Status::OutOfRange(chunk + ": its ranges do not add up to its payload");
-  if (region.location.kind == MemoryKind::kCuda && !link.slots[m.slot]->pinned())
-    return Status::Unsupported("staging slots are not pinned: this process has no CUDA device");
   ++copies_in_flight_;
   AckMsg ack{m.key.link, m.seq, m.slot, Status::Ok()};
   const PeerId back = link.back;
-  Status copying = stager().Copy(slot, region.base, runs, region.location, true,
+  Status copying = stager().Copy(*link.slots[m.slot], region.base, region.location, true, runs,
                                  [this, ack, back, entry](Status status) mutable {
                                    Enqueue([this, ack, back, entry, status]() mutable {
                                      --copies_in_flight_;

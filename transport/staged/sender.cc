@@ -108,7 +108,7 @@ void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job) {
   ++copies_in_flight_;
   const PeerId peer = link.peer;
   Status s =
-      stager().Copy(job->local_base, slot.data(), GatherRuns(chunk), job->local_at, false,
+      stager().Copy(slot, job->local_base, job->local_at, false, GatherRuns(chunk),
                     [this, peer, job, index, send, recv](Status status) {
                       Enqueue([=, this] { GatherDone(peer, job, index, send, recv, status); });
                     });

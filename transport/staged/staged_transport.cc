@@ -100,7 +100,7 @@ void Core::WorkerLoop() {
 }
 
 Stager& Core::stager() {
-  if (!stager_) stager_ = Stager::Create();
+  if (!stager_) stager_ = std::make_unique<Stager>();
   return *stager_;
 }
 
@@ -178,7 +178,7 @@ Status Core::post(const Batch& batch, Completion done) {
     staged_peers_.insert(peer);
   }
   auto job = std::make_shared<Job>();
-  job->local_base = static_cast<const char*>(batch.local->base());
+  job->local_base = static_cast<char*>(batch.local->base());
   job->local_at = batch.local->location();
   job->remote_staged = remote != nullptr;
   job->region = remote != nullptr ? remote->region() : 0;

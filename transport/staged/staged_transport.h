@@ -33,6 +33,14 @@
 // names ranges outside a registration or a slot is answered with kOutOfRange and dropped (its
 // later messages are ignored). A dead receiver fails the batch by its deadline.
 //
+// Limits: a receiver serves at most 64 sender links (core.h) and keeps a link's receive slots
+// until it is destroyed (it cannot tell a dead sender from an idle one, and a live one may still
+// write into them), so a sender that reconnects often exhausts it; then kHello is refused and
+// that sender's staged batches fail with kResourceExhausted.
+//
+// The inner transport must run its completions and handler on its own thread, never inside
+// post() or notify() (UCX does).
+//
 // Settings (TransportOptions; removed before the rest go to the inner transport):
 //   staging_bytes  bytes per slot (default 16 MiB, at least 4096)
 //   staging_slots  send slots per link and receive slots asked of the peer (default 4, 2..64)

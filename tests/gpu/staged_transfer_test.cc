@@ -2,7 +2,8 @@
 // sender's GPU into pinned slots, UCX moves the slots, the receiver scatters on its GPU. Two
 // processes on one GPU are enough (the path crosses host memory either way): a layout
 // conversion (LBNHC → BLHNC, random block ids, a partial last block) put and verified byte for
-// byte after the sender's notification, and a killed receiver failing the next batch.
+// byte after the sender's notification, the mirror get, and a killed receiver failing the next
+// batch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,10 +91,22 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
 
   std::vector<kv::Run> outside = {{0, p.dst_bytes - 8, 16}};
   EXPECT_EQ(Code::kOutOfRange, Transfer(sender, receiver, Op::kPut, outside).code());
-  // Staged memory is put, never got (nothing in kvd pulls).
-  EXPECT_EQ(Code::kUnsupported, Transfer(receiver, sender, Op::kGet, p.runs).code());
   EXPECT_TRUE(Stop(sender).ok());
   EXPECT_TRUE(Stop(receiver).ok());
+}
+
+TEST_F(StagedGpuTest, GetPullsIntoTheCallersLayout) {
+  Planned p = Plan(Spec("BLHNC", 24), Spec("LBNHC", 48), 333);
+  Peer holder = Start(p.src_bytes, kSrcSeed);
+  Peer puller = Start(p.dst_bytes, -1);
+  ASSERT_TRUE(holder.process && puller.process);
+  Status got = Transfer(puller, holder, Op::kGet, p.runs);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  auto bytes = Dump(puller);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  EXPECT_TRUE(Stop(holder).ok());
+  EXPECT_TRUE(Stop(puller).ok());
 }
 
 TEST_F(StagedGpuTest, KilledReceiverFailsTheNextBatchInsteadOfHanging) {

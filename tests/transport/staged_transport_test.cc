@@ -32,14 +32,15 @@ TransportOptions Options(bool stage, uint64_t slot = 64 << 10) {
            {"staging_slots", "2"}}};
 }
 
-// The target: registers `bytes`, sends its address and descriptor, and answers each
-// notification: "check COUNT LENGTH GAP" with "ok" or "bad" after comparing its memory with what
-// the initiator put there, "untouched" with "ok" when no byte changed, anything else with
-// "note:" and the message. Exits on "quit".
-int TargetMain(Channel& channel, const TransportOptions& options, uint64_t bytes) {
+// The target: registers `bytes` (PatternByte(i, kSeed) when `filled`, else kUntouched), sends its
+// address and descriptor, and answers each notification: "check COUNT LENGTH GAP" with "ok" or
+// "bad" after comparing its memory with what the initiator put there, "untouched" with "ok" when no
+// byte changed, anything else with "note:" and the message. Exits on "quit".
+int TargetMain(Channel& channel, const TransportOptions& options, uint64_t bytes, bool filled) {
   auto transport = CreateTransport("ucx", options);
   if (!transport.ok()) return 2;
   std::vector<uint8_t> memory(bytes, kUntouched);
+  if (filled) Fill(memory, kSeed);
   auto registration =
       (*transport)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
   if (!registration.ok()) return 3;
@@ -68,9 +69,11 @@ int TargetMain(Channel& channel, const TransportOptions& options, uint64_t bytes
   return quit.ok() && *quit == "quit" ? 0 : 5;
 }
 
-std::unique_ptr<ChildProcess> StartTarget(const TransportOptions& options, uint64_t bytes) {
-  auto child = ChildProcess::Start(
-      [options, bytes](Channel& channel) { return TargetMain(channel, options, bytes); });
+std::unique_ptr<ChildProcess> StartTarget(const TransportOptions& options, uint64_t bytes,
+                                          bool filled = false) {
+  auto child = ChildProcess::Start([options, bytes, filled](Channel& channel) {
+    return TargetMain(channel, options, bytes, filled);
+  });
   EXPECT_TRUE(child.ok()) << child.status().ToString();
   return child.ok() ? std::move(*child) : nullptr;
 }
@@ -154,6 +157,45 @@ INSTANTIATE_TEST_SUITE_P(Sides, StagedPair,
                            return std::string(info.param.first ? "Staged" : "Direct") + "To" +
                                   (info.param.second ? "Staged" : "Direct");
                          });
+
+// A get of the target's staged region into local memory, staged or not: the target puts the
+// runs back over its own link into an alias of ours. Runs outside its region are refused there.
+class StagedGet : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StagedGet, PullsRunsFromAStagedRegionAndRefusesRunsOutsideIt) {
+  const uint64_t bytes = 4 << 20;
+  auto child = StartTarget(Options(true), bytes, /*filled=*/true);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(GetParam()));
+  ASSERT_TRUE(transport.ok());
+  std::vector<uint8_t> dst(16 << 20, kUntouched);
+  auto reg = (*transport)->register_memory(dst.data(), dst.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = ConnectTo(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  // src_offset packed in the target's region, dst_offset spread here; 5000 runs: three parts.
+  auto runs = SpreadRuns(5000, 700, 300);
+  Status got = testing::PostAndWait(**transport, Op::kGet, **reg, *c->remote, runs);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  std::vector<uint8_t> src(bytes);
+  Fill(src, kSeed);
+  testing::ExpectCopied(src, dst, runs, kUntouched);
+
+  auto real = staged::DecodeRegion(c->descriptor);
+  ASSERT_TRUE(real.ok());
+  staged::RegionDescriptor forged = *real;
+  forged.length = 4 * bytes;
+  auto big = (*transport)->import_remote(c->peer, staged::EncodeRegion(forged));
+  ASSERT_TRUE(big.ok());
+  Status refused =
+      testing::PostAndWait(**transport, Op::kGet, **reg, **big, {{3 * bytes, 700, 64}});
+  EXPECT_EQ(refused.code(), Code::kOutOfRange) << refused.ToString();
+  EXPECT_EQ(dst[700], kUntouched);  // a gap the first get left alone
+}
+
+INSTANTIATE_TEST_SUITE_P(Local, StagedGet, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Staged" : "Direct"; });
 
 TEST(Staged, UserNotificationsThatLookLikeControlFramesArriveVerbatim) {
   auto child = StartTarget(Options(true), 1 << 20);

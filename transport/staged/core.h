@@ -94,6 +94,21 @@ struct Job {
   Status status;
 };
 
+// One accepted get of a peer's staged region, on the requesting side.
+struct GetJob {
+  uint64_t seq = 0;    // per link
+  uint64_t alias = 0;  // the region id the holder puts into; forgotten when the get ends
+  uint64_t holder_region = 0;
+  std::vector<std::vector<Run>> parts;
+  size_t parts_done = 0;
+  bool sent = false;
+  int scatters = 0;  // scatters into the alias still running
+  bool failed = false;
+  Status status;
+  Clock::time_point deadline;
+  Completion done;
+};
+
 struct OutLink {
   PeerId peer = 0;
   enum class State { kIdle, kOpening, kReady, kFailed } state = State::kIdle;
@@ -106,6 +121,8 @@ struct OutLink {
   std::deque<std::pair<uint64_t, std::string>> notes;  // (last job posted before it, message)
   uint64_t next_data = 1;
   std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> awaiting_ack;  // seq → job, slot
+  std::map<uint64_t, std::shared_ptr<GetJob>> gets;
+  uint64_t next_get = 1;
 };
 
 struct InLink {
@@ -166,6 +183,7 @@ class Core final : public Transport {
   void AddJob(PeerId peer, std::shared_ptr<Job> job);
   void AddNote(PeerId peer, std::string message);
   void Pump(OutLink& link);
+  Status Open(OutLink& link);  // sends kHello once; the link is kOpening until kWelcome
   Status PrepareSlots(OutLink& link);
   void StartChunk(OutLink& link, const std::shared_ptr<Job>& job);
   void GatherDone(PeerId peer, std::shared_ptr<Job> job, size_t chunk, uint32_t send, uint32_t recv,
@@ -179,6 +197,16 @@ class Core final : public Transport {
   void CheckDeadlines();
   bool Busy() const;    // any copy or inner put still in flight
   bool Active() const;  // any staged batch not yet complete
+
+  // ---- gets (getter.cc); worker thread only, but PostGet on the caller's ----
+  Status PostGet(const Batch& batch, const StagedRemote& remote, Completion done);
+  void AddGet(PeerId peer, std::shared_ptr<GetJob> get);
+  void SendGets(OutLink& link);
+  void OnGetRequest(std::string_view frame);
+  void OnGetDone(std::string_view frame);
+  void FailGet(OutLink& link, const std::shared_ptr<GetJob>& get, const Status& why);
+  void FinishGet(OutLink& link, const std::shared_ptr<GetJob>& get);
+  void ScatterStarted(uint64_t region, int delta);  // counts scatters into a get's alias
 
   // ---- receiver (receiver.cc); worker thread only ----
   void OnHello(std::string_view frame);
@@ -214,6 +242,7 @@ class Core final : public Transport {
   std::unique_ptr<Stager> stager_;
   std::map<PeerId, OutLink> out_;
   std::map<LinkKey, InLink> in_;
+  std::map<uint64_t, std::pair<PeerId, std::shared_ptr<GetJob>>> alias_gets_;  // alias → get
   std::vector<std::unique_ptr<Slot>> retired_;  // slots of dropped links: a peer may still write
   int puts_in_flight_ = 0;
   int copies_in_flight_ = 0;

@@ -103,19 +103,26 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
   if (at != TableBytes(m.ranges) + m.payload_bytes)
     return Status::OutOfRange(chunk + ": its ranges do not add up to its payload");
   ++copies_in_flight_;
+  ScatterStarted(m.region, +1);
   AckMsg ack{m.key.link, m.seq, m.slot, Status::Ok()};
   const PeerId back = link.back;
+  const uint64_t region_id = m.region;
+  auto finished = [this, ack, back, entry, region_id](Status status) mutable {
+    --copies_in_flight_;
+    ScatterStarted(region_id, -1);
+    ack.status = status;
+    (void)inner_->notify(back, EncodeAck(ack));
+    entry->done = true;
+    DeliverInbound();
+  };
   Status copying = stager().Copy(*link.slots[m.slot], region.base, region.location, true, runs,
-                                 [this, ack, back, entry](Status status) mutable {
-                                   Enqueue([this, ack, back, entry, status]() mutable {
-                                     --copies_in_flight_;
-                                     ack.status = status;
-                                     (void)inner_->notify(back, EncodeAck(ack));
-                                     entry->done = true;
-                                     DeliverInbound();
-                                   });
+                                 [this, finished](Status status) mutable {
+                                   Enqueue([finished, status]() mutable { finished(status); });
                                  });
-  if (!copying.ok()) --copies_in_flight_;
+  if (!copying.ok()) {
+    --copies_in_flight_;
+    ScatterStarted(region_id, -1);
+  }
   return copying;
 }
 

@@ -62,6 +62,13 @@ Status Core::PrepareSlots(OutLink& link) {
   return Status::Ok();
 }
 
+Status Core::Open(OutLink& link) {
+  if (link.state != OutLink::State::kIdle) return Status::Ok();
+  link.state = OutLink::State::kOpening;
+  HelloMsg hello{{instance_, link.peer}, inner_->address(), config_.slots, config_.slot_bytes};
+  return inner_->notify(link.peer, EncodeHello(hello));
+}
+
 void Core::Pump(OutLink& link) {
   if (link.state == OutLink::State::kFailed) return;
   for (size_t i = 0; i < link.jobs.size(); ++i) {
@@ -69,13 +76,7 @@ void Core::Pump(OutLink& link) {
     if (job->failed || job->started == job->chunks.size()) continue;
     if (Status s = PrepareSlots(link); !s.ok()) return FailLink(link, s, job.get());
     if (job->remote_staged && link.state != OutLink::State::kReady) {
-      if (link.state == OutLink::State::kIdle) {
-        link.state = OutLink::State::kOpening;
-        HelloMsg hello{
-            {instance_, link.peer}, inner_->address(), config_.slots, config_.slot_bytes};
-        if (Status s = inner_->notify(link.peer, EncodeHello(hello)); !s.ok())
-          return FailLink(link, s, job.get());
-      }
+      if (Status s = Open(link); !s.ok()) return FailLink(link, s, job.get());
       return;  // chunks wait for the receiver's slots; later jobs wait behind them
     }
     while (job->started < job->chunks.size()) {
@@ -195,6 +196,7 @@ void Core::OnWelcome(std::string_view frame) {
     link.free_recv.push_back(i);
   }
   link.state = OutLink::State::kReady;
+  SendGets(link);
   Pump(link);
 }
 
@@ -231,6 +233,7 @@ void Core::FailLink(OutLink& link, const Status& why, const Job* culprit) {
     }
     MaybeComplete(link, job);
   }
+  for (const auto& [seq, get] : std::map(link.gets)) FailGet(link, get, why.WithContext(peer));
 }
 
 void Core::MaybeComplete(OutLink& link, const std::shared_ptr<Job>& job) {
@@ -252,6 +255,10 @@ void Core::CheckDeadlines() {
         break;
       }
     }
+    for (const auto& [seq, get] : std::map(link.gets)) {
+      if (!get->failed && now > get->deadline)
+        FailGet(link, get, Status::Timeout("a staged get missed its deadline"));
+    }
   }
 }
 
@@ -261,7 +268,7 @@ bool Core::Busy() const {
 
 bool Core::Active() const {
   for (const auto& [peer, link] : out_) {
-    if (!link.jobs.empty()) return true;
+    if (!link.jobs.empty() || !link.gets.empty()) return true;
   }
   return false;
 }

@@ -168,8 +168,12 @@ Status Core::post(const Batch& batch, Completion done) {
   if ((local != nullptr && local->owner() != this) ||
       (remote != nullptr && remote->owner() != this))
     return Status::InvalidArgument("batch names memory of another transport");
-  if (batch.op != Op::kPut)
-    return Status::Unsupported("the staged transport puts only: a get of staged memory");
+  if (batch.op == Op::kGet) {
+    if (remote == nullptr)
+      return Status::Unsupported(
+          "a staged get reads a peer's staged region; this one names direct (inner) memory");
+    return PostGet(batch, *remote, std::move(done));
+  }
   const PeerId peer = batch.remote->peer();
   {
     std::lock_guard lock(mu_);
@@ -245,6 +249,12 @@ void Core::OnFrame(std::string_view frame) {
       break;
     case ControlType::kAck:
       Enqueue([this, f = std::move(copy)] { OnAck(f); });
+      break;
+    case ControlType::kGetRequest:
+      Enqueue([this, f = std::move(copy)] { OnGetRequest(f); });
+      break;
+    case ControlType::kGetDone:
+      Enqueue([this, f = std::move(copy)] { OnGetDone(f); });
       break;
     case ControlType::kData: {
       // Queued here, on the thread that delivers notifications, so that a note after it waits.

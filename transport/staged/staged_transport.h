@@ -18,7 +18,10 @@
 //  links: the first staged put to a peer opens a link: kHello carries the sender's address, the
 //    receiver connects back (acks travel that way), allocates the receive slots and answers
 //    kWelcome with their descriptors.
-//  get: of staged memory is kUnsupported (nothing in kvd pulls; the daemon pushes).
+//  get: the mirror image, run by the holder (getter.cc): kGetRequest names the runs and an alias
+//    of the requester's destination; the holder checks them against its region and puts them,
+//    staged, over its own link back; kGetDone per part. A get of a peer's direct (inner) memory
+//    into a staged region is kUnsupported.
 //
 // Notifications: a user's notification is held back until every staged batch posted before it
 // to that peer has been handed to the inner transport, and at the receiver until every scatter

@@ -90,7 +90,7 @@ Result<ControlType> PeekControl(std::string_view frame) {
   uint32_t type = 0;
   if (frame.empty() || frame[0] != kControlTag || !in.u32(&type) ||
       type < static_cast<uint32_t>(ControlType::kHello) ||
-      type > static_cast<uint32_t>(ControlType::kAck))
+      type > static_cast<uint32_t>(ControlType::kGetDone))
     return Status::InvalidArgument("not a staged control frame");
   return static_cast<ControlType>(type);
 }
@@ -138,6 +138,53 @@ Result<AckMsg> DecodeAck(std::string_view frame) {
   if (!in.u64(&m.link) || !in.u64(&m.seq) || !in.u32(&m.slot) || !GetStatus(in, &m.status) ||
       !in.at_end())
     return Malformed("ack");
+  return m;
+}
+
+std::string EncodeGetRequest(const GetRequestMsg& m) {
+  ByteWriter w = Control(ControlType::kGetRequest);
+  w.u64(m.key.instance)
+      .u64(m.key.link)
+      .u64(m.seq)
+      .u32(m.part)
+      .u64(m.region)
+      .u64(m.alias)
+      .u64(m.timeout_ms);
+  w.u32(static_cast<uint32_t>(m.runs.size()));
+  for (const Run& r : m.runs) w.u64(r.src_offset).u64(r.dst_offset).u64(r.length);
+  return Tagged(std::move(w));
+}
+
+std::string EncodeGetDone(const GetDoneMsg& m) {
+  ByteWriter w = Control(ControlType::kGetDone);
+  w.u64(m.link).u64(m.seq).u32(m.part);
+  PutStatus(w, m.status);
+  return Tagged(std::move(w));
+}
+
+Result<GetRequestMsg> DecodeGetRequest(std::string_view frame) {
+  KV_ASSIGN_OR_RETURN(ByteReader in, Open(frame, ControlType::kGetRequest));
+  GetRequestMsg m;
+  uint32_t count = 0;
+  if (!in.u64(&m.key.instance) || !in.u64(&m.key.link) || !in.u64(&m.seq) || !in.u32(&m.part) ||
+      !in.u64(&m.region) || !in.u64(&m.alias) || !in.u64(&m.timeout_ms) || !in.u32(&count) ||
+      count > kMaxGetRuns)
+    return Malformed("get request");
+  m.runs.resize(count);
+  for (Run& r : m.runs) {
+    if (!in.u64(&r.src_offset) || !in.u64(&r.dst_offset) || !in.u64(&r.length))
+      return Malformed("get request");
+  }
+  if (!in.at_end()) return Malformed("get request");
+  return m;
+}
+
+Result<GetDoneMsg> DecodeGetDone(std::string_view frame) {
+  KV_ASSIGN_OR_RETURN(ByteReader in, Open(frame, ControlType::kGetDone));
+  GetDoneMsg m;
+  if (!in.u64(&m.link) || !in.u64(&m.seq) || !in.u32(&m.part) || !GetStatus(in, &m.status) ||
+      !in.at_end())
+    return Malformed("get done");
   return m;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "layout/kv_region.h"
+#include "layout/plan.h"
 #include "layout/status.h"
 
 namespace kv::transport::staged {
@@ -24,10 +25,12 @@ inline constexpr char kUserTag = 'U';
 inline constexpr char kControlTag = 'C';
 
 enum class ControlType : uint32_t {
-  kHello = 1,  // sender → receiver: open a link, please grant me receive slots
-  kWelcome,    // receiver → sender (over its connection back): the slots, or why not
-  kData,       // sender → receiver: a chunk is in your slot, scatter it
-  kAck,        // receiver → sender: the chunk's scatter finished (or failed); the slot is free
+  kHello = 1,   // sender → receiver: open a link, please grant me receive slots
+  kWelcome,     // receiver → sender (over its connection back): the slots, or why not
+  kData,        // sender → receiver: a chunk is in your slot, scatter it
+  kAck,         // receiver → sender: the chunk's scatter finished (or failed); the slot is free
+  kGetRequest,  // requester → holder: put these runs of your region into my region alias
+  kGetDone,  // holder → requester (over its connection back): that part is in place, or why not
 };
 
 // A link is one sender's connection (an inner PeerId of the sender) to one receiver; the
@@ -70,6 +73,28 @@ struct AckMsg {
   Status status;
 };
 
+// A get, in parts of at most kMaxGetRuns runs (a part fits one notification): src_offset in the
+// holder's region, dst_offset in the requester's. The holder puts them, staged, into `alias`: a
+// region id the requester made for this get alone and forgets when the get ends, so nothing the
+// holder sends after that lands.
+struct GetRequestMsg {
+  LinkKey key;
+  uint64_t seq = 0;
+  uint32_t part = 0;
+  uint64_t region = 0;  // the holder's
+  uint64_t alias = 0;   // the requester's
+  uint64_t timeout_ms = 0;
+  std::vector<Run> runs;
+};
+inline constexpr size_t kMaxGetRuns = 2000;
+
+struct GetDoneMsg {
+  uint64_t link = 0;
+  uint64_t seq = 0;
+  uint32_t part = 0;
+  Status status;
+};
+
 inline constexpr uint64_t kTableEntryBytes = 16;
 inline uint64_t TableBytes(uint64_t ranges) {
   return ranges * kTableEntryBytes;
@@ -80,6 +105,8 @@ std::string EncodeHello(const HelloMsg& m);
 std::string EncodeWelcome(const WelcomeMsg& m);
 std::string EncodeData(const DataMsg& m);
 std::string EncodeAck(const AckMsg& m);
+std::string EncodeGetRequest(const GetRequestMsg& m);
+std::string EncodeGetDone(const GetDoneMsg& m);
 
 // The type of a control frame (tag included); kInvalidArgument for anything else.
 Result<ControlType> PeekControl(std::string_view frame);
@@ -87,6 +114,8 @@ Result<HelloMsg> DecodeHello(std::string_view frame);
 Result<WelcomeMsg> DecodeWelcome(std::string_view frame);
 Result<DataMsg> DecodeData(std::string_view frame);
 Result<AckMsg> DecodeAck(std::string_view frame);
+Result<GetRequestMsg> DecodeGetRequest(std::string_view frame);
+Result<GetDoneMsg> DecodeGetDone(std::string_view frame);
 
 // A staged registration as a peer imports it: the owner's instance and region id, its length
 // and where it lives. Its magic differs from every inner backend's, so import_remote() tells a

@@ -130,9 +130,38 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& op
 
 Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Run> runs,
                         void* stream) {
-  Impl& m = *impl_;
   const uint64_t chunks = PlanCopyChunks(runs);
   if (chunks == 0) return Status::Ok();
+  // On an idle stream the GPU would wait for the whole table to be encoded before the first
+  // byte moves: ~1.2 ns a chunk, 300 us for the 262144 chunks of a TP 1->2 request, 20% of its
+  // copy over NVLink (benchmarks/gpu.md, run 3). So such a copy goes in pieces, each
+  // kPieceGrowth times the last: the GPU starts after the first small piece, and the host
+  // encodes each later piece while the earlier ones run. On a busy stream the encoding already
+  // overlaps queued work, and every piece adds a kernel boundary, so the copy stays whole.
+  if (chunks <= kFirstPieceChunks * 2 ||
+      cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+    return CopyPiece(src_base, dst_base, runs, chunks, stream);
+  }
+  uint64_t limit = kFirstPieceChunks;
+  for (size_t at = 0; at < runs.size(); limit *= kPieceGrowth) {
+    size_t end = at;
+    uint64_t piece = 0;
+    for (; end < runs.size(); ++end) {
+      const uint64_t more = PlanCopyChunks(runs.subspan(end, 1));
+      if (piece > 0 && piece + more > limit) break;
+      piece += more;
+    }
+    if (piece > 0) {
+      KV_RETURN_IF_ERROR(CopyPiece(src_base, dst_base, runs.subspan(at, end - at), piece, stream));
+    }
+    at = end;
+  }
+  return Status::Ok();
+}
+
+Status PlanCopier::CopyPiece(const void* src_base, void* dst_base, std::span<const Run> runs,
+                             uint64_t chunks, void* stream) {
+  Impl& m = *impl_;
   TableSlot& slot = m.slots[m.next];
   m.next ^= 1;
   const uint64_t bytes = PlanCopyTableBytes(runs.size(), chunks);

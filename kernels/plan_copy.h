@@ -69,11 +69,11 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
 
 // Owns two device run tables and their pinned staging buffers, used in turn, so that a pipeline
 // of copies never waits for a table: Copy() encodes into pinned memory and uploads on a stream of
-// its own, which needs only the copy two calls back to be done with that table; the caller's
+// its own, which needs only the launch two back to be done with that table; the caller's
 // stream waits for the upload (an event, on the device) and launches. So the upload of copy i+1
 // overlaps copy i and anything else queued on the caller's stream. The host blocks only when a
-// staging buffer is still being uploaded from (two calls back), or when a table must grow
-// (rarely: then it waits for the copy that last used it). Not thread-safe: one PlanCopier per
+// staging buffer is still being uploaded from (two launches back), or when a table must grow
+// (rarely: then it waits for the launch that last used it). Not thread-safe: one PlanCopier per
 // thread; copies on different streams are fine. The streams must belong to the device that was
 // current at Create().
 class PlanCopier {
@@ -84,10 +84,17 @@ class PlanCopier {
   PlanCopier(const PlanCopier&) = delete;
   PlanCopier& operator=(const PlanCopier&) = delete;
 
+  // On an idle stream, a copy of more than 2 * kFirstPieceChunks chunks is split into several
+  // launches (see plan_copy.cu); the contract is the same.
   Status Copy(const void* src_base, void* dst_base, std::span<const Run> runs, void* stream);
+
+  static constexpr uint64_t kFirstPieceChunks = 4096;
+  static constexpr uint64_t kPieceGrowth = 4;
 
  private:
   struct Impl;
+  Status CopyPiece(const void* src_base, void* dst_base, std::span<const Run> runs, uint64_t chunks,
+                   void* stream);
   explicit PlanCopier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -156,6 +156,36 @@ TEST(GpuPlanCopy, CopierPipelinesDistinctTables) {
   }
 }
 
+// On an idle stream a large copy goes in pieces of growing size; a run longer than a whole piece
+// makes a piece of its own. Every byte must land as one launch would place it.
+TEST(GpuPlanCopy, IdleStreamCopiesInPieces) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(13);
+  const uint64_t big = (PlanCopier::kFirstPieceChunks + 64) * kPlanCopyChunkBytes;
+  const uint64_t bytes = big + (8 << 20);
+  const auto host = RandomBytes(rng, bytes);
+  DeviceBuffer src(bytes), dst(bytes);
+  src.Upload(host);
+  KV_CUDA_OK(cudaMemset(dst.get(), 0, bytes));
+  // First a run of more chunks than the first piece's limit (a piece of its own), then small runs.
+  std::vector<kv::Run> runs;
+  runs.push_back({rng() % (bytes - big), 0, big});
+  for (uint64_t dst_at = big; dst_at + 97 <= bytes; dst_at += 211) {
+    runs.push_back({rng() % (bytes - 97), dst_at, 97});
+  }
+  ASSERT_GT(PlanCopyChunks(runs), 2 * PlanCopier::kFirstPieceChunks);
+  auto copier = PlanCopier::Create();
+  ASSERT_TRUE(copier.ok());
+  Stream stream;
+  KV_CUDA_OK(cudaStreamSynchronize(stream.get()));  // idle: the copy goes in pieces
+  const Status s = (*copier)->Copy(src.get(), dst.get(), runs, stream.opaque());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+  std::vector<unsigned char> want(bytes, 0);
+  CopyRunsHost(host.data(), want.data(), runs);
+  EXPECT_TRUE(dst.Download<unsigned char>(bytes) == want);
+}
+
 // A table encoded and uploaded by the caller, as kvbench times the kernel alone.
 TEST(GpuPlanCopy, LaunchOverCallerTable) {
   KV_SKIP_WITHOUT_CUDA();

@@ -38,6 +38,8 @@ using gpu::Socket;
 
 constexpr char kMagic[8] = "kvdipc1";
 constexpr size_t kHostIdBytes = 48;
+// How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
+constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 
 // What a peer's import_remote() receives. Fixed size, so a truncated or padded blob is rejected
 // by its length before any field is read.
@@ -173,7 +175,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     Wake();
     if (progress_.joinable()) progress_.join();
     if (stream_.get() != nullptr) {
-      // Host callbacks still queued on the stream write to wake_fd_; let them run first.
+      // Copies still running write into peer mappings; let them finish before failing them.
       DeviceGuard guard(device_);
       cudaStreamSynchronize(stream_.get());
     }
@@ -321,12 +323,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     KV_RETURN_IF_ERROR(
         copier_->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream_.get()));
     KV_RETURN_IF_ERROR(event.Record(stream_.get()));
-    // The progress thread sleeps in poll(); a host callback behind the copy wakes it the moment
-    // the batch is done instead of making it spin on cudaEventQuery.
-    KV_RETURN_IF_ERROR(
-        CudaStatus(cudaLaunchHostFunc(stream_.get(), &WakeFromStream, this), "cudaLaunchHostFunc"));
     pending_.push_back(
         Pending{remote->peer(), false, std::move(event), std::move(done), batch.deadline, {}});
+    Wake();  // the progress thread starts watching the batch's event now (see ProgressLoop)
     return Status::Ok();
   }
 
@@ -368,8 +367,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     FrameReader reader;
   };
 
-  static void CUDART_CB WakeFromStream(void* self) { static_cast<CudaIpcTransport*>(self)->Wake(); }
-
   void Wake() {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
@@ -389,6 +386,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
 
   void ProgressLoop() {
     std::vector<Incoming> incoming;
+    Clock::time_point last_progress = Clock::now();
+    bool progressed = false;  // a batch was posted or completed since the last pass
     while (!stop_) {
       std::vector<std::pair<PeerId, std::shared_ptr<Peer>>> outgoing;
       bool busy = false;
@@ -404,12 +403,22 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       fds.push_back({listener_.fd(), POLLIN, 0});
       for (Incoming& in : incoming) fds.push_back({in.socket.fd(), POLLIN, 0});
       for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
-      // With batches in flight, wake at least every millisecond to enforce their deadlines.
-      poll(fds.data(), fds.size(), busy ? 1 : 50);
+      // With batches in flight the loop does not sleep: it queries their events on every pass,
+      // so a finished copy completes within microseconds. A host function behind each copy
+      // (cudaLaunchHostFunc) woke this thread 300-500 us after the copy on the H200 machine,
+      // 20-35% of a 512 MiB transfer (benchmarks/gpu.md, run 3). After kSpinWindow without
+      // progress (a batch gated on a slow engine event, or a very long copy) it sleeps 100 us
+      // between passes instead of holding a core.
+      const auto now = Clock::now();
+      if (!busy || progressed) last_progress = now;
+      const bool spin = busy && now - last_progress < kSpinWindow;
+      timespec wait{};
+      wait.tv_nsec = !busy ? 50'000'000 : spin ? 0 : 100'000;
+      ppoll(fds.data(), fds.size(), &wait, nullptr);
 
       uint64_t drained;
-      while (read(wake_fd_, &drained, sizeof(drained)) > 0) {
-      }
+      progressed = false;
+      while (read(wake_fd_, &drained, sizeof(drained)) > 0) progressed = true;
       const size_t polled_in = incoming.size();
       for (size_t i = 0; i < outgoing.size(); ++i) {
         if (fds[2 + polled_in + i].revents != 0) CheckOutgoing(outgoing[i].first);
@@ -420,7 +429,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         if (!accepted.ok() || !accepted->valid()) break;
         incoming.push_back(Incoming{std::move(accepted).value(), {}});
       }
-      CompleteReady();
+      progressed |= CompleteReady();
     }
   }
 
@@ -470,7 +479,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     for (Completion& done : failed) done(Status::Unavailable("cuda_ipc: peer process is gone"));
   }
 
-  void CompleteReady() {
+  // Returns whether any batch finished (or failed).
+  bool CompleteReady() {
     std::vector<std::pair<Completion, Status>> finished;
     std::vector<std::pair<std::shared_ptr<Peer>, Pending>> notes;
     std::vector<PeerId> dead;
@@ -507,6 +517,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       if (!peer->socket.SendFrame(note.note, note.deadline).ok()) dead.push_back(note.peer);
     }
     for (PeerId id : dead) MarkDead(id);
+    return !finished.empty();
   }
 
   const int device_;

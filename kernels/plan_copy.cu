@@ -138,35 +138,29 @@ Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Ru
   // kPieceGrowth times the last: the GPU starts after the first small piece, and the host
   // encodes each later piece while the earlier ones run. On a busy stream the encoding already
   // overlaps queued work, and every piece adds a kernel boundary, so the copy stays whole.
-  if (chunks <= kFirstPieceChunks * 2 ||
-      cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess) {
-    return CopyPiece(src_base, dst_base, runs, chunks, stream);
-  }
-  uint64_t limit = kFirstPieceChunks;
+  const bool whole = chunks <= kFirstPieceChunks * 2 ||
+                     cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess;
+  uint64_t limit = whole ? chunks : kFirstPieceChunks, left = chunks;
   for (size_t at = 0; at < runs.size(); limit *= kPieceGrowth) {
-    size_t end = at;
-    uint64_t piece = 0;
-    for (; end < runs.size(); ++end) {
-      const uint64_t more = PlanCopyChunks(runs.subspan(end, 1));
-      if (piece > 0 && piece + more > limit) break;
-      piece += more;
-    }
-    if (piece > 0) {
-      KV_RETURN_IF_ERROR(CopyPiece(src_base, dst_base, runs.subspan(at, end - at), piece, stream));
-    }
-    at = end;
+    const uint64_t most = std::max(std::min(limit, left), PlanCopyRunChunks(runs[at]));
+    KV_ASSIGN_OR_RETURN(PlanCopyPrefix done,
+                        CopyPrefix(src_base, dst_base, runs.subspan(at), most, stream));
+    at += done.runs;
+    left -= done.chunks;
   }
   return Status::Ok();
 }
 
-Status PlanCopier::CopyPiece(const void* src_base, void* dst_base, std::span<const Run> runs,
-                             uint64_t chunks, void* stream) {
+Result<PlanCopyPrefix> PlanCopier::CopyPrefix(const void* src_base, void* dst_base,
+                                              std::span<const Run> runs, uint64_t max_chunks,
+                                              void* stream) {
   Impl& m = *impl_;
   TableSlot& slot = m.slots[m.next];
   m.next ^= 1;
-  const uint64_t bytes = PlanCopyTableBytes(runs.size(), chunks);
-  KV_RETURN_IF_ERROR(slot.Reserve(bytes));
-  KV_RETURN_IF_ERROR(EncodePlanCopyTable(runs, slot.staging, slot.capacity).status());
+  KV_RETURN_IF_ERROR(slot.Reserve(PlanCopyTableBytes(runs.size(), max_chunks)));
+  KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix, EncodePlanCopyPrefix(runs, max_chunks, slot.staging));
+  if (prefix.chunks == 0) return prefix;  // zero-length runs only
+  const uint64_t bytes = PlanCopyTableBytes(prefix.runs, prefix.chunks);
   KV_RETURN_IF_ERROR(
       detail::CudaStatus(cudaStreamWaitEvent(m.upload, slot.copy_done, 0), "order upload"));
   KV_RETURN_IF_ERROR(detail::CudaStatus(
@@ -175,9 +169,10 @@ Status PlanCopier::CopyPiece(const void* src_base, void* dst_base, std::span<con
   KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.uploaded, m.upload), "record"));
   auto s = static_cast<cudaStream_t>(stream);
   KV_RETURN_IF_ERROR(detail::CudaStatus(cudaStreamWaitEvent(s, slot.uploaded, 0), "order copy"));
-  KV_RETURN_IF_ERROR(
-      LaunchPlanCopy(src_base, dst_base, slot.device_table, runs.size(), chunks, m.options, s));
-  return detail::CudaStatus(cudaEventRecord(slot.copy_done, s), "record");
+  KV_RETURN_IF_ERROR(LaunchPlanCopy(src_base, dst_base, slot.device_table, prefix.runs,
+                                    prefix.chunks, m.options, s));
+  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.copy_done, s), "record"));
+  return prefix;
 }
 
 // ---- The copy engine -------------------------------------------------------------------------

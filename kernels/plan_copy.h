@@ -57,9 +57,20 @@ inline constexpr uint64_t kPlanCopyMaxOffset = uint64_t{1} << 48;
 // The table depends only on the chunk count; num_runs is accepted so existing callers compile.
 uint64_t PlanCopyChunks(std::span<const Run> runs);
 uint64_t PlanCopyTableBytes(size_t num_runs, uint64_t num_chunks);
+uint64_t PlanCopyRunChunks(const Run& run);
 // Encodes `runs` into `table` (table_bytes ≥ PlanCopyTableBytes(runs.size(), chunks)); returns
 // the number of chunks. kInvalidArgument when the table is too small or an offset is ≥ 2^48.
 Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uint64_t table_bytes);
+// Encodes the longest prefix of `runs` whose chunks fit in max_chunks (table holds that many),
+// in one pass, for copies that go in pieces: `runs` of the prefix (zero-length runs included)
+// and its `chunks`. kInvalidArgument when the first run alone needs more than max_chunks, or for
+// an offset ≥ 2^48 (the table then holds garbage).
+struct PlanCopyPrefix {
+  size_t runs = 0;
+  uint64_t chunks = 0;
+};
+Result<PlanCopyPrefix> EncodePlanCopyPrefix(std::span<const Run> runs, uint64_t max_chunks,
+                                            void* table);
 
 // One launch over a table already resident on the device (16-byte aligned). Asynchronous on
 // `stream`. num_runs is unused by the kernel (see PlanCopyTableBytes).
@@ -89,12 +100,13 @@ class PlanCopier {
   Status Copy(const void* src_base, void* dst_base, std::span<const Run> runs, void* stream);
 
   static constexpr uint64_t kFirstPieceChunks = 4096;
-  static constexpr uint64_t kPieceGrowth = 4;
+  static constexpr uint64_t kPieceGrowth = 2;
 
  private:
   struct Impl;
-  Status CopyPiece(const void* src_base, void* dst_base, std::span<const Run> runs, uint64_t chunks,
-                   void* stream);
+  // Copies the longest prefix of `runs` that fits in max_chunks (at least the first run).
+  Result<PlanCopyPrefix> CopyPrefix(const void* src_base, void* dst_base, std::span<const Run> runs,
+                                    uint64_t max_chunks, void* stream);
   explicit PlanCopier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

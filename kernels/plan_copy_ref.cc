@@ -15,13 +15,16 @@ void CopyRunsHost(const void* src_base, void* dst_base, std::span<const Run> run
 
 uint64_t PlanCopyChunks(std::span<const Run> runs) {
   uint64_t chunks = 0;
-  for (const Run& run : runs)
-    chunks += (run.length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
+  for (const Run& run : runs) chunks += PlanCopyRunChunks(run);
   return chunks;
 }
 
 uint64_t PlanCopyTableBytes(size_t /*num_runs*/, uint64_t num_chunks) {
   return num_chunks * sizeof(PlanCopyChunk);
+}
+
+uint64_t PlanCopyRunChunks(const Run& run) {
+  return (run.length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
 }
 
 Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uint64_t table_bytes) {
@@ -30,10 +33,24 @@ Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uin
     return Status::InvalidArgument("plan copy table of " + std::to_string(table_bytes) +
                                    " bytes cannot hold " + std::to_string(chunks) + " chunks");
   }
+  KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix, EncodePlanCopyPrefix(runs, chunks, table));
+  return prefix.chunks;
+}
+
+Result<PlanCopyPrefix> EncodePlanCopyPrefix(std::span<const Run> runs, uint64_t max_chunks,
+                                            void* table) {
   static_assert(kPlanCopyChunkBytes <= (uint64_t{1} << 16), "chunk length must fit 16 bits");
   auto* out = static_cast<PlanCopyChunk*>(table);
-  for (const Run& run : runs) {
+  PlanCopyPrefix done;
+  for (; done.runs < runs.size(); ++done.runs) {
+    const Run& run = runs[done.runs];
     if (run.length == 0) continue;
+    const uint64_t need = PlanCopyRunChunks(run);
+    if (done.chunks > 0 && done.chunks + need > max_chunks) break;
+    if (need > max_chunks) {
+      return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
+                                     " chunks cannot hold a run of " + std::to_string(need));
+    }
     if (run.length > kPlanCopyMaxOffset || run.src_offset > kPlanCopyMaxOffset - run.length ||
         run.dst_offset > kPlanCopyMaxOffset - run.length) {
       return Status::InvalidArgument("plan copy offsets must stay below 2^48");
@@ -45,8 +62,9 @@ Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uin
       dst += kPlanCopyChunkBytes;
     }
     *out++ = {src, dst | (left - 1) << 48};
+    done.chunks += need;
   }
-  return chunks;
+  return done;
 }
 
 const char* CopyPathName(CopyPath path) {

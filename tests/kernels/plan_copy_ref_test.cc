@@ -85,6 +85,39 @@ TEST(PlanCopyRef, TableRejectsOffsetsBeyond48Bits) {
   EXPECT_TRUE(EncodePlanCopyTable(highest, table, sizeof table).ok());
 }
 
+// Prefixes encoded one after another (as PlanCopier's pieces are) make the same table as one
+// encoding of all runs; each stops before the run that would pass max_chunks.
+TEST(PlanCopyRef, PrefixesConcatenateToTheWholeTable) {
+  const uint64_t c = kPlanCopyChunkBytes;
+  const std::vector<kv::Run> runs = {{0, 0, 3 * c}, {5, 9 * c, 0},      {7, 4 * c, c + 1},
+                                     {1, 7 * c, 1}, {2, 20 * c, 5 * c}, {3, 40 * c, c}};
+  const uint64_t chunks = PlanCopyChunks(runs);
+  ASSERT_EQ(chunks, 3u + 0 + 2 + 1 + 5 + 1);
+  std::vector<PlanCopyChunk> whole(chunks), pieces(chunks);
+  ASSERT_TRUE(EncodePlanCopyTable(runs, whole.data(), chunks * sizeof(PlanCopyChunk)).ok());
+  size_t at = 0;
+  uint64_t filled = 0;
+  std::vector<size_t> taken;
+  while (at < runs.size()) {
+    auto prefix = EncodePlanCopyPrefix(std::span(runs).subspan(at), 5, pieces.data() + filled);
+    ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+    ASSERT_LE(prefix->chunks, 5u);
+    at += prefix->runs;
+    filled += prefix->chunks;
+    taken.push_back(prefix->runs);
+  }
+  // Chunks 3 + 0 + 2 | 1 (the run of 5 would pass 5) | 5 | 1.
+  EXPECT_EQ(taken, (std::vector<size_t>{3, 1, 1, 1}));
+  ASSERT_EQ(filled, chunks);
+  for (uint64_t i = 0; i < chunks; ++i) {
+    EXPECT_EQ(pieces[i].src_offset, whole[i].src_offset) << i;
+    EXPECT_EQ(pieces[i].dst_offset_and_length, whole[i].dst_offset_and_length) << i;
+  }
+  // A first run larger than the table is refused, not split.
+  std::vector<PlanCopyChunk> small(2);
+  EXPECT_EQ(EncodePlanCopyPrefix(runs, 2, small.data()).status().code(), Code::kInvalidArgument);
+}
+
 TEST(PlanCopyRef, ChooserPrefersCopyEngineForLargeRuns) {
   int dummy_stream = 0;
   void* stream = &dummy_stream;

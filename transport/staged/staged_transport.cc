@@ -61,6 +61,9 @@ Core::~Core() {
     for (auto& job : link.jobs) {
       if (job->done) std::exchange(job->done, nullptr)(Status::Aborted("transport destroyed"));
     }
+    for (auto& [seq, get] : link.gets) {
+      if (get->done) std::exchange(get->done, nullptr)(Status::Aborted("transport destroyed"));
+    }
   }
   out_.clear();
   in_.clear();

@@ -71,6 +71,9 @@ struct Peer {
   transport::PeerId transport_peer = 0;
   Clock::time_point last_heard;
   std::vector<proto::PeerMessage> queued;  // sent once ready
+  // The peer's regions imported into the transport, by packed descriptor: every request into a
+  // region shares one import instead of a blocking round trip to the transport's thread each.
+  std::map<std::string, std::shared_ptr<transport::RemoteMemory>> imported;
 };
 
 struct SourceRank {
@@ -195,6 +198,8 @@ class Daemon::Core {
   Result<proto::TransferParams> RequestFinished(Engine& engine, const proto::RequestFinished& m);
   Status StartLoad(Engine& engine, const proto::StartLoad& load);
   Status OnWant(Peer& peer, const proto::WantRequest& want);
+  Result<std::shared_ptr<transport::RemoteMemory>> ImportRemote(Peer& peer,
+                                                                const std::string& descriptor);
   void OnConfirm(Peer& peer, const std::string& request_id);
   void OnPeerFail(Peer& peer, const proto::Fail& fail);
   void OnNotification(const std::string& message);

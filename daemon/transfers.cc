@@ -14,6 +14,7 @@ namespace {
 
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr int kMaxBlocksPerRequest = 1 << 20;
+constexpr size_t kMaxImportsPerPeer = 4096;
 
 // Block ids from an engine or a peer, checked against every region they will index.
 template <typename Ids>
@@ -187,8 +188,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
     for (int i = 0; i < wire.regions_size(); ++i) {
       KV_ASSIGN_OR_RETURN(KvRegion layout, FromWire(wire.regions(i)));
       rank.layouts.push_back(layout);
-      KV_ASSIGN_OR_RETURN(auto remote,
-                          transport_->import_remote(peer.transport_peer, wire.descriptors(i)));
+      KV_ASSIGN_OR_RETURN(auto remote, ImportRemote(peer, wire.descriptors(i)));
       if (remote->length() < layout.span_bytes()) {
         return Status::OutOfRange("destination region of " + std::to_string(remote->length()) +
                                   " bytes cannot hold its layout's " +
@@ -220,6 +220,19 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   request.destination = std::move(destination);
   PumpSource(request);
   return Status::Ok();
+}
+
+Result<std::shared_ptr<transport::RemoteMemory>> Daemon::Core::ImportRemote(
+    Peer& peer, const std::string& descriptor) {
+  auto it = peer.imported.find(descriptor);
+  if (it != peer.imported.end()) return it->second;
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<transport::RemoteMemory> remote,
+                      transport_->import_remote(peer.transport_peer, descriptor));
+  // A peer whose engines re-register leaves stale entries: bounded, and dropped all at once
+  // (requests in flight hold their own references).
+  if (peer.imported.size() >= kMaxImportsPerPeer) peer.imported.clear();
+  peer.imported.emplace(descriptor, remote);
+  return remote;
 }
 
 void Daemon::Core::PumpSource(SourceRequest& request) {

@@ -405,10 +405,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
       // With batches in flight the loop does not sleep: it queries their events on every pass,
       // so a finished copy completes within microseconds. A host function behind each copy
-      // (cudaLaunchHostFunc) woke this thread 300-500 us after the copy on the H200 machine,
-      // 20-35% of a 512 MiB transfer (benchmarks/gpu.md, run 3). After kSpinWindow without
-      // progress (a batch gated on a slow engine event, or a very long copy) it sleeps 100 us
-      // between passes instead of holding a core.
+      // (cudaLaunchHostFunc) woke this thread 80-500 us later than polling saw the copy end on
+      // the H200 machine, against ~1.5 ms for a 512 MiB transfer (benchmarks/gpu.md, run 3).
+      // After kSpinWindow without progress (a batch gated on a slow engine event, or a very
+      // long copy) it sleeps 100 us between passes instead of holding a core.
       const auto now = Clock::now();
       if (!busy || progressed) last_progress = now;
       const bool spin = busy && now - last_progress < kSpinWindow;

@@ -2,8 +2,8 @@
 // sender's GPU into pinned slots, UCX moves the slots, the receiver scatters on its GPU. Two
 // processes on one GPU are enough (the path crosses host memory either way): a layout
 // conversion (LBNHC → BLHNC, random block ids, a partial last block) put and verified byte for
-// byte after the sender's notification, the mirror get, and a killed receiver failing the next
-// batch.
+// byte after the sender's notification, a put gated on an engine's event (post_after), the
+// mirror get, and a killed receiver failing the next batch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,6 +93,23 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
   EXPECT_EQ(Code::kOutOfRange, Transfer(sender, receiver, Op::kPut, outside).code());
   EXPECT_TRUE(Stop(sender).ok());
   EXPECT_TRUE(Stop(receiver).ok());
+}
+
+// kvd orders a layer's transfer after the engine's event: the gathers wait on the device.
+TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
+  Planned p = Plan(Spec("LBNHC", 32), Spec("BLHNC", 32), 160);
+  Peer sender = Start(p.src_bytes, kSrcSeed);
+  Peer receiver = Start(p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+  TransferOptions gated;
+  gated.gated = true;
+  gated.note = "in";
+  Status put = Transfer(sender, receiver, Op::kPut, p.runs, gated);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  ASSERT_TRUE(WaitForNote(receiver, "in").ok());
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
 }
 
 TEST_F(StagedGpuTest, GetPullsIntoTheCallersLayout) {

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/cuda_ipc/device_ordered.h"
 #include "transport/staged/chunker.h"
 #include "transport/staged/stager.h"
 #include "transport/staged/wire.h"
@@ -86,7 +87,8 @@ struct Job {
   std::vector<Chunk> chunks;
   Clock::time_point deadline;
   Completion done;
-  size_t started = 0;   // chunks whose gather began
+  std::shared_ptr<const CapturedEvent> wait;  // post_after: gathers start after it, on the device
+  size_t started = 0;                         // chunks whose gather began
   size_t issued = 0;    // chunks handed to the inner transport (put, and kData when staged)
   size_t finished = 0;  // chunks in place at the destination
   int copying = 0;      // gathers still reading the user's memory
@@ -145,7 +147,9 @@ struct Region {
   MemoryLocation location;
 };
 
-class Core final : public Transport {
+// DeviceOrdered: a staged put out of a GPU region may wait for an engine's event on the device
+// (the gathers wait; nothing blocks on the host).
+class Core final : public Transport, public DeviceOrdered {
  public:
   Core(std::unique_ptr<Transport> inner, const Config& config);
   ~Core() override;
@@ -164,6 +168,7 @@ class Core final : public Transport {
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override;
   Status post(const Batch& batch, Completion done) override;
+  Status post_after(const Batch& batch, void* cuda_event, Completion done) override;
   Status notify(PeerId peer, std::string message) override;
   void set_notification_handler(NotificationHandler handler) override;
 
@@ -172,6 +177,7 @@ class Core final : public Transport {
 
  private:
   // ---- worker plumbing (staged_transport.cc) ----
+  Status PostStaged(const Batch& batch, Completion done, std::shared_ptr<const CapturedEvent> wait);
   void Enqueue(std::function<void()> task);
   void WorkerLoop();
   Stager& stager();
@@ -233,6 +239,7 @@ class Core final : public Transport {
   std::set<PeerId> connected_;
   std::set<PeerId> staged_peers_;  // peers that got a staged batch: notes go through the worker
   std::shared_ptr<const NotificationHandler> handler_;
+  EventFence fence_;
 
   // Inbound queue: the inner's progress thread and the worker.
   std::mutex in_mu_;

@@ -108,11 +108,11 @@ void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job) {
   ++job->copying;
   ++copies_in_flight_;
   const PeerId peer = link.peer;
-  Status s =
-      stager().Copy(slot, job->local_base, job->local_at, false, GatherRuns(chunk),
-                    [this, peer, job, index, send, recv](Status status) {
-                      Enqueue([=, this] { GatherDone(peer, job, index, send, recv, status); });
-                    });
+  Status s = stager().Copy(
+      slot, job->local_base, job->local_at, false, GatherRuns(chunk),
+      job->wait ? job->wait->get() : nullptr, [this, peer, job, index, send, recv](Status status) {
+        Enqueue([=, this] { GatherDone(peer, job, index, send, recv, status); });
+      });
   if (!s.ok()) {
     --job->copying;
     --copies_in_flight_;

@@ -122,6 +122,8 @@ Result<std::unique_ptr<MemoryRegistration>> Core::register_memory(void* base, ui
         "through pinned host memory");
   if (base == nullptr || length == 0)
     return Status::InvalidArgument("register_memory needs a non-null base and a length > 0");
+  if (where.kind == MemoryKind::kCuda)
+    Enqueue([this, device = where.device] { stager().Warm(device); });
   std::lock_guard lock(mu_);
   const uint64_t id = next_region_++;
   regions_[id] = {static_cast<char*>(base), length, where};
@@ -177,6 +179,27 @@ Status Core::post(const Batch& batch, Completion done) {
           "a staged get reads a peer's staged region; this one names direct (inner) memory");
     return PostGet(batch, *remote, std::move(done));
   }
+  return PostStaged(batch, std::move(done), nullptr);
+}
+
+Status Core::post_after(const Batch& batch, void* cuda_event, Completion done) {
+  if (cuda_event == nullptr) return post(batch, std::move(done));
+  KV_RETURN_IF_ERROR(CheckBatch(batch));
+  auto* local = dynamic_cast<const StagedRegistration*>(batch.local);
+  if (batch.op != Op::kPut || local == nullptr || local->owner() != this ||
+      local->location().kind != MemoryKind::kCuda)
+    return Status::Unsupported(
+        "post_after orders staged puts out of GPU regions only (the gathers wait on the device)");
+  if (auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
+      remote != nullptr && remote->owner() != this)
+    return Status::InvalidArgument("batch names memory of another transport");
+  KV_ASSIGN_OR_RETURN(auto wait, fence_.Capture(cuda_event, local->location().device));
+  return PostStaged(batch, std::move(done), std::move(wait));
+}
+
+Status Core::PostStaged(const Batch& batch, Completion done,
+                        std::shared_ptr<const CapturedEvent> wait) {
+  auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
   const PeerId peer = batch.remote->peer();
   {
     std::lock_guard lock(mu_);
@@ -193,6 +216,7 @@ Status Core::post(const Batch& batch, Completion done) {
   job->chunks = PlanChunks(batch.runs, config_.slot_bytes, job->remote_staged);
   job->deadline = batch.deadline;
   job->done = std::move(done);
+  job->wait = std::move(wait);
   Enqueue([this, peer, job = std::move(job)]() mutable { AddJob(peer, std::move(job)); });
   return Status::Ok();
 }

@@ -15,6 +15,9 @@
 //    Slots alternate (staging_slots of each), so the gather of chunk i+1 and the scatter of
 //    chunk i-1 overlap the wire of chunk i. A staged source and a direct (inner) destination
 //    skip the receiver: gather, then an inner put straight into the destination.
+//  post_after (DeviceOrdered, for kvd's GPU engines): a put out of a GPU region whose gathers
+//    wait, on the device, for the engine's layer event as recorded at the call; nothing blocks
+//    on the host (the event's record is captured on a fence stream, stager.h).
 //  links: the first staged put to a peer opens a link: kHello carries the sender's address, the
 //    receiver connects back (acks travel that way), allocates the receive slots and answers
 //    kWelcome with their descriptors.

@@ -52,6 +52,22 @@ void Copy(const std::string& from, char (&to)[256]) {
   std::snprintf(to, sizeof(to), "%s", from.c_str());
 }
 
+kv::LayoutSpec Spec(const kv_layout& l) {
+  kv::LayoutSpec s;
+  s.order = l.order != nullptr ? l.order : "LBNHC";
+  s.layers = l.layers;
+  s.blocks = l.blocks;
+  s.heads = l.heads;
+  s.block_size = l.block_size;
+  s.content_bytes = l.content_bytes;
+  std::copy(std::begin(l.strides), std::end(l.strides), s.strides.begin());
+  s.tp_rank = l.tp_rank;
+  s.tp_size = l.tp_size;
+  s.total_heads = l.total_heads;
+  s.replicated = l.replicated != 0;
+  return s;
+}
+
 kv::connector::ConnectorOptions Options(const char* instance, int rank, int size, int timeout_ms) {
   kv::connector::ConnectorOptions o;
   o.instance = instance;
@@ -143,34 +159,42 @@ int kv_register_kv_caches(kv_connector* c, const kv_layout* layouts, size_t coun
     KV_RETURN_IF_ERROR(NeedNonNull(layouts, "layouts"));
     KV_RETURN_IF_ERROR(NeedNonNull(bases, "bases"));
     std::vector<kv::LayoutSpec> specs(count);
-    for (size_t i = 0; i < count; ++i) {
-      const kv_layout& l = layouts[i];
-      kv::LayoutSpec& s = specs[i];
-      s.order = l.order != nullptr ? l.order : "LBNHC";
-      s.layers = l.layers;
-      s.blocks = l.blocks;
-      s.heads = l.heads;
-      s.block_size = l.block_size;
-      s.content_bytes = l.content_bytes;
-      std::copy(std::begin(l.strides), std::end(l.strides), s.strides.begin());
-      s.tp_rank = l.tp_rank;
-      s.tp_size = l.tp_size;
-      s.total_heads = l.total_heads;
-      s.replicated = l.replicated != 0;
-    }
+    for (size_t i = 0; i < count; ++i) specs[i] = Spec(layouts[i]);
     KV_ASSIGN_OR_RETURN(auto caches, c->impl->RegisterKvCaches(specs));
     for (size_t i = 0; i < caches.size(); ++i) bases[i] = caches[i].base;
     return kv::Status::Ok();
   });
 }
 
+int kv_register_gpu_kv_caches(kv_connector* c, const kv_layout* layouts, void* const* bases,
+                              int device, size_t count, kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+    KV_RETURN_IF_ERROR(NeedNonNull(layouts, "layouts"));
+    KV_RETURN_IF_ERROR(NeedNonNull(bases, "bases"));
+    std::vector<kv::connector::GpuKvCache> caches(count);
+    for (size_t i = 0; i < count; ++i) {
+      caches[i].base = bases[i];
+      caches[i].device = device;
+      caches[i].layout = Spec(layouts[i]);
+    }
+    return c->impl->RegisterGpuKvCaches(caches).status();
+  });
+}
+
 int kv_save_layer(kv_connector* c, const char* request, int layer, const int64_t* block_ids,
                   size_t count, kv_error* err) {
+  return kv_save_layer_on_stream(c, request, layer, block_ids, count, nullptr, err);
+}
+
+int kv_save_layer_on_stream(kv_connector* c, const char* request, int layer,
+                            const int64_t* block_ids, size_t count, void* cuda_stream,
+                            kv_error* err) {
   return Guarded(err, [&]() -> kv::Status {
     KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
     KV_RETURN_IF_ERROR(NeedNonNull(request, "request"));
     KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
-    return c->impl->SaveLayer(request, layer, {block_ids, count});
+    return c->impl->SaveLayer(request, layer, {block_ids, count}, cuda_stream);
   });
 }
 

@@ -11,12 +11,22 @@
 
 namespace kv::connector {
 
-Connector::Client::Client(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {
+Result<std::unique_ptr<Connector::Client>> Connector::Client::Create(
+    int fd, std::chrono::milliseconds timeout) {
   // A kvd that stops reading cannot block a sender past the timeout.
   timeval tv{};
   tv.tv_sec = timeout.count() / 1000;
   tv.tv_usec = (timeout.count() % 1000) * 1000;
-  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    Status s = Status::IoError(std::string("bounding sends to kvd (SO_SNDTIMEO): ") +
+                               std::strerror(errno));
+    close(fd);
+    return s;
+  }
+  return std::unique_ptr<Client>(new Client(fd, timeout));
+}
+
+Connector::Client::Client(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {
   reader_ = std::thread([this] { ReadLoop(); });
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -23,8 +24,9 @@ namespace kv::connector {
 
 class Connector::Client {
  public:
-  // Takes ownership of `fd`, a connected stream socket to kvd.
-  Client(int fd, std::chrono::milliseconds timeout);
+  // Takes ownership of `fd`, a connected stream socket to kvd, on every path. Sends to kvd are
+  // bounded by `timeout` (SO_SNDTIMEO); kIoError when the socket refuses that bound.
+  static Result<std::unique_ptr<Client>> Create(int fd, std::chrono::milliseconds timeout);
   ~Client();
 
   // Sends `message` (and `pass_fd` with it when >= 0) and waits for the reply: the reply's
@@ -40,6 +42,8 @@ class Connector::Client {
   std::vector<int64_t> TakeFailedBlocks();
 
  private:
+  Client(int fd, std::chrono::milliseconds timeout);
+
   struct Load {
     std::set<int> ready;
     Status failed;

@@ -11,6 +11,7 @@
 #include "connector/client.h"
 #include "daemon/daemon.h"
 #include "daemon/wire_layout.h"
+#include "transport/cuda_ipc/ipc_memory.h"
 
 namespace kv::connector {
 
@@ -63,7 +64,7 @@ Connector::~Connector() = default;
 
 Result<std::unique_ptr<Connector>> Connector::Connect(int fd, ConnectorOptions options,
                                                       std::shared_ptr<daemon::Daemon> embedded) {
-  auto client = std::make_unique<Client>(fd, options.timeout);
+  KV_ASSIGN_OR_RETURN(auto client, Client::Create(fd, options.timeout));
   proto::EngineMessage m;
   auto* hello = m.mutable_hello();
   hello->set_protocol_version(proto::PROTOCOL_VERSION);
@@ -96,7 +97,7 @@ Result<std::unique_ptr<Connector>> Connector::OpenEmbedded(std::shared_ptr<daemo
 }
 
 Result<std::vector<KvCache>> Connector::RegisterKvCaches(std::span<const LayoutSpec> layouts) {
-  if (!memory_.empty()) return Status::AlreadyExists("register_kv_caches was already called");
+  if (!region_layers_.empty()) return Status::AlreadyExists("KV caches were already registered");
   std::vector<KvCache> caches;
   for (size_t i = 0; i < layouts.size(); ++i) {
     KV_ASSIGN_OR_RETURN(KvRegion layout, KvRegion::Create(layouts[i]));
@@ -114,9 +115,64 @@ Result<std::vector<KvCache>> Connector::RegisterKvCaches(std::span<const LayoutS
   return caches;
 }
 
+Result<std::vector<KvCache>> Connector::RegisterGpuKvCaches(std::span<const GpuKvCache> caches) {
+  if (!region_layers_.empty()) return Status::AlreadyExists("KV caches were already registered");
+  if (embedded_) {
+    return Status::Unsupported(
+        "GPU caches need kvd in another process: CUDA IPC cannot open memory of its own "
+        "process (use Connector::Open, not OpenEmbedded)");
+  }
+  if (caches.empty()) return Status::InvalidArgument("no GPU caches to register");
+  // Everything is checked and exported before kvd hears of any cache.
+  std::vector<KvCache> out;
+  std::vector<transport::gpu::IpcExport> exports;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const GpuKvCache& cache = caches[i];
+    const std::string which = "GPU cache " + std::to_string(i);
+    auto layout = KvRegion::Create(cache.layout, MemoryLocation::Cuda(cache.device));
+    if (!layout.ok()) return layout.status().WithContext(which);
+    if (cache.device != caches.front().device ||
+        layout->spec().layers != caches.front().layout.layers) {
+      return Status::InvalidArgument(which +
+                                     ": every GPU cache must live on one device and have "
+                                     "the same layer count");
+    }
+    const uint64_t bytes = cache.layout.region_bytes > 0
+                               ? static_cast<uint64_t>(cache.layout.region_bytes)
+                               : layout->span_bytes();
+    auto exported = transport::gpu::ExportDeviceMemory(cache.base, bytes, cache.device);
+    if (!exported.ok()) return exported.status().WithContext(which);
+    exports.push_back(std::move(exported).value());
+    out.push_back(KvCache{cache.base, bytes, std::move(layout).value()});
+  }
+  const int layers = static_cast<int>(out.front().layout.spec().layers);
+  KV_ASSIGN_OR_RETURN(auto events,
+                      transport::gpu::LayerEvents::Create(caches.front().device, layers));
+  for (size_t i = 0; i < out.size(); ++i) {
+    proto::EngineMessage m;
+    auto* reg = m.mutable_register_gpu_region();
+    daemon::ToWire(out[i].layout.spec(), reg->mutable_layout());
+    reg->set_bytes(out[i].bytes);
+    reg->set_ipc_handle(exports[i].handle);
+    reg->set_offset(exports[i].offset);
+    reg->set_allocation_bytes(exports[i].allocation_bytes);
+    reg->set_device_uuid(exports[i].device_uuid);
+    KV_RETURN_IF_ERROR(client_->Call(std::move(m)).status());
+  }
+  proto::EngineMessage m;
+  auto* shared = m.mutable_register_layer_events();
+  for (const std::string& handle : events->handles()) shared->add_handles(handle);
+  shared->set_device_uuid(exports.front().device_uuid);
+  KV_RETURN_IF_ERROR(client_->Call(std::move(m)).status());
+  layer_events_ = std::move(events);
+  region_layers_.assign(out.size(), layers);
+  return out;
+}
+
 Status Connector::SaveLayer(const std::string& request, int layer,
-                            std::span<const int64_t> block_ids) {
+                            std::span<const int64_t> block_ids, void* cuda_stream) {
   KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
+  if (layer_events_) KV_RETURN_IF_ERROR(layer_events_->Record(layer, cuda_stream));
   proto::EngineMessage m;
   auto* save = m.mutable_save_layer();
   save->set_request_id(request);
@@ -351,10 +407,10 @@ Status OffloadOp::WaitLayer(int layer) {
 Result<proto::DaemonStatus> QueryDaemonStatus(const std::string& socket_path,
                                               std::chrono::milliseconds timeout) {
   KV_ASSIGN_OR_RETURN(int fd, ConnectUnix(socket_path));
-  Connector::Client client(fd, timeout);
+  KV_ASSIGN_OR_RETURN(auto client, Connector::Client::Create(fd, timeout));
   proto::EngineMessage m;
   m.mutable_status();
-  KV_ASSIGN_OR_RETURN(proto::Reply reply, client.Call(std::move(m)));
+  KV_ASSIGN_OR_RETURN(proto::Reply reply, client->Call(std::move(m)));
   return reply.status();
 }
 

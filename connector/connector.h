@@ -5,7 +5,8 @@
 // socketpair). Host KV caches are allocated by RegisterKvCaches in shared memory that kvd maps,
 // so pages move without a copy through this process.
 //
-//   prefill rank:  RegisterKvCaches → per layer: (write K/V) → SaveLayer → RequestFinished
+//   prefill rank:  RegisterKvCaches (host) or RegisterGpuKvCaches (cudaMalloc'ed)
+//                  → per layer: (write K/V) → SaveLayer → RequestFinished
 //   decode rank:   RegisterKvCaches → StartLoad → per layer: WaitLayer → (attend)
 //   both:          GetFinished / GetFailedBlocks once per step
 //   CPU offload:   OffloadStore → (op.Wait) ... OffloadLookup → OffloadLoad → op.WaitLayer / Wait
@@ -29,6 +30,7 @@
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
 #include "layout/status.h"
+#include "transport/cuda_ipc/layer_events.h"
 
 namespace kv::daemon {
 class Daemon;
@@ -56,12 +58,20 @@ struct ConnectorOptions {
   std::chrono::milliseconds timeout{30000};  // bound of every blocking call
 };
 
-// One registered KV cache: `base` points at layout.span_bytes() bytes of shared host memory,
-// valid while the Connector lives.
+// One registered KV cache: `base` points at `bytes` bytes, valid while the Connector lives:
+// shared host memory (RegisterKvCaches), or the engine's own device memory (RegisterGpuKvCaches).
 struct KvCache {
   void* base = nullptr;
   uint64_t bytes = 0;
   KvRegion layout;
+};
+
+// A KV cache the engine allocated on a GPU itself (cudaMalloc, as vLLM does).
+struct GpuKvCache {
+  void* base =
+      nullptr;        // device pointer; its allocation must be exportable with cudaIpcGetMemHandle
+  int device = 0;     // CUDA ordinal in this process
+  LayoutSpec layout;  // region_bytes 0 = the strides' span
 };
 
 struct Finished {
@@ -146,14 +156,32 @@ class Connector {
   // Once, before anything else: allocates and registers one host region per layout.
   Result<std::vector<KvCache>> RegisterKvCaches(std::span<const LayoutSpec> layouts);
 
-  // Prefill: `layer` of `request` is written in `block_ids`; kvd may send it now.
-  Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids);
+  // Once, instead of RegisterKvCaches (a connector registers host caches or GPU caches, not
+  // both). kvd opens each cache through CUDA IPC once and keeps it open until the engine leaves.
+  // Also creates one interprocess CUDA event per layer and shares it with kvd, so kvd's copies of
+  // a saved layer wait on the device for the engine's writes (no host sync in the engine).
+  // Returned KvCache.base is the engine's device pointer. Every cache must live on one device
+  // and have the same layer count. kUnsupported in builds without CUDA, in embedded mode (CUDA
+  // IPC cannot open memory of its own process), or when kvd's transport cannot reach GPU memory;
+  // kInvalidArgument for a pointer that is not device memory of `device`.
+  Result<std::vector<KvCache>> RegisterGpuKvCaches(std::span<const GpuKvCache> caches);
+
+  // Prefill: `layer` of `request` is written in `block_ids`; kvd may send it now. For GPU caches
+  // it first records the layer's event on `cuda_stream` (a cudaStream_t of the caches' device;
+  // nullptr = the legacy default stream), after the work that writes the layer: kvd's copy waits
+  // for that record on the device. In pull mode kvd moves every layer at once after the last
+  // layer's event, so record the layers in order on one stream (as a forward pass does). Host
+  // caches ignore the stream.
+  Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids,
+                   void* cuda_stream = nullptr);
   Result<TransferParams> RequestFinished(const std::string& request);
 
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
   Status StartLoad(const std::string& request, const TransferParams& params,
                    std::span<const int64_t> local_block_ids);
-  // Blocks until `layer` of `request` is in place: OK, the request's error, or kTimeout.
+  // Blocks until `layer` of `request` is in place (for GPU caches: kvd's copy completed on the
+  // device, so work the engine enqueues afterwards sees the bytes): OK, the request's error, or
+  // kTimeout.
   Status WaitLayer(const std::string& request, int layer);
 
   // Requests finished since the last call.
@@ -196,7 +224,7 @@ class Connector {
   Status WaitOffload(const std::string& id, int layer);
   void ForgetOffload(const std::string& id);
 
-  std::vector<int> region_layers_;  // layers of each registered cache, for OffloadOp::Wait
+  std::vector<int> region_layers_;  // layers of each registered cache; empty before registering
   std::atomic<uint64_t> next_offload_ = 1;
   std::mutex offload_mu_;  // taken before the client's lock, never after it
   // Ops a live handle names, and those of them GetFinished() took as done from the client
@@ -204,8 +232,10 @@ class Connector {
   std::set<std::string> live_offloads_, done_offloads_;
 
   std::shared_ptr<daemon::Daemon> embedded_;  // kept alive for the connector's lifetime
-  std::vector<daemon::SharedMemory> memory_;  // this process's view of the registered regions
-  std::unique_ptr<Client> client_;            // destroyed first: no event arrives after it
+  std::vector<daemon::SharedMemory> memory_;  // this process's view of registered host regions
+  // GPU caches: the per-layer events SaveLayer records. Set once by RegisterGpuKvCaches.
+  std::unique_ptr<transport::gpu::LayerEvents> layer_events_;
+  std::unique_ptr<Client> client_;  // destroyed first: no event arrives after it
 };
 
 // kvctl's view: asks the kvd at `socket_path` for its status without registering an engine.

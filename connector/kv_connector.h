@@ -64,8 +64,21 @@ void kv_connector_close(kv_connector* connector);
 int kv_register_kv_caches(kv_connector* c, const kv_layout* layouts, size_t count, void** bases,
                           kv_error* err);
 
+/* Once, instead of kv_register_kv_caches: registers `count` caches the engine allocated itself
+ * on CUDA device `device` (cudaMalloc), bases[i] holding layouts[i]. kvd opens them through CUDA
+ * IPC; per-layer CUDA events are shared with kvd so its copies wait for the engine's writes on
+ * the device. KV_UNSUPPORTED (10) without CUDA, in embedded mode, or when kvd's transport cannot
+ * reach GPU memory; KV_INVALID_ARGUMENT (1) for a pointer that is not device memory of device. */
+int kv_register_gpu_kv_caches(kv_connector* c, const kv_layout* layouts, void* const* bases,
+                              int device, size_t count, kv_error* err);
+
 int kv_save_layer(kv_connector* c, const char* request, int layer, const int64_t* block_ids,
                   size_t count, kv_error* err);
+/* kv_save_layer for GPU caches: first records the layer's event on cuda_stream (a cudaStream_t;
+ * NULL is the legacy default stream) after the work that wrote the layer. */
+int kv_save_layer_on_stream(kv_connector* c, const char* request, int layer,
+                            const int64_t* block_ids, size_t count, void* cuda_stream,
+                            kv_error* err);
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                         kv_error* err);
 int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,

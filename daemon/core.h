@@ -37,16 +37,26 @@
 #include "daemon/offload_service.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
+#include "transport/cuda_ipc/ipc_memory.h"
+#include "transport/cuda_ipc/layer_events.h"
 
 namespace kv::daemon {
 
 using Clock = std::chrono::steady_clock;
 
-// One registered KV region: its layout, kvd's mapping of the engine's memory and the
-// transport registration. Shared so that batches in flight keep it alive past a disconnect.
+// One registered KV region: its layout, where kvd reaches its bytes, what keeps them mapped here
+// and the transport registration. A host region is the engine's memfd mapped into kvd; a GPU
+// region is the engine's cudaMalloc allocation opened through CUDA IPC (gpu_regions.cc). Shared:
+// batches and offload copies in flight hold it, so the mapping outlives an engine's disconnect
+// until they finish.
 struct Region {
   KvRegion layout;
-  SharedMemory memory;
+  void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
+  uint64_t bytes = 0;    // of where.device (CUDA IPC mappings are device pointers in kvd too)
+  MemoryLocation where;
+  SharedMemory host;                               // host regions: the engine's memfd
+  std::shared_ptr<transport::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
+  // Declared last so it is released first, while the memory it names is still mapped.
   std::unique_ptr<transport::MemoryRegistration> registration;
 };
 
@@ -58,6 +68,9 @@ struct Engine {
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;
+  // GPU engines: the engine's per-layer events, opened here (RegisterLayerEvents). A copy of
+  // layer l out of this engine's regions waits on the device for event(l) (post_after).
+  std::shared_ptr<transport::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
 };
 
@@ -183,6 +196,14 @@ class Daemon::Core {
   Result<uint32_t> HandleRegister(Engine& engine, const proto::RegisterRegion& reg);
   Engine* FindEngine(uint64_t id);
 
+  // ---- gpu_regions.cc ----
+  Result<uint32_t> HandleRegisterGpu(Engine& engine, const proto::RegisterGpuRegion& reg);
+  Status HandleLayerEvents(Engine& engine, const proto::RegisterLayerEvents& m);
+  // Posts `batch` out of `engine`'s regions; for a GPU engine the copies first wait on the
+  // device for its event of `layer` (the last layer the batch moves).
+  Status PostFromEngine(const Engine& engine, int layer, const transport::Batch& batch,
+                        transport::Completion done);
+
   // ---- peer_session.cc ----
   void ServePeer(int fd, std::string dialed_address);
   Result<uint64_t> PeerFor(const std::string& address);
@@ -258,6 +279,11 @@ class Daemon::Core {
 inline constexpr size_t kMaxRequestIdBytes = 256;
 inline constexpr int kMaxTpSize = 1024;
 inline constexpr int kMaxRegionsPerEngine = 64;
+
+// A registration's checks before its memory is mapped: the layout it declares, that `bytes`
+// hold it, and that it agrees with the engine's earlier regions (layer count, memory kind).
+Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wire_layout,
+                                   uint64_t bytes, MemoryKind kind);
 
 // An engine's or a peer's request id (transfers and offload ops): 1 to kMaxRequestIdBytes bytes.
 Status CheckRequestId(const std::string& id);

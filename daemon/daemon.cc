@@ -104,7 +104,12 @@ Status Daemon::Core::Start() {
       if (available.empty()) return Status::Unsupported("this build has no transport");
       backend = available.front();
     }
-    KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend));
+    transport::TransportOptions settings;
+    // The GPU backends take kvd's device; ucx and local take no such setting.
+    if (backend == "cuda_ipc" || backend == "nccl") {
+      settings.settings.emplace_back("device", std::to_string(options_.device));
+    }
+    KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend, settings));
   }
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
@@ -244,7 +249,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   for (const auto& [id, engine] : engines_) {
     engines += engine.hello ? 1 : 0;  // not kvctl's own connection
     regions += static_cast<uint32_t>(engine.regions.size());
-    for (const auto& r : engine.regions) region_bytes += r->memory.size();
+    for (const auto& r : engine.regions) region_bytes += r->bytes;
   }
   s.set_engines(engines);
   s.set_regions(regions);
@@ -262,8 +267,9 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
 void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
   if (stopped_.exchange(true)) return;
   if (io_thread_.joinable()) {
-    std::promise<void> closed;
-    asio::post(io_, [this, drain, &closed] {
+    // Shared with the io thread's handlers: they may still hold it if the wait below gives up.
+    auto closed = std::make_shared<std::promise<void>>();
+    asio::post(io_, [this, drain, closed] {
       draining_ = true;
       boost::system::error_code ignored;
       if (engine_acceptor_) engine_acceptor_->close(ignored);
@@ -273,7 +279,7 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
       auto until = Clock::now() + drain;
       auto timer = std::make_shared<asio::steady_timer>(io_);
       auto step = std::make_shared<std::function<void()>>();
-      *step = [this, until, timer, step, &closed] {
+      *step = [this, until, timer, step, closed] {
         int in_flight = 0;
         for (const auto& [id, r] : sources_) in_flight += r.batches_in_flight;
         if (in_flight > 0 && Clock::now() < until) {
@@ -289,11 +295,17 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
         }
         for (auto& c : conns) c->Close(Status::Unavailable("kvd " + options_.name + " stopping"));
         *step = nullptr;  // breaks the self-reference
-        closed.set_value();
+        closed->set_value();
       };
       (*step)();
     });
-    closed.get_future().wait();
+    // The drain is bounded and the closing after it quick; should the io thread not get to them
+    // (its run loop ended, or handlers keep it busy), shutdown stops it rather than wait forever.
+    const auto limit = drain + std::chrono::seconds(5);
+    if (closed->get_future().wait_for(limit) != std::future_status::ready) {
+      spdlog::error("kvd {}: the io thread did not close within {} ms; stopping it", options_.name,
+                    limit.count());
+    }
     io_.stop();
     io_thread_.join();
   }

@@ -30,6 +30,9 @@ struct DaemonOptions {
   // The data transport. Null: created from `transport_name` ("auto" = first available).
   std::unique_ptr<transport::Transport> transport;
   std::string transport_name = "auto";
+  // CUDA ordinal of kvd's own GPU work: the GPU transports' copy stream ("device" setting of
+  // cuda_ipc and nccl). Engines' GPU regions are opened on their own devices, found by UUID.
+  int device = 0;
   uint32_t max_frame_bytes = 4u << 20;
   std::chrono::milliseconds lease{30000};  // how long a source holds a request's blocks
   std::chrono::milliseconds heartbeat_interval{1000};

@@ -86,6 +86,16 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
       reply_to(id.status(), &reply);
       return;
     }
+    case proto::EngineMessage::kRegisterGpuRegion: {
+      auto id = HandleRegisterGpu(*engine, m.register_gpu_region());
+      proto::Reply reply;
+      if (id.ok()) reply.set_region_id(*id);
+      reply_to(id.status(), &reply);
+      return;
+    }
+    case proto::EngineMessage::kRegisterLayerEvents:
+      reply_to(HandleLayerEvents(*engine, m.register_layer_events()));
+      return;
     case proto::EngineMessage::kSaveLayer:
       reply_to(SaveLayer(*engine, m.save_layer()));
       return;
@@ -145,15 +155,13 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
   return Status::Ok();
 }
 
-namespace {
-
-// A registration's checks before its memory is mapped: the layout it declares and its fit.
-Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRegion& reg) {
+Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wire_layout,
+                                   uint64_t bytes, MemoryKind kind) {
   if (engine.regions.size() >= static_cast<size_t>(kMaxRegionsPerEngine)) {
     return Status::ResourceExhausted("an engine registers at most " +
                                      std::to_string(kMaxRegionsPerEngine) + " regions");
   }
-  auto layout = FromWire(reg.layout());
+  auto layout = FromWire(wire_layout);
   if (!layout.ok()) return layout.status().WithContext("region layout");
   if (layout->spec().tp_rank != engine.tp_rank || layout->spec().tp_size != engine.tp_size) {
     return Status::InvalidArgument(
@@ -161,38 +169,43 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRe
         std::to_string(layout->spec().tp_size) + ", the engine said " +
         std::to_string(engine.tp_rank) + " of " + std::to_string(engine.tp_size));
   }
-  if (reg.bytes() < layout->span_bytes()) {
-    return Status::OutOfRange("region of " + std::to_string(reg.bytes()) +
+  if (bytes < layout->span_bytes()) {
+    return Status::OutOfRange("region of " + std::to_string(bytes) +
                               " bytes cannot hold its layout's " +
                               std::to_string(layout->span_bytes()) + " bytes");
   }
   if (!engine.regions.empty()) {
-    const KvRegion& first = engine.regions.front()->layout;
-    if (first.spec().layers != layout->spec().layers) {
+    const Region& first = *engine.regions.front();
+    if (first.layout.spec().layers != layout->spec().layers) {
       return Status::Incompatible("every region of an engine must have the same layer count (" +
-                                  std::to_string(first.spec().layers) + " vs " +
+                                  std::to_string(first.layout.spec().layers) + " vs " +
                                   std::to_string(layout->spec().layers) + ")");
+    }
+    if (first.where.kind != kind) {
+      return Status::Incompatible("an engine registers host caches or GPU caches, not both");
     }
   }
   return layout;
 }
 
-}  // namespace
-
 Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
   // The fd arrived with this message's bytes; claim it first so that it is closed on every path.
   const int fd = engine.conn->TakeFd();
   if (fd < 0) return Status::InvalidArgument("RegisterRegion came without a memory fd");
-  auto layout = CheckRegistration(engine, reg);
+  auto layout = CheckRegistration(engine, reg.layout(), reg.bytes(), MemoryKind::kHost);
   if (!layout.ok()) {
     close(fd);
     return layout.status();
   }
   KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Adopt(fd, reg.bytes()));
-  auto region = std::make_shared<Region>(Region{*layout, std::move(memory), nullptr});
+  auto region = std::make_shared<Region>();
+  region->layout = *layout;
+  region->base = memory.data();
+  region->bytes = memory.size();
+  region->where = MemoryLocation::Host();
+  region->host = std::move(memory);
   KV_ASSIGN_OR_RETURN(region->registration,
-                      transport_->register_memory(region->memory.data(), region->memory.size(),
-                                                  MemoryLocation::Host()));
+                      transport_->register_memory(region->base, region->bytes, region->where));
   engine.regions.push_back(std::move(region));
   return static_cast<uint32_t>(engine.regions.size() - 1);
 }

@@ -21,6 +21,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvd --name NAME --listen HOST:PORT --socket PATH [--transport "
     "auto|ucx|nccl|ipc|local]\n"
+    "           [--device N]\n"
     "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
     "           [--log-level trace|debug|info|warn|error]\n"
     "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
@@ -28,6 +29,11 @@ constexpr const char* kUsage =
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
     "ready line on stdout names it). Data moves over --transport (auto: the best this build has).\n"
+    "--transport ipc is the cuda_ipc backend (GPUs of one host, straight over NVLink / PCIe);\n"
+    "  nccl moves GPU memory through NCCL. Both serve engines that register GPU caches.\n"
+    "--device: CUDA ordinal of kvd's own GPU work: the GPU transport's copy stream and GPU\n"
+    "  offload (0). Engines' GPU caches are opened on their own devices, matched by UUID, so\n"
+    "  CUDA_VISIBLE_DEVICES may differ between kvd and its engines.\n"
     "--lease-ms: how long a source holds a request's blocks waiting for the destination (30000).\n"
     "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
     "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n"
@@ -89,10 +95,12 @@ bool ParseBytes(std::string text, uint64_t* out) {
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags;
   const std::map<std::string, std::string> known = {
-      {"name", "kvd"},         {"listen", "127.0.0.1:0"}, {"socket", ""},
-      {"transport", "auto"},   {"offload-bytes", "0"},    {"log-level", "info"},
-      {"lease-ms", "30000"},   {"heartbeat-ms", "1000"},  {"drain-ms", "5000"},
-      {"offload-copy", "auto"}};
+      {"name", "kvd"},        {"listen", "127.0.0.1:0"},
+      {"socket", ""},         {"transport", "auto"},
+      {"offload-bytes", "0"}, {"log-level", "info"},
+      {"lease-ms", "30000"},  {"heartbeat-ms", "1000"},
+      {"drain-ms", "5000"},   {"offload-copy", "auto"},
+      {"device", "0"}};
   flags = known;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -140,6 +148,15 @@ int main(int argc, char** argv) {
                 "' is not a byte count like 65536, 512M or 64G (at most 1 PiB)");
   }
   options.offload_copy = flags["offload-copy"];
+  {
+    char* end = nullptr;
+    errno = 0;
+    long device = std::strtol(flags["device"].c_str(), &end, 10);
+    if (flags["device"].empty() || *end != '\0' || errno != 0 || device < 0 || device > 1023) {
+      return Fail("--device '" + flags["device"] + "' is not a CUDA ordinal in [0, 1023]");
+    }
+    options.device = static_cast<int>(device);
+  }
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t stop_signals;

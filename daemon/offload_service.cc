@@ -113,7 +113,7 @@ struct OffloadCopy {
   OffloadPool* pool = nullptr;
 
   offload::BlockTransfer transfer() const {
-    return {&region->layout, static_cast<std::byte*>(region->memory.data()), keys, blocks, nullptr};
+    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, nullptr};
   }
 };
 
@@ -146,6 +146,9 @@ Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint
   if (region_id >= engine.regions.size()) {
     return Status::OutOfRange("region " + std::to_string(region_id) + " is not registered (" +
                               std::to_string(engine.regions.size()) + " regions)");
+  }
+  if (engine.regions[region_id]->where.kind != MemoryKind::kHost) {
+    return Status::Unsupported("kvd offloads host caches only so far, not GPU caches");
   }
   return engine.regions[region_id];
 }

@@ -92,6 +92,9 @@ proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const 
 Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   KV_RETURN_IF_ERROR(CheckRequestId(save.request_id()));
   if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
+  if (engine.regions.front()->where.kind == MemoryKind::kCuda && !engine.layer_events) {
+    return Status::InvalidArgument("GPU caches need their layer events before save_layer");
+  }
   const int layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
   if (save.layer() < 0 || save.layer() >= layers) {
     return Status::OutOfRange("layer " + std::to_string(save.layer()) + " out of range [0, " +
@@ -311,8 +314,11 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
         batch.runs = plan.runs;
         batch.deadline = request.deadline;
         const uint64_t bytes = plan.bytes;
-        KV_RETURN_IF_ERROR(transport_->post(
-            batch, [this, id = request.id, src, remote = dst.remotes[i], bytes, begin](Status s) {
+        // GPU sources wait on the device for the engine's event of the range's last layer (a
+        // pull range: the engine records its layers in order on one stream).
+        KV_RETURN_IF_ERROR(PostFromEngine(
+            *engine, end - 1, batch,
+            [this, id = request.id, src, remote = dst.remotes[i], bytes, begin](Status s) {
               Trace("flushed", id, begin);
               boost::asio::post(io_, [this, id, s, bytes] { OnBatchDone(id, s, bytes); });
             }));

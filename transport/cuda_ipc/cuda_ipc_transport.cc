@@ -1,6 +1,5 @@
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -20,6 +19,7 @@
 
 #include "transport/cuda_ipc/cuda_util.h"
 #include "transport/cuda_ipc/device_ordered.h"
+#include "transport/cuda_ipc/ipc_memory.h"
 #include "transport/cuda_ipc/run_copier.h"
 #include "transport/cuda_ipc/side_channel.h"
 #include "transport/run_check.h"
@@ -65,27 +65,6 @@ std::string HostId() {
   return id.substr(0, kHostIdBytes - 1);
 }
 
-// The allocation that holds `ptr`. Resolved through the runtime's driver entry point so the
-// library does not link libcuda and CPU-only machines can still load it.
-Status AllocationRange(const void* ptr, CUdeviceptr* alloc_base, size_t* alloc_bytes) {
-  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static GetAddressRange get_range = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<GetAddressRange>(fn);
-  }();
-  if (get_range == nullptr) return Status::Unsupported("driver lacks cuMemGetAddressRange");
-  if (get_range(alloc_base, alloc_bytes, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
-    return Status::InvalidArgument("pointer is not inside a CUDA allocation");
-  }
-  return Status::Ok();
-}
-
 class IpcRegistration final : public MemoryRegistration {
  public:
   IpcRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed)
@@ -102,48 +81,17 @@ class IpcRegistration final : public MemoryRegistration {
   std::string packed_;
 };
 
-// One peer allocation opened in this process. CUDA allows a handle to be opened once per
-// process, so mappings are shared through a process-wide cache and closed with the last user.
-struct Mapping {
-  void* ptr = nullptr;
-  int device = -1;
-  ~Mapping() {
-    DeviceGuard guard(device);
-    cudaIpcCloseMemHandle(ptr);
-  }
-};
-
-Result<std::shared_ptr<Mapping>> OpenMapping(const cudaIpcMemHandle_t& handle, int device) {
-  static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<Mapping>> cache;
-  std::string key(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  std::lock_guard lock(mu);
-  if (auto alive = cache[key].lock()) return alive;
-  DeviceGuard guard(device);
-  auto mapping = std::make_shared<Mapping>();
-  mapping->device = device;
-  cudaError_t err = cudaIpcOpenMemHandle(&mapping->ptr, handle, cudaIpcMemLazyEnablePeerAccess);
-  if (err != cudaSuccess) {
-    mapping->ptr = nullptr;
-    mapping->device = -1;
-    cudaGetLastError();  // the failed open must not surface in an unrelated later call
-    return CudaStatus(err, "cudaIpcOpenMemHandle (the peer must be another process)");
-  }
-  cache[key] = mapping;
-  return mapping;
-}
-
 class IpcRemote final : public RemoteMemory {
  public:
-  IpcRemote(PeerId peer, std::shared_ptr<Mapping> mapping, uint64_t offset, uint64_t length)
+  IpcRemote(PeerId peer, std::shared_ptr<gpu::IpcMemory> mapping, uint64_t offset, uint64_t length)
       : peer_(peer), mapping_(std::move(mapping)), offset_(offset), length_(length) {}
   PeerId peer() const override { return peer_; }
   uint64_t length() const override { return length_; }
-  char* base() const { return static_cast<char*>(mapping_->ptr) + offset_; }
+  char* base() const { return static_cast<char*>(mapping_->base()) + offset_; }
 
  private:
   PeerId peer_;
-  std::shared_ptr<Mapping> mapping_;
+  std::shared_ptr<gpu::IpcMemory> mapping_;  // shared by every import of the allocation
   uint64_t offset_;
   uint64_t length_;
 };
@@ -194,42 +142,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (where.kind != MemoryKind::kCuda) {
       return Status::Unsupported("cuda_ipc registers CUDA device memory only");
     }
-    if (base == nullptr || length == 0) {
-      return Status::InvalidArgument("cuda_ipc: empty registration");
-    }
-    cudaPointerAttributes attrs{};
-    if (cudaPointerGetAttributes(&attrs, base) != cudaSuccess ||
-        attrs.type != cudaMemoryTypeDevice) {
-      cudaGetLastError();
-      return Status::InvalidArgument("cuda_ipc: base is not CUDA device memory");
-    }
-    if (attrs.device != where.device) {
-      return Status::InvalidArgument("cuda_ipc: memory is on device " +
-                                     std::to_string(attrs.device) + ", registration says " +
-                                     std::to_string(where.device));
-    }
-    CUdeviceptr alloc_base = 0;
-    size_t alloc_bytes = 0;
-    KV_RETURN_IF_ERROR(AllocationRange(base, &alloc_base, &alloc_bytes));
-    const uint64_t offset = reinterpret_cast<CUdeviceptr>(base) - alloc_base;
-    if (length > alloc_bytes - offset) {
-      return Status::OutOfRange("cuda_ipc: registration of " + std::to_string(length) +
-                                " bytes runs past its allocation (" +
-                                std::to_string(alloc_bytes - offset) + " bytes left)");
-    }
+    // Memory this process imported (an engine's region in kvd) is exported under its owner's
+    // handle: ExportDeviceMemory looks it up in the process-wide cache of open mappings.
+    auto exported = gpu::ExportDeviceMemory(base, length, where.device);
+    if (!exported.ok()) return exported.status().WithContext("cuda_ipc");
     WireDescriptor wire{};
     std::memcpy(wire.magic, kMagic, sizeof(kMagic));
-    DeviceGuard guard(where.device);
-    cudaError_t err = cudaIpcGetMemHandle(&wire.handle, reinterpret_cast<void*>(alloc_base));
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return Status::Unsupported(std::string("cuda_ipc: allocation cannot be exported (") +
-                                 cudaGetErrorName(err) +
-                                 "); stream-ordered pool and VMM memory need a shareable handle");
-    }
-    wire.offset = offset;
+    std::memcpy(&wire.handle, exported->handle.data(), sizeof(wire.handle));
+    wire.offset = exported->offset;
     wire.length = length;
-    wire.allocation_bytes = alloc_bytes;
+    wire.allocation_bytes = exported->allocation_bytes;
     std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
     std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
     return std::unique_ptr<MemoryRegistration>(
@@ -288,7 +210,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         wire.length > wire.allocation_bytes - wire.offset) {
       return Status::InvalidArgument("cuda_ipc descriptor range lies outside its allocation");
     }
-    KV_ASSIGN_OR_RETURN(auto mapping, OpenMapping(wire.handle, device_));
+    KV_ASSIGN_OR_RETURN(
+        auto mapping,
+        gpu::OpenIpcMemory({reinterpret_cast<const char*>(&wire.handle), sizeof(wire.handle)},
+                           device_));
+    if (wire.offset > mapping->bytes() || wire.length > mapping->bytes() - wire.offset) {
+      return Status::InvalidArgument(
+          "cuda_ipc descriptor range lies outside the allocation it "
+          "opens (" +
+          std::to_string(mapping->bytes()) + " bytes)");
+    }
     return std::unique_ptr<RemoteMemory>(
         new IpcRemote(peer, std::move(mapping), wire.offset, wire.length));
   }

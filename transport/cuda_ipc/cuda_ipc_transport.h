@@ -2,12 +2,13 @@
 // (get) the peer's memory over NVLink / PCIe peer-to-peer, with no staging.
 //
 // register_memory() exports CUDA device memory as a cudaIpcMemHandle of its allocation plus the
-// offset of `base` inside it; import_remote() opens a peer's allocation once per process
-// (cudaIpcOpenMemHandle, cached and shared by every RemoteMemory of that allocation) and keeps it
-// open while any RemoteMemory of it lives. post() enqueues the whole batch on the backend's stream
-// through the kernels' chooser (one plan-copy launch, or the copy engine for large runs) and
-// returns; the progress thread learns completion from a CUDA event (no host synchronisation on
-// the caller's path).
+// offset of `base` inside it (ipc_memory.h); memory this process opened from another one (kvd
+// registering an engine's region) is exported under its owner's handle, so a peer opens the
+// engine's allocation directly. import_remote() opens a peer's allocation through the
+// process-wide cache of ipc_memory.h and keeps it open while any RemoteMemory of it lives. post()
+// enqueues the whole batch on the backend's stream through the kernels' chooser (one plan-copy
+// launch, or the copy engine for large runs) and returns; the progress thread learns completion
+// from a CUDA event (no host synchronisation on the caller's path).
 //
 // Also implements DeviceOrdered (device_ordered.h): a batch's copies can wait on a CUDA event,
 // e.g. an engine's per-layer event opened with ImportEvent().

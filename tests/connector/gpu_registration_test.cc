@@ -1,0 +1,86 @@
+// RegisterGpuKvCaches where it cannot work: embedded mode, host memory, a build or machine without
+// CUDA. Each is refused with a clear error, and the connector stays usable for host caches.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "connector/connector.h"
+#include "daemon/daemon.h"
+#include "transport/cuda_ipc/ipc_memory.h"
+
+namespace kv {
+namespace {
+
+using connector::Connector;
+using connector::GpuKvCache;
+
+LayoutSpec SmallLayout() {
+  LayoutSpec s;
+  s.layers = 2;
+  s.blocks = 4;
+  s.heads = 2;
+  s.block_size = 4;
+  s.content_bytes = 16;
+  return s;
+}
+
+Result<std::shared_ptr<daemon::Daemon>> StartDaemon(const std::string& socket_path) {
+  daemon::DaemonOptions options;
+  options.name = "gpu-reg";
+  options.socket_path = socket_path;
+  options.transport_name = "local";
+  return daemon::Daemon::Start(std::move(options));
+}
+
+TEST(GpuRegistration, EmbeddedModeIsUnsupported) {
+  auto d = StartDaemon("");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto c = Connector::OpenEmbedded(*d, {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> memory(1 << 16);
+  GpuKvCache cache{memory.data(), 0, SmallLayout()};
+  auto r = (*c)->RegisterGpuKvCaches({&cache, 1});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(Code::kUnsupported, r.status().code());
+  EXPECT_NE(std::string::npos, r.status().message().find("OpenEmbedded")) << r.status().ToString();
+}
+
+TEST(GpuRegistration, HostMemoryIsRefusedAndHostCachesStillRegister) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvd-gpureg-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto d = StartDaemon((dir / "kvd.sock").string());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto c = Connector::Open((dir / "kvd.sock").string(), {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  EXPECT_EQ(Code::kInvalidArgument, (*c)->RegisterGpuKvCaches({}).status().code());
+  std::vector<uint8_t> memory(1 << 16);
+  GpuKvCache cache{memory.data(), 0, SmallLayout()};
+  auto r = (*c)->RegisterGpuKvCaches({&cache, 1});
+  ASSERT_FALSE(r.ok());
+  // Without CUDA (or without a device) the build or machine cannot serve GPU caches at all; with
+  // one, host memory is the caller's mistake.
+  const bool have_gpu = transport::gpu::DeviceUuid(0).ok();
+  EXPECT_EQ(have_gpu ? Code::kInvalidArgument : Code::kUnsupported, r.status().code())
+      << r.status().ToString();
+  EXPECT_NE(std::string::npos, r.status().message().find(have_gpu ? "host memory" : "CUDA"))
+      << r.status().ToString();
+
+  // Nothing was registered: host caches still can be, and SaveLayer ignores a stream for them.
+  const LayoutSpec spec = SmallLayout();
+  auto host = (*c)->RegisterKvCaches({&spec, 1});
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  const int64_t blocks[] = {1};
+  int fake_stream = 0;
+  EXPECT_TRUE((*c)->SaveLayer("r", 0, blocks, &fake_stream).ok());
+  EXPECT_EQ(Code::kAlreadyExists, (*c)->RegisterGpuKvCaches({&cache, 1}).status().code());
+  c->reset();
+  d->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kv

@@ -1,0 +1,437 @@
+// GPU engines through kvd end to end: two kvd processes (prefill on device 0, decode on device 1)
+// and engines in this process that register cudaMalloc'ed caches over the kvds' unix sockets.
+// Over cuda_ipc and nccl: a push gated behind the engine's stream (kvd must wait on the layer
+// events), LBNHC → BLHNC with TP 1 → 2; a SIGKILLed prefill kvd; memory kvd must refuse.
+//
+// Bytes are checked by copying every cache back to the host and comparing with the transfer's
+// definition (layout/kv_region.h offsets), untouched bytes included. Every wait is bounded.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "connector/connector.h"
+#include "daemon/kvd_process.h"
+
+namespace kv {
+namespace {
+
+using namespace std::chrono_literals;
+using connector::Connector;
+using connector::GpuKvCache;
+using connector::TransferParams;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kLayers = 4;
+constexpr int kHeads = 4;  // global KV heads
+constexpr int64_t kBlockSize = 16;
+constexpr int64_t kTokens = 40;  // three blocks, the last one partial
+constexpr uint8_t kUntouched = 0xEE;
+const std::vector<int64_t> kSrcBlocks = {5, 2, 9};
+const std::vector<std::vector<int64_t>> kDstBlocks = {{1, 7, 3}, {4, 0, 11}};  // per decode rank
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+LayoutSpec PrefillSpec() {
+  LayoutSpec s;
+  s.order = "LBNHC";
+  s.layers = kLayers;
+  s.blocks = 16;
+  s.heads = kHeads;
+  s.block_size = kBlockSize;
+  s.content_bytes = 256;  // K and V of head_dim 64, bf16
+  return s;
+}
+
+LayoutSpec DecodeSpec(int rank) {
+  LayoutSpec s = PrefillSpec();
+  s.order = "BLHNC";
+  s.heads = kHeads / 2;
+  s.tp_rank = rank;
+  s.tp_size = 2;
+  s.total_heads = kHeads;
+  return s;
+}
+
+uint8_t PatternA(uint64_t i) {
+  return static_cast<uint8_t>(i * 31 + 7);
+}
+uint8_t PatternB(uint64_t i) {
+  return static_cast<uint8_t>(i * 17 + 3);
+}
+
+// cudaMalloc'ed memory of one device, freed on destruction.
+class DeviceMemory {
+ public:
+  DeviceMemory(int device, uint64_t bytes) : device_(device), bytes_(bytes) {
+    cudaSetDevice(device);
+    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceMemory() {
+    if (ptr_ == nullptr) return;
+    cudaSetDevice(device_);
+    cudaFree(ptr_);
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  void* get() const { return ptr_; }
+  uint64_t bytes() const { return bytes_; }
+  bool Upload(const std::vector<uint8_t>& host) const {
+    return host.size() == bytes_ &&
+           cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  std::vector<uint8_t> Download() const {
+    std::vector<uint8_t> host(bytes_);
+    if (cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) != cudaSuccess) host.clear();
+    return host;
+  }
+
+ private:
+  int device_;
+  uint64_t bytes_;
+  void* ptr_ = nullptr;
+};
+
+std::vector<uint8_t> Filled(uint64_t bytes, uint8_t (*pattern)(uint64_t)) {
+  std::vector<uint8_t> v(bytes);
+  for (uint64_t i = 0; i < bytes; ++i) v[i] = pattern(i);
+  return v;
+}
+
+// A stream's host callback that holds it until `flag` is set (at most 30 s): the engine's writes
+// queued behind it, and the layer events recorded after them, stay pending until the test says.
+void CUDART_CB Hold(void* flag) {
+  const auto until = Clock::now() + 30s;
+  while (!static_cast<std::atomic<bool>*>(flag)->load() && Clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+// Decode rank r's cache as it must be after `src` (prefill bytes) moved kTokens tokens of
+// kSrcBlocks into kDstBlocks[r], starting from kUntouched: every layer, the rank's heads.
+std::vector<uint8_t> Expected(const KvRegion& src_layout, const std::vector<uint8_t>& src,
+                              const KvRegion& dst_layout, int rank) {
+  std::vector<uint8_t> out(dst_layout.span_bytes(), kUntouched);
+  const int64_t content = src_layout.spec().content_bytes;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (int64_t t = 0; t < kTokens; ++t) {
+      for (int64_t h = 0; h < dst_layout.size(Axis::kH); ++h) {
+        const int64_t global = dst_layout.global_head(h);
+        const uint64_t from = src_layout.offset(l, kSrcBlocks[t / kBlockSize],
+                                                src_layout.local_head(global), t % kBlockSize);
+        const uint64_t to =
+            dst_layout.offset(l, kDstBlocks[rank][t / kBlockSize], h, t % kBlockSize);
+        std::copy_n(src.begin() + from, content, out.begin() + to);
+      }
+    }
+  }
+  return out;
+}
+
+int64_t Mismatches(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+  if (got.size() != want.size()) return -1;
+  int64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) n += got[i] != want[i];
+  return n;
+}
+
+class KvdGpuTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvd-gpu-" + std::to_string(getpid()) + "-" +
+            std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+            std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    decode_.clear();
+    prefill_.reset();
+    for (auto& k : kvds_) k.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<daemon::KvdProcess> StartKvd(const std::string& name, int device,
+                                               const std::string& transport) {
+    daemon::KvdProcess::Options o;
+    o.binary = daemon::KvdBesideSelf();
+    o.name = name;
+    o.socket_path = (dir_ / (name + ".sock")).string();
+    o.transport = transport;
+    o.extra_args = {"--device", std::to_string(device), "--log-level", "warn", "--lease-ms",
+                    "15000",    "--heartbeat-ms",       "200"};
+    auto p = daemon::KvdProcess::Start(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  static std::unique_ptr<Connector> OpenEngine(const daemon::KvdProcess& kvd,
+                                               const std::string& instance, int rank, int size) {
+    connector::ConnectorOptions o;
+    o.instance = instance;
+    o.tp_rank = rank;
+    o.tp_size = size;
+    o.timeout = 20s;
+    auto c = Connector::Open(kvd.socket_path(), o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // The prefill engine (device 0) on `kvd`, its cache filled with PatternA.
+  void OpenPrefill(const daemon::KvdProcess& kvd) {
+    prefill_.reset();
+    prefill_ = OpenEngine(kvd, "prefill", 0, 1);
+    ASSERT_NE(nullptr, prefill_);
+    if (!src_) {
+      src_layout_ = *KvRegion::Create(PrefillSpec());
+      src_ = std::make_unique<DeviceMemory>(0, src_layout_.span_bytes());
+      ASSERT_NE(nullptr, src_->get());
+    }
+    ASSERT_TRUE(src_->Upload(Filled(src_->bytes(), PatternA)));
+    GpuKvCache cache{src_->get(), 0, PrefillSpec()};
+    auto caches = prefill_->RegisterGpuKvCaches({&cache, 1});
+    ASSERT_TRUE(caches.ok()) << caches.status().ToString();
+    EXPECT_EQ(src_->get(), caches->front().base);
+  }
+
+  // Two decode ranks (device 1) on `kvd`, their caches kUntouched.
+  void OpenDecode(const daemon::KvdProcess& kvd) {
+    for (int r = 0; r < 2; ++r) {
+      dst_layouts_.push_back(*KvRegion::Create(DecodeSpec(r)));
+      dst_.push_back(std::make_unique<DeviceMemory>(1, dst_layouts_[r].span_bytes()));
+      ASSERT_NE(nullptr, dst_[r]->get());
+      decode_.push_back(OpenEngine(kvd, "decode", r, 2));
+      ASSERT_NE(nullptr, decode_[r]);
+      GpuKvCache cache{dst_[r]->get(), 1, DecodeSpec(r)};
+      auto caches = decode_[r]->RegisterGpuKvCaches({&cache, 1});
+      ASSERT_TRUE(caches.ok()) << caches.status().ToString();
+    }
+    ResetDecode();
+  }
+
+  void ResetDecode() {
+    for (auto& d : dst_) ASSERT_TRUE(d->Upload(std::vector<uint8_t>(d->bytes(), kUntouched)));
+  }
+
+  void StartLoads(const std::string& request, const daemon::KvdProcess& source) {
+    TransferParams params;
+    params.peer_address = source.listen_address();
+    params.tokens = kTokens;
+    for (int r = 0; r < 2; ++r) {
+      Status s = decode_[r]->StartLoad(request, params, kDstBlocks[r]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+
+  // Every layer on both decode ranks, then the bytes of both ranks against `src`.
+  void ExpectLoaded(const std::string& request, const std::vector<uint8_t>& src) {
+    for (int r = 0; r < 2; ++r) {
+      for (int l = 0; l < kLayers; ++l) {
+        Status s = decode_[r]->WaitLayer(request, l);
+        ASSERT_TRUE(s.ok()) << "rank " << r << " layer " << l << ": " << s.ToString();
+      }
+      EXPECT_EQ(0, Mismatches(dst_[r]->Download(), Expected(src_layout_, src, dst_layouts_[r], r)))
+          << "decode rank " << r;
+    }
+  }
+
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::unique_ptr<daemon::KvdProcess> kvds_[3];
+  std::unique_ptr<Connector> prefill_;
+  std::vector<std::unique_ptr<Connector>> decode_;
+  KvRegion src_layout_ = *KvRegion::Create(PrefillSpec());
+  std::unique_ptr<DeviceMemory> src_;
+  std::vector<KvRegion> dst_layouts_;
+  std::vector<std::unique_ptr<DeviceMemory>> dst_;
+};
+
+// The engine's stream is held before it writes PatternB over every layer and saves them: kvd
+// posts each layer at once (it knows the destination) but its copies must wait for the layer
+// events, so the decode caches stay untouched until the release and then hold PatternB, never
+// the PatternA that was in the cache while the stream was held.
+TEST_P(KvdGpuTest, PushWaitsForTheEnginesLayerEventsAndConvertsLayoutAndTp) {
+  kvds_[0] = StartKvd("prefill", 0, GetParam());
+  kvds_[1] = StartKvd("decode", 1, GetParam());
+  ASSERT_TRUE(kvds_[0] && kvds_[1]);
+  ASSERT_NO_FATAL_FAILURE(OpenPrefill(*kvds_[0]));
+  ASSERT_NO_FATAL_FAILURE(OpenDecode(*kvds_[1]));
+  ASSERT_NO_FATAL_FAILURE(StartLoads("gated", *kvds_[0]));
+
+  const std::vector<uint8_t> pattern_b = Filled(src_->bytes(), PatternB);
+  DeviceMemory staged(0, src_->bytes());
+  ASSERT_TRUE(staged.Upload(pattern_b));
+  cudaSetDevice(0);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::atomic<bool> released{false};
+  ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(stream, &Hold, &released));
+  const uint64_t layer_bytes = static_cast<uint64_t>(src_layout_.stride(Axis::kL));
+  for (int l = 0; l < kLayers; ++l) {
+    const uint64_t at = l * layer_bytes;
+    ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(static_cast<char*>(src_->get()) + at,
+                                           static_cast<char*>(staged.get()) + at, layer_bytes,
+                                           cudaMemcpyDeviceToDevice, stream));
+    Status s = prefill_->SaveLayer("gated", l, kSrcBlocks, stream);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // Every layer posted on the prefill kvd (runs counted at post time)...
+  const auto until = Clock::now() + 15s;
+  uint64_t runs = 0;
+  while (Clock::now() < until) {
+    auto status = prefill_->DaemonStatus();
+    ASSERT_TRUE(status.ok()) << status.status().ToString();
+    runs = status->runs_sent();
+    if (runs > 0) {
+      std::this_thread::sleep_for(200ms);  // time for a copy that did not wait to land
+      break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_GT(runs, 0u) << "the prefill kvd never posted the layers";
+  // ...and nothing landed while the engine's stream is held.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(0,
+              Mismatches(dst_[r]->Download(), std::vector<uint8_t>(dst_[r]->bytes(), kUntouched)))
+        << "decode rank " << r << " changed before the engine's layer events fired";
+  }
+  released = true;
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("gated", pattern_b));
+
+  // Both sides hear the request finished: the decode ranks received it, the prefill rank's
+  // blocks are released once it finished the request.
+  auto params = prefill_->RequestFinished("gated");
+  ASSERT_TRUE(params.ok()) << params.status().ToString();
+  bool sent = false, received = false;
+  for (auto deadline = Clock::now() + 10s; Clock::now() < deadline && !(sent && received);) {
+    for (const auto& id : prefill_->GetFinished().sent) sent = sent || id == "gated";
+    for (const auto& id : decode_[0]->GetFinished().received) received = received || id == "gated";
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(sent);
+  EXPECT_TRUE(received);
+}
+
+// A prefill kvd SIGKILLed mid-request: the decode load fails within its deadline (from kvd, not
+// the connector's timeout), its blocks are reported, and the decode kvd serves the next request
+// from a new prefill kvd.
+TEST_P(KvdGpuTest, KilledPrefillKvdFailsTheLoadAndDecodeServesTheNext) {
+  kvds_[0] = StartKvd("prefill", 0, GetParam());
+  kvds_[1] = StartKvd("decode", 1, GetParam());
+  ASSERT_TRUE(kvds_[0] && kvds_[1]);
+  ASSERT_NO_FATAL_FAILURE(OpenPrefill(*kvds_[0]));
+  ASSERT_NO_FATAL_FAILURE(OpenDecode(*kvds_[1]));
+  ASSERT_NO_FATAL_FAILURE(StartLoads("doomed", *kvds_[0]));
+  ASSERT_TRUE(prefill_->SaveLayer("doomed", 0, kSrcBlocks, nullptr).ok());
+  kvds_[0]->Kill();
+
+  const auto start = Clock::now();
+  Status s = decode_[0]->WaitLayer("doomed", kLayers - 1);
+  const auto waited = Clock::now() - start;
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(Code::kTimeout, s.code()) << s.ToString();  // kvd reported it, not the connector
+  EXPECT_LT(waited, 15s);
+  std::vector<int64_t> failed;
+  for (auto deadline = Clock::now() + 10s; Clock::now() < deadline && failed.empty();) {
+    failed = decode_[0]->GetFailedBlocks();
+    if (failed.empty()) std::this_thread::sleep_for(5ms);
+  }
+  std::sort(failed.begin(), failed.end());
+  std::vector<int64_t> mine = kDstBlocks[0];
+  std::sort(mine.begin(), mine.end());
+  EXPECT_EQ(mine, failed);
+
+  kvds_[2] = StartKvd("prefill2", 0, GetParam());
+  ASSERT_TRUE(kvds_[2]);
+  ASSERT_NO_FATAL_FAILURE(OpenPrefill(*kvds_[2]));
+  ASSERT_NO_FATAL_FAILURE(ResetDecode());
+  ASSERT_NO_FATAL_FAILURE(StartLoads("next", *kvds_[2]));
+  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(prefill_->SaveLayer("next", l, kSrcBlocks).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("next", Filled(src_->bytes(), PatternA)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KvdGpuTest, ::testing::Values("ipc", "nccl"),
+                         [](const auto& info) { return info.param; });
+
+// One GPU: memory kvd cannot share is refused with a message, and a good cache still registers.
+TEST(KvdGpuRegistration, RefusesMemoryItCannotShare) {
+  if (DeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvd-gpu-reg-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto start = [&](const std::string& name, const std::string& transport) {
+    daemon::KvdProcess::Options o;
+    o.binary = daemon::KvdBesideSelf();
+    o.name = name;
+    o.socket_path = (dir / (name + ".sock")).string();
+    o.transport = transport;
+    o.extra_args = {"--log-level", "warn"};
+    return daemon::KvdProcess::Start(o);
+  };
+  auto ipc = start("ipc", "ipc");
+  auto local = start("local", "local");
+  ASSERT_TRUE(ipc.ok() && local.ok());
+  connector::ConnectorOptions options;
+  options.timeout = 20s;
+  const LayoutSpec spec = PrefillSpec();
+  const uint64_t span = KvRegion::Create(spec)->span_bytes();
+  DeviceMemory memory(0, span);
+  DeviceMemory small(0, span / 2);
+  ASSERT_TRUE(memory.get() && small.get());
+  std::vector<uint8_t> host(span);
+  {
+    auto c = Connector::Open((*local)->socket_path(), options);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    GpuKvCache cache{memory.get(), 0, spec};
+    auto r = (*c)->RegisterGpuKvCaches({&cache, 1});
+    EXPECT_EQ(Code::kUnsupported, r.status().code()) << r.status().ToString();
+    EXPECT_NE(std::string::npos, r.status().message().find("cannot reach GPU memory"))
+        << r.status().ToString();
+  }
+  auto c = Connector::Open((*ipc)->socket_path(), options);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  GpuKvCache on_host{host.data(), 0, spec};
+  auto r = (*c)->RegisterGpuKvCaches({&on_host, 1});
+  EXPECT_EQ(Code::kInvalidArgument, r.status().code()) << r.status().ToString();
+  EXPECT_NE(std::string::npos, r.status().message().find("host memory")) << r.status().ToString();
+  GpuKvCache too_small{small.get(), 0, spec};
+  r = (*c)->RegisterGpuKvCaches({&too_small, 1});
+  EXPECT_EQ(Code::kInvalidArgument, r.status().code()) << r.status().ToString();
+  EXPECT_NE(std::string::npos, r.status().message().find("past the allocation"))
+      << r.status().ToString();
+  GpuKvCache wrong_device{memory.get(), 1, spec};
+  r = (*c)->RegisterGpuKvCaches({&wrong_device, 1});
+  EXPECT_EQ(Code::kInvalidArgument, r.status().code()) << r.status().ToString();
+
+  GpuKvCache good{memory.get(), 0, spec};
+  r = (*c)->RegisterGpuKvCaches({&good, 1});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(memory.get(), r->front().base);
+  EXPECT_EQ(Code::kOutOfRange, (*c)->SaveLayer("r", kLayers, kSrcBlocks).code());
+  auto status = (*c)->DaemonStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(1u, status->regions());
+  EXPECT_EQ(span, status->region_bytes());
+  c->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kv

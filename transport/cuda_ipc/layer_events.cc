@@ -1,0 +1,63 @@
+#include "transport/cuda_ipc/layer_events.h"
+
+#include <cuda_runtime_api.h>
+
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/ipc_event.h"
+
+namespace kv::transport::gpu {
+
+struct LayerEvents::Impl {
+  std::vector<CudaEvent> events;
+};
+
+LayerEvents::LayerEvents(std::unique_ptr<Impl> impl, std::vector<std::string> handles)
+    : impl_(std::move(impl)), handles_(std::move(handles)) {}
+LayerEvents::~LayerEvents() = default;
+
+Result<std::unique_ptr<LayerEvents>> LayerEvents::Create(int device, int layers) {
+  if (layers < 1) return Status::InvalidArgument("layer events need at least one layer");
+  auto impl = std::make_unique<Impl>();
+  std::vector<std::string> handles;
+  for (int l = 0; l < layers; ++l) {
+    KV_ASSIGN_OR_RETURN(CudaEvent event, CreateShareableEvent(device));
+    KV_ASSIGN_OR_RETURN(std::string handle, ExportEvent(event));
+    impl->events.push_back(std::move(event));
+    handles.push_back(std::move(handle));
+  }
+  return std::unique_ptr<LayerEvents>(new LayerEvents(std::move(impl), std::move(handles)));
+}
+
+Status LayerEvents::Record(int layer, void* stream) const {
+  if (layer < 0 || layer >= layers()) {
+    return Status::OutOfRange("layer " + std::to_string(layer) + " has no event (" +
+                              std::to_string(layers()) + " layers)");
+  }
+  return impl_->events[layer].Record(static_cast<cudaStream_t>(stream));
+}
+
+struct ImportedLayerEvents::Impl {
+  std::vector<CudaEvent> events;
+};
+
+ImportedLayerEvents::ImportedLayerEvents(std::unique_ptr<Impl> impl, int layers)
+    : impl_(std::move(impl)), layers_(layers) {}
+ImportedLayerEvents::~ImportedLayerEvents() = default;
+
+Result<std::unique_ptr<ImportedLayerEvents>> ImportedLayerEvents::Import(
+    std::span<const std::string> handles, int device) {
+  auto impl = std::make_unique<Impl>();
+  for (size_t l = 0; l < handles.size(); ++l) {
+    auto event = ImportEvent(handles[l], device);
+    if (!event.ok()) return event.status().WithContext("layer " + std::to_string(l) + "'s event");
+    impl->events.push_back(std::move(event).value());
+  }
+  const int layers = static_cast<int>(impl->events.size());
+  return std::unique_ptr<ImportedLayerEvents>(new ImportedLayerEvents(std::move(impl), layers));
+}
+
+void* ImportedLayerEvents::event(int layer) const {
+  return impl_->events.at(static_cast<size_t>(layer)).get();
+}
+
+}  // namespace kv::transport::gpu

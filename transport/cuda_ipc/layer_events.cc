@@ -8,6 +8,7 @@
 namespace kv::transport::gpu {
 
 struct LayerEvents::Impl {
+  int device = 0;
   std::vector<CudaEvent> events;
 };
 
@@ -18,6 +19,7 @@ LayerEvents::~LayerEvents() = default;
 Result<std::unique_ptr<LayerEvents>> LayerEvents::Create(int device, int layers) {
   if (layers < 1) return Status::InvalidArgument("layer events need at least one layer");
   auto impl = std::make_unique<Impl>();
+  impl->device = device;
   std::vector<std::string> handles;
   for (int l = 0; l < layers; ++l) {
     KV_ASSIGN_OR_RETURN(CudaEvent event, CreateShareableEvent(device));
@@ -33,6 +35,8 @@ Status LayerEvents::Record(int layer, void* stream) const {
     return Status::OutOfRange("layer " + std::to_string(layer) + " has no event (" +
                               std::to_string(layers()) + " layers)");
   }
+  // The legacy default stream is the current device's: make it the events' device.
+  DeviceGuard guard(impl_->device);
   return impl_->events[layer].Record(static_cast<cudaStream_t>(stream));
 }
 

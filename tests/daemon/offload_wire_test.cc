@@ -438,7 +438,9 @@ TEST_P(OffloadWire, MalformedKeysOnTheWireAreRefusedOneByOne) {
     std::strncpy(addr.sun_path, process_->socket_path().c_str(), sizeof(addr.sun_path) - 1);
     ASSERT_EQ(connect(fds[0], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   }
-  Connector::Client raw(fds[0], std::chrono::milliseconds(5000));
+  auto client = Connector::Client::Create(fds[0], std::chrono::milliseconds(5000));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Connector::Client& raw = **client;
   proto::EngineMessage hello;
   hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION);
   hello.mutable_hello()->set_instance("raw");

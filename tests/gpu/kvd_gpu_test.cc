@@ -168,15 +168,17 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
+  // heartbeat_ms: 5 missed declare a peer dead; short, so a killed kvd is noticed quickly.
   std::unique_ptr<daemon::KvdProcess> StartKvd(const std::string& name, int device,
-                                               const std::string& transport) {
+                                               const std::string& transport,
+                                               const std::string& heartbeat_ms = "200") {
     daemon::KvdProcess::Options o;
     o.binary = daemon::KvdBesideSelf();
     o.name = name;
     o.socket_path = (dir_ / (name + ".sock")).string();
     o.transport = transport;
     o.extra_args = {"--device", std::to_string(device), "--log-level", "warn", "--lease-ms",
-                    "15000",    "--heartbeat-ms",       "200"};
+                    "15000",    "--heartbeat-ms",       heartbeat_ms};
     auto p = daemon::KvdProcess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;
@@ -267,9 +269,13 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
 // posts each layer at once (it knows the destination) but its copies must wait for the layer
 // events, so the decode caches stay untouched until the release and then hold PatternB, never
 // the PatternA that was in the cache while the stream was held.
+//
+// The transports' bounded copy staging can hold kvd's io thread in the post of a later batch until
+// earlier gated copies ran (with every layer gated here, the fifth batch): the prefill kvd then
+// sends no heartbeat until the release, so these kvds allow 5 s of silence, more than the hold.
 TEST_P(KvdGpuTest, PushWaitsForTheEnginesLayerEventsAndConvertsLayoutAndTp) {
-  kvds_[0] = StartKvd("prefill", 0, GetParam());
-  kvds_[1] = StartKvd("decode", 1, GetParam());
+  kvds_[0] = StartKvd("prefill", 0, GetParam(), "1000");
+  kvds_[1] = StartKvd("decode", 1, GetParam(), "1000");
   ASSERT_TRUE(kvds_[0] && kvds_[1]);
   ASSERT_NO_FATAL_FAILURE(OpenPrefill(*kvds_[0]));
   ASSERT_NO_FATAL_FAILURE(OpenDecode(*kvds_[1]));

@@ -14,7 +14,8 @@ Result<uint32_t> Daemon::Core::HandleRegisterGpu(Engine& engine,
   if (!transport_->supports(MemoryKind::kCuda)) {
     return Status::Unsupported("kvd " + options_.name + "'s transport " +
                                std::string(transport_->name()) +
-                               " cannot reach GPU memory (start kvd with --transport ipc or nccl)");
+                               " cannot reach GPU memory (start kvd with --transport ipc, nccl "
+                               "or ucx)");
   }
   KV_ASSIGN_OR_RETURN(KvRegion layout,
                       CheckRegistration(engine, reg.layout(), reg.bytes(), MemoryKind::kCuda));

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "connector/connector.h"
+#include "connector/kv_connector.h"
 #include "daemon/daemon.h"
 #include "transport/cuda_ipc/ipc_memory.h"
 
@@ -45,6 +47,37 @@ TEST(GpuRegistration, EmbeddedModeIsUnsupported) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(Code::kUnsupported, r.status().code());
   EXPECT_NE(std::string::npos, r.status().message().find("OpenEmbedded")) << r.status().ToString();
+}
+
+TEST(GpuRegistration, CApiRefusesEmbeddedModeWithItsCode) {
+  kv_error err{};
+  kv_daemon* d = nullptr;
+  ASSERT_EQ(kv_daemon_start("gpu-c", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
+  kv_connector* c = nullptr;
+  ASSERT_EQ(kv_connector_open_embedded(d, "engine", 0, 1, 5000, &c, &err), 0) << err.message;
+  const LayoutSpec spec = SmallLayout();
+  kv_layout layout{};
+  layout.order = spec.order.c_str();
+  layout.layers = spec.layers;
+  layout.blocks = spec.blocks;
+  layout.heads = spec.heads;
+  layout.block_size = spec.block_size;
+  layout.content_bytes = spec.content_bytes;
+  layout.tp_size = 1;
+  std::vector<uint8_t> memory(1 << 16);
+  void* bases[] = {memory.data()};
+  EXPECT_EQ(static_cast<int>(Code::kUnsupported),
+            kv_register_gpu_kv_caches(c, &layout, bases, 0, 1, &err));
+  EXPECT_NE(nullptr, std::strstr(err.message, "OpenEmbedded")) << err.message;
+  EXPECT_EQ(static_cast<int>(Code::kInvalidArgument),
+            kv_register_gpu_kv_caches(c, &layout, nullptr, 0, 1, &err));
+  // Host caches: the stream variant of save_layer ignores the stream.
+  void* host_base = nullptr;
+  ASSERT_EQ(kv_register_kv_caches(c, &layout, 1, &host_base, &err), 0) << err.message;
+  const int64_t blocks[] = {1};
+  EXPECT_EQ(0, kv_save_layer_on_stream(c, "r", 0, blocks, 1, nullptr, &err)) << err.message;
+  kv_connector_close(c);
+  kv_daemon_stop(d);
 }
 
 TEST(GpuRegistration, HostMemoryIsRefusedAndHostCachesStillRegister) {

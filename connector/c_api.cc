@@ -1,5 +1,6 @@
 // The C API over Connector: conversions, and a catch-all at each entry so that nothing throws
 // across the boundary (std::bad_alloc included).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -198,20 +199,30 @@ int kv_save_layer_on_stream(kv_connector* c, const char* request, int layer,
   });
 }
 
-int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
-                        kv_error* err) {
+int kv_request_finished_with_blocks(kv_connector* c, const char* request, kv_transfer_params* out,
+                                    int64_t* remote_block_ids, size_t capacity, size_t* count,
+                                    kv_error* err) {
   return Guarded(err, [&]() -> kv::Status {
     KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
     KV_RETURN_IF_ERROR(NeedNonNull(request, "request"));
     KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
     KV_ASSIGN_OR_RETURN(auto params, c->impl->RequestFinished(request));
     Copy(params.peer_name, out->peer_name);
     Copy(params.peer_address, out->peer_address);
     Copy(params.request_id, out->request_id);
     out->tokens = 0;
     out->mode = KV_MODE_PUSH;
+    const size_t n = std::min(capacity, params.remote_block_ids.size());
+    std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
+    if (count != nullptr) *count = params.remote_block_ids.size();
     return kv::Status::Ok();
   });
+}
+
+int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
+                        kv_error* err) {
+  return kv_request_finished_with_blocks(c, request, out, nullptr, 0, nullptr, err);
 }
 
 int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,

@@ -81,6 +81,13 @@ int kv_save_layer_on_stream(kv_connector* c, const char* request, int layer,
                             kv_error* err);
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                         kv_error* err);
+/* kv_request_finished that also returns the prefill side's block ids (vLLM's remote_block_ids,
+ * prefill rank 0's blocks, for the decode scheduler's records): up to `capacity` ids go to
+ * remote_block_ids (may be NULL when capacity is 0) and *count is set to how many there are.
+ * *count > capacity means the list was cut; the request is finished either way. */
+int kv_request_finished_with_blocks(kv_connector* c, const char* request, kv_transfer_params* out,
+                                    int64_t* remote_block_ids, size_t capacity, size_t* count,
+                                    kv_error* err);
 int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,
                   const int64_t* block_ids, size_t count, kv_error* err);
 int kv_wait_layer(kv_connector* c, const char* request, int layer, kv_error* err);

@@ -154,6 +154,60 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
   }
 }
 
+namespace {
+
+// Every layout a peer announces must parse, and its ranks must agree on the TP size. Against
+// ours, region by region index (an engine registers its caches in the same order on both
+// sides): what no plan can bridge — layer count, bytes per head-token, the model's KV heads — is
+// refused with both values named. TP size and block size differences are the planner's job.
+Status CheckPeerLayouts(const std::string& our_name, const proto::PeerHello& mine,
+                        const proto::PeerHello& theirs) {
+  const std::string& peer = theirs.node_name();
+  std::vector<KvRegion> their_first;
+  for (const proto::RankInfo& rank : theirs.ranks()) {
+    if (rank.tp_rank() < 0 || rank.tp_rank() >= std::max(theirs.tp_size(), 1)) {
+      return Status::InvalidArgument("peer " + peer + " announces TP rank " +
+                                     std::to_string(rank.tp_rank()) + " of " +
+                                     std::to_string(theirs.tp_size()));
+    }
+    for (int i = 0; i < rank.regions_size(); ++i) {
+      auto region = FromWire(rank.regions(i));
+      if (!region.ok()) {
+        return region.status().WithContext("peer " + peer + " rank " +
+                                           std::to_string(rank.tp_rank()) + " region " +
+                                           std::to_string(i));
+      }
+      if (static_cast<int>(their_first.size()) == i) their_first.push_back(*region);
+    }
+  }
+  if (mine.ranks_size() == 0) return Status::Ok();
+  const proto::RankInfo& ours = mine.ranks(0);
+  const int common = std::min<int>(ours.regions_size(), static_cast<int>(their_first.size()));
+  for (int i = 0; i < common; ++i) {
+    auto own = FromWire(ours.regions(i));
+    if (!own.ok()) continue;  // ours were validated at registration
+    const KvRegion& other = their_first[i];
+    const std::string where = " (region " + std::to_string(i) + ")";
+    auto differ = [&](const std::string& what, int64_t a, int64_t b) {
+      return Status::Incompatible(what + " differ" + where + ": " + our_name + " has " +
+                                  std::to_string(a) + ", " + peer + " has " + std::to_string(b));
+    };
+    if (own->spec().layers != other.spec().layers) {
+      return differ("layers", own->spec().layers, other.spec().layers);
+    }
+    if (own->logical_content_bytes() != other.logical_content_bytes()) {
+      return differ("bytes per head-token (head size or dtype)", own->logical_content_bytes(),
+                    other.logical_content_bytes());
+    }
+    if (own->total_heads() != other.total_heads()) {
+      return differ("model KV heads", own->total_heads(), other.total_heads());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) {
   if (peer.ready) return Status::InvalidArgument("hello sent twice");
   if (hello.protocol_version() != proto::PROTOCOL_VERSION) {
@@ -168,26 +222,7 @@ Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) 
                                 hello.transport().substr(0, 64) + "', this kvd '" +
                                 std::string(transport_->name()) + "'");
   }
-  // Layouts: what no plan can bridge (layer count, bytes per head-token) is refused here, with
-  // both values named. TP and block size differences are the planner's job.
-  const proto::PeerHello mine = BuildHello();
-  if (mine.ranks_size() > 0 && hello.ranks_size() > 0 && mine.ranks(0).regions_size() > 0 &&
-      hello.ranks(0).regions_size() > 0) {
-    auto ours = FromWire(mine.ranks(0).regions(0));
-    auto theirs = FromWire(hello.ranks(0).regions(0));
-    if (!theirs.ok()) return theirs.status().WithContext("peer " + hello.node_name() + " layout");
-    if (ours.ok() && ours->spec().layers != theirs->spec().layers) {
-      return Status::Incompatible("layers differ: " + options_.name + " has " +
-                                  std::to_string(ours->spec().layers) + ", " + hello.node_name() +
-                                  " has " + std::to_string(theirs->spec().layers));
-    }
-    if (ours.ok() && ours->logical_content_bytes() != theirs->logical_content_bytes()) {
-      return Status::Incompatible(
-          "bytes per head-token differ: " + options_.name + " has " +
-          std::to_string(ours->logical_content_bytes()) + ", " + hello.node_name() + " has " +
-          std::to_string(theirs->logical_content_bytes()) + " (head size or dtype)");
-    }
-  }
+  KV_RETURN_IF_ERROR(CheckPeerLayouts(options_.name, BuildHello(), hello));
   KV_ASSIGN_OR_RETURN(peer.transport_peer, transport_->connect(hello.transport_address()));
   peer.name = hello.node_name();
   peer.ready = true;

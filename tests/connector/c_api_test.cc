@@ -41,8 +41,15 @@ TEST(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
     ASSERT_EQ(kv_save_layer(prefill, "r1", l, src_blocks, 2, &err), 0) << err.message;
   }
   kv_transfer_params out{};
-  ASSERT_EQ(kv_request_finished(prefill, "r1", &out, &err), 0) << err.message;
+  // The prefill side's blocks come back for the decode scheduler; a short buffer is cut, and
+  // the count says so.
+  int64_t remote[1] = {-1};
+  size_t remote_count = 0;
+  ASSERT_EQ(kv_request_finished_with_blocks(prefill, "r1", &out, remote, 1, &remote_count, &err), 0)
+      << err.message;
   EXPECT_STREQ(out.peer_name, "p");
+  EXPECT_EQ(remote_count, 2u);
+  EXPECT_EQ(remote[0], 1);
   for (int l = 0; l < 2; ++l) {
     ASSERT_EQ(kv_wait_layer(decode, "r1", l, &err), 0) << err.message;
     const char* base = static_cast<const char*>(dst) + l * 1024;

@@ -174,6 +174,31 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
   EXPECT_EQ((*engine)->SaveLayer("r", 2, std::vector<int64_t>{1}).code(), Code::kOutOfRange);
 }
 
+TEST(PdEmbeddedFailure, PeersOfDifferentModelsAreRefusedNamingWhatDiffers) {
+  auto prefill = StartDaemon("p", "");
+  auto decode = StartDaemon("d", "");
+  ASSERT_TRUE(prefill && decode);
+  LayoutSpec other = TinySpec();
+  other.heads = 4;  // a model with twice the KV heads: no plan bridges that
+  const LayoutSpec spec = TinySpec();
+  auto source =
+      Connector::OpenEmbedded(prefill, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
+  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
+  ASSERT_TRUE(source.ok() && sink.ok());
+  ASSERT_TRUE((*source)->RegisterKvCaches({&spec, 1}).ok());
+  ASSERT_TRUE((*sink)->RegisterKvCaches({&other, 1}).ok());
+  connector::TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  const std::vector<int64_t> blocks = {2};
+  ASSERT_TRUE((*sink)->StartLoad("r", params, blocks).ok());
+  Status s = (*sink)->WaitLayer("r", 0);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model KV heads differ"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("has 2"), std::string::npos) << s.ToString();
+  EXPECT_EQ((*sink)->GetFailedBlocks(), blocks);
+}
+
 TEST(PdEmbeddedFailure, AnEngineThatLeavesFailsItsRequestsAndDropsItsRegions) {
   auto prefill = StartDaemon("p", "");
   auto decode = StartDaemon("d", "");

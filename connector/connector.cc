@@ -251,8 +251,11 @@ Result<int> Connector::RegionLayers(uint32_t region) const {
 }
 
 Result<OffloadStored> Connector::OffloadStore(std::span<const offload::BlockKey> keys,
-                                              std::span<const int64_t> block_ids, uint32_t region) {
-  KV_RETURN_IF_ERROR(RegionLayers(region).status());
+                                              std::span<const int64_t> block_ids, uint32_t region,
+                                              void* cuda_stream) {
+  KV_ASSIGN_OR_RETURN(int layers, RegionLayers(region));
+  // kvd orders the copy after this record (daemon/offload_service.cc).
+  if (layer_events_) KV_RETURN_IF_ERROR(layer_events_->Record(layers - 1, cuda_stream));
   const std::string id = std::string(kOffloadPrefix) + std::to_string(next_offload_++);
   proto::EngineMessage m;
   auto* store = m.mutable_offload_store();

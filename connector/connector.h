@@ -191,23 +191,30 @@ class Connector {
 
   Result<proto::DaemonStatus> DaemonStatus();
 
-  // CPU offload. `region` is the index of a cache RegisterKvCaches returned; keys[i] is the hash
-  // of the block in block_ids[i]. Errors: kUnsupported (kvd has no pool), kInvalidArgument (a
-  // key outside 8..32 bytes, counts that differ, over 16384 keys), kOutOfRange (block id,
-  // region), kIncompatible (the pool holds blocks of another shape: the message names both).
+  // CPU offload. `region` is the index of a cache RegisterKvCaches or RegisterGpuKvCaches
+  // returned; keys[i] is the hash of the block in block_ids[i]. Errors: kUnsupported (kvd has no
+  // pool), kInvalidArgument (a key outside 8..32 bytes, counts that differ, over 16384 keys),
+  // kOutOfRange (block id, region), kIncompatible (the pool holds blocks of another shape: the
+  // message names both).
   //
   // Store: copies the blocks of keys the pool lacks; the blocks must not change until the op
   // completes. kResourceExhausted when even eviction cannot make room (nothing is stored then);
-  // evictions are reported in the result, never silent.
+  // evictions are reported in the result, never silent. GPU caches: the store first records the
+  // last layer's event on `cuda_stream` (a cudaStream_t of the caches' device; nullptr = the
+  // legacy default stream), after the work that wrote the blocks, and kvd's copy waits for that
+  // record on the device, as SaveLayer's does. Host caches ignore the stream.
   Result<OffloadStored> OffloadStore(std::span<const offload::BlockKey> keys,
-                                     std::span<const int64_t> block_ids, uint32_t region = 0);
+                                     std::span<const int64_t> block_ids, uint32_t region = 0,
+                                     void* cuda_stream = nullptr);
   // How many leading keys are ready in the pool: the prefix the engine need not recompute.
   Result<size_t> OffloadLookup(std::span<const offload::BlockKey> keys, uint32_t region = 0);
   // Where each key stands; counts no hit or miss.
   Result<std::vector<KeyState>> OffloadProbe(std::span<const offload::BlockKey> keys,
                                              uint32_t region = 0);
   // Load: every key must be ready, else kNotFound naming each missing key, nothing written, and
-  // `missing` (when given) lists them. per_layer: the engine will WaitLayer layer by layer.
+  // `missing` (when given) lists them. per_layer: the engine will WaitLayer layer by layer. GPU
+  // caches: kvd's copy does not wait for the engine's stream, so no work may still read or write
+  // the target blocks; once WaitLayer / Wait returned, work the engine enqueues sees the bytes.
   Result<OffloadLoaded> OffloadLoad(std::span<const offload::BlockKey> keys,
                                     std::span<const int64_t> block_ids, bool per_layer = false,
                                     uint32_t region = 0,

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
+#include <type_traits>
 
 #include "daemon/core.h"
 #include "daemon/wire_layout.h"
@@ -105,18 +106,26 @@ Status CheckOffloadsInFlight(const Engine& engine) {
 }
 
 // What a store and a load check before their copy, and what the copy needs: the keys and block
-// ids, the engine's region (it rides with the completion) and the pool, created on first use.
+// ids, the engine's region (it rides with the completion), the region's layout placed where its
+// bytes are (the pool picks its copy path by it), the event the copy waits for, and the pool,
+// created on first use.
 struct OffloadCopy {
   std::vector<BlockKey> keys;
   std::vector<int64_t> blocks;
   std::shared_ptr<Region> region;
+  KvRegion layout;
+  void* ready_event = nullptr;
   OffloadPool* pool = nullptr;
 
   offload::BlockTransfer transfer() const {
-    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, nullptr};
+    return {&layout, static_cast<std::byte*>(region->base), keys, blocks, ready_event};
   }
 };
 
+// GPU regions: a store's copy runs on kvd's stream after the engine's most recent record of its
+// last layer's event, which Connector::OffloadStore makes on the engine's stream just before it
+// sends the store (the engine's writes of the blocks come before it). A load waits for nothing:
+// the engine gives it blocks no work of its own touches, and hears each layer once it landed.
 template <typename Message>  // proto::OffloadStore or proto::OffloadLoad
 Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Message& m) {
   KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
@@ -125,7 +134,19 @@ Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Messag
   KV_ASSIGN_OR_RETURN(copy.blocks, ParseBlocks(m.block_ids(), copy.keys.size()));
   KV_ASSIGN_OR_RETURN(copy.region, core.OffloadRegion(engine, m.region_id()));
   KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
-  KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.region->layout));
+  const Region& region = *copy.region;
+  if (region.where.kind == MemoryKind::kHost) {
+    copy.layout = region.layout;
+  } else {
+    KV_ASSIGN_OR_RETURN(copy.layout, KvRegion::Create(region.layout.spec(), region.where));
+    if constexpr (std::is_same_v<Message, proto::OffloadStore>) {
+      if (!engine.layer_events) {
+        return Status::InvalidArgument("storing GPU caches needs the engine's layer events");
+      }
+      copy.ready_event = engine.layer_events->event(engine.layer_events->layers() - 1);
+    }
+  }
+  KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.layout));
   return copy;
 }
 
@@ -146,9 +167,6 @@ Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint
   if (region_id >= engine.regions.size()) {
     return Status::OutOfRange("region " + std::to_string(region_id) + " is not registered (" +
                               std::to_string(engine.regions.size()) + " regions)");
-  }
-  if (engine.regions[region_id]->where.kind != MemoryKind::kHost) {
-    return Status::Unsupported("kvd offloads host caches only so far, not GPU caches");
   }
   return engine.regions[region_id];
 }

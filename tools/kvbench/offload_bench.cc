@@ -26,6 +26,11 @@ GpuOffloadBench& GpuOffloadBenchSlot() {
   return bench;
 }
 
+const GpuMemoryOps*& GpuMemoryOpsSlot() {
+  static const GpuMemoryOps* ops = nullptr;
+  return ops;
+}
+
 double GbPerSecond(uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
 }

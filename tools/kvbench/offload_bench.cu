@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <future>
 #include <string>
+#include <vector>
 
 #include "daemon/offload/offload_pool.h"
 #include "tools/kvbench/offload_bench.h"
@@ -47,6 +48,53 @@ struct EventHandle {
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
+
+// Wall seconds of one cudaMemcpyAsync on `stream`, synchronised.
+Result<double> OneCopySeconds(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  auto start = Clock::now();
+  KV_CUDA_OK("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  KV_CUDA_OK("sync", cudaStreamSynchronize(stream));
+  return Seconds(start);
+}
+
+Result<void*> DeviceAlloc(uint64_t bytes) {
+  KV_CUDA_OK("cudaSetDevice", cudaSetDevice(0));
+  void* ptr = nullptr;
+  KV_CUDA_OK("cudaMalloc", cudaMalloc(&ptr, bytes));
+  cudaError_t err = cudaMemset(ptr, 1, bytes);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    cudaFree(ptr);
+    return CudaFailed("cudaMemset", err);
+  }
+  return ptr;
+}
+
+void DeviceFree(void* ptr) {
+  cudaFree(ptr);
+}
+
+Result<double> PinnedCopySeconds(uint64_t bytes, bool to_host, int iters) {
+  KV_CUDA_OK("cudaSetDevice", cudaSetDevice(0));
+  DeviceMemory dev;
+  PinnedMemory host;
+  StreamHandle stream;
+  KV_CUDA_OK("cudaMalloc", cudaMalloc(&dev.ptr, bytes));
+  KV_CUDA_OK("cudaHostAlloc", cudaHostAlloc(&host.ptr, bytes, cudaHostAllocDefault));
+  KV_CUDA_OK("stream", cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+  std::vector<double> t;
+  for (int it = 0; it <= iters; ++it) {
+    KV_ASSIGN_OR_RETURN(
+        double s, to_host
+                      ? OneCopySeconds(host.ptr, dev.ptr, bytes, cudaMemcpyDeviceToHost, stream.s)
+                      : OneCopySeconds(dev.ptr, host.ptr, bytes, cudaMemcpyHostToDevice, stream.s));
+    if (it > 0) t.push_back(s);
+  }
+  return Median(t);
+}
+
+const GpuMemoryOps kGpuMemoryOps = {&DeviceAlloc, &DeviceFree, &PinnedCopySeconds};
 
 // Stands in for a model's kernels: every SM busy with dependent FMAs, no memory traffic.
 __global__ void BusyKernel(float* out, int iters) {
@@ -174,13 +222,10 @@ Status RunOrder(const OffloadBenchConfig& config, const std::string& order, int 
   for (int it = 0; it <= config.iters; ++it) {
     for (int dir = 0; dir < 2; ++dir) {  // 0: device -> pinned host (store), 1: back (load)
       const cudaMemcpyKind kind = dir == 0 ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+      KV_ASSIGN_OR_RETURN(const double one_s,
+                          dir == 0 ? OneCopySeconds(host, base, pool.bytes, kind, stream.s)
+                                   : OneCopySeconds(base, host, pool.bytes, kind, stream.s));
       auto start = Clock::now();
-      KV_CUDA_OK("cudaMemcpyAsync", dir == 0
-                                        ? cudaMemcpyAsync(host, base, pool.bytes, kind, stream.s)
-                                        : cudaMemcpyAsync(base, host, pool.bytes, kind, stream.s));
-      KV_CUDA_OK("sync", cudaStreamSynchronize(stream.s));
-      const double one_s = Seconds(start);
-      start = Clock::now();
       uint64_t at = 0;
       for (int64_t b : blocks) {
         for (int64_t l = 0; l < page_layers; ++l, at += page) {
@@ -234,7 +279,8 @@ Status RunGpu(const OffloadBenchConfig& config, OffloadReport* report) {
   return Status::Ok();
 }
 
-[[maybe_unused]] const bool registered = (GpuOffloadBenchSlot() = &RunGpu, true);
+[[maybe_unused]] const bool registered =
+    (GpuOffloadBenchSlot() = &RunGpu, GpuMemoryOpsSlot() = &kGpuMemoryOps, true);
 
 }  // namespace
 }  // namespace kv::bench

@@ -62,6 +62,17 @@ struct OffloadReport {
 using GpuOffloadBench = Status (*)(const OffloadBenchConfig&, OffloadReport*);
 GpuOffloadBench& GpuOffloadBenchSlot();
 
+// Device memory for `kvbench offload-kvd --gpu`, registered by offload_bench.cu (null in builds
+// without CUDA), so that file's C++ stays free of CUDA.
+struct GpuMemoryOps {
+  Result<void*> (*alloc)(uint64_t bytes);  // cudaMalloc on device 0, every byte 1
+  void (*free)(void* ptr);
+  // Median over `iters` (after a warm-up) of one pinned cudaMemcpyAsync of `bytes`, device to
+  // host (to_host) or back: the ceiling of a store or a load.
+  Result<double> (*pinned_copy_seconds)(uint64_t bytes, bool to_host, int iters);
+};
+const GpuMemoryOps*& GpuMemoryOpsSlot();
+
 // Wall-clock helpers shared by both halves.
 double GbPerSecond(uint64_t bytes, double seconds);
 double Median(std::vector<double> v);

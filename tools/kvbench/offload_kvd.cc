@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "connector/connector.h"
 #include "daemon/daemon.h"
@@ -30,7 +32,14 @@ With --daemon SOCKET it uses a running kvd started with --offload-bytes large en
 2 × --batch blocks of this shape, and the pool's block shape must match (the first engine fixes
 it).
 
-Example: kvbench offload-kvd --order BLNHC --batch 64 --json
+With --gpu the engine's cache is cudaMalloc'ed on device 0 and registered with
+RegisterGpuKvCaches, so kvd reaches it through CUDA IPC; that needs --daemon (a kvd started with
+--transport ipc --device 0 --offload-bytes N): CUDA IPC cannot open memory of its own process.
+The pool is then driven directly on the same device memory, and the ceilings are one pinned
+cudaMemcpyAsync of the same bytes, device to host for a store and back for a load.
+
+Examples: kvbench offload-kvd --order BLNHC --batch 64 --json
+          kvbench offload-kvd --gpu --daemon /tmp/kvd.sock --order LBNHC --batch 512
 
 Flags:
 )";
@@ -45,8 +54,9 @@ struct Figures {
   uint64_t store_runs = 0, load_runs = 0;
 };
 
+// `gpu_cache`: the engine's cache in device memory (--gpu), else a host cache kvd allocates.
 Result<Figures> TimeThroughKvd(const OffloadBenchConfig& config, const LayoutSpec& spec,
-                               const std::string& socket, uint64_t key_base) {
+                               const std::string& socket, uint64_t key_base, void* gpu_cache) {
   connector::ConnectorOptions options;
   options.instance = "kvbench-offload-" + std::to_string(key_base);
   options.timeout = std::chrono::milliseconds(60000);
@@ -62,8 +72,14 @@ Result<Figures> TimeThroughKvd(const OffloadBenchConfig& config, const LayoutSpe
   }
   KV_ASSIGN_OR_RETURN(auto engine, embedded ? connector::Connector::OpenEmbedded(embedded, options)
                                             : connector::Connector::Open(socket, options));
-  KV_ASSIGN_OR_RETURN(auto caches, engine->RegisterKvCaches(std::span<const LayoutSpec>(&spec, 1)));
-  std::memset(caches[0].base, 1, caches[0].bytes);
+  if (gpu_cache != nullptr) {
+    const connector::GpuKvCache cache{gpu_cache, 0, spec};
+    KV_RETURN_IF_ERROR(engine->RegisterGpuKvCaches({&cache, 1}).status());
+  } else {
+    KV_ASSIGN_OR_RETURN(auto caches,
+                        engine->RegisterKvCaches(std::span<const LayoutSpec>(&spec, 1)));
+    std::memset(caches[0].base, 1, caches[0].bytes);
+  }
 
   Figures f;
   std::vector<double> stores, loads, lookups;
@@ -135,6 +151,7 @@ int OffloadKvdMain(int argc, char** argv) {
       {"iters", "timed iterations after one warm-up (default 5)"},
       {"consecutive", "engine block ids 0..batch-1 instead of random ones", true},
       {"per-layer", "loads wait layer by layer, as a decode step would", true},
+      {"gpu", "the engine's cache in GPU memory (needs --daemon: see above)", true},
       {"json", "print one JSON object", true},
       {"help", "this text", true},
   });
@@ -164,62 +181,97 @@ int OffloadKvdMain(int argc, char** argv) {
   config.per_layer = flags.has("per-layer");
   const std::string order = flags.str("order", "BLNHC");
   const LayoutSpec spec = config.Spec(order, config.engine_blocks);
-  auto engine = KvRegion::Create(spec);
+  const bool gpu = flags.has("gpu");
+  const GpuMemoryOps* ops = GpuMemoryOpsSlot();
+  if (gpu && ops == nullptr) return fail(Status::Unsupported("--gpu: this build has no CUDA"));
+  if (gpu && !flags.has("daemon")) {
+    return fail(Status::InvalidArgument(
+        "--gpu needs --daemon: CUDA IPC cannot open memory of its own process"));
+  }
+  auto engine = KvRegion::Create(spec, gpu ? MemoryLocation::Cuda(0) : MemoryLocation::Host());
   if (!engine.ok()) return fail(engine.status());
+  // The engine's cache: device memory under --gpu (also what the pool is timed on), else host
+  // memory for the pool (kvd allocates the engine's own host cache).
+  std::unique_ptr<void, void (*)(void*)> device_cache(nullptr, [](void*) {});
+  std::vector<std::byte> host_cache;
+  std::byte* base = nullptr;
+  if (gpu) {
+    auto mem = ops->alloc(engine->span_bytes());
+    if (!mem.ok()) return fail(mem.status());
+    device_cache = std::unique_ptr<void, void (*)(void*)>(*mem, ops->free);
+    base = static_cast<std::byte*>(*mem);
+  } else {
+    host_cache.assign(engine->span_bytes(), std::byte{1});
+    base = host_cache.data();
+  }
 
   const uint64_t key_base = std::random_device{}() | (uint64_t{1} << 63);
   std::fprintf(stderr, "offload-kvd: %s: store/lookup/load of %lld blocks through kvd\n",
                order.c_str(), static_cast<long long>(config.batch));
-  auto kvd = TimeThroughKvd(config, spec, flags.str("daemon"), key_base);
+  auto kvd = TimeThroughKvd(config, spec, flags.str("daemon"), key_base, gpu ? base : nullptr);
   if (!kvd.ok()) return fail(kvd.status());
   std::fprintf(stderr, "offload-kvd: %s: the same on the pool directly\n", order.c_str());
-  std::vector<std::byte> cache(engine->span_bytes(), std::byte{1});
-  auto pool = TimePool(config, *engine, cache.data());
+  auto pool = TimePool(config, *engine, base);
   if (!pool.ok()) return fail(pool.status());
-  std::fprintf(stderr, "offload-kvd: ceiling: one memcpy of %.1f MiB\n", kvd->bytes / 1048576.0);
-  const double ceiling_s = TimeMemcpy(kvd->bytes, config.iters);
+  std::fprintf(stderr, "offload-kvd: ceiling: one %s of %.1f MiB\n",
+               gpu ? "pinned cudaMemcpyAsync" : "memcpy", kvd->bytes / 1048576.0);
+  double store_ceiling_s = 0, load_ceiling_s = 0;
+  if (gpu) {
+    auto to_host = ops->pinned_copy_seconds(kvd->bytes, true, config.iters);
+    auto to_device = ops->pinned_copy_seconds(kvd->bytes, false, config.iters);
+    if (!to_host.ok()) return fail(to_host.status());
+    if (!to_device.ok()) return fail(to_device.status());
+    store_ceiling_s = *to_host;
+    load_ceiling_s = *to_device;
+  } else {
+    store_ceiling_s = load_ceiling_s = TimeMemcpy(kvd->bytes, config.iters);
+  }
 
-  const double ceiling = GbPerSecond(kvd->bytes, ceiling_s);
+  const double ceiling = GbPerSecond(kvd->bytes, store_ceiling_s);
   struct Row {
     const char* op;
-    double kvd, pool;
+    double kvd, pool, ceiling;
     uint64_t runs;
-  } rows[2] = {{"store", GbPerSecond(kvd->bytes, kvd->store_s),
-                GbPerSecond(pool->bytes, pool->store_seconds), kvd->store_runs},
-               {"load", GbPerSecond(kvd->bytes, kvd->load_s),
-                GbPerSecond(pool->bytes, pool->load_seconds), kvd->load_runs}};
+  } rows[2] = {
+      {"store", GbPerSecond(kvd->bytes, kvd->store_s),
+       GbPerSecond(pool->bytes, pool->store_seconds), GbPerSecond(kvd->bytes, store_ceiling_s),
+       kvd->store_runs},
+      {"load", GbPerSecond(kvd->bytes, kvd->load_s), GbPerSecond(pool->bytes, pool->load_seconds),
+       GbPerSecond(kvd->bytes, load_ceiling_s), kvd->load_runs}};
   if (flags.has("json")) {
     std::printf(
-        "{\"order\": \"%s\", \"bytes\": %llu, \"blocks\": %lld, \"scattered\": %s, "
-        "\"per_layer\": %s, \"ceiling_gbps\": %.3f, \"lookup_us\": %.1f, \"ops\": [",
-        order.c_str(), static_cast<unsigned long long>(kvd->bytes),
+        "{\"order\": \"%s\", \"gpu\": %s, \"bytes\": %llu, \"blocks\": %lld, "
+        "\"scattered\": %s, \"per_layer\": %s, \"ceiling_gbps\": %.3f, \"lookup_us\": %.1f, "
+        "\"ops\": [",
+        order.c_str(), gpu ? "true" : "false", static_cast<unsigned long long>(kvd->bytes),
         static_cast<long long>(config.batch), config.scattered ? "true" : "false",
         config.per_layer ? "true" : "false", ceiling, kvd->lookup_s * 1e6);
     for (int i = 0; i < 2; ++i) {
       std::printf(
           "%s{\"op\": \"%s\", \"runs\": %llu, \"kvd_gbps\": %.3f, \"pool_gbps\": %.3f, "
-          "\"kvd_over_ceiling\": %.3f, \"kvd_over_pool\": %.3f}",
+          "\"ceiling_gbps\": %.3f, \"kvd_over_ceiling\": %.3f, \"kvd_over_pool\": %.3f}",
           i ? ", " : "", rows[i].op, static_cast<unsigned long long>(rows[i].runs), rows[i].kvd,
-          rows[i].pool, ceiling > 0 ? rows[i].kvd / ceiling : 0,
+          rows[i].pool, rows[i].ceiling, rows[i].ceiling > 0 ? rows[i].kvd / rows[i].ceiling : 0,
           rows[i].pool > 0 ? rows[i].kvd / rows[i].pool : 0);
     }
     std::printf("]}\n");
     return 0;
   }
   std::printf(
-      "kvbench offload-kvd — %s, %lld blocks (%.1f MiB) per op, %s block ids, loads %s, "
+      "kvbench offload-kvd — %s%s, %lld blocks (%.1f MiB) per op, %s block ids, loads %s, "
       "median of %d\n",
-      order.c_str(), static_cast<long long>(config.batch), kvd->bytes / 1048576.0,
-      config.scattered ? "scattered" : "consecutive", config.per_layer ? "per layer" : "whole",
-      config.iters);
-  std::printf("ceiling (one memcpy of the same bytes): %.2f GB/s; lookup of %lld keys: %.1f us\n",
-              ceiling, static_cast<long long>(config.batch), kvd->lookup_s * 1e6);
-  std::printf("%-6s %7s %10s %10s %13s %10s\n", "op", "runs", "kvd GB/s", "pool GB/s",
-              "kvd/ceiling", "kvd/pool");
+      order.c_str(), gpu ? " in GPU memory" : "", static_cast<long long>(config.batch),
+      kvd->bytes / 1048576.0, config.scattered ? "scattered" : "consecutive",
+      config.per_layer ? "per layer" : "whole", config.iters);
+  std::printf("ceiling: one %s of the same bytes; lookup of %lld keys: %.1f us\n",
+              gpu ? "pinned cudaMemcpyAsync" : "memcpy", static_cast<long long>(config.batch),
+              kvd->lookup_s * 1e6);
+  std::printf("%-6s %7s %10s %10s %13s %13s %10s\n", "op", "runs", "kvd GB/s", "pool GB/s",
+              "ceiling GB/s", "kvd/ceiling", "kvd/pool");
   for (const Row& r : rows) {
-    std::printf("%-6s %7llu %10.2f %10.2f %13.2f %10.2f\n", r.op,
-                static_cast<unsigned long long>(r.runs), r.kvd, r.pool,
-                ceiling > 0 ? r.kvd / ceiling : 0, r.pool > 0 ? r.kvd / r.pool : 0);
+    std::printf("%-6s %7llu %10.2f %10.2f %13.2f %13.2f %10.2f\n", r.op,
+                static_cast<unsigned long long>(r.runs), r.kvd, r.pool, r.ceiling,
+                r.ceiling > 0 ? r.kvd / r.ceiling : 0, r.pool > 0 ? r.kvd / r.pool : 0);
   }
   return 0;
 }

@@ -41,8 +41,9 @@ constexpr const char* kUsage =
     "  pages where reserved, pinned with a GPU); the first engine to store, look up or load fixes\n"
     "  the block shape, and the pool keeps its blocks across engine restarts. `kvctl status` and\n"
     "  `kvctl --daemon PATH offload` show its figures.\n"
-    "--offload-copy: how GPU pages reach the pool: auto (the kernels' chooser), kernel (plan-copy\n"
-    "  kernel) or copy-engine (cudaMemcpyBatchAsync; leaves the SMs to the model).\n";
+    "--offload-copy: how GPU pages reach the pool: auto (the copy engine, cudaMemcpyBatchAsync,\n"
+    "  which leaves the SMs to the model; the plan-copy kernel for runs under 16 KiB), kernel or\n"
+    "  copy-engine (always that one).\n";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvd: %s\n", message.c_str());

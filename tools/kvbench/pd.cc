@@ -2,6 +2,8 @@
 // deterministic K/V through two kvds (started here on free loopback ports unless sockets are
 // given), every decode rank verifies every byte it should hold, and the throughput is printed
 // beside `kvbench transport` for the same run size and transport, measured right after.
+// --memory cuda puts the caches on GPUs (connector/pd_gpu.h) and holds the result to the GPU
+// ceilings (gpu_ceiling.h) instead.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,9 +12,11 @@
 #include <memory>
 #include <string>
 
+#include "connector/pd_gpu.h"
 #include "connector/pd_sim.h"
 #include "daemon/kvd_process.h"
 #include "tools/common/cli.h"
+#include "tools/kvbench/gpu_ceiling.h"
 
 namespace kv::bench {
 namespace {
@@ -20,6 +24,15 @@ namespace {
 using connector::Connector;
 using connector::ConnectorOptions;
 using connector::PdConfig;
+
+}  // namespace
+
+GpuCeilingFn& GpuCeilingSlot() {
+  static GpuCeilingFn fn = nullptr;
+  return fn;
+}
+
+namespace {
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvbench pd: %s\n", message.c_str());
@@ -63,11 +76,75 @@ double MeasureCeiling(const std::string& backend, uint64_t run_bytes, uint64_t r
   return at == std::string::npos ? 0 : std::atof(out.c_str() + at + 7);
 }
 
+// What --memory cuda adds to the report: the streaming tail, the decode attention check and the
+// GPU ceilings of one request's bytes, as table lines and as JSON members.
+struct GpuFigures {
+  double ceiling_gbps = 0;  // of the transport's own ceiling (ipc: peer copy; nccl: ncclSend)
+  std::string ceiling_command, table, json;
+};
+
+GpuFigures GpuReport(const PdConfig& c, const connector::PdResult& r,
+                     const connector::CudaPdEngines& gpu, const std::string& transport,
+                     int decode_device, bool measure) {
+  GpuFigures f;
+  const uint64_t request_bytes = r.verified > 0 ? r.bytes / r.verified : 0;
+  GpuCeilings ceilings;
+  std::string error;
+  if (measure && request_bytes > 0 && GpuCeilingSlot() != nullptr) {
+    auto measured = GpuCeilingSlot()(0, decode_device, request_bytes, 10);
+    if (measured.ok()) ceilings = *measured;
+    if (!measured.ok()) error = measured.status().ToString();
+  }
+  auto gbs = [&](double seconds) { return seconds > 0 ? request_bytes / seconds / 1e9 : 0.0; };
+  const double peer = gbs(ceilings.peer_seconds), nccl = gbs(ceilings.nccl_seconds);
+  const std::string piece = " of " + std::to_string(request_bytes) + " bytes in one piece";
+  if (transport == "nccl" && nccl > 0) {
+    f.ceiling_gbps = nccl;
+    f.ceiling_command = "one ncclSend/ncclRecv" + piece;
+  } else if ((transport == "cuda_ipc" || transport == "ipc") && peer > 0) {
+    f.ceiling_gbps = peer;
+    f.ceiling_command = "one cudaMemcpyPeerAsync" + piece;
+  }
+  const double gbps = r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0;
+  const double s50 = Percentile(r.stream_ms, 0.5), s99 = Percentile(r.stream_ms, 0.99);
+  const auto a = gpu.attention();
+  char buf[1024];
+  std::snprintf(buf, sizeof(buf),
+                "  streaming: last layer saved -> last layer in place   p50 %.3f ms   p99 %.3f ms"
+                "   (forward pass %lld us per layer)\n"
+                "  decode attention: %llu values compared with the prefill side's, %llu exact, "
+                "max |diff| %.3g\n"
+                "  GPU ceilings, GPU 0 -> GPU %d, one request (%.1f MiB) in one piece: "
+                "cudaMemcpyPeerAsync %.1f GB/s, ncclSend/ncclRecv %.1f GB/s%s%s\n",
+                s50, s99, static_cast<long long>(c.layer_time.count()),
+                static_cast<unsigned long long>(a.values), static_cast<unsigned long long>(a.exact),
+                a.max_abs_diff, decode_device, request_bytes / 1048576.0, peer, nccl,
+                error.empty() ? "" : "; ", error.c_str());
+  f.table = buf;
+  if (f.ceiling_gbps > 0) {
+    std::snprintf(buf, sizeof(buf), "  ratio %.2f of %s\n", gbps / f.ceiling_gbps,
+                  f.ceiling_command.c_str());
+    f.table += buf;
+  }
+  std::snprintf(buf, sizeof(buf),
+                ", \"memory\": \"cuda\", \"decode_device\": %d, \"layer_us\": %lld, "
+                "\"stream_p50_ms\": %.3f, \"stream_p99_ms\": %.3f, \"peer_gbps\": %.4f, "
+                "\"nccl_gbps\": %.4f, \"attention_values\": %llu, \"attention_exact\": %llu, "
+                "\"attention_max_abs_diff\": %.6g",
+                decode_device, static_cast<long long>(c.layer_time.count()), s50, s99, peer, nccl,
+                static_cast<unsigned long long>(a.values), static_cast<unsigned long long>(a.exact),
+                a.max_abs_diff);
+  f.json = buf;
+  return f;
+}
+
 int PdMain(int argc, char** argv) {
   cli::Flags flags({
       {"prefill-daemon", "unix socket of a running prefill kvd (default: start one here)"},
       {"decode-daemon", "unix socket of a running decode kvd (default: start one here)"},
-      {"memory", "where the KV caches live: host (default); cuda comes with the GPU issue"},
+      {"memory",
+       "where the KV caches live: host (default) or cuda (prefill on GPU 0, decode on GPU 1, "
+       "or GPU 0 with one GPU)"},
       {"transport", "transport of the kvds started here: auto|ucx|local|nccl|ipc (default auto)"},
       {"requests", "requests to move (default 32)"},
       {"tokens", "prompt tokens per request (default 512)"},
@@ -115,13 +192,22 @@ int PdMain(int argc, char** argv) {
         "  kvbench pd\n"
         "  kvbench pd --prefill-tp 2 --decode-tp 1 --decode-order BLHNC --decode-block-size 32\n"
         "  kvbench pd --mla --mode pull --json\n"
-        "  kvbench pd --prewrite          # kvd alone, against its ceiling\n\nflags:\n%s",
+        "  kvbench pd --prewrite          # kvd alone, against its ceiling\n"
+        "  kvbench pd --memory cuda --transport ipc --tokens 4096 --layers 32 --layer-us 1000\n\n"
+        "With --memory cuda the prefill engines write K/V with the token-writing kernel on their\n"
+        "own streams and save each layer without a host sync; the decode engines check every\n"
+        "byte and the decode attention output against the prefill side's on their GPU. It also\n"
+        "prints the streaming tail (last layer saved -> last layer in place, p50/p99) and the\n"
+        "GPU ceilings: one cudaMemcpyPeerAsync (ipc) and one ncclSend/ncclRecv (nccl) of one\n"
+        "request's bytes in one piece, measured after the run.\n\nflags:\n%s",
         flags.Help().c_str());
     return 0;
   }
-  if (flags.str("memory", "host") != "host") {
-    return Fail("--memory " + flags.str("memory") + ": only host memory in this build");
+  const std::string memory = flags.str("memory", "host");
+  if (memory != "host" && memory != "cuda") {
+    return Fail("--memory is host or cuda, not " + memory);
   }
+  const bool cuda = memory == "cuda";
   PdConfig c;
   auto integer = [&](const char* name, int64_t fallback, int64_t lo, int64_t hi, auto* out) {
     auto v = flags.integer(name, fallback, lo, hi);
@@ -167,6 +253,15 @@ int PdMain(int argc, char** argv) {
   const bool json = flags.has("json");
   std::string transport = flags.str("transport", "auto");
 
+  // GPU engines, before any kvd starts: a build or machine without CUDA fails here, clearly.
+  std::unique_ptr<connector::CudaPdEngines> gpu;
+  const int decode_device = connector::CudaDeviceCount() > 1 ? 1 : 0;
+  if (cuda) {
+    auto engines = connector::CudaPdEngines::Create(c, 0, decode_device);
+    if (!engines.ok()) return Fail(engines.status().message());
+    gpu = std::move(*engines);
+  }
+
   // Our own kvds, unless the user runs theirs. Their guards stop them on every path.
   std::unique_ptr<daemon::KvdProcess> prefill_kvd, decode_kvd;
   std::filesystem::path dir;
@@ -189,11 +284,13 @@ int PdMain(int argc, char** argv) {
     o.extra_args = {"--log-level", "warn"};
     o.name = "prefill";
     o.socket_path = (dir / "prefill.sock").string();
+    if (cuda) o.extra_args = {"--log-level", "warn", "--device", "0"};
     auto p = daemon::KvdProcess::Start(o);
     if (!p.ok()) return Fail("starting " + o.binary + ": " + p.status().ToString());
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
+    if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
     auto d = daemon::KvdProcess::Start(o);
     if (!d.ok()) return Fail("starting " + o.binary + ": " + d.status().ToString());
     decode_kvd = std::move(*d);
@@ -204,12 +301,13 @@ int PdMain(int argc, char** argv) {
   if (!json) {
     std::printf(
         "kvbench pd: %d requests x %lld tokens, %lld layers, %lld heads x %lld dim, "
-        "%s TP%d bs%lld -> %s TP%d bs%lld%s, %s\n",
+        "%s TP%d bs%lld -> %s TP%d bs%lld%s, %s%s\n",
         c.requests, static_cast<long long>(c.tokens), static_cast<long long>(c.layers),
         static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
         c.prefill_order.c_str(), c.prefill_tp, static_cast<long long>(c.prefill_block_size),
         c.decode_order.c_str(), c.decode_tp, static_cast<long long>(c.decode_block_size),
-        c.mla ? " MLA" : "", (mode + (c.prewrite ? ", K/V written before the clock" : "")).c_str());
+        c.mla ? " MLA" : "", (mode + (c.prewrite ? ", K/V written before the clock" : "")).c_str(),
+        cuda ? (", GPU 0 -> GPU " + std::to_string(decode_device)).c_str() : "");
     std::fflush(stdout);
   }
   // Sampled while the engines are still registered: the daemons' cost of serving them.
@@ -227,7 +325,8 @@ int PdMain(int argc, char** argv) {
   };
   auto result = connector::RunPd(
       c, [&](const ConnectorOptions& o) { return Connector::Open(prefill_socket, o); },
-      [&](const ConnectorOptions& o) { return Connector::Open(decode_socket, o); }, progress);
+      [&](const ConnectorOptions& o) { return Connector::Open(decode_socket, o); }, progress,
+      gpu.get());
   if (!json) std::fprintf(stderr, "\n");
   if (!result.ok()) return Fail(result.status().ToString());
 
@@ -241,8 +340,24 @@ int PdMain(int argc, char** argv) {
   double ceiling = 0;
   const uint64_t run_bytes = r.bytes / std::max<uint64_t>(runs, 1);
   const uint64_t runs_per_batch = runs / (c.requests * c.layers);
-  if (!flags.has("no-ceiling") && transport == "ucx" && runs > 0 && r.verified > 0) {
+  auto stop_kvds = [&] {
+    if (prefill_kvd) {
+      (void)prefill_kvd->Stop(std::chrono::milliseconds(5000));
+      (void)decode_kvd->Stop(std::chrono::milliseconds(5000));
+    }
+  };
+  std::string ceiling_command, gpu_json;
+  if (!cuda && !flags.has("no-ceiling") && transport == "ucx" && runs > 0 && r.verified > 0) {
     ceiling = MeasureCeiling(transport, run_bytes, runs_per_batch);
+    ceiling_command = ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch) : "";
+  }
+  if (cuda) {
+    stop_kvds();  // the ceilings get the GPUs to themselves
+    GpuFigures f = GpuReport(c, r, *gpu, transport, decode_device, !flags.has("no-ceiling"));
+    ceiling = f.ceiling_gbps;
+    ceiling_command = f.ceiling_command;
+    gpu_json = f.json;
+    if (!json) std::printf("%s", f.table.c_str());
   }
   if (json) {
     std::printf(
@@ -251,23 +366,23 @@ int PdMain(int argc, char** argv) {
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
         "\"prewrite\": %s, \"ceiling_gbps\": %.4f, \"ceiling_command\": \"%s\", "
         "\"prefill_kvd_rss\": %llu, "
-        "\"decode_kvd_rss\": %llu}\n",
+        "\"decode_kvd_rss\": %llu%s}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
-        transport.c_str(), c.prewrite ? "true" : "false", ceiling,
-        ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch).c_str() : "",
-        static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss));
+        transport.c_str(), c.prewrite ? "true" : "false", ceiling, ceiling_command.c_str(),
+        static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss),
+        gpu_json.c_str());
   } else {
     std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
     std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,
                 r.seconds, gbps, transport.c_str());
     std::printf("  runs per request %.1f   latency p50 %.2f ms   p99 %.2f ms\n", runs_per_request,
                 p50, p99);
-    if (ceiling > 0) {
+    if (ceiling > 0 && !cuda) {
       std::printf(
           "  ceiling  %.3f GB/s   ratio %.2f\n           (%s: same run size, memory kind and "
           "UCX settings as kvd)\n",
-          ceiling, gbps / ceiling, CeilingCommand(transport, run_bytes, runs_per_batch).c_str());
+          ceiling, gbps / ceiling, ceiling_command.c_str());
     }
     std::printf(
         "  kvd resident memory: prefill %.1f MiB, decode %.1f MiB (%u engines registered)\n",
@@ -278,10 +393,7 @@ int PdMain(int argc, char** argv) {
                   static_cast<unsigned long long>(r.guard_bytes_written));
     }
   }
-  if (prefill_kvd) {
-    (void)prefill_kvd->Stop(std::chrono::milliseconds(5000));
-    (void)decode_kvd->Stop(std::chrono::milliseconds(5000));
-  }
+  stop_kvds();
   return r.failed == 0 && r.verified == r.requests && r.guard_bytes_written == 0 ? 0 : 1;
 }
 

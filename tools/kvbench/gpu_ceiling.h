@@ -1,0 +1,23 @@
+// The ceilings a GPU-to-GPU KV transfer is held to (issue 6), measured in this process:
+//   peer: one cudaMemcpyPeerAsync of the bytes in one piece;
+//   nccl: one ncclSend/ncclRecv of the same bytes in one contiguous buffer.
+// The same measurement as `kvbench gpu-transport`'s baseline, for `kvbench pd --memory cuda`.
+#pragma once
+
+#include <cstdint>
+
+#include "layout/status.h"
+
+namespace kv::bench {
+
+struct GpuCeilings {
+  double peer_seconds = 0;  // medians over the iterations
+  double nccl_seconds = 0;  // 0: not measured (no NCCL in this build, or src == dst)
+};
+
+// Builds with CUDA register it (gpu_ceiling.cu); elsewhere it stays null.
+using GpuCeilingFn = Result<GpuCeilings> (*)(int src_device, int dst_device, uint64_t bytes,
+                                             int iters);
+GpuCeilingFn& GpuCeilingSlot();
+
+}  // namespace kv::bench

@@ -113,14 +113,19 @@ GpuFigures GpuReport(const PdConfig& c, const connector::PdResult& r,
                 "  streaming: last layer saved -> last layer in place   p50 %.3f ms   p99 %.3f ms"
                 "   (forward pass %lld us per layer)\n"
                 "  decode attention: %llu values compared with the prefill side's, %llu exact, "
-                "max |diff| %.3g\n"
-                "  GPU ceilings, GPU 0 -> GPU %d, one request (%.1f MiB) in one piece: "
-                "cudaMemcpyPeerAsync %.1f GB/s, ncclSend/ncclRecv %.1f GB/s%s%s\n",
+                "max |diff| %.3g\n",
                 s50, s99, static_cast<long long>(c.layer_time.count()),
                 static_cast<unsigned long long>(a.values), static_cast<unsigned long long>(a.exact),
-                a.max_abs_diff, decode_device, request_bytes / 1048576.0, peer, nccl,
-                error.empty() ? "" : "; ", error.c_str());
+                a.max_abs_diff);
   f.table = buf;
+  if (measure) {
+    std::snprintf(buf, sizeof(buf),
+                  "  GPU ceilings, GPU 0 -> GPU %d, one request (%.1f MiB) in one piece: "
+                  "cudaMemcpyPeerAsync %.1f GB/s, ncclSend/ncclRecv %.1f GB/s%s%s\n",
+                  decode_device, request_bytes / 1048576.0, peer, nccl, error.empty() ? "" : "; ",
+                  error.c_str());
+    f.table += buf;
+  }
   if (f.ceiling_gbps > 0) {
     std::snprintf(buf, sizeof(buf), "  ratio %.2f of %s\n", gbps / f.ceiling_gbps,
                   f.ceiling_command.c_str());

@@ -443,6 +443,9 @@ Result<std::unique_ptr<CudaPdEngines>> CudaPdEngines::Create(const PdConfig& con
         std::to_string(config.head_dim));
   }
   const int count = CudaDeviceCount();
+  if (count == 0) {
+    return Status::Unavailable("--memory cuda needs a CUDA device; this process sees none");
+  }
   for (int device : {prefill_device, decode_device}) {
     if (device < 0 || device >= count) {
       return Status::Unavailable("--memory cuda: CUDA device " + std::to_string(device) +

@@ -36,7 +36,7 @@ class CudaPdEngines : public PdEngines {
   static constexpr int64_t kQueryHeadsPerKvHead = 4;
 
   // kUnsupported: no CUDA in this build, or a head_dim the attention kernel lacks (64, 128,
-  // 256). kUnavailable: a device ordinal this process does not see.
+  // 256). kUnavailable: no CUDA device, or an ordinal this process does not see.
   static Result<std::unique_ptr<CudaPdEngines>> Create(const PdConfig& config, int prefill_device,
                                                        int decode_device);
 

@@ -259,9 +259,11 @@ int PdMain(int argc, char** argv) {
   std::string transport = flags.str("transport", "auto");
 
   // GPU engines, before any kvd starts: a build or machine without CUDA fails here, clearly.
+  // The host path never initialises CUDA.
   std::unique_ptr<connector::CudaPdEngines> gpu;
-  const int decode_device = connector::CudaDeviceCount() > 1 ? 1 : 0;
+  int decode_device = 0;
   if (cuda) {
+    decode_device = connector::CudaDeviceCount() > 1 ? 1 : 0;
     auto engines = connector::CudaPdEngines::Create(c, 0, decode_device);
     if (!engines.ok()) return Fail(engines.status().message());
     gpu = std::move(*engines);

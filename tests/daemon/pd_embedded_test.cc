@@ -105,6 +105,38 @@ void ExpectAllVerified(const Result<connector::PdResult>& r, const PdConfig& c) 
   EXPECT_GT(r->bytes, 0u);
 }
 
+// Two kvd cores joined over loopback, one embedded engine on each with its cache registered.
+struct EnginePair {
+  std::shared_ptr<daemon::Daemon> prefill, decode;
+  std::unique_ptr<Connector> source, sink;
+
+  static EnginePair Start(const LayoutSpec& source_cache, const LayoutSpec& sink_cache) {
+    EnginePair pair;
+    pair.prefill = StartDaemon("p", "");
+    pair.decode = StartDaemon("d", "");
+    if (!pair.prefill || !pair.decode) return pair;
+    auto source =
+        Connector::OpenEmbedded(pair.prefill, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
+    auto sink =
+        Connector::OpenEmbedded(pair.decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
+    EXPECT_TRUE(source.ok() && sink.ok());
+    if (!source.ok() || !sink.ok()) return pair;
+    EXPECT_TRUE((*source)->RegisterKvCaches({&source_cache, 1}).ok());
+    EXPECT_TRUE((*sink)->RegisterKvCaches({&sink_cache, 1}).ok());
+    pair.source = std::move(*source);
+    pair.sink = std::move(*sink);
+    return pair;
+  }
+  bool ok() const { return source && sink; }
+  // The decode engine loads request "r" (16 tokens) into `blocks` from the prefill kvd.
+  Status Load(const std::vector<int64_t>& blocks) {
+    connector::TransferParams params;
+    params.peer_address = prefill->listen_address();
+    params.tokens = 16;
+    return sink->StartLoad("r", params, blocks);
+  }
+};
+
 TEST_P(PdEmbedded, EveryByteArrives) {
   auto prefill = StartDaemon("prefill-node", "");
   auto decode = StartDaemon("decode-node", "");
@@ -175,55 +207,36 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
 }
 
 TEST(PdEmbeddedFailure, PeersOfDifferentModelsAreRefusedNamingWhatDiffers) {
-  auto prefill = StartDaemon("p", "");
-  auto decode = StartDaemon("d", "");
-  ASSERT_TRUE(prefill && decode);
   LayoutSpec other = TinySpec();
   other.heads = 4;  // a model with twice the KV heads: no plan bridges that
-  const LayoutSpec spec = TinySpec();
-  auto source =
-      Connector::OpenEmbedded(prefill, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
-  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
-  ASSERT_TRUE(source.ok() && sink.ok());
-  ASSERT_TRUE((*source)->RegisterKvCaches({&spec, 1}).ok());
-  ASSERT_TRUE((*sink)->RegisterKvCaches({&other, 1}).ok());
-  connector::TransferParams params;
-  params.peer_address = prefill->listen_address();
-  params.tokens = 16;
+  auto pair = EnginePair::Start(TinySpec(), other);
+  ASSERT_TRUE(pair.ok());
   const std::vector<int64_t> blocks = {2};
-  ASSERT_TRUE((*sink)->StartLoad("r", params, blocks).ok());
-  Status s = (*sink)->WaitLayer("r", 0);
+  ASSERT_TRUE(pair.Load(blocks).ok());
+  Status s = pair.sink->WaitLayer("r", 0);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("model KV heads differ"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("has 2"), std::string::npos) << s.ToString();
-  EXPECT_EQ((*sink)->GetFailedBlocks(), blocks);
+  EXPECT_EQ(pair.sink->GetFailedBlocks(), blocks);
 }
 
 TEST(PdEmbeddedFailure, AnEngineThatLeavesFailsItsRequestsAndDropsItsRegions) {
-  auto prefill = StartDaemon("p", "");
-  auto decode = StartDaemon("d", "");
-  ASSERT_TRUE(prefill && decode);
-  const LayoutSpec spec = TinySpec();
-  auto source =
-      Connector::OpenEmbedded(prefill, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
-  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
-  ASSERT_TRUE(source.ok() && sink.ok());
-  ASSERT_TRUE((*source)->RegisterKvCaches({&spec, 1}).ok());
-  ASSERT_TRUE((*sink)->RegisterKvCaches({&spec, 1}).ok());
+  auto pair = EnginePair::Start(TinySpec(), TinySpec());
+  ASSERT_TRUE(pair.ok());
+  auto& prefill = pair.prefill;
+  auto& decode = pair.decode;
+  auto& sink = pair.sink;
   const std::vector<int64_t> blocks = {2};
-  ASSERT_TRUE((*source)->SaveLayer("r", 0, blocks).ok());  // layer 1 never comes
-  connector::TransferParams params;
-  params.peer_address = prefill->listen_address();
-  params.tokens = 16;
-  ASSERT_TRUE((*sink)->StartLoad("r", params, blocks).ok());
-  ASSERT_TRUE((*sink)->WaitLayer("r", 0).ok());
+  ASSERT_TRUE(pair.source->SaveLayer("r", 0, blocks).ok());  // layer 1 never comes
+  ASSERT_TRUE(pair.Load(blocks).ok());
+  ASSERT_TRUE(sink->WaitLayer("r", 0).ok());
   EXPECT_EQ(prefill->Snapshot().regions(), 1u);
 
-  source->reset();  // the prefill engine goes away mid-request
-  Status s = (*sink)->WaitLayer("r", 1);
+  pair.source.reset();  // the prefill engine goes away mid-request
+  Status s = sink->WaitLayer("r", 1);
   EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
   EXPECT_NE(s.message().find("disconnected"), std::string::npos) << s.ToString();
-  EXPECT_EQ((*sink)->GetFailedBlocks(), blocks);
+  EXPECT_EQ(sink->GetFailedBlocks(), blocks);
   EXPECT_EQ(prefill->Snapshot().regions(), 0u);
   EXPECT_EQ(prefill->Snapshot().transfers_in_flight(), 0u);
   EXPECT_EQ(decode->Snapshot().transfers_failed(), 1u);

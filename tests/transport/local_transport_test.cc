@@ -3,6 +3,8 @@
 #include <cstring>
 #include <thread>
 
+#include <unistd.h>
+
 #include "tests/transport/test_support.h"
 #include "transport/transport.h"
 
@@ -145,7 +147,15 @@ TEST_F(LocalPair, DeadPeerFailsWithUnavailable) {
   target.reset();
   Status s = PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 0, 64}});
   EXPECT_EQ(s.code(), Code::kUnavailable);
-  EXPECT_EQ(initiator->connect("local:999999").status().code(), Code::kUnavailable);
+  EXPECT_EQ(initiator->connect("local:" + std::to_string(getpid()) + ":999999").status().code(),
+            Code::kUnavailable);
+}
+
+// Two kvd processes given "local" must not find each other's numbers in their own process.
+TEST_F(LocalPair, RefusesAPeerInAnotherProcess) {
+  auto s = initiator->connect("local:" + std::to_string(getpid() + 1) + ":0").status();
+  EXPECT_EQ(s.code(), Code::kIncompatible) << s.ToString();
+  EXPECT_NE(s.message().find("another process"), std::string::npos) << s.ToString();
 }
 
 TEST_F(LocalPair, RefusesForeignDescriptorsAndDeviceMemory) {

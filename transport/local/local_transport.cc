@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "transport/codec.h"
 #include "transport/run_check.h"
 
@@ -49,7 +51,9 @@ class Directory {
   }
   std::string Add(const std::shared_ptr<Endpoint>& ep) {
     std::lock_guard lock(mu_);
-    std::string address = "local:" + std::to_string(next_++);
+    // The pid makes addresses of different processes differ, so a peer in another process is
+    // refused by connect() instead of resolving to this process's transport of the same number.
+    std::string address = "local:" + std::to_string(getpid()) + ":" + std::to_string(next_++);
     endpoints_[address] = ep;
     return address;
   }
@@ -157,8 +161,15 @@ class LocalTransport final : public Transport {
 
   Result<PeerId> connect(std::string_view peer_address) override {
     std::shared_ptr<Endpoint> peer = Directory::Get().Find(peer_address);
-    if (!peer)
+    if (!peer) {
+      const std::string self = "local:" + std::to_string(getpid()) + ":";
+      if (peer_address.substr(0, self.size()) != self) {
+        return Status::Incompatible("local transport at '" + std::string(peer_address) +
+                                    "' is in another process; the local backend moves bytes "
+                                    "inside one process only (use ucx between processes)");
+      }
       return Status::Unavailable("no local transport at '" + std::string(peer_address) + "'");
+    }
     std::lock_guard lock(mu_);
     PeerId id = next_peer_++;
     peers_[id].ep = peer;

@@ -1,4 +1,5 @@
-// The `local` backend: transports in one process, found by address ("local:<n>").
+// The `local` backend: transports in one process, found by address ("local:<pid>:<n>"); an
+// address of another process is refused (kIncompatible) rather than mistaken for one here.
 //
 // put/get are memcpy of the runs, done in post order on the initiator's progress thread;
 // notifications are handed to the receiver's progress thread after the memcpy of every batch

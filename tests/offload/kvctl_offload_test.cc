@@ -6,26 +6,15 @@
 #include <string>
 #include <vector>
 
-#include "tools/common/cli.h"
+#include "tests/common/cli_capture.h"
 
 namespace kv {
 namespace {
 
-struct Outcome {
-  int exit_code;
-  std::string out, err;
-};
+using Outcome = testing::CliOutcome;
 
 Outcome Kvctl(std::vector<std::string> args) {
-  args.insert(args.begin(), "kvctl");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  int code = cli::Dispatch("kvctl", "kvctl", static_cast<int>(argv.size()), argv.data());
-  std::string out = ::testing::internal::GetCapturedStdout();
-  std::string err = ::testing::internal::GetCapturedStderr();
-  return {code, out, err};
+  return testing::RunCli("kvctl", std::move(args));
 }
 
 Outcome Size(const std::string& order) {

@@ -9,9 +9,6 @@
 // case one sender child on --src-device and --tp receiver children on --dst-device. Receivers
 // verify every byte of the plan after the timed runs.
 #include <cuda_runtime_api.h>
-#if KV_HAVE_NCCL
-#include <nccl.h>
-#endif
 
 #include <algorithm>
 #include <condition_variable>
@@ -26,6 +23,7 @@
 #include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "tools/common/cli.h"
+#include "tools/kvbench/gpu_ceiling.h"
 #include "transport/child_process.h"
 #include "transport/transport.h"
 
@@ -102,9 +100,6 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 #define BENCH_CHECK(expr, code)                                                               \
   do {                                                                                        \
@@ -117,48 +112,19 @@ double Since(Clock::time_point t) {
 
 // ---- The baseline child: both ceilings on `bytes` in one piece ----------------------------------
 
+// The measurement is gpu_ceiling.h's, shared with `kvbench pd --memory cuda`.
 int BaselineMain(Channel& channel, const Config& c, uint64_t bytes) {
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
-  void *src = nullptr, *dst = nullptr;
-  cudaStream_t stream;
-  BENCH_CHECK(cudaSetDevice(c.dst_device), 2);
-  BENCH_CHECK(cudaMalloc(&dst, bytes), 2);
-  BENCH_CHECK(cudaSetDevice(c.src_device), 2);
-  BENCH_CHECK(cudaMalloc(&src, bytes), 2);
-  cudaDeviceEnablePeerAccess(c.dst_device, 0);
-  cudaGetLastError();
-  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), 2);
-  std::vector<double> peer;
-  for (int64_t i = 0; i < c.iters + 2; ++i) {
-    auto t0 = Clock::now();
-    BENCH_CHECK(cudaMemcpyPeerAsync(dst, c.dst_device, src, c.src_device, bytes, stream), 3);
-    BENCH_CHECK(cudaStreamSynchronize(stream), 3);
-    if (i >= 2) peer.push_back(Since(t0));
+  if (GpuCeilingSlot() == nullptr) return 2;
+  auto ceilings = GpuCeilingSlot()(c.src_device, c.dst_device, bytes, static_cast<int>(c.iters));
+  if (!ceilings.ok()) {
+    std::fprintf(stderr, "kvbench gpu-transport: %s\n", ceilings.status().ToString().c_str());
+    return 3;
   }
-  double nccl_s = 0;
-#if KV_HAVE_NCCL
-  ncclComm_t comms[2];
-  int devices[2] = {c.src_device, c.dst_device};
-  if (ncclCommInitAll(comms, 2, devices) != ncclSuccess) return 4;
-  cudaStream_t rstream;
-  BENCH_CHECK(cudaSetDevice(c.dst_device), 4);
-  BENCH_CHECK(cudaStreamCreateWithFlags(&rstream, cudaStreamNonBlocking), 4);
-  std::vector<double> nccl;
-  for (int64_t i = 0; i < c.iters + 2; ++i) {
-    auto t0 = Clock::now();
-    ncclGroupStart();
-    ncclSend(src, bytes, ncclUint8, 1, comms[0], stream);
-    ncclRecv(dst, bytes, ncclUint8, 0, comms[1], rstream);
-    if (ncclGroupEnd() != ncclSuccess) return 4;
-    BENCH_CHECK(cudaStreamSynchronize(stream), 4);
-    BENCH_CHECK(cudaStreamSynchronize(rstream), 4);
-    if (i >= 2) nccl.push_back(Since(t0));
-  }
-  nccl_s = Median(nccl);
-  ncclCommDestroy(comms[0]);
-  ncclCommDestroy(comms[1]);
-#endif
-  return channel.Send(std::to_string(Median(peer)) + " " + std::to_string(nccl_s)).ok() ? 0 : 5;
+  return channel.Send(std::to_string(ceilings->peer_seconds) + " " +
+                      std::to_string(ceilings->nccl_seconds))
+                 .ok()
+             ? 0
+             : 5;
 }
 
 // ---- Receiver children: register, wait, verify ----------------------------------------------

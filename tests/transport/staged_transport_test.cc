@@ -6,7 +6,7 @@
 
 #include <sstream>
 
-#include "tests/transport/test_support.h"
+#include "tests/transport/target_process.h"
 #include "transport/child_process.h"
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/staged/chunker.h"
@@ -20,6 +20,7 @@ using namespace std::chrono_literals;
 using testing::Fill;
 using testing::PatternByte;
 using testing::SpreadRuns;
+using testing::SpreadRunsArrived;
 using testing::Waiter;
 
 constexpr uint32_t kSeed = 5;
@@ -52,10 +53,7 @@ int TargetMain(Channel& channel, const TransportOptions& options, uint64_t bytes
     in >> verb >> count >> length >> gap;
     bool good = true;
     if (verb == "check") {
-      for (const kv::Run& r : SpreadRuns(count, length, gap)) {
-        for (uint64_t i = 0; good && i < r.length; ++i)
-          good = memory[r.dst_offset + i] == PatternByte(r.src_offset + i, kSeed);
-      }
+      good = SpreadRunsArrived(memory, count, length, gap, kSeed);
     } else if (verb == "untouched") {
       for (uint8_t b : memory) good = good && b == kUntouched;
     } else {
@@ -79,20 +77,10 @@ std::unique_ptr<ChildProcess> StartTarget(const TransportOptions& options, uint6
   return child.ok() ? std::move(*child) : nullptr;
 }
 
-struct Connection {
-  std::string address;
-  PeerId peer = 0;
-  std::string descriptor;
-  std::unique_ptr<RemoteMemory> remote;
-};
+using Connection = testing::TargetConnection;
 
 Result<Connection> ConnectTo(Transport& transport, ChildProcess& child) {
-  Connection c;
-  KV_ASSIGN_OR_RETURN(c.address, child.channel().Receive(Clock::now() + 30s));
-  KV_ASSIGN_OR_RETURN(c.descriptor, child.channel().Receive(Clock::now() + 30s));
-  KV_ASSIGN_OR_RETURN(c.peer, transport.connect(c.address));
-  KV_ASSIGN_OR_RETURN(c.remote, transport.import_remote(c.peer, c.descriptor));
-  return c;
+  return testing::ConnectToTarget(transport, child);
 }
 
 std::string Verdict(ChildProcess& child) {
@@ -101,8 +89,7 @@ std::string Verdict(ChildProcess& child) {
 }
 
 std::string Check(uint64_t count, uint64_t length, uint64_t gap) {
-  return "check " + std::to_string(count) + " " + std::to_string(length) + " " +
-         std::to_string(gap);
+  return testing::CheckMessage(count, length, gap);
 }
 
 // Which sides stage: (initiator, target). Staged to staged is the GPU path; the mixed ones are

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "tests/transport/test_support.h"
+#include "tests/transport/target_process.h"
 #include "transport/child_process.h"
 #include "transport/transport.h"
 
@@ -19,6 +19,7 @@ using namespace std::chrono_literals;
 using testing::Fill;
 using testing::PatternByte;
 using testing::SpreadRuns;
+using testing::SpreadRunsArrived;
 using testing::Waiter;
 
 constexpr uint32_t kSeed = 11;
@@ -42,11 +43,7 @@ int TargetMain(Channel& channel, const std::string& tls, uint64_t bytes) {
     std::string verb;
     uint64_t count = 0, length = 0, gap = 0;
     in >> verb >> count >> length >> gap;
-    bool good = verb == "check";
-    for (const kv::Run& r : SpreadRuns(count, length, gap)) {
-      for (uint64_t i = 0; good && i < r.length; ++i)
-        good = memory[r.dst_offset + i] == PatternByte(r.src_offset + i, kSeed);
-    }
+    const bool good = verb == "check" && SpreadRunsArrived(memory, count, length, gap, kSeed);
     (void)channel.Send(good ? "ok" : "bad");
   });
   if (!channel.Send((*transport)->address()).ok()) return 4;
@@ -62,19 +59,10 @@ std::unique_ptr<ChildProcess> StartTarget(const std::string& tls, uint64_t bytes
   return child.ok() ? std::move(*child) : nullptr;
 }
 
-// The initiator's view of one target process.
-struct Connection {
-  PeerId peer = 0;
-  std::unique_ptr<RemoteMemory> remote;
-};
+using Connection = testing::TargetConnection;
 
 Result<Connection> ConnectTo(Transport& transport, ChildProcess& child) {
-  KV_ASSIGN_OR_RETURN(std::string address, child.channel().Receive(Clock::now() + 30s));
-  KV_ASSIGN_OR_RETURN(std::string descriptor, child.channel().Receive(Clock::now() + 30s));
-  Connection c;
-  KV_ASSIGN_OR_RETURN(c.peer, transport.connect(address));
-  KV_ASSIGN_OR_RETURN(c.remote, transport.import_remote(c.peer, descriptor));
-  return c;
+  return testing::ConnectToTarget(transport, child);
 }
 
 // Puts `runs`, then asks the target to check them; "ok" means every byte arrived before the
@@ -87,10 +75,7 @@ void PutAndCheck(Transport& transport, ChildProcess& child, const Connection& c,
       transport.post({Op::kPut, &src, c.remote.get(), runs, testing::In(20s)}, waiter.callback())
           .ok());
   // Sent before the batch completes on purpose: ordering after the data is the transport's job.
-  ASSERT_TRUE(transport
-                  .notify(c.peer, "check " + std::to_string(count) + " " + std::to_string(length) +
-                                      " " + std::to_string(gap))
-                  .ok());
+  ASSERT_TRUE(transport.notify(c.peer, testing::CheckMessage(count, length, gap)).ok());
   Status done = waiter.Wait(30s);
   ASSERT_TRUE(done.ok()) << done.ToString();
   auto verdict = child.channel().Receive(Clock::now() + 30s);

@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "daemon/offload/block_key.h"
-#include "daemon/proto/kvd.pb.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
 #include "layout/status.h"
@@ -34,6 +33,12 @@
 
 namespace kv::daemon {
 class Daemon;
+}
+
+// Declared only, so that including this header does not pull protobuf into the engine's build;
+// callers of DaemonStatus() / QueryDaemonStatus() include "daemon/proto/kvd.pb.h" themselves.
+namespace kv::proto {
+class DaemonStatus;
 }
 
 namespace kv::connector {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "connector/pd_pattern.h"
+#include "daemon/proto/kvd.pb.h"
 #include "kernels/strided_kv.h"
 
 namespace kv::connector {

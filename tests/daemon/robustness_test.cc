@@ -11,6 +11,7 @@
 
 #include "connector/connector.h"
 #include "daemon/daemon.h"
+#include "daemon/proto/kvd.pb.h"
 
 namespace kv {
 namespace {

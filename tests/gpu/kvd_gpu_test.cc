@@ -18,6 +18,7 @@
 
 #include "connector/connector.h"
 #include "daemon/kvd_process.h"
+#include "daemon/proto/kvd.pb.h"
 
 namespace kv {
 namespace {

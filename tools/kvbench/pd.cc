@@ -15,6 +15,7 @@
 #include "connector/pd_gpu.h"
 #include "connector/pd_sim.h"
 #include "daemon/kvd_process.h"
+#include "daemon/proto/kvd.pb.h"
 #include "tools/common/cli.h"
 #include "tools/kvbench/gpu_ceiling.h"
 

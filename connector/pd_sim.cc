@@ -21,6 +21,36 @@ int64_t BlocksFor(int64_t tokens, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
+// splitmix64, so that the shuffle is the same with every standard library (std::shuffle's is not).
+uint64_t Mix(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The block ids of the `count` requests of wave `wave`, `per_request` each, all out of the
+// wave's [0, window * per_request): the guard blocks past it are never handed out.
+std::vector<std::vector<int64_t>> WaveBlocks(const PdConfig& c, int wave, int count,
+                                             int64_t per_request, bool prefill) {
+  std::vector<int64_t> pool(static_cast<size_t>(c.window * per_request));
+  for (size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<int64_t>(i);
+  if (c.block_ids == BlockIds::kRandom) {
+    uint64_t state = c.block_seed ^ (static_cast<uint64_t>(wave) << 1 | (prefill ? 1 : 0));
+    (void)Mix(state);
+    for (size_t i = pool.size(); i > 1; --i) std::swap(pool[i - 1], pool[Mix(state) % i]);
+  }
+  std::vector<std::vector<int64_t>> blocks(count);
+  for (int j = 0; j < count; ++j) {
+    // Contiguous: the decode side takes the slots in reverse, so neither side's request order
+    // matches the other's.
+    const int slot = prefill || c.block_ids == BlockIds::kRandom ? j : c.window - 1 - j;
+    const auto first = pool.begin() + slot * per_request;
+    blocks[j].assign(first, first + per_request);
+  }
+  return blocks;
+}
+
 }  // namespace
 
 Result<LayoutSpec> PdLayout(const PdConfig& c, bool prefill, int rank) {
@@ -103,12 +133,12 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     const int count = std::min(c.window, c.requests - first);
     std::vector<std::string> ids(count);
     std::vector<uint64_t> seeds(count);
-    std::vector<std::vector<int64_t>> src_blocks(count), dst_blocks(count);
+    const int wave = first / c.window;
+    const auto src_blocks = WaveBlocks(c, wave, count, np, true);
+    const auto dst_blocks = WaveBlocks(c, wave, count, nd, false);
     for (int j = 0; j < count; ++j) {
       ids[j] = "req-" + std::to_string(first + j);
       seeds[j] = pattern::Seed(ids[j]);
-      for (int64_t k = 0; k < np; ++k) src_blocks[j].push_back(j * np + k);
-      for (int64_t k = 0; k < nd; ++k) dst_blocks[j].push_back((c.window - 1 - j) * nd + k);
     }
     std::vector<std::atomic<bool>> failed(count);
     auto fail = [&](int j, const Status& s) {
@@ -223,8 +253,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         }
       }
       if (static_cast<int>(released.size()) < count) {
-        note_error(Status::Timeout("the source did not release wave " +
-                                   std::to_string(first / c.window) + " in time"));
+        note_error(Status::Timeout("the source did not release wave " + std::to_string(wave) +
+                                   " in time"));
         for (int j = 0; j < count; ++j) failed[j] = failed[j] || !released.count(ids[j]);
       }
     }

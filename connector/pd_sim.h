@@ -6,7 +6,7 @@
 // requests with the token-writing kernel and saves the layer (a batched forward pass,
 // layer by layer); every decode rank loads them, waits per layer and verifies its heads of that
 // layer. A wave ends when the sources released every request, so its blocks can be reused.
-// Blocks past the last wave's are guard blocks: they must still be zero at the end.
+// Blocks past the wave's are guard blocks, never handed out: they must still be zero at the end.
 #pragma once
 
 #include <chrono>
@@ -21,6 +21,13 @@
 #include "layout/status.h"
 
 namespace kv::connector {
+
+// The block ids a wave hands its requests, on each side.
+//   kContiguous: request j of a wave holds blocks j*n .. j*n+n-1 (the decode side lays the
+//     wave's requests out in reverse order), so one layer of a request is one run on LBNHC.
+//   kRandom: each side's wave blocks in a seeded shuffle, the two sides' independent, as a real
+//     engine's block allocator hands them out after some churn: one run per block and layer.
+enum class BlockIds { kContiguous, kRandom };
 
 struct PdConfig {
   int requests = 16;
@@ -37,6 +44,8 @@ struct PdConfig {
   bool mla = false;  // one latent "head" replicated on every rank
   Mode mode = Mode::kPush;
   int window = 4;  // requests in flight per wave
+  BlockIds block_ids = BlockIds::kContiguous;
+  uint64_t block_seed = 1;  // kRandom: the shuffles derive from it; every run gets the same ids
   // Prefill ranks write every layer of a wave before its clock starts and save the layers back
   // to back; the clock stops when the last layer is in place and decode ranks verify after it:
   // the figures time kvd alone, as behind an engine whose forward pass outruns the link. Off:

@@ -65,6 +65,13 @@ std::vector<Case> Cases() {
   everything.decode_order = "BLHNC";
   everything.mode = Mode::kPull;
   cases.push_back({"tp2_blocks32_blhnc_pull", everything});
+  PdConfig random = Small();
+  random.block_ids = connector::BlockIds::kRandom;
+  cases.push_back({"random_block_ids", random});
+  PdConfig random_convert = everything;
+  random_convert.block_ids = connector::BlockIds::kRandom;
+  random_convert.mode = Mode::kPush;
+  cases.push_back({"random_block_ids_tp2_blocks32_blhnc", random_convert});
   return cases;
 }
 
@@ -150,6 +157,30 @@ TEST_P(PdEmbedded, EveryByteArrives) {
   EXPECT_EQ(status.transfers_done(), static_cast<uint64_t>(c.requests));
   EXPECT_EQ(status.transfers_failed(), 0u);
   EXPECT_EQ(decode->Snapshot().bytes_received(), r->bytes);
+}
+
+// Shuffled block ids split each request's layer into runs: more runs per request than
+// contiguous ids (one per layer on LBNHC), every byte still verified.
+TEST(PdEmbeddedBlockIds, RandomIdsMoveEveryByteInMoreRunsThanContiguous) {
+  auto runs_per_request = [](connector::BlockIds ids) -> double {
+    auto prefill = StartDaemon("prefill-node", "");
+    auto decode = StartDaemon("decode-node", "");
+    if (!prefill || !decode) return 0;
+    PdConfig c = Small();
+    c.tokens = 64;  // 4 blocks per request
+    c.block_ids = ids;
+    auto r = connector::RunPd(
+        c, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+        [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+    ExpectAllVerified(r, c);
+    return static_cast<double>(prefill->Snapshot().runs_sent()) / c.requests;
+  };
+  const double contiguous = runs_per_request(connector::BlockIds::kContiguous);
+  const double random = runs_per_request(connector::BlockIds::kRandom);
+  EXPECT_EQ(contiguous, Small().layers);  // one run per layer
+  // 4 layers x 4 blocks at most; adjacent ids on both sides may still merge now and then.
+  EXPECT_GT(random, 2 * contiguous);
+  EXPECT_LE(random, 4.0 * Small().layers);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PdEmbedded, ::testing::ValuesIn(Cases()),

@@ -172,6 +172,9 @@ int PdMain(int argc, char** argv) {
       {"mla", "MLA cache: one latent head replicated on every rank", true},
       {"mode", "push: stream each layer as it is saved (default); pull: whole request at the end"},
       {"window", "requests in flight per wave (default 8)"},
+      {"block-ids",
+       "block ids each request gets: contiguous (default) or random (a seeded shuffle per wave, "
+       "as an engine's allocator after churn; see --help)"},
       {"prewrite",
        "prefill engines write every layer's K/V before the clock starts and save the layers "
        "back to back; the clock stops when the last layer is in place, decode engines verify "
@@ -199,11 +202,20 @@ int PdMain(int argc, char** argv) {
         "The ceiling printed beside the result is `kvbench transport --user-memory` of the same\n"
         "backend and run size, run right after: memory registered with the transport, as kvd\n"
         "registers the engines' shared memory, under the same UCX_* environment.\n\n"
+        "Block ids: by default request j of a wave holds blocks j*n .. j*n+n-1 (n blocks per\n"
+        "request), so on an LBNHC cache each layer of a request is one contiguous run (runs per\n"
+        "request = layers, TP 1 to TP 1). --block-ids random shuffles each wave's blocks (the\n"
+        "prefill and decode sides independently, the same seed on every run), as a real engine's\n"
+        "block allocator hands them out after some churn: each layer of a request becomes one run\n"
+        "per block (runs per request about layers x n, each run one block of one layer), which\n"
+        "exposes kvd's cost per run. Guard blocks past the wave's stay unused and are checked\n"
+        "to be zero either way. The default keeps figures comparable with earlier ones.\n\n"
         "examples:\n"
         "  kvbench pd\n"
         "  kvbench pd --prefill-tp 2 --decode-tp 1 --decode-order BLHNC --decode-block-size 32\n"
         "  kvbench pd --mla --mode pull --json\n"
         "  kvbench pd --prewrite          # kvd alone, against its ceiling\n"
+        "  kvbench pd --prewrite --block-ids random   # one run per block and layer\n"
         "  kvbench pd --memory cuda --transport ipc --tokens 4096 --layers 32 --layer-us 1000\n\n"
         "With --memory cuda the prefill engines write K/V with the token-writing kernel on their\n"
         "own streams and save each layer without a host sync; the decode engines check every\n"
@@ -246,6 +258,12 @@ int PdMain(int argc, char** argv) {
   c.mla = flags.has("mla");
   c.prewrite = flags.has("prewrite");
   c.layer_time = std::chrono::microseconds(layer_us);
+  const std::string block_ids = flags.str("block-ids", "contiguous");
+  if (block_ids != "contiguous" && block_ids != "random") {
+    return Fail("--block-ids is contiguous or random, not " + block_ids);
+  }
+  c.block_ids =
+      block_ids == "random" ? connector::BlockIds::kRandom : connector::BlockIds::kContiguous;
   const std::string mode = flags.str("mode", "push");
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
@@ -314,12 +332,13 @@ int PdMain(int argc, char** argv) {
   if (!json) {
     std::printf(
         "kvbench pd: %d requests x %lld tokens, %lld layers, %lld heads x %lld dim, "
-        "%s TP%d bs%lld -> %s TP%d bs%lld%s, %s%s\n",
+        "%s TP%d bs%lld -> %s TP%d bs%lld%s, %s block ids, %s%s\n",
         c.requests, static_cast<long long>(c.tokens), static_cast<long long>(c.layers),
         static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
         c.prefill_order.c_str(), c.prefill_tp, static_cast<long long>(c.prefill_block_size),
         c.decode_order.c_str(), c.decode_tp, static_cast<long long>(c.decode_block_size),
-        c.mla ? " MLA" : "", (mode + (c.prewrite ? ", K/V written before the clock" : "")).c_str(),
+        c.mla ? " MLA" : "", block_ids.c_str(),
+        (mode + (c.prewrite ? ", K/V written before the clock" : "")).c_str(),
         cuda ? (", GPU 0 -> GPU " + std::to_string(decode_device)).c_str() : "");
     std::fflush(stdout);
   }
@@ -381,14 +400,14 @@ int PdMain(int argc, char** argv) {
         "{\"requests\": %d, \"verified\": %d, \"failed\": %d, \"bytes\": %llu, "
         "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, \"p50_ms\": %.3f, "
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
-        "\"prewrite\": %s, \"ceiling_gbps\": %.4f, \"ceiling_command\": \"%s\", "
-        "\"prefill_kvd_rss\": %llu, "
+        "\"prewrite\": %s, \"block_ids\": \"%s\", \"ceiling_gbps\": %.4f, "
+        "\"ceiling_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
         "\"decode_kvd_rss\": %llu%s}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
-        transport.c_str(), c.prewrite ? "true" : "false", ceiling, ceiling_command.c_str(),
-        static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss),
-        gpu_json.c_str());
+        transport.c_str(), c.prewrite ? "true" : "false", block_ids.c_str(), ceiling,
+        ceiling_command.c_str(), static_cast<unsigned long long>(prefill_rss),
+        static_cast<unsigned long long>(decode_rss), gpu_json.c_str());
   } else {
     std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
     std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,

@@ -18,7 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-enum Verb : uint32_t { kTransfer = 1, kWaitNote, kDump, kExit };
+enum Verb : uint32_t { kTransfer = 1, kWaitNote, kDump, kExit, kNoteSnapshot };
 
 constexpr auto kBound = 60s;
 // How long post_after() may take with its event pending; it should return in microseconds.
@@ -59,7 +59,8 @@ std::vector<Run> DecodeRuns(std::string_view blob) {
 // The child's side: owns CUDA, the transport and the buffer.
 class PeerBody {
  public:
-  PeerBody(Channel& channel, const SideSpec& spec) : channel_(channel), spec_(spec) {}
+  PeerBody(Channel& channel, const SideSpec& spec, const Settings& settings)
+      : channel_(channel), spec_(spec), settings_(settings) {}
 
   int Run() {
     if (cudaSetDevice(spec_.device) != cudaSuccess) return 2;
@@ -73,6 +74,7 @@ class PeerBody {
     options.settings = {{"device", std::to_string(spec_.device)},
                         {"staging_bytes", "65536"},  // many chunks: exercises slot reuse
                         {"timeout_ms", "20000"}};
+    options.settings.insert(options.settings.begin(), settings_.begin(), settings_.end());
     auto transport = CreateTransport(spec_.backend, options);
     if (!transport.ok()) {
       (void)channel_.Send(EncodeStatus(transport.status()));
@@ -80,8 +82,16 @@ class PeerBody {
     }
     transport_ = std::move(transport).value();
     transport_->set_notification_handler([this](std::string_view note) {
+      // Test-only: a handler must not block, but a copy of a test buffer is short.
+      std::string snapshot;
+      if (note.starts_with(kSnapshotPrefix)) {
+        snapshot.resize(spec_.bytes);
+        cudaSetDevice(spec_.device);
+        cudaMemcpy(snapshot.data(), buffer_, snapshot.size(), cudaMemcpyDeviceToHost);
+      }
       std::lock_guard lock(mu_);
       notes_.emplace_back(note);
+      snapshots_[std::string(note)] = std::move(snapshot);
     });
     auto registration =
         transport_->register_memory(buffer_, spec_.bytes, MemoryLocation::Cuda(spec_.device));
@@ -114,6 +124,14 @@ class PeerBody {
           (void)channel_.Send(EncodeStatus(AwaitNote(std::string(text))));
           break;
         }
+        case kNoteSnapshot: {
+          std::string_view text;
+          r.bytes(&text);
+          Status noted = AwaitNote(std::string(text));
+          std::lock_guard lock(mu_);
+          (void)channel_.Send(noted.ok() ? snapshots_[std::string(text)] : std::string());
+          break;
+        }
         case kDump: {
           std::string bytes(spec_.bytes, '\0');
           cudaDeviceSynchronize();
@@ -133,10 +151,10 @@ class PeerBody {
   }
 
   Status DoTransfer(ByteReader& r) {
-    uint32_t op = 0, wait_for_dead = 0, gated = 0;
+    uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0;
     std::string_view address, descriptor, runs_blob, note;
-    if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.bytes(&address) ||
-        !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
+    if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.u32(&note_while_gated) ||
+        !r.bytes(&address) || !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
       return Status::Internal("bad transfer command");
     }
     auto known = peers_.find(std::string(address));
@@ -154,31 +172,47 @@ class PeerBody {
     }
     KV_ASSIGN_OR_RETURN(auto remote, transport_->import_remote(peer, descriptor));
     std::vector<kv::Run> runs = DecodeRuns(runs_blob);
-    auto promise = std::make_shared<std::promise<Status>>();
-    auto future = promise->get_future();
     Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs, Clock::now() + 20s};
-    Completion done = [promise](Status s) { promise->set_value(s); };
-    if (gated) {
-      KV_RETURN_IF_ERROR(PostGated(batch, std::move(done), future));
-    } else {
-      KV_RETURN_IF_ERROR(transport_->post(batch, std::move(done)));
-    }
-    if (future.wait_for(kBound) != std::future_status::ready) {
-      return Status::Internal("no completion within the bound");
-    }
-    KV_RETURN_IF_ERROR(future.get());
-    if (!note.empty()) KV_RETURN_IF_ERROR(transport_->notify(peer, std::string(note)));
     remotes_.push_back(std::move(remote));  // batches may still name it until the peer is done
+    std::vector<std::future<Status>> futures;
+    auto post = [&]() -> Status {
+      auto promise = std::make_shared<std::promise<Status>>();
+      futures.push_back(promise->get_future());
+      Completion done = [promise](Status s) { promise->set_value(s); };
+      Status posted = transport_->post(batch, std::move(done));
+      if (!posted.ok()) futures.pop_back();
+      return posted;
+    };
+    if (gated > 0) {
+      const std::string held_note = note_while_gated ? std::string(note) : std::string();
+      KV_RETURN_IF_ERROR(PostGated(batch, static_cast<int>(gated), peer, held_note, futures));
+      if (note_while_gated) note = {};
+    } else {
+      KV_RETURN_IF_ERROR(post());
+    }
+    Status first_error;
+    for (auto& future : futures) {
+      if (future.wait_for(kBound) != std::future_status::ready) {
+        return Status::Internal("no completion within the bound");
+      }
+      Status s = future.get();
+      if (first_error.ok()) first_error = s;
+    }
+    KV_RETURN_IF_ERROR(first_error);
+    if (!note.empty()) KV_RETURN_IF_ERROR(transport_->notify(peer, std::string(note)));
     return Status::Ok();
   }
 
-  // Posts through DeviceOrdered with an event recorded behind a host callback that holds its
-  // stream until released: the batch must not complete while the event has not fired, and
-  // post_after() itself must return while the event is pending (an engine records the layer's
-  // event long before the layer is done; a post that waited for it would stall the engine's
-  // thread, and deadlock one whose GPU work waits for the host). So the post runs on a thread of
-  // its own and the gate is released only after it returned, or after kPostBound.
-  Status PostGated(const Batch& batch, Completion done, std::future<Status>& future) {
+  // Posts `count` batches through DeviceOrdered with an event recorded behind a host callback
+  // that holds its stream until released, then `note` when not empty: no batch may complete
+  // while the event has not fired, and post_after() and notify() themselves must return while
+  // it is pending (an engine records the layer's event long before the layer is done; a post
+  // that waited for it would stall kvd's io thread, and deadlock an engine whose GPU work waits
+  // for the host). So the posts run on a thread of their own, each bounded by kPromptPost, and
+  // the gate is released only after they returned, or after kPostBound. `futures` gets one
+  // completion per accepted batch.
+  Status PostGated(const Batch& batch, int count, PeerId peer, const std::string& note,
+                   std::vector<std::future<Status>>& futures) {
     auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
     if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
     cudaStream_t stream = nullptr;
@@ -198,25 +232,57 @@ class PeerBody {
         },
         &released);
     cudaEventRecord(gate, stream);
-    auto posting = std::async(std::launch::async, [&, done = std::move(done)]() mutable {
-      return ordered->post_after(batch, gate, std::move(done));
+    std::vector<std::shared_ptr<std::promise<Status>>> promises;
+    const size_t first = futures.size();
+    for (int i = 0; i < count; ++i) {
+      promises.push_back(std::make_shared<std::promise<Status>>());
+      futures.push_back(promises.back()->get_future());
+    }
+    auto posting = std::async(std::launch::async, [&]() -> Status {
+      for (int i = 0; i < count; ++i) {
+        const auto start = Clock::now();
+        Status posted = ordered->post_after(
+            batch, gate, [promise = promises[i]](Status s) { promise->set_value(s); });
+        if (!posted.ok()) {
+          futures.resize(first + i);
+          return posted;
+        }
+        if (Clock::now() - start > kPromptPost) {
+          return Status::Internal("post_after of batch " + std::to_string(i) +
+                                  " waited while earlier batches were gated");
+        }
+      }
+      const auto start = Clock::now();
+      if (!note.empty()) KV_RETURN_IF_ERROR(transport_->notify(peer, note));
+      if (Clock::now() - start > kPromptPost) {
+        return Status::Internal("notify waited while earlier batches were gated");
+      }
+      return Status::Ok();
     });
     Status verdict;
-    bool in_flight = true;  // a failed verdict still waits for the batch before `batch` dies
     if (posting.wait_for(kPostBound) != std::future_status::ready) {
       verdict = Status::Internal("post_after blocked the caller until its event fired");
     } else if (Status posted = posting.get(); !posted.ok()) {
       verdict = posted;
-      in_flight = false;
-    } else if (future.wait_for(200ms) == std::future_status::ready) {
+    } else {
       // Whatever the backend does, it cannot have moved the bytes yet: it had time to go wrong.
-      verdict = Status::Internal("the batch completed before its event fired, with: " +
-                                 future.get().ToString());
-      in_flight = false;
+      std::this_thread::sleep_for(200ms);
+      for (auto& future : futures) {
+        if (future.wait_for(0ms) == std::future_status::ready) {
+          verdict = Status::Internal("a batch completed before its event fired, with: " +
+                                     future.get().ToString());
+          break;
+        }
+      }
     }
     released = true;
-    if (posting.valid()) in_flight = posting.get().ok();  // returns once the gate opened
-    if (!verdict.ok() && in_flight) (void)future.wait_for(kBound);
+    if (posting.valid()) (void)posting.get();  // returns once the gate opened
+    if (!verdict.ok()) {
+      for (auto& future : futures) {  // the batches name `batch`'s memory until they complete
+        if (future.valid()) (void)future.wait_for(kBound);
+      }
+      futures.clear();
+    }
     cudaStreamSynchronize(stream);
     cudaEventDestroy(gate);
     cudaStreamDestroy(stream);
@@ -239,6 +305,7 @@ class PeerBody {
 
   Channel& channel_;
   SideSpec spec_;
+  Settings settings_;
   void* buffer_ = nullptr;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<MemoryRegistration> registration_;
@@ -246,6 +313,7 @@ class PeerBody {
   std::vector<std::unique_ptr<RemoteMemory>> remotes_;
   std::mutex mu_;
   std::vector<std::string> notes_;
+  std::map<std::string, std::string> snapshots_;  // per note starting with kSnapshotPrefix
 };
 
 }  // namespace
@@ -269,9 +337,9 @@ int DeviceCount() {
   return count;
 }
 
-Result<Peer> StartPeer(const SideSpec& spec) {
-  KV_ASSIGN_OR_RETURN(auto process, ChildProcess::Start([spec](Channel& channel) {
-                        return PeerBody(channel, spec).Run();
+Result<Peer> StartPeer(const SideSpec& spec, const Settings& settings) {
+  KV_ASSIGN_OR_RETURN(auto process, ChildProcess::Start([spec, settings](Channel& channel) {
+                        return PeerBody(channel, spec, settings).Run();
                       }));
   auto received = process->channel().Receive(Clock::now() + kBound);
   if (!received.ok()) return received.status();
@@ -293,7 +361,8 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
                             .u32(kTransfer)
                             .u32(static_cast<uint32_t>(op))
                             .u32(options.wait_for_dead ? 1 : 0)
-                            .u32(options.gated ? 1 : 0)
+                            .u32(options.gated ? static_cast<uint32_t>(options.gated_batches) : 0)
+                            .u32(options.note_while_gated ? 1 : 0)
                             .bytes(target.address)
                             .bytes(descriptor)
                             .bytes(EncodeRuns(runs))
@@ -308,6 +377,14 @@ Status WaitForNote(Peer& peer, const std::string& text) {
   KV_RETURN_IF_ERROR(peer.process->channel().Send(ByteWriter().u32(kWaitNote).bytes(text).take()));
   KV_ASSIGN_OR_RETURN(std::string reply, peer.process->channel().Receive(Clock::now() + 90s));
   return DecodeStatus(reply);
+}
+
+Result<std::vector<uint8_t>> SnapshotAtNote(Peer& peer, const std::string& text) {
+  KV_RETURN_IF_ERROR(
+      peer.process->channel().Send(ByteWriter().u32(kNoteSnapshot).bytes(text).take()));
+  KV_ASSIGN_OR_RETURN(std::string bytes, peer.process->channel().Receive(Clock::now() + 90s));
+  if (bytes.empty()) return Status::Timeout("notification '" + text + "' never arrived");
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
 }
 
 Result<std::vector<uint8_t>> Dump(Peer& peer) {

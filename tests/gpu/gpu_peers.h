@@ -6,9 +6,12 @@
 // and reaps children on every path.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "layout/plan.h"
@@ -28,6 +31,9 @@ struct SideSpec {
   int seed = -1;
 };
 
+// Transport settings a child adds to the harness's own (64 KiB staging, 20 s timeouts).
+using Settings = std::vector<std::pair<std::string, std::string>>;
+
 inline constexpr uint8_t kUntouched = 0xEE;
 uint8_t PatternByte(uint64_t i, int seed);
 
@@ -39,7 +45,7 @@ struct Peer {
 };
 
 // Starts a child that serves the commands below for its buffer.
-Result<Peer> StartPeer(const SideSpec& spec);
+Result<Peer> StartPeer(const SideSpec& spec, const Settings& settings = {});
 
 struct TransferOptions {
   std::string note;               // sent to the target after the batch when not empty
@@ -48,7 +54,14 @@ struct TransferOptions {
   // Post through DeviceOrdered::post_after() with an event the mover holds unfired; the mover
   // checks the batch does not complete before it releases the event.
   bool gated = false;
+  // Gated only: how many batches of `runs` to post behind the one event, and whether `note`
+  // goes while the event is held (else after the batches complete). Every post and the notify
+  // must return within kPromptPost while the event is held, whatever the earlier batches wait on.
+  int gated_batches = 1;
+  bool note_while_gated = false;
 };
+
+inline constexpr auto kPromptPost = std::chrono::milliseconds(500);
 
 // Tells `mover` to connect to `target` (cached per address), import its descriptor and post one
 // batch of `runs` (kPut: local → target; kGet: target → local) and wait for it. Returns the
@@ -58,6 +71,12 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
 
 // Waits (bounded) until the child received notification `text`.
 Status WaitForNote(Peer& peer, const std::string& text);
+
+// A notification whose text starts with kSnapshotPrefix makes the receiving child copy its
+// buffer from its handler, the moment the note is delivered; SnapshotAtNote waits (bounded) for
+// the note and returns that copy. So a test sees what had landed when the note arrived.
+inline constexpr std::string_view kSnapshotPrefix = "snap:";
+Result<std::vector<uint8_t>> SnapshotAtNote(Peer& peer, const std::string& text);
 
 // The child's buffer, copied to the host.
 Result<std::vector<uint8_t>> Dump(Peer& peer);

@@ -1,7 +1,8 @@
-// Failure modes of the nccl backend's link management and pipeline, between processes on two
-// GPUs: a silent connection must not hold up other peers' hellos, and a peer that dies while a
-// batch of thousands of chunks is in flight must fail that batch well within its deadline and
-// leave the sender able to serve a new peer.
+// The nccl backend between processes on two GPUs: a silent connection must not hold up other
+// peers' hellos; a peer that dies while a batch of thousands of chunks is in flight must fail
+// that batch well within its deadline and leave the sender able to serve a new peer; posts and
+// notifications return at once while earlier batches wait on an engine's event; large runs that
+// skip the staging land next to staged ones, pushed and pulled, with notes behind the data.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -17,6 +18,19 @@ using namespace std::chrono_literals;
 
 constexpr int kSeed = 11;
 constexpr uint64_t kSmall = 1 << 20;
+constexpr uint64_t kMiB = 1 << 20;
+
+// The harness's staging is 64 KiB; runs of 256 KiB and more go direct, in 64 KiB pieces.
+const Settings kDirect = {{"direct_bytes", "262144"}};
+
+// Direct runs (1 MiB + 5 bytes, 300 KiB) between staged ones (4 KiB, 100 KiB, 17 bytes).
+std::vector<kv::Run> MixedRuns() {
+  return {{0, 8 * kMiB, 4096},
+          {kMiB, 0, kMiB + 5},
+          {3 * kMiB, 3 * kMiB + 64, 100 << 10},
+          {5 * kMiB + 3, 5 * kMiB, 300 << 10},
+          {7 * kMiB, 7 * kMiB + 1, 17}};
+}
 
 TEST(GpuNcclTest, SilentConnectionDoesNotStallOtherPeers) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
@@ -74,6 +88,68 @@ TEST(GpuNcclTest, PeerDyingMidPipelineFailsTheBatchWithinItsDeadline) {
   EXPECT_TRUE(*bytes == Expected(kSmall, kSeed, small));
   EXPECT_TRUE(Stop(*sender).ok());
   EXPECT_TRUE(Stop(*fresh).ok());
+}
+
+// kvd posts every layer of a request as it is saved, long before the engine's GPU reaches it:
+// batches queue behind the first one's event, and the posts and the notification behind them
+// must return without waiting for the event, the staging slots or the link's threads. The note
+// still arrives only after the data of all of them.
+TEST(GpuNcclTest, PostsAndNotifyReturnAtOnceWhileEarlierBatchesWaitOnAnEvent) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  constexpr uint64_t kBytes = 9 * kMiB;
+  auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, kDirect);
+  auto receiver = StartPeer({"nccl", 1, kBytes, -1});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  const std::vector<kv::Run> runs = MixedRuns();
+  ASSERT_TRUE(Transfer(*sender, *receiver, Op::kPut, {{0, 0, 4096}}).ok());  // link is up
+
+  TransferOptions gated;
+  gated.gated = true;
+  gated.gated_batches = 12;  // past the slots and run tables the pipeline has
+  gated.note_while_gated = true;
+  gated.note = std::string(kSnapshotPrefix) + "all-in";
+  Status put = Transfer(*sender, *receiver, Op::kPut, runs, gated);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  auto at_note = SnapshotAtNote(*receiver, gated.note);
+  ASSERT_TRUE(at_note.ok()) << at_note.status().ToString();
+  std::vector<kv::Run> all = {{0, 0, 4096}};  // the first batch, overwritten by the gated ones
+  all.insert(all.end(), runs.begin(), runs.end());
+  EXPECT_TRUE(*at_note == Expected(kBytes, kSeed, all)) << "the note came before the data";
+  EXPECT_TRUE(Stop(*sender).ok());
+  EXPECT_TRUE(Stop(*receiver).ok());
+}
+
+TEST(GpuNcclTest, DirectRunsLandBesideStagedOnesPushedAndPulled) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  constexpr uint64_t kBytes = 9 * kMiB;
+  const std::vector<kv::Run> runs = MixedRuns();
+  auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, kDirect);
+  auto receiver = StartPeer({"nccl", 1, kBytes, -1});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  // Two batches back to back, the note behind both: the second one's ops follow the first's on
+  // the lanes, with nothing settled in between.
+  std::vector<kv::Run> first(runs.begin(), runs.begin() + 2);
+  std::vector<kv::Run> second(runs.begin() + 2, runs.end());
+  ASSERT_TRUE(Transfer(*sender, *receiver, Op::kPut, first).ok());
+  TransferOptions noted;
+  noted.note = std::string(kSnapshotPrefix) + "pushed";
+  Status put = Transfer(*sender, *receiver, Op::kPut, second, noted);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  auto at_note = SnapshotAtNote(*receiver, noted.note);
+  ASSERT_TRUE(at_note.ok()) << at_note.status().ToString();
+  EXPECT_TRUE(*at_note == Expected(kBytes, kSeed, runs));
+
+  // A get: the holder (the sender, direct_bytes set) answers with direct pieces too.
+  auto puller = StartPeer({"nccl", 1, kBytes, -1});
+  ASSERT_TRUE(puller.ok());
+  Status got = Transfer(*puller, *sender, Op::kGet, runs);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  auto pulled = Dump(*puller);
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(*pulled == Expected(kBytes, kSeed, runs));
+  EXPECT_TRUE(Stop(*sender).ok());
+  EXPECT_TRUE(Stop(*receiver).ok());
+  EXPECT_TRUE(Stop(*puller).ok());
 }
 
 }  // namespace

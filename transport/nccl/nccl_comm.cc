@@ -22,6 +22,15 @@ Result<std::string> NewUniqueId() {
   return std::string(id.internal, sizeof(id.internal));
 }
 
+Status LoadNcclKernels(int device) {
+  ncclUniqueId id;
+  KV_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  gpu::DeviceGuard guard(device);
+  ncclComm_t comm = nullptr;
+  KV_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, 1, id, 0), "ncclCommInitRank (1 rank)"));
+  return NcclStatus(ncclCommDestroy(comm), "ncclCommDestroy");
+}
+
 NcclComm::~NcclComm() {
   if (comm_ == nullptr) return;
   if (failed_) {

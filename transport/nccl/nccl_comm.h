@@ -24,6 +24,12 @@ Status NcclStatus(ncclResult_t result, const char* what);
 // A fresh unique id (rank 0 makes it and sends it to rank 1 over the side channel).
 Result<std::string> NewUniqueId();
 
+// NCCL looks up all its kernels in its first communicator's init; under lazy module loading
+// (CUDA's default) that loads them, which may synchronise the whole context and so wait for
+// copies gated on an engine's event. A one-rank communicator made and destroyed here, before
+// any such copy exists, pays for that once per process.
+Status LoadNcclKernels(int device);
+
 class NcclComm {
  public:
   NcclComm() = default;

@@ -30,14 +30,19 @@ namespace {
 
 struct SendJob {
   enum class Kind { kData, kFrame } kind = Kind::kFrame;
-  bool is_note = false;
   std::string frame;          // kFrame: sent as is
   DataMsg data;               // kData: the announcement (ranges in the receiver's view)
   std::vector<Range> gather;  // kData: the same bytes in our region, same order
   const char* local_base = nullptr;
-  Completion done;  // kData of a put; empty for the reply to a get
+  bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
   Clock::time_point deadline;
-  CudaEvent start_after;  // kData: the gathers wait for it on the device (Put's start_after)
+  CudaEvent start_after;  // kData: the sends wait for it on the device (Put's start_after)
+};
+
+struct PendingPut {
+  Completion done;
+  Clock::time_point deadline;
+  bool sent = false;  // announced to the peer: a loss past the deadline then resets the link
 };
 
 struct PendingGet {
@@ -75,15 +80,21 @@ struct Link::Impl {
   std::shared_ptr<RegionTable> regions;
   std::shared_ptr<NoteSink> notes;
 
+  // mu is held only for queue and map updates, never across a CUDA call or a socket write, so
+  // Put/Get/Notify (the caller's thread) never wait behind a thread that waits on the GPU.
   std::atomic<bool> failed{false};
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<SendJob> jobs;                                           // guarded by mu
-  std::map<uint64_t, std::pair<Completion, Clock::time_point>> puts;  // awaiting ack; mu
-  std::map<uint64_t, PendingGet> gets;                                // awaiting data; mu
-  uint64_t next_seq = 1;                                              // guarded by mu
-  std::deque<Inbound> inbound;    // reader -> receive worker; guarded by mu
-  std::deque<PendingRecv> recvs;  // receive worker -> reader, to ack; guarded by mu
+  std::deque<SendJob> jobs;             // guarded by mu
+  std::map<uint64_t, PendingPut> puts;  // from post to ack; guarded by mu
+  std::map<uint64_t, PendingGet> gets;  // awaiting data; guarded by mu
+  uint64_t next_seq = 1;                // guarded by mu
+  std::deque<Inbound> inbound;          // reader -> receive worker; guarded by mu
+  std::deque<PendingRecv> recvs;        // receive worker -> reader, to ack; guarded by mu
+  // Reader thread only: notes wait until every batch announced before them has landed.
+  uint64_t announced = 0;
+  uint64_t landed = 0;
+  std::deque<std::pair<uint64_t, std::string>> held_notes;  // (batches announced before, text)
   std::thread sender;
   std::thread reader;
   std::thread receiver;
@@ -95,15 +106,16 @@ struct Link::Impl {
   std::unique_ptr<Staging> out;  // sender thread
   std::unique_ptr<Staging> in;   // receive worker
   FrameReader frames;            // reader thread
-  gpu::CudaStream relay;         // captures Put's start_after at post time; guarded by mu
-  int wake_fd = -1;              // eventfd: the receive stream tells the reader a batch landed
+  std::mutex relay_mu;
+  gpu::CudaStream relay;  // captures Put's start_after at post time; guarded by relay_mu
+  int wake_fd = -1;       // eventfd: the receive stream tells the reader a batch landed
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
   void Fail(Status why) {
-    std::map<uint64_t, std::pair<Completion, Clock::time_point>> dead_puts;
+    std::map<uint64_t, PendingPut> dead_puts;
     std::map<uint64_t, PendingGet> dead_gets;
-    std::deque<SendJob> dead_jobs;
+    std::deque<SendJob> dead_jobs;  // their completions are in the maps
     {
       std::lock_guard lock(mu);
       if (failed.exchange(true)) return;
@@ -117,13 +129,8 @@ struct Link::Impl {
     std::thread abort_in([this] { lanes_in.Abort(); });
     lanes_out.Abort();
     abort_in.join();
-    for (auto& [seq, put] : dead_puts) {
-      if (put.first) put.first(why);
-    }
+    for (auto& [seq, put] : dead_puts) put.done(why);
     for (auto& [seq, get] : dead_gets) get.done(why);
-    for (SendJob& job : dead_jobs) {
-      if (job.done) job.done(why);
-    }
   }
 
   // ---- sender thread ----
@@ -138,22 +145,10 @@ struct Link::Impl {
         if (failed) break;
         job = std::move(jobs.front());
         jobs.pop_front();
-        // A notification follows the ack of every put before it; those puts' deadlines bound
-        // this wait (the reader fails the link when one passes).
-        while (job.is_note && !puts.empty() && !failed)
-          cv.wait_for(lock, std::chrono::milliseconds(10));
-        if (failed) {
-          lock.unlock();
-          if (job.done) job.done(Status::Unavailable("nccl: link failed"));
-          break;
-        }
-        if (job.kind == SendJob::Kind::kData) {
-          if (job.done && Clock::now() >= job.deadline) {
-            lock.unlock();
-            job.done(Status::Timeout("nccl: batch passed its deadline before it was sent"));
-            continue;
-          }
-          puts[job.data.seq] = {std::move(job.done), job.deadline};
+        if (job.is_put) {
+          auto it = puts.find(job.data.seq);
+          if (it == puts.end()) continue;  // the reader timed it out while it queued
+          it->second.sent = true;
         }
       }
       Status sent = job.kind == SendJob::Kind::kFrame
@@ -184,6 +179,7 @@ struct Link::Impl {
     }
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
     return out->Send(lanes_out, job.local_base, job.gather, job.data.chunk_bytes,
+                     job.data.direct_bytes,
                      job.start_after.get() != nullptr ? &job.start_after : nullptr, job.deadline);
   }
 
@@ -262,6 +258,7 @@ struct Link::Impl {
       }
       case MsgType::kData: {
         KV_ASSIGN_OR_RETURN(DataMsg msg, DecodeData(frame));
+        ++announced;
         Enqueue(Inbound{false, {}, std::move(msg)});
         return Status::Ok();
       }
@@ -274,7 +271,7 @@ struct Link::Impl {
           if (type == MsgType::kAck) {
             auto it = puts.find(ack.seq);
             if (it == puts.end()) return Status::InvalidArgument("ack for an unknown batch");
-            done = std::move(it->second.first);
+            done = std::move(it->second.done);
             puts.erase(it);
           } else {
             auto it = gets.find(ack.seq);
@@ -293,7 +290,8 @@ struct Link::Impl {
       }
       case MsgType::kNote: {
         KV_ASSIGN_OR_RETURN(std::string text, DecodeNote(frame));
-        notes->Deliver(text);
+        held_notes.emplace_back(announced, std::move(text));
+        DeliverNotes();
         return Status::Ok();
       }
     }
@@ -320,6 +318,7 @@ struct Link::Impl {
     job.kind = SendJob::Kind::kData;
     job.data.reply_to = req.seq;
     job.data.chunk_bytes = options.chunk_bytes;
+    job.data.direct_bytes = options.direct_bytes;
     job.data.ranges = req.ranges;
     job.gather = std::move(req.ranges);
     job.local_base = region->first;
@@ -355,7 +354,8 @@ struct Link::Impl {
     if (!in) {
       KV_ASSIGN_OR_RETURN(in, Staging::Create(Staged(), failed));
     }
-    KV_RETURN_IF_ERROR(in->Receive(lanes_in, base, scatter, msg.chunk_bytes, ControlDeadline()));
+    KV_RETURN_IF_ERROR(
+        in->Receive(lanes_in, base, scatter, msg.chunk_bytes, msg.direct_bytes, ControlDeadline()));
     cudaStream_t copy = in->copy_stream();
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
@@ -372,53 +372,62 @@ struct Link::Impl {
     [[maybe_unused]] ssize_t n = ::write(static_cast<Impl*>(self)->wake_fd, &one, sizeof(one));
   }
 
-  // Acks every batch whose scatter finished, in order; the reader never waits on the GPU.
+  // Acks every batch whose scatter finished, in order, and releases the notes behind it; the
+  // reader never waits on the GPU. Only this thread pops `recvs`, so the front's event stays
+  // valid while it is queried outside the lock.
   void FinishReceives() {
     while (true) {
-      PendingRecv landed;
-      Status broken;
+      const CudaEvent* front = nullptr;
       {
         std::lock_guard lock(mu);
         if (recvs.empty()) return;
-        Result<bool> done = recvs.front().landed.Query();
-        if (!done.ok()) {
-          broken = done.status();
-        } else if (!*done) {
-          return;
-        } else {
-          landed = std::move(recvs.front());
-          recvs.pop_front();
+        front = &recvs.front().landed;
+      }
+      Result<bool> done = front->Query();
+      if (!done.ok()) return Fail(Status::Unavailable("nccl: " + done.status().ToString()));
+      if (!*done) return;
+      PendingRecv batch;
+      Completion get_done;
+      {
+        std::lock_guard lock(mu);
+        batch = std::move(recvs.front());
+        recvs.pop_front();
+        auto it = batch.reply_to != 0 ? gets.find(batch.reply_to) : gets.end();
+        if (it != gets.end()) {
+          get_done = std::move(it->second.done);
+          gets.erase(it);
         }
       }
-      if (!broken.ok()) return Fail(Status::Unavailable("nccl: " + broken.ToString()));
-      if (landed.reply_to != 0) {
-        Completion done;
-        {
-          std::lock_guard lock(mu);
-          auto it = gets.find(landed.reply_to);
-          if (it != gets.end()) {
-            done = std::move(it->second.done);
-            gets.erase(it);
-          }
-        }
-        if (done) done(Status::Ok());
-      }
-      Status acked = socket.SendFrame(EncodeAck({landed.seq, Status::Ok()}), ControlDeadline());
+      if (get_done) get_done(Status::Ok());
+      ++landed;
+      DeliverNotes();
+      Status acked = socket.SendFrame(EncodeAck({batch.seq, Status::Ok()}), ControlDeadline());
       if (!acked.ok()) return Fail(Status::Unavailable("nccl: " + acked.ToString()));
     }
   }
 
+  void DeliverNotes() {
+    while (!held_notes.empty() && held_notes.front().first <= landed) {
+      notes->Deliver(held_notes.front().second);
+      held_notes.pop_front();
+    }
+  }
+
   void CheckDeadlines() {
-    std::vector<Completion> expired;
+    std::vector<Completion> expired, unsent;
     const auto now = Clock::now();
     {
       std::lock_guard lock(mu);
       for (auto it = puts.begin(); it != puts.end();) {
-        if (now < it->second.second) {
+        if (now < it->second.deadline) {
           ++it;
           continue;
         }
-        if (it->second.first) expired.push_back(std::move(it->second.first));
+        if (!it->second.sent) {  // never announced: it fails alone and the link stays
+          unsent.push_back(std::move(it->second.done));
+        } else {
+          expired.push_back(std::move(it->second.done));
+        }
         it = puts.erase(it);
       }
       for (auto it = gets.begin(); it != gets.end();) {
@@ -429,6 +438,9 @@ struct Link::Impl {
         expired.push_back(std::move(it->second.done));
         it = gets.erase(it);
       }
+    }
+    for (Completion& done : unsent) {
+      done(Status::Timeout("nccl: batch passed its deadline before it was sent"));
     }
     if (expired.empty()) return;
     for (Completion& done : expired) done(Status::Timeout("nccl: batch passed its deadline"));
@@ -479,18 +491,21 @@ Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t rem
   SendJob job;
   if (start_after != nullptr) {
     // The sender thread gets to this job later; the event's record must be taken now. A relay
-    // stream waits on it and records an event of ours that the gathers then wait on.
+    // stream waits on it and records an event of ours that the sends then wait on. Neither call
+    // waits for the device.
     gpu::DeviceGuard guard(impl_->options.device);
     KV_ASSIGN_OR_RETURN(job.start_after, CudaEvent::Create(impl_->options.device));
-    std::lock_guard lock(impl_->mu);
+    std::lock_guard lock(impl_->relay_mu);
     KV_RETURN_IF_ERROR(CudaStatus(
         cudaStreamWaitEvent(impl_->relay.get(), static_cast<cudaEvent_t>(start_after), 0),
         "cudaStreamWaitEvent"));
     KV_RETURN_IF_ERROR(job.start_after.Record(impl_->relay.get()));
   }
   job.kind = SendJob::Kind::kData;
+  job.is_put = true;
   job.data.region_id = remote_id;
   job.data.chunk_bytes = impl_->options.chunk_bytes;
+  job.data.direct_bytes = impl_->options.direct_bytes;
   job.data.ranges.reserve(runs.size());
   job.gather.reserve(runs.size());
   for (const Run& r : runs) {
@@ -498,12 +513,12 @@ Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t rem
     job.gather.push_back({r.src_offset, r.length});
   }
   job.local_base = local_base;
-  job.done = std::move(done);
   job.deadline = deadline;
   {
     std::lock_guard lock(impl_->mu);
     if (impl_->failed) return Status::Unavailable("nccl: link to peer failed");
     job.data.seq = impl_->next_seq++;
+    impl_->puts[job.data.seq] = PendingPut{std::move(done), deadline, false};
     impl_->jobs.push_back(std::move(job));
   }
   impl_->cv.notify_all();
@@ -538,7 +553,6 @@ Status Link::Get(char* local_base, std::span<const Run> runs, uint64_t remote_id
 
 Status Link::Notify(std::string message) {
   SendJob job;
-  job.is_note = true;
   job.frame = EncodeNote(message);
   {
     std::lock_guard lock(impl_->mu);

@@ -6,19 +6,23 @@
 // direction from ncclUniqueIds that X sends over the socket. Each direction's communicators are
 // used by one thread, in one order on both ends, which NCCL needs to never deadlock.
 //
-// Sending a batch: announce it (kData: its ranges and chunk size, so the receiver knows every
-// chunk's size and lane up front and no chunk needs a message of its own), then enqueue the whole
-// pipeline of gathers into staging slots and sends, chunk after chunk (staging.h). Slots are
-// reused in device order (events), never by host waits. The receiver mirrors it with receives
-// and scatters and acks once the last scatter is done, learnt from an event; the sender's
-// completion fires on the ack.
+// Sending a batch: announce it (kData: its ranges, chunk size and direct threshold, so the
+// receiver knows every operation's size and lane up front and none needs a message of its own),
+// then enqueue the whole pipeline of gathers into staging slots and sends, chunk after chunk,
+// and the direct sends of large ranges (staging.h). Slots are reused in device order (events),
+// never by host waits. The receiver mirrors it with receives and scatters and acks once the
+// batch is in place, learnt from an event; the sender's completion fires on the ack. A
+// notification travels as a frame behind the batches posted before it, and the receiver holds
+// it until they have landed, so nothing waits for acks on the sending side.
 //
 // Failure: EOF, a malformed message, a batch past its deadline or an NCCL error fail the link:
 // every batch in flight completes with kUnavailable (kTimeout for the one that timed out), the
 // threads abort their communicators (ncclCommAbort) and later calls are refused. Nothing waits
 // without a deadline.
 //
-// Thread-safety: Put/Get/Notify/Fail may be called from any thread. Three threads per link: the
+// Thread-safety: Put/Get/Notify/Fail may be called from any thread; Put/Get/Notify only encode
+// and queue (Put with an event makes two CUDA calls that do not wait for the device), so they
+// never wait for the GPU, the peer or a lock held across either. Three threads per link: the
 // sender (gathers and ncclSend on the outgoing lanes), the receive worker (ncclRecv and scatter
 // on the incoming ones) and the reader (socket, acks, deadlines). The reader never waits on the
 // GPU, so it always sees a dead peer and can abort the other two out of NCCL.
@@ -39,13 +43,19 @@ namespace kv::transport::nccl {
 
 // Defaults measured on two H200s (benchmarks/gpu.md): fewer, larger chunks because each NCCL
 // operation on a non-blocking communicator costs the host ~50 µs; two lanes hide the gap between
-// one communicator's operations; a small copy grid leaves HBM bandwidth and SMs to NCCL.
+// one communicator's operations; eight slots keep both lanes fed while earlier chunks still drain
+// (kvbench gpu-transport 0.60 / 0.71 against 0.55 / 0.67 with four); a small copy grid leaves
+// SMs to NCCL and the engines.
 struct LinkOptions {
   int device = 0;
   uint64_t chunk_bytes = 32ull << 20;  // one staging slot; a batch moves in chunks of this
-  int slots = 4;                       // staging slots per side and direction
-  int lanes = 2;                       // communicators per direction, 1..kMaxLanes
-  int copy_ctas = 16;                  // grid of the gather/scatter kernels; 0 = all SMs
+  // Ranges at least this long go straight between the regions in pieces of chunk_bytes (0: never):
+  // one NCCL operation each, so only ranges that keep the wire busy longer than an operation
+  // costs the host (~50 µs) are worth it.
+  uint64_t direct_bytes = 8ull << 20;
+  int slots = 8;       // staging slots per side and direction
+  int lanes = 2;       // communicators per direction, 1..kMaxLanes
+  int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
   std::chrono::milliseconds init_timeout{30000};
 };
 
@@ -60,15 +70,15 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   // runs: src_offset in `local_base`'s region, dst_offset in the peer's region `remote_id`.
-  // Validated by the caller. The gathers wait on the device for `start_after` (a cudaEvent_t,
-  // its record as of this call) when not null. kUnavailable when the link already failed
-  // (`done` not called).
+  // Validated by the caller. The batch's reads wait on the device for `start_after` (a
+  // cudaEvent_t, its record as of this call) when not null. kUnavailable when the link already
+  // failed (`done` not called).
   Status Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, void* start_after, Completion done);
   // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.
   Status Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, Completion done);
-  // Sent after the ack of every put posted before it.
+  // Delivered to the peer's handler once every batch posted before it has landed there.
   Status Notify(std::string message);
 
   // Fails the link (idempotent): see the header comment.

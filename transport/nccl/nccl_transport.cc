@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -14,7 +15,9 @@
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/side_channel.h"
 #include "transport/nccl/lanes.h"
+#include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/nccl_link.h"
+#include "transport/nccl/run_tables.h"
 #include "transport/nccl/wire.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
@@ -31,6 +34,36 @@ using nccl::NoteSink;
 using nccl::RegionTable;
 
 constexpr std::string_view kDescriptorMagic = "kvd-nccl-region/1";
+
+// Loads the copy and NCCL kernels once per device and process (nccl_comm.h, run_tables.h say
+// why this must come before any copy waits on an engine).
+Status LoadKernels(int device) {
+  static std::mutex mu;
+  static std::vector<int> loaded;
+  std::lock_guard lock(mu);
+  if (std::find(loaded.begin(), loaded.end(), device) != loaded.end()) return Status::Ok();
+  KV_RETURN_IF_ERROR(nccl::LoadCopyKernel(device));
+  KV_RETURN_IF_ERROR(nccl::LoadNcclKernels(device));
+  loaded.push_back(device);
+  return Status::Ok();
+}
+
+// KVD_NCCL_SETTINGS="key=value,key=value": settings for runs where the caller passes none (kvd
+// takes no transport settings on its command line); the caller's own settings win.
+TransportOptions WithEnvironment(TransportOptions options) {
+  const char* env = std::getenv("KVD_NCCL_SETTINGS");
+  std::string_view rest = env != nullptr ? env : "";
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) continue;
+    options.settings.emplace_back(std::string(item.substr(0, eq)),
+                                  std::string(item.substr(eq + 1)));
+  }
+  return options;
+}
 
 class NcclRegistration final : public MemoryRegistration {
  public:
@@ -76,6 +109,7 @@ class NcclTransport final : public Transport, public DeviceOrdered {
   explicit NcclTransport(const LinkOptions& options) : options_(options) {}
 
   Status Start(const std::string& listen_host) {
+    KV_RETURN_IF_ERROR(LoadKernels(options_.device));
     KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("tcp:" + listen_host + ":0"));
     acceptor_ = std::thread([this] { AcceptLoop(); });
     return Status::Ok();
@@ -262,7 +296,8 @@ class NcclTransport final : public Transport, public DeviceOrdered {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
+Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& given) {
+  const TransportOptions options = WithEnvironment(given);
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -276,9 +311,11 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "nccl", "device", current, 0));
   KV_ASSIGN_OR_RETURN(int64_t staging,
                       IntSetting(options, "nccl", "staging_bytes", 32ll << 20, 4096, 1ll << 40));
-  KV_ASSIGN_OR_RETURN(int64_t slots, IntSetting(options, "nccl", "staging_slots", 4, 1, 64));
+  KV_ASSIGN_OR_RETURN(int64_t slots, IntSetting(options, "nccl", "staging_slots", 8, 1, 64));
   KV_ASSIGN_OR_RETURN(int64_t lanes, IntSetting(options, "nccl", "lanes", 2, 1, nccl::kMaxLanes));
   KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));
+  KV_ASSIGN_OR_RETURN(int64_t direct, IntSetting(options, "nccl", "direct_bytes",
+                                                 static_cast<int64_t>(link.direct_bytes), 0));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   if (device >= count) {
@@ -290,6 +327,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   link.slots = static_cast<int>(slots);
   link.lanes = static_cast<int>(lanes);
   link.copy_ctas = static_cast<int>(copy_ctas);
+  link.direct_bytes = static_cast<uint64_t>(direct);
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   std::string host = "127.0.0.1";
   for (const auto& [k, v] : options.settings) {

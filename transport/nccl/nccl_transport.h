@@ -7,8 +7,10 @@
 // takes CUDA device memory and hands out a descriptor naming it by id; a peer's runs are checked
 // against the registration before any byte moves. Batches are gathered into bounded staging
 // slots, sent over one or more communicators, received and scattered as one pipeline the host
-// enqueues at once (staging.h); completion comes with the receiver's ack. A peer that dies or stops
-// answering fails its batches with kUnavailable and its communicators are aborted, never waited on.
+// enqueues at once (staging.h); large runs skip the staging. Completion comes with the
+// receiver's ack. post() and notify() only queue work for the link's threads. A peer that dies or
+// stops answering fails its batches with kUnavailable and its communicators are aborted, never
+// waited on.
 //
 // Also implements DeviceOrdered (device_ordered.h): a put's gathers can wait on a CUDA event.
 //
@@ -18,9 +20,12 @@
 // Settings: "device" (CUDA ordinal; default the current device), "listen_host" (default
 // 127.0.0.1), "staging_bytes" (one staging slot and the chunk size; default 32 MiB; both sides
 // of a link must allow the sender's size), "staging_slots" (slots per side and direction,
-// 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 2),
+// 1..64; default 8), "lanes" (communicators per direction the sender opens, 1..4; default 2),
 // "copy_ctas" (grid of the gather/scatter kernels, 0 = one CTA per SM; default 16),
-// "timeout_ms" (connects, communicator creation and control messages; default 30000).
+// "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into
+// it; 0 = never; default 8 MiB), "timeout_ms" (connects, communicator creation and control
+// messages; default 30000). The environment variable KVD_NCCL_SETTINGS="key=value,..." adds
+// settings the caller did not pass (kvd passes only "device").
 // Staging memory: staging_slots × staging_bytes per side, direction and link.
 #pragma once
 

@@ -42,11 +42,27 @@ Result<std::unique_ptr<RunTables>> RunTables::Create(int device, int copy_ctas,
   return tables;
 }
 
+Status LoadCopyKernel(int device) {
+  gpu::DeviceGuard guard(device);
+  const std::atomic<bool> never{false};
+  KV_ASSIGN_OR_RETURN(auto tables, RunTables::Create(device, 1, never));
+  KV_ASSIGN_OR_RETURN(gpu::DeviceBuffer scratch, gpu::DeviceBuffer::Allocate(device, 32));
+  KV_ASSIGN_OR_RETURN(gpu::CudaStream stream, gpu::CudaStream::Create(device));
+  const Range one{0, 16};
+  const Chunks chunks = ChunkRuns(std::span<const Range>(&one, 1), 16, Direction::kGather);
+  const auto forever = SteadyTime::max();
+  KV_RETURN_IF_ERROR(tables->Load(chunks, stream.get(), forever));
+  char* base = static_cast<char*>(scratch.data());
+  KV_RETURN_IF_ERROR(tables->Copy(0, base + 16, base, stream.get()));
+  KV_RETURN_IF_ERROR(tables->Release(stream.get()));
+  return CudaStatus(cudaStreamSynchronize(stream.get()), "loading the copy kernel");
+}
+
 Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime deadline) {
   current_ ^= 1;
-  Buffer& b = *buffers_[current_];
-  while (b.armed) {
-    KV_ASSIGN_OR_RETURN(bool done, b.released.Query());
+  Buffer& used = *buffers_[current_];
+  while (used.armed) {
+    KV_ASSIGN_OR_RETURN(bool done, used.released.Query());
     if (done) break;
     if (cancelled_) return Status::Aborted("nccl: link failed");
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -54,7 +70,7 @@ Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime dea
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-  b.armed = false;
+  used.armed = false;
   first_.resize(chunks.count());
   count_.resize(chunks.count());
   uint64_t total = 0;
@@ -64,16 +80,17 @@ Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime dea
     total += count_[k];
   }
   const uint64_t bytes = kernels::PlanCopyTableBytes(chunks.runs.size(), total);
-  if (bytes > b.capacity) {
+  if (bytes > buffers_[current_]->capacity) {
     gpu::DeviceGuard guard(device_);
-    if (b.host != nullptr) cudaFreeHost(std::exchange(b.host, nullptr));
-    b.device = {};
-    b.capacity = 0;
-    const uint64_t want = std::max<uint64_t>(bytes + bytes / 2, 64 << 10);
-    KV_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&b.host, want), "run table staging"));
-    KV_ASSIGN_OR_RETURN(b.device, gpu::DeviceBuffer::Allocate(device_, want));
-    b.capacity = want;
+    auto grown = std::make_unique<Buffer>();
+    KV_ASSIGN_OR_RETURN(grown->released, gpu::CudaEvent::Create(device_));
+    const uint64_t want = std::max<uint64_t>(bytes * 2, 64 << 10);
+    KV_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&grown->host, want), "run table staging"));
+    KV_ASSIGN_OR_RETURN(grown->device, gpu::DeviceBuffer::Allocate(device_, want));
+    grown->capacity = want;
+    outgrown_.push_back(std::exchange(buffers_[current_], std::move(grown)));
   }
+  Buffer& b = *buffers_[current_];
   auto* host = static_cast<kernels::PlanCopyChunk*>(b.host);
   for (size_t k = 0; k < chunks.count(); ++k) {
     KV_RETURN_IF_ERROR(kernels::EncodePlanCopyTable(chunks.chunk(k), host + first_[k],

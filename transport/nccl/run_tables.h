@@ -5,7 +5,9 @@
 // Two table buffers alternate between batches. A buffer is rewritten only once the copies of the
 // batch that last used it are done: Load waits for that on the host (bounded, cancellable), and
 // in a running pipeline that batch, two back, is long finished. Memory grows to the largest
-// batch seen (16 bytes per 32 KiB of runs, plus one descriptor per run).
+// batch seen (16 bytes per 32 KiB of runs, plus one descriptor per run); outgrown buffers are
+// kept until destruction, because freeing CUDA memory synchronises the device (the engine's
+// gated work included) and this runs on the data path.
 //
 // Not thread-safe: one owner thread.
 #pragma once
@@ -21,6 +23,11 @@
 #include "transport/nccl/wire.h"
 
 namespace kv::transport::nccl {
+
+// Launches the copy kernel once on a private stream and waits for it: under lazy module loading
+// the first launch loads the kernel, which may synchronise the whole context and so wait for
+// copies gated on an engine's event. Call before any such copy exists.
+Status LoadCopyKernel(int device);
 
 class RunTables {
  public:
@@ -48,6 +55,7 @@ class RunTables {
   const int device_;
   const int copy_ctas_;
   const std::atomic<bool>& cancelled_;
+  std::vector<std::unique_ptr<Buffer>> outgrown_;  // idle; destroyed after buffers_
   std::unique_ptr<Buffer> buffers_[2];
   int current_ = 1;
   std::vector<uint64_t> first_;  // per chunk of the last Load: its first descriptor

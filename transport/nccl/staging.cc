@@ -29,16 +29,20 @@ Result<std::unique_ptr<Staging>> Staging::Create(const StagingOptions& options,
     KV_ASSIGN_OR_RETURN(slot.filled, gpu::CudaEvent::Create(options.device));
     KV_ASSIGN_OR_RETURN(slot.drained, gpu::CudaEvent::Create(options.device));
   }
+  for (gpu::CudaEvent& done : s->lane_done_) {
+    KV_ASSIGN_OR_RETURN(done, gpu::CudaEvent::Create(options.device));
+  }
   return s;
 }
 
-Status Staging::CheckChunk(uint64_t chunk_bytes, const Lanes& lanes) const {
+Status Staging::CheckChunk(uint64_t chunk_bytes, const Lanes& lanes) {
   if (chunk_bytes == 0 || chunk_bytes > options_.slot_bytes) {
     return Status::Incompatible("chunks of " + std::to_string(chunk_bytes) +
                                 " bytes do not fit this side's staging slots of " +
                                 std::to_string(options_.slot_bytes));
   }
   if (lanes.count() == 0) return Status::InvalidArgument("nccl: data before the communicator");
+  if (in_flight_.size() != lanes.count()) in_flight_.assign(lanes.count(), 0);
   return Status::Ok();
 }
 
@@ -49,13 +53,16 @@ Status Staging::SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline) 
 }
 
 Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> ranges,
-                     uint64_t chunk_bytes, const gpu::CudaEvent* start_after, SteadyTime deadline) {
+                     uint64_t chunk_bytes, uint64_t direct_bytes, const gpu::CudaEvent* start_after,
+                     SteadyTime deadline) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
-  const Chunks chunks = ChunkRuns(ranges, chunk_bytes, Direction::kGather);
+  const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
+  const Chunks chunks = ChunkRuns(split.staged, chunk_bytes, Direction::kGather);
   cudaStream_t copy = copy_stream_.get();
-  in_flight_.assign(lanes.count(), 0);
-  KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
-  if (start_after != nullptr) KV_RETURN_IF_ERROR(WaitOn(copy, *start_after));
+  if (chunks.count() > 0) {
+    KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
+    if (start_after != nullptr) KV_RETURN_IF_ERROR(WaitOn(copy, *start_after));
+  }
   for (size_t k = 0; k < chunks.count(); ++k) {
     Slot& slot = NextSlot();
     if (slot.used) {
@@ -71,18 +78,24 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
     slot.op = in_flight_[lane] = next_op_++;
     slot.lane = lane;
   }
+  if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += chunks.count();
-  KV_RETURN_IF_ERROR(tables_->Release(copy));
-  return lanes.SettleAll(deadline);
+  for (const Range& piece : split.direct) {
+    const size_t lane = first_lane_++ % lanes.count();
+    if (start_after != nullptr) KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), *start_after));
+    KV_RETURN_IF_ERROR(lanes.Send(lane, base + piece.offset, piece.length, nullptr, deadline));
+    in_flight_[lane] = next_op_++;
+  }
+  return Status::Ok();
 }
 
 Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
-                        uint64_t chunk_bytes, SteadyTime deadline) {
+                        uint64_t chunk_bytes, uint64_t direct_bytes, SteadyTime deadline) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
-  const Chunks chunks = ChunkRuns(ranges, chunk_bytes, Direction::kScatter);
+  const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
+  const Chunks chunks = ChunkRuns(split.staged, chunk_bytes, Direction::kScatter);
   cudaStream_t copy = copy_stream_.get();
-  in_flight_.assign(lanes.count(), 0);
-  KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
+  if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
   // Received but not yet scattered, in chunk order: (chunk, slot).
   std::deque<std::pair<size_t, Slot*>> landed;
   auto scatter_front = [&]() -> Status {
@@ -114,8 +127,24 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
     landed.emplace_back(k, &slot);
   }
   while (!landed.empty()) KV_RETURN_IF_ERROR(scatter_front());
+  if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += chunks.count();
-  return tables_->Release(copy);
+  // Direct pieces land in place; the copy stream waits for each lane's last one.
+  bool direct_on[kMaxLanes] = {};
+  for (const Range& piece : split.direct) {
+    const size_t lane = first_lane_++ % lanes.count();
+    KV_RETURN_IF_ERROR(
+        lanes.Recv(lane, base + piece.offset, piece.length, &lane_done_[lane], deadline));
+    in_flight_[lane] = next_op_++;
+    direct_on[lane] = true;
+  }
+  for (size_t lane = 0; lane < lanes.count(); ++lane) {
+    if (!direct_on[lane]) continue;
+    in_flight_[lane] = 0;
+    KV_RETURN_IF_ERROR(lanes.Settle(lane, deadline));
+    KV_RETURN_IF_ERROR(WaitOn(copy, lane_done_[lane]));
+  }
+  return Status::Ok();
 }
 
 }  // namespace kv::transport::nccl

@@ -1,14 +1,17 @@
-// The staged data path of one side of one link direction: `slots` device buffers that a batch's
+// The data path of one side of one link direction: `slots` device buffers that a batch's staged
 // chunks rotate through, a copy stream for the gathers (sender) or scatters (receiver), the
-// batch's run tables, and the Lanes the chunks travel on.
+// batch's run tables, and the Lanes the operations travel on.
 //
 // The host enqueues a batch's whole pipeline at once and never waits for the GPU to move bytes:
 //   sender:   gather(k) into the next slot on the copy stream, after the send that last used
 //             the slot (its `drained` event); send(k) on the next lane after gather(k) (`filled`);
 //   receiver: recv(k) on the next lane into the next slot after the scatter that last used the
 //             slot (`drained`); scatter(k) on the copy stream after recv(k) (`filled`).
-// So gathers and scatters overlap the wire, and lanes overlap each other. The only host waits
-// are for NCCL to enqueue an operation (Lanes) and, rarely, for run tables two batches back.
+// So gathers and scatters overlap the wire, and lanes overlap each other. Large ranges skip all
+// that (SplitDirect): one ncclSend / ncclRecv per piece, between the regions themselves.
+// The sender leaves its last operations in flight when a batch is enqueued, so the NCCL enqueues
+// of consecutive batches overlap; it settles a lane only to reuse it or its slot. The only host
+// waits are for NCCL to enqueue an operation (Lanes) and, rarely, for run tables two batches back.
 //
 // Memory is bounded: slots × slot bytes per side and direction, allocated on first use.
 // Not thread-safe: the owner thread of the direction (sender thread or receive worker).
@@ -44,15 +47,16 @@ class Staging {
   uint64_t slot_bytes() const { return options_.slot_bytes; }
   cudaStream_t copy_stream() const { return copy_stream_.get(); }
 
-  // Enqueues the gather of `ranges` of `base` (in order, in chunks of chunk_bytes ≤ slot_bytes)
-  // and their sends on `lanes`. The gathers first wait on the device for `start_after` when
-  // not null. Everything is enqueued when it returns; the bytes move later.
+  // Enqueues the sends of `ranges` of `base` on `lanes`: the staged ones gathered in chunks of
+  // chunk_bytes ≤ slot_bytes, those of at least direct_bytes (not 0) straight from `base`. They
+  // first wait on the device for `start_after` when not null. Everything is enqueued (or on its
+  // way into a lane) when it returns; the bytes move later.
   Status Send(Lanes& lanes, const char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
-              const gpu::CudaEvent* start_after, SteadyTime deadline);
-  // Enqueues the receives of a batch sent that way and the scatters into `ranges` of `base`. The
-  // copy stream holds the last scatter when it returns.
+              uint64_t direct_bytes, const gpu::CudaEvent* start_after, SteadyTime deadline);
+  // Enqueues the receives of a batch sent that way, and the scatters into `ranges` of `base`.
+  // The copy stream is ordered after every byte of the batch when it returns.
   Status Receive(Lanes& lanes, char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
-                 SteadyTime deadline);
+                 uint64_t direct_bytes, SteadyTime deadline);
 
  private:
   struct Slot {
@@ -66,7 +70,7 @@ class Staging {
 
   Staging(const StagingOptions& options, const std::atomic<bool>& cancelled)
       : options_(options), cancelled_(cancelled) {}
-  Status CheckChunk(uint64_t chunk_bytes, const Lanes& lanes) const;
+  Status CheckChunk(uint64_t chunk_bytes, const Lanes& lanes);
   Slot& NextSlot() { return slots_[next_slot_++ % slots_.size()]; }
   // Makes sure the operation that last used `slot` is enqueued and its event recorded.
   Status SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline);
@@ -79,10 +83,11 @@ class Staging {
   std::vector<Slot> slots_;
   size_t next_slot_ = 0;
   uint64_t next_op_ = 1;
-  // Chunks sent (received) so far: chunk k of a batch takes lane (first_lane_ + k) % lanes on
-  // both sides, so single-chunk batches (a layer each) rotate through the lanes too.
+  // Operations sent (received) so far: operation k of a batch takes lane (first_lane_ + k) %
+  // lanes on both sides, so single-operation batches (a layer each) rotate through the lanes too.
   uint64_t first_lane_ = 0;
-  std::vector<uint64_t> in_flight_;  // per lane: the operation Lanes has not settled, or 0
+  std::vector<uint64_t> in_flight_;      // per lane: the operation Lanes has not settled, or 0
+  gpu::CudaEvent lane_done_[kMaxLanes];  // receiver: behind a lane's direct receives
 };
 
 }  // namespace kv::transport::nccl

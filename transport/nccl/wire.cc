@@ -62,7 +62,7 @@ std::string EncodeCommInit(std::string_view unique_id) {
 
 std::string EncodeData(const DataMsg& msg) {
   ByteWriter w = Start(MsgType::kData);
-  w.u64(msg.seq).u64(msg.reply_to).u64(msg.region_id).u64(msg.chunk_bytes);
+  w.u64(msg.seq).u64(msg.reply_to).u64(msg.region_id).u64(msg.chunk_bytes).u64(msg.direct_bytes);
   PutRanges(w, msg.ranges);
   return w.take();
 }
@@ -112,7 +112,7 @@ Result<DataMsg> DecodeData(std::string_view frame) {
   ByteReader r(frame);
   DataMsg msg;
   if (!Open(MsgType::kData, &r) || !r.u64(&msg.seq) || !r.u64(&msg.reply_to) ||
-      !r.u64(&msg.region_id) || !r.u64(&msg.chunk_bytes) ||
+      !r.u64(&msg.region_id) || !r.u64(&msg.chunk_bytes) || !r.u64(&msg.direct_bytes) ||
       !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end() || msg.chunk_bytes == 0) {
     return Malformed("data");
   }
@@ -189,6 +189,21 @@ Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction 
   if (used > 0) {
     out.starts.push_back(out.runs.size());
     out.bytes.push_back(used);
+  }
+  return out;
+}
+
+DirectSplit SplitDirect(std::span<const Range> ranges, uint64_t direct_bytes,
+                        uint64_t piece_bytes) {
+  DirectSplit out;
+  for (const Range& range : ranges) {
+    if (direct_bytes == 0 || range.length < direct_bytes) {
+      if (range.length > 0) out.staged.push_back(range);
+      continue;
+    }
+    for (uint64_t done = 0; done < range.length; done += piece_bytes) {
+      out.direct.push_back({range.offset + done, std::min(piece_bytes, range.length - done)});
+    }
   }
   return out;
 }

@@ -2,10 +2,11 @@
 // a u32 type first, little-endian fields after it (transport/codec.h).
 //
 // Data moves in batches: the sender announces a batch (kData: its runs in the receiver's
-// region, in the order their bytes follow one another in the sender's staging), then the bytes
-// travel as NCCL chunks of `chunk_bytes` (the direction's n-th chunk since the link began on
-// lane n % lanes); the receiver answers kAck once they are in place. kCommInit comes once per lane,
-// before the first kData.
+// region, in order), then the bytes travel as NCCL operations (the direction's n-th operation
+// since the link began on lane n % lanes): first the staged chunks of `chunk_bytes`, then the
+// direct pieces (SplitDirect); the receiver answers kAck once they are in place. kCommInit comes
+// once per lane, before the first kData. A kNote is delivered once every batch announced before
+// it has landed, so the sender never waits for acks to keep notes behind the data.
 // A get is a request (kGetRequest) answered by a kData whose reply_to names it, or by kGetError.
 // Every decoder checks sizes and counts before building anything.
 #pragma once
@@ -31,7 +32,7 @@ enum class MsgType : uint32_t {
   kNote,        // a notification for the peer's handler
 };
 
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/1";
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/2";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {
@@ -44,6 +45,7 @@ struct DataMsg {
   uint64_t reply_to = 0;   // 0 for a put; the requester's get seq otherwise
   uint64_t region_id = 0;  // the receiver's registration (puts only)
   uint64_t chunk_bytes = 0;
+  uint64_t direct_bytes = 0;  // ranges at least this long travel direct; 0: none
   std::vector<Range> ranges;
 };
 
@@ -99,5 +101,15 @@ enum class Direction { kGather, kScatter };
 
 // chunk_bytes > 0; zero-length ranges are skipped.
 Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction direction);
+
+// How a batch's ranges travel. A range of at least direct_bytes (when not 0) goes by ncclSend
+// straight out of the sender's region into the receiver's, in pieces of at most piece_bytes:
+// no gather, no scatter, no staging slot. The others are staged (gathered into chunks). Both
+// sides compute this from the lengths alone, which they share in the same order.
+struct DirectSplit {
+  std::vector<Range> staged;  // in order
+  std::vector<Range> direct;  // pieces, in order
+};
+DirectSplit SplitDirect(std::span<const Range> ranges, uint64_t direct_bytes, uint64_t piece_bytes);
 
 }  // namespace kv::transport::nccl

@@ -43,9 +43,8 @@ namespace kv::transport::nccl {
 
 // Defaults measured on two H200s (benchmarks/gpu.md): fewer, larger chunks because each NCCL
 // operation on a non-blocking communicator costs the host ~50 µs; two lanes hide the gap between
-// one communicator's operations; eight slots keep both lanes fed while earlier chunks still drain
-// (kvbench gpu-transport 0.60 / 0.71 against 0.55 / 0.67 with four); a small copy grid leaves
-// SMs to NCCL and the engines.
+// one communicator's operations (eight slots measured no better than four, benchmarks/gpu.md); a
+// small copy grid leaves SMs to NCCL and the engines.
 struct LinkOptions {
   int device = 0;
   uint64_t chunk_bytes = 32ull << 20;  // one staging slot; a batch moves in chunks of this
@@ -53,7 +52,7 @@ struct LinkOptions {
   // one NCCL operation each, so only ranges that keep the wire busy longer than an operation
   // costs the host (~50 µs) are worth it.
   uint64_t direct_bytes = 8ull << 20;
-  int slots = 8;       // staging slots per side and direction
+  int slots = 4;       // staging slots per side and direction
   int lanes = 2;       // communicators per direction, 1..kMaxLanes
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
   std::chrono::milliseconds init_timeout{30000};

@@ -99,6 +99,33 @@ Result<proto::Reply> Connector::Client::Call(proto::EngineMessage message, int p
   return s;
 }
 
+Status Connector::Client::Send(proto::EngineMessage message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return closed_reason_;
+  }
+  message.set_seq(0);
+  std::string frame;
+  KV_RETURN_IF_ERROR(daemon::AppendFrame(message.SerializeAsString(), &frame));
+  return SendFrame(frame, -1);
+}
+
+Status Connector::Client::SaveError(const std::string& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = save_errors_.find(request);
+  return it == save_errors_.end() ? Status::Ok() : it->second;
+}
+
+Status Connector::Client::TakeSaveError(const std::string& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = save_errors_.find(request);
+  if (it == save_errors_.end()) return Status::Ok();
+  Status error = std::move(it->second);
+  save_errors_.erase(it);
+  std::erase(save_error_order_, request);
+  return error;
+}
+
 void Connector::Client::ReadLoop() {
   daemon::FrameDecoder decoder;
   char buf[64 * 1024];
@@ -157,6 +184,13 @@ void Connector::Client::Apply(proto::DaemonMessage message) {
       const Status error = daemon::FromWire(done.error());
       if (done.sent()) {
         finished_.sent.push_back(done.request_id());
+        if (!error.ok() && save_errors_.emplace(done.request_id(), error).second) {
+          save_error_order_.push_back(done.request_id());
+          if (save_error_order_.size() > kMaxSaveErrors) {
+            save_errors_.erase(save_error_order_.front());
+            save_error_order_.pop_front();
+          }
+        }
         return;
       }
       auto it = loads_.find(done.request_id());

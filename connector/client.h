@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,14 @@ class Connector::Client {
   // Sends `message` (and `pass_fd` with it when >= 0) and waits for the reply: the reply's
   // error as a Status, kTimeout, or kUnavailable when kvd went away.
   Result<proto::Reply> Call(proto::EngineMessage message, int pass_fd = -1);
+  // Sends `message` with seq 0: kvd sends no reply (SaveLayer only; a save it refuses comes back
+  // as RequestDone(sent) with the error, kept for SaveError). kUnavailable when kvd went away.
+  Status Send(proto::EngineMessage message);
+
+  // The error of a send of `request` that failed (a refused one-way save, or the transfer), if
+  // any; TakeSaveError forgets it.
+  Status SaveError(const std::string& request);
+  Status TakeSaveError(const std::string& request);
 
   // Records a load so that events for it are kept; before the StartLoad call goes out.
   void ExpectLoad(const std::string& request, std::vector<int64_t> blocks);
@@ -67,6 +76,11 @@ class Connector::Client {
   std::map<std::string, Load> loads_;
   Finished finished_;
   std::vector<int64_t> failed_blocks_;
+  // Failed sends by request, oldest first in save_error_order_; at most kMaxSaveErrors (an engine
+  // that never asks about a failed request does not grow them without bound).
+  static constexpr size_t kMaxSaveErrors = 4096;
+  std::map<std::string, Status> save_errors_;
+  std::deque<std::string> save_error_order_;
   std::thread reader_;
 };
 

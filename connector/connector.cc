@@ -110,6 +110,7 @@ Result<std::vector<KvCache>> Connector::RegisterKvCaches(std::span<const LayoutS
     KV_RETURN_IF_ERROR(client_->Call(std::move(m), memory.fd()).status());
     caches.push_back(KvCache{memory.data(), memory.size(), layout});
     region_layers_.push_back(static_cast<int>(layout.spec().layers));
+    region_blocks_ = i == 0 ? layout.spec().blocks : std::min(region_blocks_, layout.spec().blocks);
     memory_.push_back(std::move(memory));
   }
   return caches;
@@ -166,31 +167,51 @@ Result<std::vector<KvCache>> Connector::RegisterGpuKvCaches(std::span<const GpuK
   KV_RETURN_IF_ERROR(client_->Call(std::move(m)).status());
   layer_events_ = std::move(events);
   region_layers_.assign(out.size(), layers);
+  region_blocks_ = out.front().layout.spec().blocks;
+  for (const KvCache& cache : out) {
+    region_blocks_ = std::min(region_blocks_, cache.layout.spec().blocks);
+  }
   return out;
 }
 
 Status Connector::SaveLayer(const std::string& request, int layer,
                             std::span<const int64_t> block_ids, void* cuda_stream) {
   KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
+  if (region_layers_.empty()) return Status::InvalidArgument("register_kv_caches first");
+  if (layer < 0 || layer >= region_layers_.front()) {
+    return Status::OutOfRange("layer " + std::to_string(layer) + " out of range [0, " +
+                              std::to_string(region_layers_.front()) + ")");
+  }
+  if (block_ids.empty()) return Status::InvalidArgument("save_layer names no blocks");
+  for (int64_t id : block_ids) {
+    if (id < 0 || id >= region_blocks_) {
+      return Status::OutOfRange("block id " + std::to_string(id) + " out of range [0, " +
+                                std::to_string(region_blocks_) + ")");
+    }
+  }
+  KV_RETURN_IF_ERROR(client_->SaveError(request));
   if (layer_events_) KV_RETURN_IF_ERROR(layer_events_->Record(layer, cuda_stream));
   proto::EngineMessage m;
   auto* save = m.mutable_save_layer();
   save->set_request_id(request);
   save->set_layer(layer);
   save->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
-  return client_->Call(std::move(m)).status();
+  return client_->Send(std::move(m));
 }
 
 Result<TransferParams> Connector::RequestFinished(const std::string& request) {
   proto::EngineMessage m;
   m.mutable_request_finished()->set_request_id(request);
-  KV_ASSIGN_OR_RETURN(proto::Reply reply, client_->Call(std::move(m)));
+  auto reply = client_->Call(std::move(m));
+  // kvd answers after every save sent before: a save it refused has been heard of by now.
+  KV_RETURN_IF_ERROR(client_->TakeSaveError(request));
+  if (!reply.ok()) return reply.status();
   TransferParams params;
-  params.peer_name = reply.params().peer_name();
-  params.peer_address = reply.params().peer_address();
-  params.request_id = reply.params().request_id();
-  params.remote_block_ids.assign(reply.params().remote_block_ids().begin(),
-                                 reply.params().remote_block_ids().end());
+  params.peer_name = reply->params().peer_name();
+  params.peer_address = reply->params().peer_address();
+  params.request_id = reply->params().request_id();
+  params.remote_block_ids.assign(reply->params().remote_block_ids().begin(),
+                                 reply->params().remote_block_ids().end());
   return params;
 }
 

@@ -177,6 +177,11 @@ class Connector {
   // for that record on the device. In pull mode kvd moves every layer at once after the last
   // layer's event, so record the layers in order on one stream (as a forward pass does). Host
   // caches ignore the stream.
+  // One-way: it returns once kvd has the message, without waiting for kvd to act on it, so a
+  // forward pass never waits on kvd. What it can check here (request id, layer, block ids against
+  // the registered caches, an earlier failure of the request) it returns at once; a save kvd
+  // refuses later (other blocks than before, a request of another instance) fails the request,
+  // and RequestFinished returns that error.
   Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids,
                    void* cuda_stream = nullptr);
   Result<TransferParams> RequestFinished(const std::string& request);
@@ -237,6 +242,7 @@ class Connector {
   void ForgetOffload(const std::string& id);
 
   std::vector<int> region_layers_;  // layers of each registered cache; empty before registering
+  int64_t region_blocks_ = 0;       // the fewest blocks of any registered cache
   std::atomic<uint64_t> next_offload_ = 1;
   std::mutex offload_mu_;  // taken before the client's lock, never after it
   // Ops a live handle names, and those of them GetFinished() took as done from the client

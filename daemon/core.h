@@ -216,6 +216,9 @@ class Daemon::Core {
 
   // ---- transfers.cc ----
   Status SaveLayer(Engine& engine, const proto::SaveLayer& save);
+  // A one-way save kvd refused: fails the request if it is the engine's instance's (every rank
+  // and the destination hear it), and tells the engine with RequestDone(sent) in any case.
+  void FailSave(uint64_t engine_id, const std::string& request_id, const Status& why);
   Result<proto::TransferParams> RequestFinished(Engine& engine, const proto::RequestFinished& m);
   Status StartLoad(Engine& engine, const proto::StartLoad& load);
   Status OnWant(Peer& peer, const proto::WantRequest& want);

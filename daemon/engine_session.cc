@@ -96,9 +96,15 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
     case proto::EngineMessage::kRegisterLayerEvents:
       reply_to(HandleLayerEvents(*engine, m.register_layer_events()));
       return;
-    case proto::EngineMessage::kSaveLayer:
-      reply_to(SaveLayer(*engine, m.save_layer()));
+    case proto::EngineMessage::kSaveLayer: {
+      const Status saved = SaveLayer(*engine, m.save_layer());
+      if (m.seq() != 0) {
+        reply_to(saved);
+      } else if (!saved.ok()) {
+        FailSave(engine_id, m.save_layer().request_id(), saved);
+      }
       return;
+    }
     case proto::EngineMessage::kRequestFinished: {
       auto params = RequestFinished(*engine, m.request_finished());
       proto::Reply reply;

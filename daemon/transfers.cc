@@ -135,6 +135,21 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   return Status::Ok();
 }
 
+void Daemon::Core::FailSave(uint64_t engine_id, const std::string& request_id, const Status& why) {
+  Engine* engine = FindEngine(engine_id);
+  if (engine == nullptr) return;
+  const Status failure = why.WithContext("save_layer of " + request_id);
+  bool told = false;
+  auto it = sources_.find(request_id);
+  if (it != sources_.end() && it->second.instance == engine->instance) {
+    for (const auto& [r, rank] : it->second.ranks) told = told || rank.engine_id == engine_id;
+    FinishSource(request_id, failure, /*tell_peer=*/true);
+  }
+  if (!told) {
+    SendToEngine(engine_id, RequestDoneMessage(request_id, /*sent=*/true, failure, 0, 0));
+  }
+}
+
 Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
                                                             const proto::RequestFinished& m) {
   KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));

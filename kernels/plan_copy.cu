@@ -1,5 +1,7 @@
 // The plan copy kernel, its run-table owner and the copy-engine path. Contract: plan_copy.h.
 #include <algorithm>
+#include <deque>
+#include <memory>
 #include <vector>
 
 #include "kernels/cuda_util.cuh"
@@ -101,14 +103,39 @@ struct TableSlot {
 
 }  // namespace
 
+// Slots beyond which Copy() waits for the oldest copy instead of adding one: bounds the pinned
+// and device memory of a pipeline whose copies are held back on the device (each slot is at
+// least 64 KiB of each).
+constexpr size_t kMaxTableSlots = 256;
+
 struct PlanCopier::Impl {
   PlanCopyOptions options;
-  TableSlot slots[2];
-  int next = 0;
+  std::deque<std::unique_ptr<TableSlot>> slots;  // least recently used first
   cudaStream_t upload = nullptr;
 
   ~Impl() {
     if (upload) cudaStreamDestroy(upload);  // returns at once; the slots wait for its work
+  }
+
+  // The least recently used slot if its copy finished (or the pool is full: Reserve then waits
+  // for it), else a new one: a copy held back on the device, e.g. behind an engine's event,
+  // never makes the next Copy() wait for it.
+  Result<TableSlot*> Acquire() {
+    if (!slots.empty()) {
+      const cudaError_t state = cudaEventQuery(slots.front()->copy_done);
+      if (state != cudaSuccess && state != cudaErrorNotReady) {
+        return detail::CudaStatus(state, "table slot");
+      }
+      if (state == cudaSuccess || slots.size() >= kMaxTableSlots) {
+        slots.push_back(std::move(slots.front()));
+        slots.pop_front();
+        return slots.back().get();
+      }
+    }
+    auto slot = std::make_unique<TableSlot>();
+    KV_RETURN_IF_ERROR(slot->Init());
+    slots.push_back(std::move(slot));
+    return slots.back().get();
   }
 };
 
@@ -124,7 +151,10 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& op
   }
   KV_RETURN_IF_ERROR(detail::CudaStatus(
       cudaStreamCreateWithFlags(&impl->upload, cudaStreamNonBlocking), "upload stream"));
-  for (TableSlot& slot : impl->slots) KV_RETURN_IF_ERROR(slot.Init());
+  for (int i = 0; i < 2; ++i) {
+    impl->slots.push_back(std::make_unique<TableSlot>());
+    KV_RETURN_IF_ERROR(impl->slots.back()->Init());
+  }
   return std::unique_ptr<PlanCopier>(new PlanCopier(std::move(impl)));
 }
 
@@ -155,8 +185,8 @@ Result<PlanCopyPrefix> PlanCopier::CopyPrefix(const void* src_base, void* dst_ba
                                               std::span<const Run> runs, uint64_t max_chunks,
                                               void* stream) {
   Impl& m = *impl_;
-  TableSlot& slot = m.slots[m.next];
-  m.next ^= 1;
+  KV_ASSIGN_OR_RETURN(TableSlot * acquired, m.Acquire());
+  TableSlot& slot = *acquired;
   KV_RETURN_IF_ERROR(slot.Reserve(PlanCopyTableBytes(runs.size(), max_chunks)));
   KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix, EncodePlanCopyPrefix(runs, max_chunks, slot.staging));
   if (prefix.chunks == 0) return prefix;  // zero-length runs only

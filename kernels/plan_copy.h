@@ -78,15 +78,15 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
                       size_t num_runs, uint64_t num_chunks, const PlanCopyOptions& options,
                       void* stream);
 
-// Owns two device run tables and their pinned staging buffers, used in turn, so that a pipeline
-// of copies never waits for a table: Copy() encodes into pinned memory and uploads on a stream of
-// its own, which needs only the launch two back to be done with that table; the caller's
-// stream waits for the upload (an event, on the device) and launches. So the upload of copy i+1
-// overlaps copy i and anything else queued on the caller's stream. The host blocks only when a
-// staging buffer is still being uploaded from (two launches back), or when a table must grow
-// (rarely: then it waits for the launch that last used it). Not thread-safe: one PlanCopier per
-// thread; copies on different streams are fine. The streams must belong to the device that was
-// current at Create().
+// Owns a pool of device run tables and their pinned staging buffers, so that a pipeline of
+// copies never waits for a table: Copy() encodes into pinned memory and uploads on a stream of
+// its own; the caller's stream waits for the upload (an event, on the device) and launches. So
+// the upload of copy i+1 overlaps copy i and anything else queued on the caller's stream. A copy
+// takes the least recently used table if its launch finished, else a new one (up to 256 tables):
+// copies held back on the device (behind an engine's CUDA event) do not block the host. The host
+// blocks only when every table is in flight, or when a reused table must grow. Not thread-safe:
+// one PlanCopier per thread; copies on different streams are fine. The streams must belong to
+// the device that was current at Create().
 class PlanCopier {
  public:
   // Allocates on the current CUDA device. kUnsupported without CUDA.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "connector/pd_sim.h"
@@ -235,6 +236,30 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
   EXPECT_NE(s.message().find("8"), std::string::npos);
   EXPECT_EQ((*engine)->SaveLayer("r", 2, std::vector<int64_t>{1}).code(), Code::kOutOfRange);
+}
+
+// SaveLayer is one-way: a save only kvd can refuse (other blocks than the request's first save)
+// fails the request, and the engine hears it from RequestFinished and GetFinished.
+TEST(PdEmbeddedFailure, ASaveKvdRefusesFailsItsRequestAndRequestFinishedSaysWhy) {
+  auto d = StartDaemon("d", "");
+  ASSERT_TRUE(d);
+  auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
+  ASSERT_TRUE(engine.ok());
+  const LayoutSpec spec = TinySpec();
+  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  ASSERT_TRUE((*engine)->SaveLayer("r", 0, std::vector<int64_t>{1}).ok());
+  ASSERT_TRUE((*engine)->SaveLayer("r", 1, std::vector<int64_t>{2}).ok());  // kvd refuses it
+  auto params = (*engine)->RequestFinished("r");
+  ASSERT_FALSE(params.ok());
+  EXPECT_EQ(params.status().code(), Code::kInvalidArgument) << params.status().ToString();
+  EXPECT_NE(params.status().message().find("other blocks"), std::string::npos)
+      << params.status().ToString();
+  // Its blocks are released: the engine may reuse them.
+  const auto sent = (*engine)->GetFinished().sent;
+  EXPECT_NE(std::find(sent.begin(), sent.end(), "r"), sent.end());
+  // The failure is reported once; another request goes on normally.
+  EXPECT_TRUE((*engine)->SaveLayer("r2", 0, std::vector<int64_t>{1}).ok());
+  EXPECT_TRUE((*engine)->RequestFinished("r2").ok());
 }
 
 TEST(PdEmbeddedFailure, PeersOfDifferentModelsAreRefusedNamingWhatDiffers) {

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -38,6 +39,11 @@ using gpu::Socket;
 
 constexpr char kMagic[8] = "kvdipc1";
 constexpr size_t kHostIdBytes = 48;
+// Batches go round-robin onto this many streams, each with its own copier. On one stream every
+// batch waited for the last to drain: a 16 MiB batch (a layer of a contiguous LBNHC request)
+// took 62 us instead of the 42 us the link needs, the copies' ramp-up and drain never overlapping
+// (kvbench pd --memory cuda on the H200s).
+constexpr int kChannels = 4;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 
@@ -63,6 +69,18 @@ std::string HostId() {
     id = name;
   }
   return id.substr(0, kHostIdBytes - 1);
+}
+
+// Makes `stream` wait for `event` (none: nothing to wait for) unless its last record already
+// completed. Waiting on another process's event that had fired long before still slowed the
+// copies behind it: batches posted right after each save moved at 0.55 of those posted behind
+// long-fired events (kvbench pd --memory cuda --prewrite on the H200s).
+Status WaitUnlessFired(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return Status::Ok();
+  const cudaError_t state = cudaEventQuery(event);
+  if (state == cudaSuccess) return Status::Ok();
+  if (state != cudaErrorNotReady) return CudaStatus(state, "cudaEventQuery");
+  return CudaStatus(cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent");
 }
 
 class IpcRegistration final : public MemoryRegistration {
@@ -106,8 +124,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         host_id_(HostId()) {}
 
   Status Start(const std::string& socket_dir) {
-    KV_ASSIGN_OR_RETURN(stream_, CudaStream::Create(device_));
-    KV_ASSIGN_OR_RETURN(copier_, gpu::RunCopier::Create(device_, copy_path_));
+    for (Channel& channel : channels_) {
+      KV_ASSIGN_OR_RETURN(channel.stream, CudaStream::Create(device_));
+      KV_ASSIGN_OR_RETURN(channel.copier, gpu::RunCopier::Create(device_, copy_path_));
+    }
     static std::atomic<int> counter{0};
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
@@ -122,10 +142,11 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     stop_ = true;
     Wake();
     if (progress_.joinable()) progress_.join();
-    if (stream_.get() != nullptr) {
-      // Copies still running write into peer mappings; let them finish before failing them.
+    // Copies still running write into peer mappings; let them finish before failing them.
+    for (Channel& channel : channels_) {
+      if (channel.stream.get() == nullptr) continue;
       DeviceGuard guard(device_);
-      cudaStreamSynchronize(stream_.get());
+      cudaStreamSynchronize(channel.stream.get());
     }
     for (Pending& p : pending_) {
       if (!p.is_note) p.done(Status::Aborted("cuda_ipc transport destroyed"));
@@ -246,16 +267,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
     DeviceGuard guard(device_);
     KV_ASSIGN_OR_RETURN(CudaEvent event, CudaEvent::Create(device_));
-    if (cuda_event != nullptr) {
-      KV_RETURN_IF_ERROR(
-          CudaStatus(cudaStreamWaitEvent(stream_.get(), static_cast<cudaEvent_t>(cuda_event), 0),
-                     "cudaStreamWaitEvent"));
-    }
+    const int index = next_channel_;
+    Channel& channel = channels_[index];
+    cudaStream_t stream = channel.stream.get();
+    KV_RETURN_IF_ERROR(WaitUnlessFired(static_cast<cudaEvent_t>(cuda_event), stream));
     KV_RETURN_IF_ERROR(
-        copier_->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream_.get()));
-    KV_RETURN_IF_ERROR(event.Record(stream_.get()));
-    pending_.push_back(
-        Pending{remote->peer(), false, std::move(event), std::move(done), batch.deadline, {}});
+        channel.copier->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream));
+    KV_RETURN_IF_ERROR(event.Record(stream));
+    next_channel_ = (next_channel_ + 1) % kChannels;
+    pending_.push_back(Pending{
+        remote->peer(), false, index, std::move(event), std::move(done), batch.deadline, {}});
     Wake();  // the progress thread starts watching the batch's event now (see ProgressLoop)
     return Status::Ok();
   }
@@ -269,7 +290,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
     if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
     pending_.push_back(
-        Pending{peer, true, {}, {}, Clock::now() + connect_timeout_, std::move(message)});
+        Pending{peer, true, -1, {}, {}, Clock::now() + connect_timeout_, std::move(message)});
     Wake();
     return Status::Ok();
   }
@@ -288,6 +309,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   struct Pending {
     PeerId peer;
     bool is_note;
+    int channel;  // batches: the index into channels_ it runs on
     CudaEvent event;
     Completion done;
     Clock::time_point deadline;
@@ -418,6 +440,12 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     {
       std::lock_guard lock(mu_);
       std::set<PeerId> busy_peers;  // peers with an unfinished batch earlier in the queue
+      // A channel runs its batches in queue order: behind an unfinished one, all of its later
+      // ones are unfinished, and only deadlines need a look. Querying one event per channel and
+      // pass instead of every one keeps mu_ free for post(): with ~50 batches queued, polling
+      // them all held it 11 us a pass and made each post wait 114 us for the lock (kvbench pd
+      // --memory cuda on the H200s).
+      std::array<bool, kChannels> stalled{};
       const auto now = Clock::now();
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->is_note) {
@@ -430,8 +458,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
           it = pending_.erase(it);
           continue;
         }
-        Result<bool> done = it->event.Query();
+        Result<bool> done = stalled[it->channel] ? Result<bool>(false) : it->event.Query();
         if (done.ok() && !*done && now < it->deadline) {
+          stalled[it->channel] = true;
           busy_peers.insert(it->peer);
           ++it;
           continue;
@@ -455,8 +484,12 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   const std::chrono::milliseconds connect_timeout_;
   const std::optional<kernels::CopyPath> copy_path_;
   const std::string host_id_;
-  CudaStream stream_;
-  std::unique_ptr<gpu::RunCopier> copier_;  // guarded by mu_
+  struct Channel {
+    CudaStream stream;
+    std::unique_ptr<gpu::RunCopier> copier;
+  };
+  std::array<Channel, kChannels> channels_;  // guarded by mu_
+  int next_channel_ = 0;                     // guarded by mu_
   Listener listener_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};

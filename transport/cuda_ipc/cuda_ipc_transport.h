@@ -6,9 +6,11 @@
 // registering an engine's region) is exported under its owner's handle, so a peer opens the
 // engine's allocation directly. import_remote() opens a peer's allocation through the
 // process-wide cache of ipc_memory.h and keeps it open while any RemoteMemory of it lives. post()
-// enqueues the whole batch on the backend's stream through the kernels' chooser (one plan-copy
-// launch, or the copy engine for large runs) and returns; the progress thread learns completion
-// from a CUDA event (no host synchronisation on the caller's path).
+// enqueues the whole batch on one of the backend's streams (round-robin, so consecutive batches
+// overlap on the device) through the kernels' chooser (one plan-copy launch, or the copy engine
+// for large runs) and returns; the progress thread learns completion from a CUDA event (no host
+// synchronisation on the caller's path). Batches may complete out of order; a notification
+// still waits for every batch posted to its peer before it.
 //
 // Also implements DeviceOrdered (device_ordered.h): a batch's copies can wait on a CUDA event,
 // e.g. an engine's per-layer event opened with ImportEvent().

@@ -1,9 +1,16 @@
 #include "transport/cuda_ipc/run_copier.h"
 
+#include <algorithm>
+
 #include "transport/cuda_ipc/cuda_util.h"
 
 namespace kv::transport::gpu {
 namespace {
+
+constexpr uint64_t kEnginePieceBytes = uint64_t{2} << 20;
+// Smaller copies stay on the caller's stream: forking and joining four lanes costs the host
+// about ten CUDA calls, and a copier's owner keeps several copies in flight on streams of its own.
+constexpr uint64_t kLanesFromBytes = uint64_t{64} << 20;
 
 // Under lazy module loading (the default since CUDA 12.2) a kernel is loaded at its first
 // launch, and loading may synchronise the whole context: the first Copy() would then block the
@@ -50,30 +57,52 @@ Status RunCopier::Copy(const void* src_base, void* dst_base, std::span<const Run
   return kernels::LaunchBatchCopy(src_base, dst_base, runs, stream);
 }
 
-// Lane i takes a contiguous slice of the runs holding about 1/kEngineLanes of the bytes. The
-// events are reused by every copy: cudaStreamWaitEvent binds to the record made before it, so a
-// later copy's records do not disturb an earlier copy's waits.
+// Runs are handed to the copy engines in pieces of at most kEnginePieceBytes: one 16 MiB run (a
+// layer of a contiguous LBNHC request) given to cudaMemcpyBatchAsync whole moved at 68 GB/s over
+// NVLink between the H200s, a sixth of the link, while batches of 2 MiB runs reached 0.93 of it
+// on one stream (benchmarks/gpu.md). A copy of kLanesFromBytes or more is also split over the
+// lanes, lane i taking the i-th quarter of the bytes. The events are reused by every copy:
+// cudaStreamWaitEvent binds to the record made before it, so a later copy's records do not
+// disturb an earlier copy's waits.
 Status RunCopier::CopyOnLanes(const void* src_base, void* dst_base, std::span<const Run> runs,
                               cudaStream_t stream) {
   uint64_t total = 0;
   for (const Run& run : runs) total += run.length;
-  KV_RETURN_IF_ERROR(lanes_.fork.Record(stream));
+  const int lanes = total >= kLanesFromBytes ? kEngineLanes : 1;
   size_t at = 0;
-  uint64_t done = 0;
-  for (int lane = 0; lane < kEngineLanes && at < runs.size(); ++lane) {
-    const uint64_t share = total / kEngineLanes * (lane + 1);
-    size_t end = at;
-    while (end < runs.size() && (done < share || lane + 1 == kEngineLanes)) {
-      done += runs[end++].length;
+  uint64_t consumed = 0;  // of runs[at]
+  // Cuts the next `want` bytes of the runs into lane_runs_.
+  auto cut = [&](uint64_t want) {
+    lane_runs_.clear();
+    while (want > 0 && at < runs.size()) {
+      const Run& run = runs[at];
+      const uint64_t take = std::min({want, run.length - consumed, kEnginePieceBytes});
+      lane_runs_.push_back({run.src_offset + consumed, run.dst_offset + consumed, take});
+      want -= take;
+      consumed += take;
+      if (consumed == run.length) {
+        ++at;
+        consumed = 0;
+      }
     }
+  };
+  if (lanes == 1) {
+    cut(total);
+    return kernels::LaunchBatchCopy(src_base, dst_base, lane_runs_, stream);
+  }
+  KV_RETURN_IF_ERROR(lanes_.fork.Record(stream));
+  for (int lane = 0; lane < lanes && at < runs.size(); ++lane) {
+    const uint64_t want = lane + 1 == lanes ? total : total / lanes;
+    total -= want;
+    cut(want);
+    if (lane_runs_.empty()) break;
     cudaStream_t s = lanes_.streams[lane].get();
     KV_RETURN_IF_ERROR(
         CudaStatus(cudaStreamWaitEvent(s, lanes_.fork.get(), 0), "cudaStreamWaitEvent"));
-    KV_RETURN_IF_ERROR(kernels::LaunchBatchCopy(src_base, dst_base, runs.subspan(at, end - at), s));
+    KV_RETURN_IF_ERROR(kernels::LaunchBatchCopy(src_base, dst_base, lane_runs_, s));
     KV_RETURN_IF_ERROR(lanes_.joins[lane].Record(s));
     KV_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream, lanes_.joins[lane].get(), 0),
                                   "cudaStreamWaitEvent"));
-    at = end;
   }
   return Status::Ok();
 }

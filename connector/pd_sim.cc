@@ -128,8 +128,15 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     std::lock_guard<std::mutex> lock(mu);
     if (result.first_error.empty()) result.first_error = s.ToString();
   };
+  auto runs_sent = [&]() -> uint64_t {
+    auto status = prefill.front().connector->DaemonStatus();
+    return status.ok() ? status->runs_sent() : 0;
+  };
+  uint64_t runs_before = 0;
   double seconds = 0;
-  for (int first = 0; first < c.requests; first += c.window) {
+  for (int first = -c.warmup_waves * c.window; first < c.requests; first += c.window) {
+    const bool warmup = first < 0;
+    if (first == 0) runs_before = runs_sent();
     const int count = std::min(c.window, c.requests - first);
     std::vector<std::string> ids(count);
     std::vector<uint64_t> seeds(count);
@@ -137,7 +144,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     const auto src_blocks = WaveBlocks(c, wave, count, np, true);
     const auto dst_blocks = WaveBlocks(c, wave, count, nd, false);
     for (int j = 0; j < count; ++j) {
-      ids[j] = "req-" + std::to_string(first + j);
+      ids[j] = warmup ? "warmup-" + std::to_string(first + j + c.warmup_waves * c.window)
+                      : "req-" + std::to_string(first + j);
       seeds[j] = pattern::Seed(ids[j]);
     }
     std::vector<std::atomic<bool>> failed(count);
@@ -263,6 +271,12 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       wave_end = wave_start;
       for (const auto& t : done_at) wave_end = std::max(wave_end, t);
     }
+    if (warmup) {
+      for (int j = 0; j < count; ++j) {
+        if (failed[j]) return Status::Aborted("warm-up wave failed: " + result.first_error);
+      }
+      continue;
+    }
     seconds += std::chrono::duration<double>(wave_end - wave_start).count();
     for (int j = 0; j < count; ++j) {
       ++result.requests;
@@ -279,6 +293,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     if (progress) progress(result.requests, c.requests);
   }
   result.seconds = seconds;
+  result.runs = runs_sent() - runs_before;
   for (const Engine& e : decode) {
     KV_ASSIGN_OR_RETURN(uint64_t written, memory->GuardBytes(e.rank, c.window * nd));
     result.guard_bytes_written += written;

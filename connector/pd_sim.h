@@ -51,6 +51,10 @@ struct PdConfig {
   // the figures time kvd alone, as behind an engine whose forward pass outruns the link. Off:
   // writing and verifying K/V (the simulated forward passes) are on the clock, layer by layer.
   bool prewrite = false;
+  // Waves of `window` requests run first and verified like the rest, but left out of every
+  // figure: the first wave pays what a serving kvd pays once per peer (the peer session, opening
+  // the peer's memory: ~12 ms of a 10 ms wave on the H200s).
+  int warmup_waves = 0;
   // The forward pass of one layer on the prefill ranks, before they write it (0: none).
   std::chrono::microseconds layer_time{0};
   std::chrono::milliseconds timeout{20000};
@@ -69,6 +73,7 @@ struct PdResult {
   // after the prefill.
   std::vector<double> stream_ms;
   uint64_t guard_bytes_written = 0;  // non-zero bytes found in decode guard blocks
+  uint64_t runs = 0;  // byte runs the prefill kvd posted for the counted waves (its runs_sent)
   std::string first_error;
 };
 

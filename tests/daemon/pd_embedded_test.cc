@@ -184,6 +184,23 @@ TEST(PdEmbeddedBlockIds, RandomIdsMoveEveryByteInMoreRunsThanContiguous) {
   EXPECT_LE(random, 4.0 * Small().layers);
 }
 
+// Warm-up waves move and verify their requests like the others but stay out of the figures.
+TEST(PdEmbeddedWarmup, WarmupWavesMoveBytesButAreNotCounted) {
+  auto prefill = StartDaemon("prefill-node", "");
+  auto decode = StartDaemon("decode-node", "");
+  ASSERT_TRUE(prefill && decode);
+  PdConfig c = Small();
+  c.warmup_waves = 2;
+  auto r = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ExpectAllVerified(r, c);
+  EXPECT_EQ(r->latency_ms.size(), static_cast<size_t>(c.requests));
+  EXPECT_EQ(r->runs, static_cast<uint64_t>(c.requests * c.layers));  // one run per layer
+  EXPECT_EQ(prefill->Snapshot().transfers_done(),
+            static_cast<uint64_t>(c.requests + c.warmup_waves * c.window));
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, PdEmbedded, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.name; });
 

@@ -180,6 +180,10 @@ int PdMain(int argc, char** argv) {
        "back to back; the clock stops when the last layer is in place, decode engines verify "
        "after it: times kvd alone (default: writing and verifying K/V are on the clock)",
        true},
+      {"warmup-waves",
+       "waves of --window requests moved and verified first but left out of the figures: the "
+       "first wave pays the peer session and the opening of the peer's memory, once per peer "
+       "(default 1 with --prewrite, else 0)"},
       {"layer-us",
        "the forward pass of one layer on the prefill side before it is written, in "
        "microseconds (default 0)"},
@@ -257,6 +261,9 @@ int PdMain(int argc, char** argv) {
   c.decode_order = flags.str("decode-order", "LBNHC");
   c.mla = flags.has("mla");
   c.prewrite = flags.has("prewrite");
+  if (Status s = integer("warmup-waves", c.prewrite ? 1 : 0, 0, 64, &c.warmup_waves); !s.ok()) {
+    return Fail(s.message());
+  }
   c.layer_time = std::chrono::microseconds(layer_us);
   const std::string block_ids = flags.str("block-ids", "contiguous");
   if (block_ids != "contiguous" && block_ids != "random") {
@@ -363,9 +370,9 @@ int PdMain(int argc, char** argv) {
   if (!result.ok()) return Fail(result.status().ToString());
 
   auto status = connector::QueryDaemonStatus(prefill_socket, std::chrono::milliseconds(5000));
-  const uint64_t runs = status.ok() ? status->runs_sent() : 0;
   transport = status.ok() ? status->transport() : transport;
   const connector::PdResult& r = *result;
+  const uint64_t runs = r.runs;
   const double gbps = r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0;
   const double runs_per_request = r.requests > 0 ? static_cast<double>(runs) / r.requests : 0;
   const double p50 = Percentile(r.latency_ms, 0.5), p99 = Percentile(r.latency_ms, 0.99);

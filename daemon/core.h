@@ -37,6 +37,7 @@
 #include "daemon/offload_service.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
+#include "layout/plan.h"
 #include "transport/cuda_ipc/ipc_memory.h"
 #include "transport/cuda_ipc/layer_events.h"
 
@@ -131,6 +132,28 @@ struct SourceRequest {
     }
     return true;
   }
+};
+
+// Batches SendLayers planned during one pass of the io loop, merged where they share the
+// source region, the destination region and the engine event they wait on (send_queue.cc): the
+// saves an engine sends back to back, one per request of a batched forward pass, become one
+// post, not one per request and layer (each post costs the transport several CUDA calls).
+struct SendGroup {
+  uint64_t engine_id = 0;
+  std::shared_ptr<Region> source;
+  std::shared_ptr<transport::RemoteMemory> remote;
+  int layer = 0;  // of the engine event a GPU source's copies wait on
+  std::vector<Run> runs;
+  std::vector<std::pair<std::string, uint64_t>> parts;  // request id, its bytes in `runs`
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+// A LayerNotice waiting for the posts queued before it.
+struct QueuedNotice {
+  transport::PeerId peer = 0;
+  std::string request_id;
+  int layer = 0;
+  std::string message;
 };
 
 struct LoadRank {
@@ -232,6 +255,18 @@ class Daemon::Core {
   // a head, then announces each layer to the destination.
   Status SendLayers(SourceRequest& request, int begin, int end);
   void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
+
+  // ---- send_queue.cc ----
+  // Queue a planned batch of `request_id` (merged into a group it shares everything with) and a
+  // notice for after it; the first queued item schedules FlushSends on the io loop.
+  void QueueSend(const Engine& engine, std::shared_ptr<Region> source,
+                 std::shared_ptr<transport::RemoteMemory> remote, int layer,
+                 const std::string& request_id, Clock::time_point deadline, Plan plan);
+  void QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
+                   std::string message);
+  // Posts every queued group, then hands the transport every queued notice of a request still
+  // alive: a request whose post failed has ended with that error, and its notices are dropped.
+  void FlushSends();
   void RequestLoad(DestRequest& request);
   // request_id by value: callers pass the id held by the request these functions erase.
   void FinishSource(std::string request_id, const Status& status, bool tell_peer);
@@ -268,6 +303,9 @@ class Daemon::Core {
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
   std::vector<Retired> retired_;
+  std::vector<SendGroup> send_groups_;
+  std::vector<QueuedNotice> send_notices_;
+  bool flush_scheduled_ = false;
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
   std::unique_ptr<OffloadService> offload_;
 
@@ -287,6 +325,11 @@ inline constexpr int kMaxRegionsPerEngine = 64;
 // hold it, and that it agrees with the engine's earlier regions (layer count, memory kind).
 Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wire_layout,
                                    uint64_t bytes, MemoryKind kind);
+
+// The per-layer timeline at debug level: "trace <us> <event> <request> <layer> <bytes>" on the
+// steady clock, which every process on the host shares, so two kvds' lines merge into one
+// timeline (tools/pd_timeline.py reads them).
+void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes = 0);
 
 // An engine's or a peer's request id (transfers and offload ops): 1 to kMaxRequestIdBytes bytes.
 Status CheckRequestId(const std::string& id);

@@ -40,17 +40,6 @@ Status CheckBlocks(const Ids& ids, const std::vector<const KvRegion*>& regions, 
   return Status::Ok();
 }
 
-// The per-layer timeline at debug level: "trace <us> <event> <request> <layer> <bytes>" on the
-// steady clock, which every process on the host shares, so two kvds' lines merge into one
-// timeline (tools/pd_timeline.py reads them).
-void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes = 0) {
-  if (!spdlog::should_log(spdlog::level::debug)) return;
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
-          .count();
-  spdlog::debug("trace {} {} {} {} {}", us, event, request, layer, bytes);
-}
-
 std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
   std::vector<const KvRegion*> out;
   for (const auto& r : engine.regions) out.push_back(&r->layout);
@@ -66,6 +55,14 @@ bool SharesHead(const KvRegion& src, const KvRegion& dst) {
 }
 
 }  // namespace
+
+void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes) {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+          .count();
+  spdlog::debug("trace {} {} {} {} {}", us, event, request, layer, bytes);
+}
 
 Status CheckRequestId(const std::string& id) {
   if (id.empty() || id.size() > kMaxRequestIdBytes) {
@@ -322,25 +319,13 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
         spec.layer_end = end;
         KV_ASSIGN_OR_RETURN(Plan plan, PlanTransfer(src->layout, dst.layouts[i], spec));
         if (plan.runs.empty()) continue;
-        transport::Batch batch;
-        batch.op = transport::Op::kPut;
-        batch.local = src->registration.get();
-        batch.remote = dst.remotes[i].get();
-        batch.runs = plan.runs;
-        batch.deadline = request.deadline;
-        const uint64_t bytes = plan.bytes;
         // GPU sources wait on the device for the engine's event of the range's last layer (a
         // pull range: the engine records its layers in order on one stream).
-        KV_RETURN_IF_ERROR(PostFromEngine(
-            *engine, end - 1, batch,
-            [this, id = request.id, src, remote = dst.remotes[i], bytes, begin](Status s) {
-              Trace("flushed", id, begin);
-              boost::asio::post(io_, [this, id, s, bytes] { OnBatchDone(id, s, bytes); });
-            }));
-        Trace("post", request.id, begin, bytes);
-        ++request.batches_in_flight;
         range_bytes += plan.bytes;
         range_runs += plan.runs.size();
+        ++request.batches_in_flight;
+        QueueSend(*engine, src, dst.remotes[i], end - 1, request.id, request.deadline,
+                  std::move(plan));
       }
     }
   }
@@ -358,8 +343,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
       notice.set_bytes(range_bytes);
       notice.set_runs(range_runs);
     }
-    KV_RETURN_IF_ERROR(transport_->notify(peer->transport_peer, notice.SerializeAsString()));
-    Trace("notify", request.id, layer);
+    QueueNotice(peer->transport_peer, request.id, layer, notice.SerializeAsString());
   }
   return Status::Ok();
 }

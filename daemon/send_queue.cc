@@ -1,0 +1,92 @@
+// Daemon::Core's send queue (core.h, SendGroup): batches planned during one pass of the io loop
+// are merged by source region, destination region and engine event, and posted together.
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+
+#include "daemon/core.h"
+
+namespace kv::daemon {
+
+void Daemon::Core::QueueSend(const Engine& engine, std::shared_ptr<Region> source,
+                             std::shared_ptr<transport::RemoteMemory> remote, int layer,
+                             const std::string& request_id, Clock::time_point deadline, Plan plan) {
+  SendGroup* group = nullptr;
+  for (SendGroup& g : send_groups_) {
+    if (g.engine_id == engine.id && g.source == source && g.remote == remote && g.layer == layer) {
+      group = &g;
+      break;
+    }
+  }
+  if (group == nullptr) {
+    group = &send_groups_.emplace_back();
+    group->engine_id = engine.id;
+    group->source = std::move(source);
+    group->remote = std::move(remote);
+    group->layer = layer;
+  }
+  group->runs.insert(group->runs.end(), plan.runs.begin(), plan.runs.end());
+  group->parts.emplace_back(request_id, plan.bytes);
+  group->deadline = std::min(group->deadline, deadline);
+  if (!flush_scheduled_) {
+    flush_scheduled_ = true;
+    boost::asio::post(io_, [this] { FlushSends(); });
+  }
+}
+
+void Daemon::Core::QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
+                               std::string message) {
+  send_notices_.push_back(QueuedNotice{peer, request_id, layer, std::move(message)});
+  if (!flush_scheduled_) {
+    flush_scheduled_ = true;
+    boost::asio::post(io_, [this] { FlushSends(); });
+  }
+}
+
+void Daemon::Core::FlushSends() {
+  flush_scheduled_ = false;
+  std::vector<SendGroup> groups = std::move(send_groups_);
+  std::vector<QueuedNotice> notices = std::move(send_notices_);
+  send_groups_.clear();
+  send_notices_.clear();
+  for (SendGroup& group : groups) {
+    Engine* engine = FindEngine(group.engine_id);
+    Status posted = engine == nullptr ? Status::Aborted("the prefill engine left") : Status::Ok();
+    if (posted.ok()) {
+      transport::Batch batch;
+      batch.op = transport::Op::kPut;
+      batch.local = group.source->registration.get();
+      batch.remote = group.remote.get();
+      batch.runs = group.runs;
+      batch.deadline = group.deadline;
+      posted = PostFromEngine(*engine, group.layer, batch,
+                              [this, parts = group.parts, source = group.source,
+                               remote = group.remote, layer = group.layer](Status s) {
+                                for (const auto& [id, bytes] : parts) Trace("flushed", id, layer);
+                                boost::asio::post(io_, [this, parts, s] {
+                                  for (const auto& [id, bytes] : parts) OnBatchDone(id, s, bytes);
+                                });
+                              });
+    }
+    for (const auto& [id, bytes] : group.parts) {
+      if (posted.ok()) {
+        Trace("post", id, group.layer, bytes);
+      } else {
+        FinishSource(id,
+                     posted.WithContext("request " + id + " layer " + std::to_string(group.layer)),
+                     /*tell_peer=*/true);
+      }
+    }
+  }
+  for (QueuedNotice& notice : notices) {
+    if (!sources_.count(notice.request_id)) continue;  // failed above, or ended meanwhile
+    Status s = transport_->notify(notice.peer, std::move(notice.message));
+    if (!s.ok()) {
+      FinishSource(notice.request_id, s.WithContext("request " + notice.request_id), true);
+      continue;
+    }
+    Trace("notify", notice.request_id, notice.layer);
+  }
+}
+
+}  // namespace kv::daemon

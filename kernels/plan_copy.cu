@@ -81,17 +81,21 @@ struct TableSlot {
         detail::CudaStatus(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming), "event"));
     KV_RETURN_IF_ERROR(
         detail::CudaStatus(cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming), "event"));
-    return Reserve(64 << 10);
+    std::vector<std::pair<void*, void*>> none;
+    return Reserve(64 << 10, none);
   }
 
-  // Makes the slot hold `bytes` and its staging buffer writable.
-  Status Reserve(uint64_t bytes) {
+  // Makes the slot hold `bytes` and its staging buffer writable. Outgrown buffers go to
+  // `outgrown`, freed with the copier: cudaFree waits for the whole device, every copy queued
+  // behind an engine's event included (the slot's own last copy is done by then).
+  Status Reserve(uint64_t bytes, std::vector<std::pair<void*, void*>>& outgrown) {
     if (bytes <= capacity) {
       return detail::CudaStatus(cudaEventSynchronize(uploaded), "wait for table upload");
     }
     KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventSynchronize(copy_done), "wait for copy"));
-    if (device_table) cudaFree(std::exchange(device_table, nullptr));
-    if (staging) cudaFreeHost(std::exchange(staging, nullptr));
+    if (device_table || staging) {
+      outgrown.emplace_back(std::exchange(device_table, nullptr), std::exchange(staging, nullptr));
+    }
     capacity = 0;
     const uint64_t want = std::max<uint64_t>(bytes * 2, 64 << 10);
     KV_RETURN_IF_ERROR(detail::CudaStatus(cudaMalloc(&device_table, want), "run table"));
@@ -113,8 +117,15 @@ struct PlanCopier::Impl {
   std::deque<std::unique_ptr<TableSlot>> slots;  // least recently used first
   cudaStream_t upload = nullptr;
 
+  std::vector<std::pair<void*, void*>> outgrown;  // device table, pinned staging
+
   ~Impl() {
     if (upload) cudaStreamDestroy(upload);  // returns at once; the slots wait for its work
+    slots.clear();  // waits for every slot's last copy: nothing reads the outgrown tables now
+    for (auto [table, staging] : outgrown) {
+      cudaFree(table);
+      cudaFreeHost(staging);
+    }
   }
 
   // The least recently used slot if its copy finished (or the pool is full: Reserve then waits
@@ -187,7 +198,7 @@ Result<PlanCopyPrefix> PlanCopier::CopyPrefix(const void* src_base, void* dst_ba
   Impl& m = *impl_;
   KV_ASSIGN_OR_RETURN(TableSlot * acquired, m.Acquire());
   TableSlot& slot = *acquired;
-  KV_RETURN_IF_ERROR(slot.Reserve(PlanCopyTableBytes(runs.size(), max_chunks)));
+  KV_RETURN_IF_ERROR(slot.Reserve(PlanCopyTableBytes(runs.size(), max_chunks), m.outgrown));
   KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix, EncodePlanCopyPrefix(runs, max_chunks, slot.staging));
   if (prefix.chunks == 0) return prefix;  // zero-length runs only
   const uint64_t bytes = PlanCopyTableBytes(prefix.runs, prefix.chunks);

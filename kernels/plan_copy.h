@@ -84,7 +84,8 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
 // the upload of copy i+1 overlaps copy i and anything else queued on the caller's stream. A copy
 // takes the least recently used table if its launch finished, else a new one (up to 256 tables):
 // copies held back on the device (behind an engine's CUDA event) do not block the host. The host
-// blocks only when every table is in flight, or when a reused table must grow. Not thread-safe:
+// blocks only when every table is in flight, or when a reused table must grow (its outgrown
+// buffers are freed with the copier: cudaFree would wait for the whole device). Not thread-safe:
 // one PlanCopier per thread; copies on different streams are fine. The streams must belong to
 // the device that was current at Create().
 class PlanCopier {

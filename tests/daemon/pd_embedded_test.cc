@@ -104,6 +104,15 @@ LayoutSpec TinySpec() {
   return spec;
 }
 
+// A prefill engine on `d` with the tiny cache registered.
+Result<std::unique_ptr<Connector>> OpenTinyPrefill(const std::shared_ptr<daemon::Daemon>& d) {
+  auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
+  if (!engine.ok()) return engine.status();
+  const LayoutSpec spec = TinySpec();
+  KV_RETURN_IF_ERROR((*engine)->RegisterKvCaches({&spec, 1}).status());
+  return engine;
+}
+
 void ExpectAllVerified(const Result<connector::PdResult>& r, const PdConfig& c) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->requests, c.requests);
@@ -244,10 +253,8 @@ TEST(PdEmbeddedFailure, LoadFromAnAddressWithNoKvdFailsInBoundedTime) {
 TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
   auto d = StartDaemon("d", "");
   ASSERT_TRUE(d);
-  auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
-  ASSERT_TRUE(engine.ok());
-  const LayoutSpec spec = TinySpec();
-  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  auto engine = OpenTinyPrefill(d);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   const std::vector<int64_t> bad = {7, 8};
   Status s = (*engine)->SaveLayer("r", 0, bad);
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.ToString();
@@ -260,10 +267,8 @@ TEST(PdEmbeddedFailure, OutOfRangeBlocksAreRefusedBeforeAnythingMoves) {
 TEST(PdEmbeddedFailure, ASaveKvdRefusesFailsItsRequestAndRequestFinishedSaysWhy) {
   auto d = StartDaemon("d", "");
   ASSERT_TRUE(d);
-  auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
-  ASSERT_TRUE(engine.ok());
-  const LayoutSpec spec = TinySpec();
-  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  auto engine = OpenTinyPrefill(d);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   ASSERT_TRUE((*engine)->SaveLayer("r", 0, std::vector<int64_t>{1}).ok());
   ASSERT_TRUE((*engine)->SaveLayer("r", 1, std::vector<int64_t>{2}).ok());  // kvd refuses it
   auto params = (*engine)->RequestFinished("r");

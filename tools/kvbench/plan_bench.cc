@@ -30,14 +30,17 @@ struct Case {
   int64_t src_block_size = 16, dst_block_size = 16;
   bool scattered = true;  // block ids drawn at random, as a long-running engine's are
   int64_t layer = -1;     // plan one layer only (the per-layer push), or every layer
+  int dst_tp = 1;         // the destination is rank 0 of this many (the source has TP 1)
 };
 
-KvRegion Region(const std::string& order, int64_t block_size) {
+KvRegion Region(const std::string& order, int64_t block_size, int tp = 1) {
   LayoutSpec s;
   s.order = order;
   s.layers = kLayers;
   s.blocks = kBlocks;
-  s.heads = kHeads;
+  s.heads = kHeads / tp;
+  s.total_heads = kHeads;
+  s.tp_size = tp;
   s.block_size = block_size;
   s.content_bytes = kContent;
   return KvRegion::Create(s).value();
@@ -69,7 +72,7 @@ double CeilingSeconds(const std::vector<Run>& runs) {
 
 void PlanCase(benchmark::State& state, const Case& c) {
   const KvRegion src = Region(c.src_order, c.src_block_size);
-  const KvRegion dst = Region(c.dst_order, c.dst_block_size);
+  const KvRegion dst = Region(c.dst_order, c.dst_block_size, c.dst_tp);
   const auto src_blocks = Blocks(kTokens / c.src_block_size, c.scattered, 1);
   const auto dst_blocks = Blocks(kTokens / c.dst_block_size, c.scattered, 2);
   TransferSpec spec{src_blocks, dst_blocks, kTokens};
@@ -108,6 +111,9 @@ const std::vector<Case>& Cases() {
       {"LBNHC/one_layer", "LBNHC", "LBNHC", 16, 16, true, 40},
       {"BLHNC/one_layer", "BLHNC", "BLHNC", 16, 16, true, 40},
       {"LBNHC_16_to_32/scattered", "LBNHC", "LBNHC", 16, 32},
+      // What kvd plans per decode rank when one prefill rank feeds two (TP 1 -> 2): a layer's
+      // page splits at every token into the rank's heads.
+      {"LBNHC_tp1_to_tp2/one_layer", "LBNHC", "LBNHC", 16, 16, true, 40, 2},
   };
   return cases;
 }

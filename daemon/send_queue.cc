@@ -59,14 +59,17 @@ void Daemon::Core::FlushSends() {
       batch.remote = group.remote.get();
       batch.runs = group.runs;
       batch.deadline = group.deadline;
-      posted = PostFromEngine(*engine, group.layer, batch,
-                              [this, parts = group.parts, source = group.source,
-                               remote = group.remote, layer = group.layer](Status s) {
-                                for (const auto& [id, bytes] : parts) Trace("flushed", id, layer);
-                                boost::asio::post(io_, [this, parts, s] {
-                                  for (const auto& [id, bytes] : parts) OnBatchDone(id, s, bytes);
-                                });
-                              });
+      // The engine's layer events stay open until the batch completes, even if the engine
+      // leaves: a backend may watch the event from the host (device_ordered.h).
+      posted =
+          PostFromEngine(*engine, group.layer, batch,
+                         [this, parts = group.parts, source = group.source, remote = group.remote,
+                          events = engine->layer_events, layer = group.layer](Status s) {
+                           for (const auto& [id, bytes] : parts) Trace("flushed", id, layer);
+                           boost::asio::post(io_, [this, parts, s] {
+                             for (const auto& [id, bytes] : parts) OnBatchDone(id, s, bytes);
+                           });
+                         });
     }
     for (const auto& [id, bytes] : group.parts) {
       if (posted.ok()) {

@@ -72,9 +72,9 @@ std::string HostId() {
 }
 
 // Makes `stream` wait for `event` (none: nothing to wait for) unless its last record already
-// completed. Waiting on another process's event that had fired long before still slowed the
-// copies behind it: batches posted right after each save moved at 0.55 of those posted behind
-// long-fired events (kvbench pd --memory cuda --prewrite on the H200s).
+// completed: a device-side wait on another process's event is not free (the nccl backend saw
+// the engine's records run once per ~15 ms behind one, benchmarks/pd_gpu.md), and with
+// --prewrite every engine event has fired by the time kvd posts.
 Status WaitUnlessFired(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return Status::Ok();
   const cudaError_t state = cudaEventQuery(event);

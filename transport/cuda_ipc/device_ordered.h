@@ -5,7 +5,10 @@
 //
 // Callers discover it at run time: dynamic_cast<DeviceOrdered*>(transport). The event's most
 // recent record at the time of the call is what the batch waits for (CUDA's cudaStreamWaitEvent
-// semantics); the event may be recorded again or destroyed once the call returns.
+// semantics); the event may be recorded again once the call returns, but must stay valid until
+// the batch's completion ran: a backend may watch it from the host instead of waiting on the
+// device (a device-side wait on another process's event can make that process's records run
+// once per ~15 ms: benchmarks/pd_gpu.md).
 // Thread-safe like Transport::post().
 #pragma once
 

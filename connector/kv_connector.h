@@ -72,6 +72,9 @@ int kv_register_kv_caches(kv_connector* c, const kv_layout* layouts, size_t coun
 int kv_register_gpu_kv_caches(kv_connector* c, const kv_layout* layouts, void* const* bases,
                               int device, size_t count, kv_error* err);
 
+/* One-way: returns once kvd has the message. Errors it can see at once (request id, layer,
+ * block ids against the registered caches, an earlier failure of the request) it returns; a
+ * save kvd refuses later fails the request, and kv_request_finished returns that error. */
 int kv_save_layer(kv_connector* c, const char* request, int layer, const int64_t* block_ids,
                   size_t count, kv_error* err);
 /* kv_save_layer for GPU caches: first records the layer's event on cuda_stream (a cudaStream_t;

@@ -68,8 +68,8 @@ Status ResolveTensorParallel(LayoutSpec& spec) {
   // heads comes from a peer or a file: the product is checked so that it cannot wrap.
   int64_t all_ranks = 0;
   if (__builtin_mul_overflow(spec.heads, int64_t{spec.tp_size}, &all_ranks))
-    return Status::InvalidArgument("heads " + heads + " x tp_size " +
-                                   std::to_string(spec.tp_size) + " overflows");
+    return Status::InvalidArgument("heads " + heads + " x tp_size " + std::to_string(spec.tp_size) +
+                                   " overflows");
   if (spec.total_heads == 0) spec.total_heads = all_ranks;
   const std::string total = std::to_string(spec.total_heads);
   const std::string tp = std::to_string(spec.tp_size);

@@ -4,19 +4,32 @@ namespace kv {
 
 std::string_view CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: return "invalid_argument";
-    case Code::kOutOfRange: return "out_of_range";
-    case Code::kIncompatible: return "incompatible";
-    case Code::kNotFound: return "not_found";
-    case Code::kAlreadyExists: return "already_exists";
-    case Code::kResourceExhausted: return "resource_exhausted";
-    case Code::kTimeout: return "timeout";
-    case Code::kUnavailable: return "unavailable";
-    case Code::kAborted: return "aborted";
-    case Code::kUnsupported: return "unsupported";
-    case Code::kIoError: return "io_error";
-    case Code::kInternal: return "internal";
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      return "invalid_argument";
+    case Code::kOutOfRange:
+      return "out_of_range";
+    case Code::kIncompatible:
+      return "incompatible";
+    case Code::kNotFound:
+      return "not_found";
+    case Code::kAlreadyExists:
+      return "already_exists";
+    case Code::kResourceExhausted:
+      return "resource_exhausted";
+    case Code::kTimeout:
+      return "timeout";
+    case Code::kUnavailable:
+      return "unavailable";
+    case Code::kAborted:
+      return "aborted";
+    case Code::kUnsupported:
+      return "unsupported";
+    case Code::kIoError:
+      return "io_error";
+    case Code::kInternal:
+      return "internal";
   }
   return "unknown";
 }

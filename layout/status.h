@@ -15,18 +15,18 @@ namespace kv {
 
 enum class Code {
   kOk = 0,
-  kInvalidArgument,   // the caller passed something malformed or out of range
-  kOutOfRange,        // an index or byte range lies outside what was registered
-  kIncompatible,      // two descriptions (layouts, versions, peers) cannot work together
-  kNotFound,          // an id, key or peer is unknown
-  kAlreadyExists,     // registering something twice
-  kResourceExhausted, // a pool, queue or size limit is full
-  kTimeout,           // a deadline passed
-  kUnavailable,       // a peer or device is gone or not reachable
-  kAborted,           // cancelled because something it depended on failed
-  kUnsupported,       // valid request this build or backend cannot serve
-  kIoError,           // a system call failed
-  kInternal,          // a bug: an invariant did not hold
+  kInvalidArgument,    // the caller passed something malformed or out of range
+  kOutOfRange,         // an index or byte range lies outside what was registered
+  kIncompatible,       // two descriptions (layouts, versions, peers) cannot work together
+  kNotFound,           // an id, key or peer is unknown
+  kAlreadyExists,      // registering something twice
+  kResourceExhausted,  // a pool, queue or size limit is full
+  kTimeout,            // a deadline passed
+  kUnavailable,        // a peer or device is gone or not reachable
+  kAborted,            // cancelled because something it depended on failed
+  kUnsupported,        // valid request this build or backend cannot serve
+  kIoError,            // a system call failed
+  kInternal,           // a bug: an invariant did not hold
 };
 
 std::string_view CodeName(Code code);
@@ -42,7 +42,9 @@ class [[nodiscard]] Status {
   static Status Incompatible(std::string m) { return {Code::kIncompatible, std::move(m)}; }
   static Status NotFound(std::string m) { return {Code::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {Code::kAlreadyExists, std::move(m)}; }
-  static Status ResourceExhausted(std::string m) { return {Code::kResourceExhausted, std::move(m)}; }
+  static Status ResourceExhausted(std::string m) {
+    return {Code::kResourceExhausted, std::move(m)};
+  }
   static Status Timeout(std::string m) { return {Code::kTimeout, std::move(m)}; }
   static Status Unavailable(std::string m) { return {Code::kUnavailable, std::move(m)}; }
   static Status Aborted(std::string m) { return {Code::kAborted, std::move(m)}; }
@@ -67,7 +69,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     assert(!std::get<Status>(v_).ok() && "Result built from an OK Status has no value");
   }
@@ -91,9 +93,9 @@ class [[nodiscard]] Result {
 }  // namespace kv
 
 // Returns early from the enclosing function when `expr` (a Status) is not OK.
-#define KV_RETURN_IF_ERROR(expr)           \
-  do {                                     \
-    ::kv::Status kv_status_ = (expr);      \
+#define KV_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::kv::Status kv_status_ = (expr);        \
     if (!kv_status_.ok()) return kv_status_; \
   } while (0)
 

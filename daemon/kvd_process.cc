@@ -53,10 +53,12 @@ Result<std::unique_ptr<KvdProcess>> KvdProcess::Start(const Options& options) {
   std::unique_ptr<KvdProcess> child(new KvdProcess(pid, out[0]));
   child->socket_path_ = options.socket_path;
 
-  // Read the ready line: "kvd NAME ready listen=HOST:PORT socket=... transport=...".
-  std::string line;
+  // Read up to the ready line, "kvd NAME ready listen=HOST:PORT socket=... transport=...": log
+  // lines may come before it.
+  std::string text;
+  size_t ready_at = std::string::npos;
   const auto deadline = Clock::now() + options.ready_timeout;
-  while (line.find('\n') == std::string::npos) {
+  while (ready_at == std::string::npos || text.find('\n', ready_at) == std::string::npos) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
@@ -74,13 +76,32 @@ Result<std::unique_ptr<KvdProcess>> KvdProcess::Start(const Options& options) {
                                             : ": " + code.status().message()) +
                                  "; its stderr says why");
     }
-    line.append(buf, static_cast<size_t>(n));
-    if (line.size() > 4096) return Status::Internal("kvd printed no ready line");
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (1 << 20)) return Status::Internal("kvd printed no ready line");
+    const size_t found = text.find("kvd " + options.name + " ready listen=");
+    if (found != std::string::npos && (found == 0 || text[found - 1] == '\n')) ready_at = found;
   }
+  const size_t line_end = text.find('\n', ready_at);
+  const std::string line = text.substr(ready_at, line_end - ready_at);
   const size_t at = line.find("listen=");
-  if (at == std::string::npos) return Status::Internal("kvd ready line lacks listen=: " + line);
-  const size_t end = line.find_first_of(" \n", at);
-  child->listen_address_ = line.substr(at + 7, end - at - 7);
+  const size_t end = line.find(' ', at);
+  child->listen_address_ = line.substr(at + 7, end == std::string::npos ? end : end - at - 7);
+  const bool forward = options.forward_output;
+  if (forward) {
+    const std::string rest = text.substr(0, ready_at) + text.substr(line_end + 1);
+    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, rest.data(), rest.size());
+  }
+  child->drain_ = std::thread([fd = child->out_fd_, forward] {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // kvd exited: the pipe has no writer left
+      if (forward) {
+        [[maybe_unused]] ssize_t w = write(STDERR_FILENO, buf, static_cast<size_t>(n));
+      }
+    }
+  });
   return child;
 }
 
@@ -123,6 +144,7 @@ void KvdProcess::Kill() {
 
 KvdProcess::~KvdProcess() {
   Kill();
+  if (drain_.joinable()) drain_.join();  // the child is reaped: its end of the pipe is closed
   close(out_fd_);
 }
 

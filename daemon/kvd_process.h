@@ -1,7 +1,8 @@
 // KvdProcess: a `kvd` executable run as a child process, for `kvbench pd` and multi-process
 // tests. Start() waits (bounded) for kvd's ready line to learn its TCP address; the destructor
 // kills and reaps a child still running, and the child gets SIGKILL if this process dies, so no
-// path leaves an orphan daemon behind.
+// path leaves an orphan daemon behind. kvd's output after the ready line is drained by a thread
+// of this object (see Options::forward_output).
 //
 // Not thread-safe. Safe to start from a process with threads: the child only execs.
 #pragma once
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "layout/status.h"
@@ -26,6 +28,10 @@ class KvdProcess {
     std::string transport = "auto";
     std::vector<std::string> extra_args;  // e.g. {"--lease-ms", "5000"}
     std::chrono::milliseconds ready_timeout{15000};
+    // kvd logs to its stdout. After the ready line a thread keeps reading it, so that kvd never
+    // blocks on a full pipe (a long failure run logs more than a pipe holds), and copies it to
+    // this process's stderr when set; otherwise it is dropped.
+    bool forward_output = false;
   };
 
   static Result<std::unique_ptr<KvdProcess>> Start(const Options& options);
@@ -50,6 +56,7 @@ class KvdProcess {
 
   pid_t pid_;
   int out_fd_;
+  std::thread drain_;  // reads out_fd_ until kvd exits (the pipe's only writer)
   bool reaped_ = false;
   std::string listen_address_;
   std::string socket_path_;

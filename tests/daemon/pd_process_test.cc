@@ -38,6 +38,7 @@ class PdProcesses : public ::testing::Test {
     o.socket_path = (dir_ / (name + ".sock")).string();
     o.transport = "ucx";
     o.extra_args = {"--log-level", "warn", "--lease-ms", "10000", "--heartbeat-ms", "200"};
+    o.forward_output = true;  // kvd's warnings beside the test's output
     auto p = daemon::KvdProcess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;

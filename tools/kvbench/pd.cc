@@ -156,7 +156,7 @@ int PdMain(int argc, char** argv) {
       {"memory",
        "where the KV caches live: host (default) or cuda (prefill on GPU 0, decode on GPU 1, "
        "or GPU 0 with one GPU)"},
-      {"transport", "transport of the kvds started here: auto|ucx|local|nccl|ipc (default auto)"},
+      {"transport", "transport of the kvds started here: auto|ucx|nccl|ipc (default auto)"},
       {"requests", "requests to move (default 32)"},
       {"tokens", "prompt tokens per request (default 512)"},
       {"layers", "layers (default 16)"},
@@ -288,6 +288,14 @@ int PdMain(int argc, char** argv) {
   }
   const bool json = flags.has("json");
   std::string transport = flags.str("transport", "auto");
+  // The two kvds started here are processes, and the local transport moves bytes inside one: it
+  // would fail every wave at its timeout, so say so now.
+  if (transport == "local" && !flags.has("prefill-daemon")) {
+    return Fail(
+        "--transport local moves bytes inside one process, and kvbench pd starts two kvd "
+        "processes: use ucx (or auto) here; the local transport serves kvd embedded in an "
+        "engine (Connector::OpenEmbedded)");
+  }
 
   // GPU engines, before any kvd starts: a build or machine without CUDA fails here, clearly.
   // The host path never initialises CUDA.

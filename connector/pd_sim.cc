@@ -128,15 +128,17 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     std::lock_guard<std::mutex> lock(mu);
     if (result.first_error.empty()) result.first_error = s.ToString();
   };
-  auto runs_sent = [&]() -> uint64_t {
+  // The prefill kvd's (runs_sent, batches_posted).
+  auto sent = [&]() -> std::pair<uint64_t, uint64_t> {
     auto status = prefill.front().connector->DaemonStatus();
-    return status.ok() ? status->runs_sent() : 0;
+    if (!status.ok()) return {0, 0};
+    return {status->runs_sent(), status->batches_posted()};
   };
-  uint64_t runs_before = 0;
+  std::pair<uint64_t, uint64_t> sent_before{0, 0};
   double seconds = 0;
   for (int first = -c.warmup_waves * c.window; first < c.requests; first += c.window) {
     const bool warmup = first < 0;
-    if (first == 0) runs_before = runs_sent();
+    if (first == 0) sent_before = sent();
     const int count = std::min(c.window, c.requests - first);
     std::vector<std::string> ids(count);
     std::vector<uint64_t> seeds(count);
@@ -293,7 +295,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     if (progress) progress(result.requests, c.requests);
   }
   result.seconds = seconds;
-  result.runs = runs_sent() - runs_before;
+  const auto sent_after = sent();
+  result.runs = sent_after.first - sent_before.first;
+  result.posts = sent_after.second - sent_before.second;
   for (const Engine& e : decode) {
     KV_ASSIGN_OR_RETURN(uint64_t written, memory->GuardBytes(e.rank, c.window * nd));
     result.guard_bytes_written += written;

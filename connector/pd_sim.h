@@ -73,7 +73,8 @@ struct PdResult {
   // after the prefill.
   std::vector<double> stream_ms;
   uint64_t guard_bytes_written = 0;  // non-zero bytes found in decode guard blocks
-  uint64_t runs = 0;  // byte runs the prefill kvd posted for the counted waves (its runs_sent)
+  uint64_t runs = 0;   // byte runs the prefill kvd posted for the counted waves (its runs_sent)
+  uint64_t posts = 0;  // transport posts they went out in (its batches_posted)
   std::string first_error;
 };
 

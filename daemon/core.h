@@ -314,6 +314,7 @@ class Daemon::Core {
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
   uint64_t runs_sent_ = 0;
+  uint64_t batches_posted_ = 0;
 };
 
 // Limits of the engine protocol, shared by validation in several files.

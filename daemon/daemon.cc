@@ -260,6 +260,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_bytes_sent(bytes_sent_);
   s.set_bytes_received(bytes_received_);
   s.set_runs_sent(runs_sent_);
+  s.set_batches_posted(batches_posted_);
   if (offload_) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }

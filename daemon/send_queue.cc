@@ -71,6 +71,7 @@ void Daemon::Core::FlushSends() {
                            });
                          });
     }
+    if (posted.ok()) ++batches_posted_;
     for (const auto& [id, bytes] : group.parts) {
       if (posted.ok()) {
         Trace("post", id, group.layer, bytes);

@@ -383,6 +383,7 @@ int PdMain(int argc, char** argv) {
   const uint64_t runs = r.runs;
   const double gbps = r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0;
   const double runs_per_request = r.requests > 0 ? static_cast<double>(runs) / r.requests : 0;
+  const double posts_per_request = r.requests > 0 ? static_cast<double>(r.posts) / r.requests : 0;
   const double p50 = Percentile(r.latency_ms, 0.5), p99 = Percentile(r.latency_ms, 0.99);
   double ceiling = 0;
   const uint64_t run_bytes = r.bytes / std::max<uint64_t>(runs, 1);
@@ -413,22 +414,24 @@ int PdMain(int argc, char** argv) {
   if (json) {
     std::printf(
         "{\"requests\": %d, \"verified\": %d, \"failed\": %d, \"bytes\": %llu, "
-        "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, \"p50_ms\": %.3f, "
+        "\"seconds\": %.4f, \"gbps\": %.4f, \"runs_per_request\": %.1f, "
+        "\"posts_per_request\": %.2f, \"p50_ms\": %.3f, "
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
         "\"prewrite\": %s, \"block_ids\": \"%s\", \"ceiling_gbps\": %.4f, "
         "\"ceiling_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
         "\"decode_kvd_rss\": %llu%s}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
-        runs_per_request, p50, p99, static_cast<unsigned long long>(r.guard_bytes_written),
-        transport.c_str(), c.prewrite ? "true" : "false", block_ids.c_str(), ceiling,
-        ceiling_command.c_str(), static_cast<unsigned long long>(prefill_rss),
-        static_cast<unsigned long long>(decode_rss), gpu_json.c_str());
+        runs_per_request, posts_per_request, p50, p99,
+        static_cast<unsigned long long>(r.guard_bytes_written), transport.c_str(),
+        c.prewrite ? "true" : "false", block_ids.c_str(), ceiling, ceiling_command.c_str(),
+        static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss),
+        gpu_json.c_str());
   } else {
     std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
     std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,
                 r.seconds, gbps, transport.c_str());
-    std::printf("  runs per request %.1f   latency p50 %.2f ms   p99 %.2f ms\n", runs_per_request,
-                p50, p99);
+    std::printf("  runs per request %.1f in %.2f posts   latency p50 %.2f ms   p99 %.2f ms\n",
+                runs_per_request, posts_per_request, p50, p99);
     if (ceiling > 0 && !cuda) {
       std::printf(
           "  ceiling  %.3f GB/s   ratio %.2f\n           (%s: same run size, footprint, memory "

@@ -57,7 +57,8 @@ int StatusMain(int argc, char** argv) {
         "\"transport\": %s, \"listen\": %s, \"peers\": [%s], \"engines\": %u, "
         "\"regions\": %u, \"region_bytes\": %llu, \"transfers_in_flight\": %u, "
         "\"transfers_done\": %llu, \"transfers_failed\": %llu, \"bytes_sent\": %llu, "
-        "\"bytes_received\": %llu, \"runs_sent\": %llu, \"offload\": %s}\n",
+        "\"bytes_received\": %llu, \"runs_sent\": %llu, \"batches_posted\": %llu, "
+        "\"offload\": %s}\n",
         JsonQuoted(s->name()).c_str(), s->uptime_seconds(),
         static_cast<unsigned long long>(s->resident_bytes()), JsonQuoted(s->transport()).c_str(),
         JsonQuoted(s->listen_address()).c_str(), peers.c_str(), s->engines(), s->regions(),
@@ -67,6 +68,7 @@ int StatusMain(int argc, char** argv) {
         static_cast<unsigned long long>(s->bytes_sent()),
         static_cast<unsigned long long>(s->bytes_received()),
         static_cast<unsigned long long>(s->runs_sent()),
+        static_cast<unsigned long long>(s->batches_posted()),
         tools::PoolStatusJson(s->offload()).c_str());
     return 0;
   }
@@ -78,8 +80,11 @@ int StatusMain(int argc, char** argv) {
   std::printf("transfers in flight %u   done %llu   failed %llu\n", s->transfers_in_flight(),
               static_cast<unsigned long long>(s->transfers_done()),
               static_cast<unsigned long long>(s->transfers_failed()));
-  std::printf("bytes sent %s   received %s\n", tools::HumanBytes(s->bytes_sent()).c_str(),
-              tools::HumanBytes(s->bytes_received()).c_str());
+  std::printf("bytes sent %s   received %s   runs sent %llu in %llu posts\n",
+              tools::HumanBytes(s->bytes_sent()).c_str(),
+              tools::HumanBytes(s->bytes_received()).c_str(),
+              static_cast<unsigned long long>(s->runs_sent()),
+              static_cast<unsigned long long>(s->batches_posted()));
   std::printf("%s", tools::PoolStatusText(s->offload()).c_str());
   std::printf("peers %d\n", s->peers_size());
   for (const auto& p : s->peers()) {

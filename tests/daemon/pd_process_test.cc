@@ -17,6 +17,18 @@ using connector::Connector;
 using connector::ConnectorOptions;
 using connector::PdConfig;
 
+PdConfig Small() {
+  PdConfig c;
+  c.requests = 6;
+  c.window = 3;
+  c.tokens = 72;
+  c.layers = 4;
+  c.heads = 4;
+  c.head_dim = 32;
+  c.timeout = std::chrono::milliseconds(10000);
+  return c;
+}
+
 class PdProcesses : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -44,6 +56,46 @@ class PdProcesses : public ::testing::Test {
     return p.ok() ? std::move(*p) : nullptr;
   }
 
+  // A prefill kvd SIGKILLed in the middle of a run: its requests fail, nothing outside their
+  // blocks is written, and the decode kvd serves a fresh prefill kvd's next run.
+  void KillPrefillMidRunThenRunAgain() {
+    prefill_ = Spawn("prefill");
+    decode_ = Spawn("decode");
+    ASSERT_TRUE(prefill_ && decode_);
+    PdConfig c = Small();
+    c.requests = 40;
+    c.window = 2;
+    c.layers = 16;
+    c.tokens = 512;
+    c.timeout = std::chrono::milliseconds(8000);
+    std::atomic<bool> killed{false};
+    const pid_t victim = prefill_->pid();
+    auto r = Run(c, [&](int done, int) {
+      // After the first wave, in the middle of the next one: SIGKILL, no goodbye.
+      if (done >= 2 && !killed.exchange(true)) {
+        std::thread([victim] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(3));
+          kill(victim, SIGKILL);
+        }).detach();
+      }
+    });
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(killed);
+    EXPECT_GT(r->failed, 0);
+    EXPECT_FALSE(r->first_error.empty());
+    EXPECT_EQ(r->guard_bytes_written, 0u);  // nothing outside the requests' blocks was written
+    prefill_->Kill();                       // reap
+
+    // The decode kvd lived through it and serves a fresh prefill kvd.
+    ASSERT_TRUE(decode_->running());
+    prefill_ = Spawn("prefill2");
+    ASSERT_TRUE(prefill_);
+    PdConfig next = Small();
+    auto again = Run(next);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->verified, next.requests) << again->first_error;
+  }
+
   Result<connector::PdResult> Run(const PdConfig& c,
                                   const std::function<void(int, int)>& progress = nullptr) {
     const std::string p = prefill_->socket_path(), d = decode_->socket_path();
@@ -55,18 +107,6 @@ class PdProcesses : public ::testing::Test {
   std::filesystem::path dir_;
   std::unique_ptr<daemon::KvdProcess> prefill_, decode_;
 };
-
-PdConfig Small() {
-  PdConfig c;
-  c.requests = 6;
-  c.window = 3;
-  c.tokens = 72;
-  c.layers = 4;
-  c.heads = 4;
-  c.head_dim = 32;
-  c.timeout = std::chrono::milliseconds(10000);
-  return c;
-}
 
 TEST_F(PdProcesses, PushTp2To1ConvertingLayoutAndBlockSizeOverUcx) {
   prefill_ = Spawn("prefill");
@@ -100,41 +140,17 @@ TEST_F(PdProcesses, PullTp1To2MlaOverUcx) {
 }
 
 TEST_F(PdProcesses, PrefillKvdKilledMidRunFailsRequestsAndDecodeServesTheNextRun) {
-  prefill_ = Spawn("prefill");
-  decode_ = Spawn("decode");
-  ASSERT_TRUE(prefill_ && decode_);
-  PdConfig c = Small();
-  c.requests = 40;
-  c.window = 2;
-  c.layers = 16;
-  c.tokens = 512;
-  c.timeout = std::chrono::milliseconds(8000);
-  std::atomic<bool> killed{false};
-  const pid_t victim = prefill_->pid();
-  auto r = Run(c, [&](int done, int) {
-    // After the first wave, in the middle of the next one: SIGKILL, no goodbye.
-    if (done >= 2 && !killed.exchange(true)) {
-      std::thread([victim] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(3));
-        kill(victim, SIGKILL);
-      }).detach();
-    }
-  });
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_TRUE(killed);
-  EXPECT_GT(r->failed, 0);
-  EXPECT_FALSE(r->first_error.empty());
-  EXPECT_EQ(r->guard_bytes_written, 0u);  // nothing outside the requests' blocks was written
-  prefill_->Kill();                       // reap
+  KillPrefillMidRunThenRunAgain();
+}
 
-  // The decode kvd lived through it and serves a fresh prefill kvd.
-  ASSERT_TRUE(decode_->running());
-  prefill_ = Spawn("prefill2");
-  ASSERT_TRUE(prefill_);
-  PdConfig next = Small();
-  auto again = Run(next);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(again->verified, next.requests) << again->first_error;
+// The same over UCX's tcp transport, the path two hosts take. Disabled: UCX 1.13 aborts the
+// decode kvd in about 1 run in 3 ("Fatal: unexpected error: Endpoint timeout" in
+// ucp_put_handler, the target side of a put UCX emulates over active messages, when the sender
+// dies mid-put). Enable with --gtest_also_run_disabled_tests once kvd survives it.
+TEST_F(PdProcesses, DISABLED_PrefillKvdKilledMidRunOverTcpAndDecodeServesTheNextRun) {
+  setenv("UCX_TLS", "tcp,self", 1);  // the kvd children inherit it
+  KillPrefillMidRunThenRunAgain();
+  unsetenv("UCX_TLS");
 }
 
 }  // namespace

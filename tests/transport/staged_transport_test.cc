@@ -4,8 +4,6 @@
 // reaps the target on every path.
 #include <signal.h>
 
-#include <sstream>
-
 #include "tests/transport/target_process.h"
 #include "transport/child_process.h"
 #include "transport/cuda_ipc/device_ordered.h"
@@ -18,9 +16,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Fill;
-using testing::PatternByte;
 using testing::SpreadRuns;
-using testing::SpreadRunsArrived;
 using testing::Waiter;
 
 constexpr uint32_t kSeed = 5;
@@ -34,53 +30,9 @@ TransportOptions Options(bool stage, uint64_t slot = 64 << 10) {
            {"staging_slots", "2"}}};
 }
 
-// The target: registers `bytes` (PatternByte(i, kSeed) when `filled`, else kUntouched), sends its
-// address and descriptor, and answers each notification: "check COUNT LENGTH GAP" with "ok" or
-// "bad" after comparing its memory with what the initiator put there, "untouched" with "ok" when no
-// byte changed, anything else with "note:" and the message. Exits on "quit".
-int TargetMain(Channel& channel, const TransportOptions& options, uint64_t bytes, bool filled) {
-  auto transport = CreateTransport("ucx", options);
-  if (!transport.ok()) return 2;
-  std::vector<uint8_t> memory(bytes, kUntouched);
-  if (filled) Fill(memory, kSeed);
-  auto registration =
-      (*transport)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
-  if (!registration.ok()) return 3;
-  (*transport)->set_notification_handler([&](std::string_view message) {
-    std::istringstream in{std::string(message)};
-    std::string verb;
-    uint64_t count = 0, length = 0, gap = 0;
-    in >> verb >> count >> length >> gap;
-    bool good = true;
-    if (verb == "check") {
-      good = SpreadRunsArrived(memory, count, length, gap, kSeed);
-    } else if (verb == "untouched") {
-      for (uint8_t b : memory) good = good && b == kUntouched;
-    } else {
-      (void)channel.Send("note:" + std::string(message));
-      return;
-    }
-    (void)channel.Send(good ? "ok" : "bad");
-  });
-  if (!channel.Send((*transport)->address()).ok()) return 4;
-  if (!channel.Send((*registration)->packed_descriptor()).ok()) return 4;
-  auto quit = channel.Receive(Clock::now() + 120s);
-  return quit.ok() && *quit == "quit" ? 0 : 5;
-}
-
 std::unique_ptr<ChildProcess> StartTarget(const TransportOptions& options, uint64_t bytes,
                                           bool filled = false) {
-  auto child = ChildProcess::Start([options, bytes, filled](Channel& channel) {
-    return TargetMain(channel, options, bytes, filled);
-  });
-  EXPECT_TRUE(child.ok()) << child.status().ToString();
-  return child.ok() ? std::move(*child) : nullptr;
-}
-
-using Connection = testing::TargetConnection;
-
-Result<Connection> ConnectTo(Transport& transport, ChildProcess& child) {
-  return testing::ConnectToTarget(transport, child);
+  return testing::StartTarget(options, bytes, kSeed, filled, kUntouched);
 }
 
 std::string Verdict(ChildProcess& child) {
@@ -106,7 +58,7 @@ TEST_P(StagedPair, ChunkedPutsArriveBeforeTheNotificationsThatFollowThem) {
   Fill(src, kSeed);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
 
   // Three batches, then the note at once: many small runs (table-bound chunks), then runs far
@@ -159,7 +111,7 @@ TEST_P(StagedGet, PullsRunsFromAStagedRegionAndRefusesRunsOutsideIt) {
   std::vector<uint8_t> dst(16 << 20, kUntouched);
   auto reg = (*transport)->register_memory(dst.data(), dst.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
 
   // src_offset packed in the target's region, dst_offset spread here; 5000 runs: three parts.
@@ -190,7 +142,7 @@ TEST(Staged, UserNotificationsThatLookLikeControlFramesArriveVerbatim) {
   ASSERT_NE(child, nullptr);
   auto transport = CreateTransport("ucx", Options(true));
   ASSERT_TRUE(transport.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const std::string forged = staged::EncodeAck({1, 1, 0, Status::Ok()});
   ASSERT_TRUE((*transport)->notify(c->peer, forged).ok());
@@ -209,7 +161,7 @@ TEST(Staged, RangesOutsideTheRegionAreRefusedAndThatLinkDropped) {
   Fill(src, kSeed);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
 
   // A descriptor claiming four times the region: this side's checks pass, the target's must not.
@@ -250,7 +202,7 @@ TEST(Staged, KilledTargetFailsItsBatchesInBoundedTime) {
   Fill(src, kSeed);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_TRUE(testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}}).ok());
 
@@ -286,7 +238,7 @@ TEST(Staged, PostAfterOrdersGpuRegionsOnlyAndWithoutAnEventIsPost) {
   Fill(src, kSeed);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto runs = SpreadRuns(10, 1000, 24);
   int not_an_event = 0;  // never dereferenced: host memory is refused first

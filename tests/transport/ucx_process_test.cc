@@ -6,7 +6,6 @@
 #include <signal.h>
 
 #include <cstring>
-#include <sstream>
 
 #include "tests/transport/target_process.h"
 #include "transport/child_process.h"
@@ -17,9 +16,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Fill;
-using testing::PatternByte;
 using testing::SpreadRuns;
-using testing::SpreadRunsArrived;
 using testing::Waiter;
 
 constexpr uint32_t kSeed = 11;
@@ -28,46 +25,13 @@ TransportOptions Tls(const std::string& tls) {
   return {{{"UCX_TLS", tls}}};
 }
 
-// The target: registers `bytes`, sends its address and descriptor, and answers each notification
-// "check COUNT LENGTH GAP" with "ok" or "bad" after comparing its memory with what the initiator
-// put there. Exits on "quit" or when the parent goes away.
-int TargetMain(Channel& channel, const std::string& tls, uint64_t bytes) {
-  auto transport = CreateTransport("ucx", Tls(tls));
-  if (!transport.ok()) return 2;
-  std::vector<uint8_t> memory(bytes, 0xEE);
-  auto registration =
-      (*transport)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
-  if (!registration.ok()) return 3;
-  (*transport)->set_notification_handler([&](std::string_view message) {
-    std::istringstream in{std::string(message)};
-    std::string verb;
-    uint64_t count = 0, length = 0, gap = 0;
-    in >> verb >> count >> length >> gap;
-    const bool good = verb == "check" && SpreadRunsArrived(memory, count, length, gap, kSeed);
-    (void)channel.Send(good ? "ok" : "bad");
-  });
-  if (!channel.Send((*transport)->address()).ok()) return 4;
-  if (!channel.Send((*registration)->packed_descriptor()).ok()) return 4;
-  auto quit = channel.Receive(Clock::now() + 120s);
-  return quit.ok() && *quit == "quit" ? 0 : 5;
-}
-
 std::unique_ptr<ChildProcess> StartTarget(const std::string& tls, uint64_t bytes) {
-  auto child = ChildProcess::Start(
-      [tls, bytes](Channel& channel) { return TargetMain(channel, tls, bytes); });
-  EXPECT_TRUE(child.ok()) << child.status().ToString();
-  return child.ok() ? std::move(*child) : nullptr;
-}
-
-using Connection = testing::TargetConnection;
-
-Result<Connection> ConnectTo(Transport& transport, ChildProcess& child) {
-  return testing::ConnectToTarget(transport, child);
+  return testing::StartTarget(Tls(tls), bytes, kSeed);
 }
 
 // Puts `runs`, then asks the target to check them; "ok" means every byte arrived before the
 // notification did.
-void PutAndCheck(Transport& transport, ChildProcess& child, const Connection& c,
+void PutAndCheck(Transport& transport, ChildProcess& child, const testing::TargetConnection& c,
                  const MemoryRegistration& src, uint64_t count, uint64_t length, uint64_t gap) {
   auto runs = SpreadRuns(count, length, gap);
   Waiter waiter;
@@ -94,7 +58,7 @@ TEST_P(TwoProcesses, PutsSmallAndLargeRunsThatTheTargetVerifies) {
   Fill(src, kSeed);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *child);
+  auto c = testing::ConnectToTarget(**transport, *child);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   PutAndCheck(**transport, *child, *c, **reg, 4000, 4096, 1024);   // many small runs
   PutAndCheck(**transport, *child, *c, **reg, 4, 8 << 20, 65536);  // a few large ones
@@ -117,7 +81,7 @@ TEST(UcxPeerFailure, KilledPeerFailsItsBatchesAndTheSurvivorKeepsWorking) {
   Fill(src, kSeed);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *doomed);
+  auto c = testing::ConnectToTarget(**transport, *doomed);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
 
   // About a gigabyte in flight: far more than loopback TCP moves before the kill lands.
@@ -142,7 +106,7 @@ TEST(UcxPeerFailure, KilledPeerFailsItsBatchesAndTheSurvivorKeepsWorking) {
   }
   EXPECT_GT(failed, 0);
 
-  auto again = ConnectTo(**transport, *fresh);
+  auto again = testing::ConnectToTarget(**transport, *fresh);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   PutAndCheck(**transport, *fresh, *again, **reg, 256, 65536, 4096);
 }
@@ -155,7 +119,7 @@ TEST(UcxPeerFailure, StalledPeerMissesTheDeadlineWithTimeout) {
   std::vector<uint8_t> src(128 << 20);
   auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
   ASSERT_TRUE(reg.ok());
-  auto c = ConnectTo(**transport, *stalled);
+  auto c = testing::ConnectToTarget(**transport, *stalled);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   // Warm the connection up so the stall hits data, not the wire-up.
   ASSERT_TRUE(testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}}).ok());

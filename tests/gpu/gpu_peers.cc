@@ -1,12 +1,15 @@
 #include "tests/gpu/gpu_peers.h"
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <future>
 #include <map>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "transport/codec.h"
@@ -407,6 +410,29 @@ std::vector<uint8_t> Expected(uint64_t bytes, int src_seed, const std::vector<Ru
     }
   }
   return out;
+}
+
+Planned PlanRandomBlocks(const LayoutSpec& src_spec, const LayoutSpec& dst_spec, int64_t tokens) {
+  auto src = KvRegion::Create(src_spec);
+  auto dst = KvRegion::Create(dst_spec);
+  EXPECT_TRUE(src.ok() && dst.ok());
+  auto pick = [](int64_t count, int64_t of, uint32_t seed) {
+    std::vector<int64_t> ids(of);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+    ids.resize(count);
+    return ids;
+  };
+  const int64_t blocks = (tokens + 15) / 16;
+  const auto src_blocks = pick(blocks, src_spec.blocks, 1);
+  const auto dst_blocks = pick(blocks, dst_spec.blocks, 2);
+  TransferSpec t;
+  t.src_blocks = src_blocks;
+  t.dst_blocks = dst_blocks;
+  t.tokens = tokens;
+  auto plan = PlanTransfer(*src, *dst, t);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  return {src->span_bytes(), dst->span_bytes(), plan.ok() ? plan->runs : std::vector<Run>{}};
 }
 
 }  // namespace kv::transport::gputest

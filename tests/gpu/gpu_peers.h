@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "transport/child_process.h"
 
@@ -87,5 +88,14 @@ Status Stop(Peer& peer);
 // The buffer a destination holds after `runs` copied from a PatternByte(seed) source into a
 // kUntouched one of `bytes`.
 std::vector<uint8_t> Expected(uint64_t bytes, int src_seed, const std::vector<Run>& runs);
+
+// The plan of `tokens` tokens from random blocks of `src` to random blocks of `dst` (16-token
+// blocks on both sides), with the byte spans of both regions.
+struct Planned {
+  uint64_t src_bytes = 0;
+  uint64_t dst_bytes = 0;
+  std::vector<Run> runs;
+};
+Planned PlanRandomBlocks(const LayoutSpec& src, const LayoutSpec& dst, int64_t tokens);
 
 }  // namespace kv::transport::gputest

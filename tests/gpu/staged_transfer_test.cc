@@ -6,9 +6,6 @@
 // mirror get, and a killed receiver failing the next batch.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <numeric>
-#include <random>
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
@@ -30,36 +27,6 @@ LayoutSpec Spec(const std::string& order, int64_t blocks) {
   return s;
 }
 
-struct Planned {
-  uint64_t src_bytes = 0;
-  uint64_t dst_bytes = 0;
-  std::vector<Run> runs;
-};
-
-// `tokens` of src_blocks taken at random, put into random blocks of the destination.
-Planned Plan(const LayoutSpec& src_spec, const LayoutSpec& dst_spec, int64_t tokens) {
-  auto src = KvRegion::Create(src_spec);
-  auto dst = KvRegion::Create(dst_spec);
-  EXPECT_TRUE(src.ok() && dst.ok());
-  auto pick = [](int64_t count, int64_t of, uint32_t seed) {
-    std::vector<int64_t> ids(of);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
-    ids.resize(count);
-    return ids;
-  };
-  const int64_t blocks = (tokens + 15) / 16;
-  auto src_blocks = pick(blocks, src_spec.blocks, 1);
-  auto dst_blocks = pick(blocks, dst_spec.blocks, 2);
-  TransferSpec t;
-  t.src_blocks = src_blocks;
-  t.dst_blocks = dst_blocks;
-  t.tokens = tokens;
-  auto plan = PlanTransfer(*src, *dst, t);
-  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-  return {src->span_bytes(), dst->span_bytes(), plan.ok() ? plan->runs : std::vector<Run>{}};
-}
-
 class StagedGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,7 +40,7 @@ class StagedGpuTest : public ::testing::Test {
 };
 
 TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatter) {
-  Planned p = Plan(Spec("LBNHC", 32), Spec("BLHNC", 40), 200);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("BLHNC", 40), 200);
   ASSERT_GT(p.runs.size(), 1u);
   Peer sender = Start(p.src_bytes, kSrcSeed);
   Peer receiver = Start(p.dst_bytes, -1);
@@ -97,7 +64,7 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
 
 // kvd orders a layer's transfer after the engine's event: the gathers wait on the device.
 TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
-  Planned p = Plan(Spec("LBNHC", 32), Spec("BLHNC", 32), 160);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("BLHNC", 32), 160);
   Peer sender = Start(p.src_bytes, kSrcSeed);
   Peer receiver = Start(p.dst_bytes, -1);
   ASSERT_TRUE(sender.process && receiver.process);
@@ -113,7 +80,7 @@ TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
 }
 
 TEST_F(StagedGpuTest, GetPullsIntoTheCallersLayout) {
-  Planned p = Plan(Spec("BLHNC", 24), Spec("LBNHC", 48), 333);
+  Planned p = PlanRandomBlocks(Spec("BLHNC", 24), Spec("LBNHC", 48), 333);
   Peer holder = Start(p.src_bytes, kSrcSeed);
   Peer puller = Start(p.dst_bytes, -1);
   ASSERT_TRUE(holder.process && puller.process);
@@ -127,7 +94,7 @@ TEST_F(StagedGpuTest, GetPullsIntoTheCallersLayout) {
 }
 
 TEST_F(StagedGpuTest, KilledReceiverFailsTheNextBatchInsteadOfHanging) {
-  Planned p = Plan(Spec("LBNHC", 32), Spec("LBNHC", 32), 256);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("LBNHC", 32), 256);
   Peer sender = Start(p.src_bytes, kSrcSeed);
   Peer receiver = Start(p.dst_bytes, -1);
   ASSERT_TRUE(sender.process && receiver.process);

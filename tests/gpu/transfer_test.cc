@@ -7,9 +7,6 @@
 // notification follows the data.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <numeric>
-#include <random>
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
@@ -32,36 +29,6 @@ LayoutSpec Spec(const std::string& order, int64_t blocks, int64_t heads, int tp_
   s.tp_rank = tp_rank;
   s.tp_size = tp_size;
   return s;
-}
-
-std::vector<int64_t> RandomBlocks(int64_t count, int64_t of, uint32_t seed) {
-  std::vector<int64_t> all(of);
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), std::mt19937(seed));
-  all.resize(count);
-  return all;
-}
-
-struct Planned {
-  uint64_t src_bytes = 0;
-  uint64_t dst_bytes = 0;
-  std::vector<Run> runs;
-};
-
-Planned PlanFor(const LayoutSpec& src_spec, const LayoutSpec& dst_spec, int64_t tokens) {
-  auto src = KvRegion::Create(src_spec);
-  auto dst = KvRegion::Create(dst_spec);
-  EXPECT_TRUE(src.ok() && dst.ok());
-  const int64_t blocks = (tokens + 15) / 16;
-  auto src_blocks = RandomBlocks(blocks, src_spec.blocks, 1);
-  auto dst_blocks = RandomBlocks(blocks, dst_spec.blocks, 2);
-  TransferSpec t;
-  t.src_blocks = src_blocks;
-  t.dst_blocks = dst_blocks;
-  t.tokens = tokens;
-  auto plan = PlanTransfer(*src, *dst, t);
-  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-  return {src->span_bytes(), dst->span_bytes(), plan.ok() ? plan->runs : std::vector<Run>{}};
 }
 
 TransferOptions WithNote(std::string note) {
@@ -97,7 +64,7 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
-  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("BLHNC", 40, 4), 200);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("BLHNC", 40, 4), 200);
   ASSERT_GT(p.runs.size(), 1u);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);
   Peer receiver = Start(1, p.dst_bytes, -1);
@@ -122,7 +89,7 @@ TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
 
 // The engine's per-layer event gates the transfer on the device: nothing moves before it fires.
 TEST_P(GpuTransferTest, PostAfterWaitsForTheEngineEvent) {
-  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("BLHNC", 32, 4), 160);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("BLHNC", 32, 4), 160);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);
   Peer receiver = Start(1, p.dst_bytes, -1);
   ASSERT_TRUE(sender.process && receiver.process);
@@ -135,7 +102,7 @@ TEST_P(GpuTransferTest, PostAfterWaitsForTheEngineEvent) {
 }
 
 TEST_P(GpuTransferTest, GetPullsIntoTheCallersLayout) {
-  Planned p = PlanFor(Spec("BLHNC", 24, 4), Spec("LBNHC", 48, 4), 333);
+  Planned p = PlanRandomBlocks(Spec("BLHNC", 24, 4), Spec("LBNHC", 48, 4), 333);
   Peer holder = Start(0, p.src_bytes, kSrcSeed);
   Peer puller = Start(1, p.dst_bytes, -1);
   ASSERT_TRUE(holder.process && puller.process);
@@ -149,8 +116,8 @@ TEST_P(GpuTransferTest, GetPullsIntoTheCallersLayout) {
 }
 
 TEST_P(GpuTransferTest, OnePrefillRankFeedsTwoDecodeRanks) {
-  Planned to0 = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 0, 2), 100);
-  Planned to1 = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 1, 2), 100);
+  Planned to0 = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 0, 2), 100);
+  Planned to1 = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 1, 2), 100);
   Peer prefill = Start(0, to0.src_bytes, kSrcSeed);
   Peer decode0 = Start(1, to0.dst_bytes, -1);
   Peer decode1 = Start(1, to1.dst_bytes, -1);
@@ -169,7 +136,7 @@ TEST_P(GpuTransferTest, OnePrefillRankFeedsTwoDecodeRanks) {
 }
 
 TEST_P(GpuTransferTest, KilledPeerFailsTheBatchInsteadOfHanging) {
-  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);
   Peer receiver = Start(1, p.dst_bytes, -1);
   ASSERT_TRUE(sender.process && receiver.process);
@@ -184,7 +151,7 @@ TEST_P(GpuTransferTest, KilledPeerFailsTheBatchInsteadOfHanging) {
 // side channel's EOF must abort the communicator and fail the batch, not leave it spinning.
 TEST(GpuNcclTest, PeerKilledWithoutWarningFailsTheNextBatch) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  Planned p = PlanFor(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
   auto sender = StartPeer({"nccl", 0, p.src_bytes, kSrcSeed});
   auto receiver = StartPeer({"nccl", 1, p.dst_bytes, -1});
   ASSERT_TRUE(sender.ok() && receiver.ok());

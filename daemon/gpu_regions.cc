@@ -92,7 +92,12 @@ Status Daemon::Core::PostFromEngine(const Engine& engine, int layer, const trans
     return Status::Unsupported("transport " + std::string(transport_->name()) +
                                " cannot order copies after the engine's CUDA events");
   }
-  return ordered->post_after(batch, engine.layer_events->event(layer), std::move(done));
+  // An event whose last record already completed needs no wait, and a device-side wait on
+  // another process's event is not free (behind one, the nccl backend saw the engine's records
+  // complete once per ~15 ms: benchmarks/pd_gpu.md). Asked here once for every backend.
+  KV_ASSIGN_OR_RETURN(bool fired, engine.layer_events->Fired(layer));
+  return ordered->post_after(batch, fired ? nullptr : engine.layer_events->event(layer),
+                             std::move(done));
 }
 
 }  // namespace kv::daemon

@@ -39,10 +39,10 @@ using gpu::Socket;
 
 constexpr char kMagic[8] = "kvdipc1";
 constexpr size_t kHostIdBytes = 48;
-// Batches go round-robin onto this many streams, each with its own copier. On one stream every
-// batch waited for the last to drain: a 16 MiB batch (a layer of a contiguous LBNHC request)
-// took 62 us instead of the 42 us the link needs, the copies' ramp-up and drain never overlapping
-// (kvbench pd --memory cuda on the H200s).
+// Batches go round-robin onto this many streams, each with its own copier, so consecutive
+// batches may overlap on the device. On one stream, one after the other, a 16 MiB batch (a layer
+// of a contiguous LBNHC request) took 62 us where the link needs 42 us (kvbench pd --memory cuda
+// on the H200s).
 constexpr int kChannels = 4;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
@@ -69,18 +69,6 @@ std::string HostId() {
     id = name;
   }
   return id.substr(0, kHostIdBytes - 1);
-}
-
-// Makes `stream` wait for `event` (none: nothing to wait for) unless its last record already
-// completed: a device-side wait on another process's event is not free (the nccl backend saw
-// the engine's records run once per ~15 ms behind one, benchmarks/pd_gpu.md), and with
-// --prewrite every engine event has fired by the time kvd posts.
-Status WaitUnlessFired(cudaEvent_t event, cudaStream_t stream) {
-  if (event == nullptr) return Status::Ok();
-  const cudaError_t state = cudaEventQuery(event);
-  if (state == cudaSuccess) return Status::Ok();
-  if (state != cudaErrorNotReady) return CudaStatus(state, "cudaEventQuery");
-  return CudaStatus(cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent");
 }
 
 class IpcRegistration final : public MemoryRegistration {
@@ -270,7 +258,11 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     const int index = next_channel_;
     Channel& channel = channels_[index];
     cudaStream_t stream = channel.stream.get();
-    KV_RETURN_IF_ERROR(WaitUnlessFired(static_cast<cudaEvent_t>(cuda_event), stream));
+    if (cuda_event != nullptr) {
+      KV_RETURN_IF_ERROR(
+          CudaStatus(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(cuda_event), 0),
+                     "cudaStreamWaitEvent"));
+    }
     KV_RETURN_IF_ERROR(
         channel.copier->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream));
     KV_RETURN_IF_ERROR(event.Record(stream));

@@ -64,4 +64,8 @@ void* ImportedLayerEvents::event(int layer) const {
   return impl_->events.at(static_cast<size_t>(layer)).get();
 }
 
+Result<bool> ImportedLayerEvents::Fired(int layer) const {
+  return impl_->events.at(static_cast<size_t>(layer)).Query();
+}
+
 }  // namespace kv::transport::gpu

@@ -61,6 +61,9 @@ class ImportedLayerEvents {
   int layers() const { return layers_; }
   // The cudaEvent_t of `layer` (in [0, layers())), for DeviceOrdered::post_after().
   void* event(int layer) const;
+  // Whether `layer`'s last record has completed (a copy after it needs no wait); the CUDA error
+  // when the recorded work failed.
+  Result<bool> Fired(int layer) const;
 
  private:
   struct Impl;

@@ -46,5 +46,8 @@ Result<std::unique_ptr<ImportedLayerEvents>> ImportedLayerEvents::Import(
 void* ImportedLayerEvents::event(int) const {
   return nullptr;
 }
+Result<bool> ImportedLayerEvents::Fired(int) const {
+  return NoCuda("layer events");
+}
 
 }  // namespace kv::transport::gpu

@@ -85,14 +85,12 @@ struct TableSlot {
     return Reserve(64 << 10, none);
   }
 
-  // Makes the slot hold `bytes` and its staging buffer writable. Outgrown buffers go to
-  // `outgrown`, freed with the copier: cudaFree waits for the whole device, every copy queued
-  // behind an engine's event included (the slot's own last copy is done by then).
+  // Makes the slot hold `bytes`. Only for a slot whose last copy finished (Acquire hands out no
+  // other; the copy waited for its upload, so the staging buffer is free too). Outgrown buffers
+  // go to `outgrown`, freed with the copier: cudaFree waits for the whole device, every copy
+  // queued behind an engine's event included.
   Status Reserve(uint64_t bytes, std::vector<std::pair<void*, void*>>& outgrown) {
-    if (bytes <= capacity) {
-      return detail::CudaStatus(cudaEventSynchronize(uploaded), "wait for table upload");
-    }
-    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventSynchronize(copy_done), "wait for copy"));
+    if (bytes <= capacity) return Status::Ok();
     if (device_table || staging) {
       outgrown.emplace_back(std::exchange(device_table, nullptr), std::exchange(staging, nullptr));
     }
@@ -107,9 +105,10 @@ struct TableSlot {
 
 }  // namespace
 
-// Slots beyond which Copy() waits for the oldest copy instead of adding one: bounds the pinned
-// and device memory of a pipeline whose copies are held back on the device (each slot is at
-// least 64 KiB of each).
+// Slots in flight beyond which Copy() fails (kUnavailable) instead of adding one: bounds the
+// pinned and device memory of a pipeline whose copies are held back on the device (each slot is
+// at least 64 KiB of each), and Copy() never waits on the device for a slot: a copy held behind
+// an event that never fires would hold its caller forever.
 constexpr size_t kMaxTableSlots = 256;
 
 struct PlanCopier::Impl {
@@ -128,19 +127,22 @@ struct PlanCopier::Impl {
     }
   }
 
-  // The least recently used slot if its copy finished (or the pool is full: Reserve then waits
-  // for it), else a new one: a copy held back on the device, e.g. behind an engine's event,
-  // never makes the next Copy() wait for it.
+  // The least recently used slot if its copy finished, else a new one: a copy held back on the
+  // device, e.g. behind an engine's event, never makes the next Copy() wait for it.
   Result<TableSlot*> Acquire() {
     if (!slots.empty()) {
       const cudaError_t state = cudaEventQuery(slots.front()->copy_done);
       if (state != cudaSuccess && state != cudaErrorNotReady) {
         return detail::CudaStatus(state, "table slot");
       }
-      if (state == cudaSuccess || slots.size() >= kMaxTableSlots) {
+      if (state == cudaSuccess) {
         slots.push_back(std::move(slots.front()));
         slots.pop_front();
         return slots.back().get();
+      }
+      if (slots.size() >= kMaxTableSlots) {
+        return Status::Unavailable("plan copy: " + std::to_string(kMaxTableSlots) +
+                                   " copies still in flight, the oldest not yet run");
       }
     }
     auto slot = std::make_unique<TableSlot>();

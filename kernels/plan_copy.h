@@ -82,10 +82,10 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
 // copies never waits for a table: Copy() encodes into pinned memory and uploads on a stream of
 // its own; the caller's stream waits for the upload (an event, on the device) and launches. So
 // the upload of copy i+1 overlaps copy i and anything else queued on the caller's stream. A copy
-// takes the least recently used table if its launch finished, else a new one (up to 256 tables):
-// copies held back on the device (behind an engine's CUDA event) do not block the host. The host
-// blocks only when every table is in flight, or when a reused table must grow (its outgrown
-// buffers are freed with the copier: cudaFree would wait for the whole device). Not thread-safe:
+// takes the least recently used table if its launch finished, else a new one: copies held back
+// on the device (behind an engine's CUDA event) never block the host. With 256 tables in flight
+// Copy() fails with kUnavailable rather than wait. Outgrown tables are freed with the copier
+// (cudaFree would wait for the whole device). Not thread-safe:
 // one PlanCopier per thread; copies on different streams are fine. The streams must belong to
 // the device that was current at Create().
 class PlanCopier {

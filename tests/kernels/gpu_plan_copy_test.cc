@@ -125,7 +125,7 @@ TEST(GpuPlanCopy, CopierIsSafeAcrossStreams) {
 }
 
 // Copies queued back to back with different tables (and tables that grow mid-way) use the
-// copier's two table slots in turn: each must see its own table, not a later copy's.
+// copier's pool of table slots: each must see its own table, not a later copy's.
 TEST(GpuPlanCopy, CopierPipelinesDistinctTables) {
   KV_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(11);

@@ -6,7 +6,6 @@
 // mirror get, and a killed receiver failing the next batch.
 #include <gtest/gtest.h>
 
-
 #include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "tests/gpu/gpu_peers.h"

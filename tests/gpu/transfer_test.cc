@@ -7,7 +7,6 @@
 // notification follows the data.
 #include <gtest/gtest.h>
 
-
 #include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "tests/gpu/gpu_peers.h"

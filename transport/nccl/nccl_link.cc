@@ -10,10 +10,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "transport/cuda_ipc/cuda_util.h"
+#include "transport/nccl/engine_gate.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/staging.h"
@@ -37,6 +39,7 @@ struct SendJob {
   bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
   Clock::time_point deadline;
   CudaEvent start_after;  // kData: the sends wait for it on the device (Put's start_after)
+  cudaEvent_t host_gate = nullptr;  // kData: the caller's event, polled before anything is sent
 };
 
 struct PendingPut {
@@ -101,14 +104,13 @@ struct Link::Impl {
 
   // Each direction's lanes are used by one thread and aborted by Fail() from any thread; every
   // wait of those threads polls `failed`, so they let go when the link fails.
-  Lanes lanes_out;               // sender thread
-  Lanes lanes_in;                // receive worker
-  std::unique_ptr<Staging> out;  // sender thread
-  std::unique_ptr<Staging> in;   // receive worker
-  FrameReader frames;            // reader thread
-  std::mutex relay_mu;
-  gpu::CudaStream relay;  // captures Put's start_after at post time; guarded by relay_mu
-  int wake_fd = -1;       // eventfd: the receive stream tells the reader a batch landed
+  Lanes lanes_out;                 // sender thread
+  Lanes lanes_in;                  // receive worker
+  std::unique_ptr<Staging> out;    // sender thread
+  std::unique_ptr<Staging> in;     // receive worker
+  FrameReader frames;              // reader thread
+  std::optional<EngineGate> gate;  // Put's start_after (engine_gate.h)
+  int wake_fd = -1;                // eventfd: the receive stream tells the reader a batch landed
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -145,6 +147,11 @@ struct Link::Impl {
         if (failed) break;
         job = std::move(jobs.front());
         jobs.pop_front();
+      }
+      if (job.host_gate != nullptr && !OpenGate(job)) continue;
+      {
+        std::lock_guard lock(mu);
+        if (failed) break;
         if (job.is_put) {
           auto it = puts.find(job.data.seq);
           if (it == puts.end()) continue;  // the reader timed it out while it queued
@@ -156,6 +163,25 @@ struct Link::Impl {
                         : SendData(job);
       if (!sent.ok()) Fail(Status::Unavailable("nccl send: " + sent.ToString()));
     }
+  }
+
+  // A host-gated batch (engine_gate.h): false when the link failed while it waited, or when the
+  // batch failed alone (its event failed or did not fire by its deadline; it was never
+  // announced, so the link stays).
+  bool OpenGate(const SendJob& job) {
+    Status gate = Poll(job.host_gate, job.deadline, failed);
+    if (gate.ok()) return true;
+    if (failed) return false;  // Fail() completed the batch
+    Completion done;
+    {
+      std::lock_guard lock(mu);
+      auto it = puts.find(job.data.seq);
+      if (it == puts.end()) return false;  // the reader timed it out already
+      done = std::move(it->second.done);
+      puts.erase(it);
+    }
+    done(gate);
+    return false;
   }
 
   StagingOptions Staged() const {
@@ -465,7 +491,8 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
   impl->socket = std::move(socket);
   impl->regions = std::move(regions);
   impl->notes = std::move(notes);
-  KV_ASSIGN_OR_RETURN(impl->relay, gpu::CudaStream::Create(options.device));
+  KV_ASSIGN_OR_RETURN(EngineGate gate, EngineGate::Create(options.device, options.host_gate));
+  impl->gate.emplace(std::move(gate));
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Status::IoError("eventfd failed");
   Impl* raw = impl.get();
@@ -489,18 +516,9 @@ Link::~Link() {
 Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
                  Clock::time_point deadline, void* start_after, Completion done) {
   SendJob job;
-  if (start_after != nullptr) {
-    // The sender thread gets to this job later; the event's record must be taken now. A relay
-    // stream waits on it and records an event of ours that the sends then wait on. Neither call
-    // waits for the device.
-    gpu::DeviceGuard guard(impl_->options.device);
-    KV_ASSIGN_OR_RETURN(job.start_after, CudaEvent::Create(impl_->options.device));
-    std::lock_guard lock(impl_->relay_mu);
-    KV_RETURN_IF_ERROR(CudaStatus(
-        cudaStreamWaitEvent(impl_->relay.get(), static_cast<cudaEvent_t>(start_after), 0),
-        "cudaStreamWaitEvent"));
-    KV_RETURN_IF_ERROR(job.start_after.Record(impl_->relay.get()));
-  }
+  KV_ASSIGN_OR_RETURN(EngineGate::Wait wait, impl_->gate->Capture(start_after));
+  job.start_after = std::move(wait.device);
+  job.host_gate = wait.host;
   job.kind = SendJob::Kind::kData;
   job.is_put = true;
   job.data.region_id = remote_id;

@@ -20,9 +20,12 @@
 // threads abort their communicators (ncclCommAbort) and later calls are refused. Nothing waits
 // without a deadline.
 //
+// A put's engine event (start_after) is waited for as engine_gate.h says: on the device through
+// a relay by default, polled by the sender thread on the host with host_gate.
+//
 // Thread-safety: Put/Get/Notify/Fail may be called from any thread; Put/Get/Notify only encode
-// and queue (Put with an event makes two CUDA calls that do not wait for the device), so they
-// never wait for the GPU, the peer or a lock held across either. Three threads per link: the
+// and queue (Put with an event makes up to four CUDA calls that do not wait for the device), so
+// they never wait for the GPU, the peer or a lock held across either. Three threads per link: the
 // sender (gathers and ncclSend on the outgoing lanes), the receive worker (ncclRecv and scatter
 // on the incoming ones) and the reader (socket, acks, deadlines). The reader never waits on the
 // GPU, so it always sees a dead peer and can abort the other two out of NCCL.
@@ -55,6 +58,9 @@ struct LinkOptions {
   int slots = 4;       // staging slots per side and direction
   int lanes = 2;       // communicators per direction, 1..kMaxLanes
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
+  // Engine events not yet fired at post time are polled on the host, not waited on by the
+  // device (engine_gate.h). Needs the event alive until the batch completes.
+  bool host_gate = false;
   std::chrono::milliseconds init_timeout{30000};
 };
 
@@ -69,9 +75,9 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   // runs: src_offset in `local_base`'s region, dst_offset in the peer's region `remote_id`.
-  // Validated by the caller. The batch's reads wait on the device for `start_after` (a
-  // cudaEvent_t, its record as of this call) when not null. kUnavailable when the link already
-  // failed (`done` not called).
+  // Validated by the caller. The batch's reads wait for `start_after` (a cudaEvent_t, its record
+  // as of this call; with host_gate, its latest record when polled) when not null and not yet
+  // fired. kUnavailable when the link already failed (`done` not called).
   Status Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, void* start_after, Completion done);
   // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.

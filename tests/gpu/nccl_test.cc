@@ -102,7 +102,7 @@ TEST_P(GpuNcclGateTest, PostsAndNotifyReturnAtOnceWhileEarlierBatchesWaitOnAnEve
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
   constexpr uint64_t kBytes = 9 * kMiB;
   Settings settings = kDirect;
-  if (GetParam()) settings.emplace_back("host_gate", "1");
+  settings.emplace_back("host_gate", GetParam() ? "1" : "0");
   auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, settings);
   auto receiver = StartPeer({"nccl", 1, kBytes, -1});
   ASSERT_TRUE(sender.ok() && receiver.ok());

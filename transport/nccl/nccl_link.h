@@ -60,7 +60,7 @@ struct LinkOptions {
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
   // Engine events not yet fired at post time are polled on the host, not waited on by the
   // device (engine_gate.h). Needs the event alive until the batch completes.
-  bool host_gate = false;
+  bool host_gate = true;
   std::chrono::milliseconds init_timeout{30000};
 };
 

@@ -25,10 +25,10 @@
 // "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into
 // it; 0 = never; default 8 MiB), "host_gate" (1: a put's engine event that has not fired at
 // post time is polled on the host, not waited on by the device; the event must then outlive the
-// batch; default 0, see nccl_link.h), "timeout_ms" (connects, communicator creation and control
-// messages; default 30000). The environment variable KVD_NCCL_SETTINGS="key=value,..." adds
-// settings the caller did not pass (kvd passes only "device").
-// Staging memory: staging_slots × staging_bytes per side, direction and link.
+// batch, as DeviceOrdered says; default 1, see nccl_link.h), "timeout_ms" (connects, communicator
+// creation and control messages; default 30000). The environment variable
+// KVD_NCCL_SETTINGS="key=value,..." adds settings the caller did not pass (kvd passes only
+// "device"). Staging memory: staging_slots × staging_bytes per side, direction and link.
 #pragma once
 
 #include <memory>

@@ -280,12 +280,12 @@ class PeerBody {
     }
     released = true;
     if (posting.valid()) (void)posting.get();  // returns once the gate opened
-    if (!verdict.ok()) {
-      for (auto& future : futures) {  // the batches name `batch`'s memory until they complete
-        if (future.valid()) (void)future.wait_for(kBound);
-      }
-      futures.clear();
+    // The batches name `batch`'s memory and the gate event until they complete (DeviceOrdered:
+    // a backend may poll the event from the host until then), so neither goes before they do.
+    for (auto& future : futures) {
+      if (future.valid()) (void)future.wait_for(kBound);
     }
+    if (!verdict.ok()) futures.clear();
     cudaStreamSynchronize(stream);
     cudaEventDestroy(gate);
     cudaStreamDestroy(stream);

@@ -3,12 +3,13 @@
 // when the engine's per-layer event (shared with ImportEvent, ipc_event.h) fires, with no host
 // synchronisation on either side.
 //
-// Callers discover it at run time: dynamic_cast<DeviceOrdered*>(transport). The event's most
-// recent record at the time of the call is what the batch waits for (CUDA's cudaStreamWaitEvent
-// semantics); the event may be recorded again once the call returns, but must stay valid until
+// Callers discover it at run time: dynamic_cast<DeviceOrdered*>(transport). The batch waits at
+// least for the event's most recent record at the time of the call (CUDA's cudaStreamWaitEvent
+// semantics); the event may be recorded again once the call returns, and must stay valid until
 // the batch's completion ran: a backend may watch it from the host instead of waiting on the
 // device (a device-side wait on another process's event can make that process's records run
-// once per ~15 ms: benchmarks/pd_gpu.md).
+// once per ~15 ms: benchmarks/pd_gpu.md), and then a record made after the call delays the
+// batch until that one fired too.
 // Thread-safe like Transport::post().
 #pragma once
 

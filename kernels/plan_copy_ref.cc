@@ -40,31 +40,45 @@ Result<uint64_t> EncodePlanCopyTable(std::span<const Run> runs, void* table, uin
 Result<PlanCopyPrefix> EncodePlanCopyPrefix(std::span<const Run> runs, uint64_t max_chunks,
                                             void* table) {
   static_assert(kPlanCopyChunkBytes <= (uint64_t{1} << 16), "chunk length must fit 16 bits");
-  auto* out = static_cast<PlanCopyChunk*>(table);
-  PlanCopyPrefix done;
-  for (; done.runs < runs.size(); ++done.runs) {
-    const Run& run = runs[done.runs];
-    if (run.length == 0) continue;
-    const uint64_t need = PlanCopyRunChunks(run);
-    if (done.chunks > 0 && done.chunks + need > max_chunks) break;
+  // Locals and restrict pointers: with the counters in the returned struct and the table typed
+  // like the runs, every store could alias them and the compiler reloaded both per run (7.5 ns
+  // a run on the 2-core VM, the largest share of a 131072-run post).
+  PlanCopyChunk* __restrict out = static_cast<PlanCopyChunk*>(table);
+  const Run* __restrict in = runs.data();
+  const size_t count = runs.size();
+  size_t i = 0;
+  uint64_t chunks = 0;
+  bool out_of_range = false;  // checked once at the end: the table may then hold garbage
+  for (; i < count; ++i) {
+    const uint64_t src = in[i].src_offset, dst = in[i].dst_offset, length = in[i].length;
+    if (length == 0) continue;
+    out_of_range |= length > kPlanCopyMaxOffset || src > kPlanCopyMaxOffset - length ||
+                    dst > kPlanCopyMaxOffset - length;
+    if (length <= kPlanCopyChunkBytes) {  // the common case: one chunk
+      if (chunks >= max_chunks) break;    // with chunks == 0 (max_chunks 0), reported below
+      out[chunks++] = {src, dst | (length - 1) << 48};
+      continue;
+    }
+    const uint64_t need = (length + kPlanCopyChunkBytes - 1) / kPlanCopyChunkBytes;
+    if (chunks > 0 && chunks + need > max_chunks) break;
     if (need > max_chunks) {
       return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
                                      " chunks cannot hold a run of " + std::to_string(need));
     }
-    if (run.length > kPlanCopyMaxOffset || run.src_offset > kPlanCopyMaxOffset - run.length ||
-        run.dst_offset > kPlanCopyMaxOffset - run.length) {
-      return Status::InvalidArgument("plan copy offsets must stay below 2^48");
-    }
-    uint64_t src = run.src_offset, dst = run.dst_offset, left = run.length;
+    uint64_t s = src, d = dst, left = length;
     for (; left > kPlanCopyChunkBytes; left -= kPlanCopyChunkBytes) {
-      *out++ = {src, dst | (kPlanCopyChunkBytes - 1) << 48};
-      src += kPlanCopyChunkBytes;
-      dst += kPlanCopyChunkBytes;
+      out[chunks++] = {s, d | (kPlanCopyChunkBytes - 1) << 48};
+      s += kPlanCopyChunkBytes;
+      d += kPlanCopyChunkBytes;
     }
-    *out++ = {src, dst | (left - 1) << 48};
-    done.chunks += need;
+    out[chunks++] = {s, d | (left - 1) << 48};
   }
-  return done;
+  if (i < count && chunks == 0) {
+    return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
+                                   " chunks cannot hold a run of 1");
+  }
+  if (out_of_range) return Status::InvalidArgument("plan copy offsets must stay below 2^48");
+  return PlanCopyPrefix{i, chunks};
 }
 
 const char* CopyPathName(CopyPath path) {

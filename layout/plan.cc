@@ -390,6 +390,14 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
 }
 
 Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes) {
+  // One branch-free pass the compiler vectorizes (every post checks every run: 131072 of them
+  // for one TP 1->2 rank's request); the slow loop below only names the first bad run.
+  bool bad = false;
+  for (const Run& r : runs) {
+    bad |= (r.length > src_bytes) | (r.src_offset > src_bytes - r.length) | (r.length > dst_bytes) |
+           (r.dst_offset > dst_bytes - r.length);
+  }
+  if (!bad) return Status::Ok();
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     // Written as subtractions so that huge offsets cannot wrap around the bound.

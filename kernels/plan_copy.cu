@@ -110,6 +110,7 @@ struct TableSlot {
 // at least 64 KiB of each), and Copy() never waits on the device for a slot: a copy held behind
 // an event that never fires would hold its caller forever.
 constexpr size_t kMaxTableSlots = 256;
+constexpr int kInitialTableSlots = 16;
 
 struct PlanCopier::Impl {
   PlanCopyOptions options;
@@ -164,7 +165,10 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& op
   }
   KV_RETURN_IF_ERROR(detail::CudaStatus(
       cudaStreamCreateWithFlags(&impl->upload, cudaStreamNonBlocking), "upload stream"));
-  for (int i = 0; i < 2; ++i) {
+  // A new slot costs a cudaMalloc and a cudaMallocHost, up to ~1 ms on the H200 host, on the
+  // caller's thread: kvd's cuda_ipc channels kept 11-12 copies in flight each (kvbench pd,
+  // random block ids), so the pool starts with that many.
+  for (int i = 0; i < kInitialTableSlots; ++i) {
     impl->slots.push_back(std::make_unique<TableSlot>());
     KV_RETURN_IF_ERROR(impl->slots.back()->Init());
   }

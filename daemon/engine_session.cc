@@ -23,8 +23,12 @@ void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
   Engine& engine = engines_[id];
   engine.id = id;
   engine.conn = Connection::Adopt(io_, fd, EngineLimits(), "engine " + std::to_string(id));
-  engine.conn->Start([this, id](std::string body) { OnEngineMessage(id, body); },
-                     [this, id](const Status& why) { OnEngineClosed(id, why); });
+  engine.conn->Start(
+      [this, id](std::string body) {
+        OnEngineMessage(id, body);
+        FlushSendsIfDue();
+      },
+      [this, id](const Status& why) { OnEngineClosed(id, why); });
 }
 
 Engine* Daemon::Core::FindEngine(uint64_t id) {

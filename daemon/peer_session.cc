@@ -50,8 +50,12 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
   std::string label =
       "peer " + (peer.dialed_address.empty() ? "#" + std::to_string(id) : peer.dialed_address);
   peer.conn = Connection::Adopt(io_, fd, PeerLimits(), std::move(label));
-  peer.conn->Start([this, id](std::string body) { OnPeerMessage(id, body); },
-                   [this, id](const Status& why) { OnPeerClosed(id, why); });
+  peer.conn->Start(
+      [this, id](std::string body) {
+        OnPeerMessage(id, body);
+        FlushSendsIfDue();
+      },
+      [this, id](const Status& why) { OnPeerClosed(id, why); });
   proto::PeerMessage hello;
   *hello.mutable_hello() = BuildHello();
   (void)peer.conn->Send(hello);

@@ -28,19 +28,24 @@ void Daemon::Core::QueueSend(const Engine& engine, std::shared_ptr<Region> sourc
   group->runs.insert(group->runs.end(), plan.runs.begin(), plan.runs.end());
   group->parts.emplace_back(request_id, plan.bytes);
   group->deadline = std::min(group->deadline, deadline);
-  if (!flush_scheduled_) {
-    flush_scheduled_ = true;
-    boost::asio::post(io_, [this] { FlushSends(); });
-  }
+  ScheduleFlush();
 }
 
 void Daemon::Core::QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
                                std::string message) {
   send_notices_.push_back(QueuedNotice{peer, request_id, layer, std::move(message)});
-  if (!flush_scheduled_) {
-    flush_scheduled_ = true;
-    boost::asio::post(io_, [this] { FlushSends(); });
-  }
+  ScheduleFlush();
+}
+
+void Daemon::Core::ScheduleFlush() {
+  if (flush_scheduled_) return;
+  flush_scheduled_ = true;
+  sends_queued_at_ = Clock::now();
+  boost::asio::post(io_, [this] { FlushSends(); });
+}
+
+void Daemon::Core::FlushSendsIfDue() {
+  if (flush_scheduled_ && Clock::now() - sends_queued_at_ >= kMaxSendDelay) FlushSends();
 }
 
 void Daemon::Core::FlushSends() {

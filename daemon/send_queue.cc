@@ -45,7 +45,10 @@ void Daemon::Core::ScheduleFlush() {
 }
 
 void Daemon::Core::FlushSendsIfDue() {
-  if (flush_scheduled_ && Clock::now() - sends_queued_at_ >= kMaxSendDelay) FlushSends();
+  if (!flush_scheduled_) return;
+  if (bytes_in_flight_ < kLowWaterBytes || Clock::now() - sends_queued_at_ >= kMaxSendDelay) {
+    FlushSends();
+  }
 }
 
 void Daemon::Core::FlushSends() {
@@ -72,11 +75,17 @@ void Daemon::Core::FlushSends() {
                           events = engine->layer_events, layer = group.layer](Status s) {
                            for (const auto& [id, bytes] : parts) Trace("flushed", id, layer);
                            boost::asio::post(io_, [this, parts, s] {
-                             for (const auto& [id, bytes] : parts) OnBatchDone(id, s, bytes);
+                             for (const auto& [id, bytes] : parts) {
+                               bytes_in_flight_ -= bytes;
+                               OnBatchDone(id, s, bytes);
+                             }
                            });
                          });
     }
-    if (posted.ok()) ++batches_posted_;
+    if (posted.ok()) {
+      ++batches_posted_;
+      for (const auto& [id, bytes] : group.parts) bytes_in_flight_ += bytes;
+    }
     for (const auto& [id, bytes] : group.parts) {
       if (posted.ok()) {
         Trace("post", id, group.layer, bytes);

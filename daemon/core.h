@@ -259,7 +259,7 @@ class Daemon::Core {
   // ---- send_queue.cc ----
   // Queue a planned batch of `request_id` (merged into a group it shares everything with) and a
   // notice for after it; the first queued item schedules FlushSends on the io loop, and
-  // FlushSendsIfDue flushes earlier once it waited kMaxSendDelay.
+  // FlushSendsIfDue may flush earlier.
   void QueueSend(const Engine& engine, std::shared_ptr<Region> source,
                  std::shared_ptr<transport::RemoteMemory> remote, int layer,
                  const std::string& request_id, Clock::time_point deadline, Plan plan);
@@ -272,14 +272,14 @@ class Daemon::Core {
   // iterating over requests FlushSends can end). The scheduled flush runs only after every
   // handler queued before it: when an engine's save storm and a peer's wants arrive together,
   // the GPU idled ~2 ms per wave while the io loop worked through them with copies already
-  // planned (kvbench pd --memory cuda, random ids, H200 pair). So queued copies go out at once
-  // when less than kLowWaterBytes of this kvd's posts are still moving (the link is about to
-  // idle), and after kMaxSendDelay in any case. Flushing after every 100 us instead made 23
-  // posts of a request instead of 5, and random-id requests 0.64 -> 0.44 of the link: each post
-  // costs the transport tens of microseconds of the io thread.
+  // planned (kvbench pd --memory cuda, random ids, H200 pair). So queued copies also go out at
+  // once when less than kLowWaterBytes of this kvd's posts are still moving: the link is about
+  // to idle (random ids over cuda_ipc 0.61-0.67 -> 0.74 of the link with a 1 ms bound as well).
+  // Flushing on a timer makes more, smaller posts: every 100 us, 23 per request instead of 5 and
+  // 0.44 of the link; with the 1 ms bound, nccl (whose every batch costs a staged send and an
+  // ack) fell from 0.65-0.70 to 0.56-0.58, so there is no timer.
   void FlushSendsIfDue();
   void ScheduleFlush();
-  static constexpr auto kMaxSendDelay = std::chrono::milliseconds(1);
   static constexpr uint64_t kLowWaterBytes = uint64_t{64} << 20;
   void RequestLoad(DestRequest& request);
   // request_id by value: callers pass the id held by the request these functions erase.
@@ -320,8 +320,7 @@ class Daemon::Core {
   std::vector<SendGroup> send_groups_;
   std::vector<QueuedNotice> send_notices_;
   bool flush_scheduled_ = false;
-  Clock::time_point sends_queued_at_;  // when the first item of the current queue came
-  uint64_t bytes_in_flight_ = 0;       // of posts whose completion has not reached the io loop
+  uint64_t bytes_in_flight_ = 0;  // of posts whose completion has not reached the io loop
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
   std::unique_ptr<OffloadService> offload_;
 

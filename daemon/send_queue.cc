@@ -40,15 +40,11 @@ void Daemon::Core::QueueNotice(transport::PeerId peer, const std::string& reques
 void Daemon::Core::ScheduleFlush() {
   if (flush_scheduled_) return;
   flush_scheduled_ = true;
-  sends_queued_at_ = Clock::now();
   boost::asio::post(io_, [this] { FlushSends(); });
 }
 
 void Daemon::Core::FlushSendsIfDue() {
-  if (!flush_scheduled_) return;
-  if (bytes_in_flight_ < kLowWaterBytes || Clock::now() - sends_queued_at_ >= kMaxSendDelay) {
-    FlushSends();
-  }
+  if (flush_scheduled_ && bytes_in_flight_ < kLowWaterBytes) FlushSends();
 }
 
 void Daemon::Core::FlushSends() {

@@ -83,6 +83,7 @@ struct Peer {
   std::string name;                                          // from its hello
   bool ready = false;  // hello exchanged and transport connected
   transport::PeerId transport_peer = 0;
+  uint64_t transport_endpoint = 0;  // open_endpoint()'s, until connect_endpoint() takes it
   Clock::time_point last_heard;
   std::vector<proto::PeerMessage> queued;  // sent once ready
   // The peer's regions imported into the transport, by packed descriptor: every request into a

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/connect.hpp>
+#include <utility>
 
 #include "daemon/core.h"
 #include "daemon/wire_layout.h"
@@ -58,6 +59,18 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
       [this, id](const Status& why) { OnPeerClosed(id, why); });
   proto::PeerMessage hello;
   *hello.mutable_hello() = BuildHello();
+  // The peer gets a transport end of its own where the backend has one, so that its failure
+  // cannot wedge what other peers send us (transport.h, open_endpoint).
+  if (peer.transport_endpoint != 0) transport_->release_endpoint(peer.transport_endpoint);
+  peer.transport_endpoint = 0;
+  Result<transport::Transport::LocalEndpoint> endpoint = transport_->open_endpoint();
+  if (endpoint.ok()) {
+    peer.transport_endpoint = endpoint->id;
+    hello.mutable_hello()->set_transport_address(std::move(endpoint->address));
+  } else {
+    spdlog::warn("kvd {}: {}: no transport endpoint of its own ({}); sharing one", options_.name,
+                 peer.conn->label(), endpoint.status().ToString());
+  }
   (void)peer.conn->Send(hello);
 }
 
@@ -227,7 +240,9 @@ Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) 
                                 std::string(transport_->name()) + "'");
   }
   KV_RETURN_IF_ERROR(CheckPeerLayouts(options_.name, BuildHello(), hello));
-  KV_ASSIGN_OR_RETURN(peer.transport_peer, transport_->connect(hello.transport_address()));
+  const uint64_t endpoint = std::exchange(peer.transport_endpoint, 0);  // consumed either way
+  KV_ASSIGN_OR_RETURN(peer.transport_peer,
+                      transport_->connect_endpoint(hello.transport_address(), endpoint));
   peer.name = hello.node_name();
   peer.ready = true;
   spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer.name, hello.ranks_size());
@@ -251,6 +266,7 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   FailRequestsOfPeer(
       peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
   if (peer->ready) transport_->disconnect(peer->transport_peer);
+  if (peer->transport_endpoint != 0) transport_->release_endpoint(peer->transport_endpoint);
   peers_.erase(peer_id);
 }
 

@@ -100,6 +100,24 @@ class Transport {
   }
 
   virtual Result<PeerId> connect(std::string_view peer_address) = 0;
+
+  // A local end reserved for one peer: a handshake sends `address` to that peer instead of
+  // address(), and connects to the peer's address with connect_endpoint(..., id). Backends that
+  // give each peer resources of its own use it so that a peer's failure stays with that peer (ucx:
+  // a worker per peer; a sender SIGKILLed half-way through a write into a shared-memory FIFO
+  // wedges the receiving worker for good). connect_endpoint() consumes the endpoint, also when it
+  // fails; one never connected is given back with release_endpoint(). The defaults share
+  // address() and connect() between all peers.
+  struct LocalEndpoint {
+    uint64_t id = 0;
+    std::string address;
+  };
+  virtual Result<LocalEndpoint> open_endpoint() { return LocalEndpoint{0, address()}; }
+  virtual Result<PeerId> connect_endpoint(std::string_view peer_address, uint64_t endpoint) {
+    (void)endpoint;
+    return connect(peer_address);
+  }
+  virtual void release_endpoint(uint64_t endpoint) { (void)endpoint; }
   // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound.
   virtual void disconnect(PeerId peer) = 0;
 

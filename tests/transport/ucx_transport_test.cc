@@ -176,6 +176,45 @@ TEST_P(UcxPair, DisconnectForgetsThePeerAndReconnectWorks) {
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), 4096));
 }
 
+// A peer that comes through open_endpoint() has a worker of its own on this side (a sender
+// killed mid-write into a shared-memory FIFO wedges the worker it wrote to); the peers on the
+// shared worker carry on when it goes.
+TEST_P(UcxPair, AnEndpointServesItsPeerAndGoesWithIt) {
+  auto endpoint = target->open_endpoint();
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().ToString();
+  EXPECT_NE(endpoint->id, 0u);
+  EXPECT_NE(endpoint->address, target->address());
+  auto unused = target->open_endpoint();
+  ASSERT_TRUE(unused.ok());
+  target->release_endpoint(unused->id);
+
+  auto other = CreateTransport("ucx", Tls(GetParam()));
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  {
+    auto reg = (*other)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+    ASSERT_TRUE(reg.ok());
+    auto to_target = (*other)->connect(endpoint->address);
+    ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
+    auto back = target->connect_endpoint((*other)->address(), endpoint->id);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    // Consumed: a second connect on it is refused, and so is a released one.
+    EXPECT_EQ(target->connect_endpoint((*other)->address(), endpoint->id).status().code(),
+              Code::kNotFound);
+    EXPECT_EQ(target->connect_endpoint((*other)->address(), unused->id).status().code(),
+              Code::kNotFound);
+    auto r = (*other)->import_remote(*to_target, dst_reg->packed_descriptor());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(PostAndWait(**other, Op::kPut, **reg, **r, {{8192, 1 << 20, 8192}}).ok());
+    EXPECT_EQ(0, std::memcmp(src.data() + 8192, dst.data() + (1 << 20), 8192));
+    r->reset();
+    (*other)->disconnect(*to_target);
+    target->disconnect(*back);
+  }
+  // The shared worker still serves the initiator.
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 0, 8192}}).ok());
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), 8192));
+}
+
 TEST_P(UcxPair, DisconnectWithBatchesInFlightCompletesEveryOne) {
   std::vector<kv::Run> runs = {{0, 0, src.size()}};
   // Let wire-up finish first: UCX 1.13 aborts the peer's process when an endpoint is reset while

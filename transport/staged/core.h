@@ -164,6 +164,9 @@ class Core final : public Transport, public DeviceOrdered {
     return inner_->allocate_memory(length, where);
   }
   Result<PeerId> connect(std::string_view peer_address) override;
+  Result<LocalEndpoint> open_endpoint() override { return inner_->open_endpoint(); }
+  Result<PeerId> connect_endpoint(std::string_view peer_address, uint64_t endpoint) override;
+  void release_endpoint(uint64_t endpoint) override { inner_->release_endpoint(endpoint); }
   void disconnect(PeerId peer) override;
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override;

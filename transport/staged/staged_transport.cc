@@ -142,6 +142,13 @@ Result<PeerId> Core::connect(std::string_view peer_address) {
   return peer;
 }
 
+Result<PeerId> Core::connect_endpoint(std::string_view peer_address, uint64_t endpoint) {
+  KV_ASSIGN_OR_RETURN(PeerId peer, inner_->connect_endpoint(peer_address, endpoint));
+  std::lock_guard lock(mu_);
+  connected_.insert(peer);
+  return peer;
+}
+
 void Core::disconnect(PeerId peer) {
   {
     std::lock_guard lock(mu_);

@@ -1,11 +1,12 @@
 // UcxTransport's internals, shared by ucx_transport.cc (the public verbs, callable from any
 // thread) and ucx_progress.cc (everything that runs on the progress thread).
 //
-// Threading model: the ucp worker is single-threaded and is touched only by the progress thread.
+// Threading model: the ucp workers (one shared, one per peer that came through open_endpoint())
+// are single-threaded and touched only by the progress thread, which polls them all.
 // Callers validate their input, then hand the work over as a command (Enqueue); calls that need
 // an answer (connect, import_remote) wait for it with a deadline (RunSync). The progress thread
 // polls for kIdleSpin after the last event (kBusySpin while batches are in flight), then
-// arms the worker and sleeps in epoll on the worker's fd and an eventfd that Enqueue rings: fast
+// arms the workers and sleeps in epoll on their fds and an eventfd that Enqueue rings: fast
 // under load, no CPU when idle (the daemon must not spin an idle core on a 2-core host).
 //
 // Rules (the contract of Transport, made precise for UCX):
@@ -55,6 +56,8 @@ namespace kv::transport::ucx {
 inline constexpr unsigned kNotifyAmId = 17;
 inline constexpr size_t kMaxNotification = 64 << 10;
 inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
+// An endpoint close still unfinished after this is abandoned, so that its worker can go.
+inline constexpr auto kCloseTimeout = std::chrono::seconds(5);
 // After its last event the progress thread polls kPureSpin flat out, then keeps polling but
 // yields the core between polls (on two cores the peer it waits for may need it), and sleeps
 // in epoll only after kIdleSpin (kBusySpin with batches in flight). Protocols that ping-pong
@@ -72,12 +75,37 @@ inline constexpr const char* kMaxInFlightVariable = "KV_UCX_MAX_INFLIGHT_BYTES";
 
 class Engine;
 
+// One ucp worker and its wake-up fd. Peers that connect() share the engine's first worker; a
+// peer that comes through open_endpoint() gets a worker of its own. Whatever uses a worker holds
+// it (its peer, remote keys, close requests), and the last holder to go destroys it (on the
+// progress thread, or after it stopped).
+//
+// Why a worker per peer: a shared-memory sender reserves an element of the receiving worker's
+// FIFO before it writes it; a sender SIGKILLed in between leaves a hole the receiver waits on
+// forever, so nothing sent to that worker after it (a new peer's wire-up, puts, notifications)
+// is ever delivered. Seen in UCX 1.13.1: in a decode kvd's sysv FIFO element 1524 was never
+// written and 1525, written by the next prefill kvd, sat behind it. A dead peer's worker goes
+// with it.
+struct WorkerSlot {
+  WorkerSlot(Engine* engine, WorkerPtr worker, int efd, std::string address)
+      : engine(engine), worker(std::move(worker)), efd(efd), address(std::move(address)) {}
+  ~WorkerSlot();
+  WorkerSlot(const WorkerSlot&) = delete;
+  WorkerSlot& operator=(const WorkerSlot&) = delete;
+  Engine* engine;
+  WorkerPtr worker;
+  int efd;
+  std::string address;
+};
+
 // An unpacked remote key; ucp_rkey_destroy is a worker call, so it is deferred to the progress
-// thread.
+// thread. Holds the worker of the endpoint it was unpacked on.
 struct RemoteKey {
-  RemoteKey(Engine* engine, ucp_rkey_h rkey) : engine(engine), rkey(rkey) {}
+  RemoteKey(Engine* engine, std::shared_ptr<WorkerSlot> slot, ucp_rkey_h rkey)
+      : engine(engine), slot(std::move(slot)), rkey(rkey) {}
   ~RemoteKey();
   Engine* engine;
+  std::shared_ptr<WorkerSlot> slot;
   ucp_rkey_h rkey;
 };
 
@@ -122,6 +150,7 @@ struct Queued {
 struct Peer {
   Engine* engine = nullptr;
   PeerId id = 0;
+  std::shared_ptr<WorkerSlot> slot;  // the worker `ep` lives on
   ucp_ep_h ep = nullptr;
   std::deque<Note> notes;
   uint64_t next_note = 0;
@@ -148,12 +177,14 @@ class UniqueFd {
 
 class Engine {
  public:
-  // Sets up wake-up (worker fd + an eventfd in one epoll set) and starts the progress thread.
-  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, WorkerPtr worker,
-                                                uint64_t max_bytes_in_flight);
+  // Creates the first worker, sets up wake-up (the workers' fds + an eventfd in one epoll set)
+  // and starts the progress thread.
+  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, uint64_t max_bytes_in_flight);
   ~Engine();  // stops the progress thread; aborts whatever is still in flight
 
   ucp_context_h context() const { return context_.get(); }
+  // The shared worker's address. Any thread.
+  const std::string& worker_address() const { return shared_address_; }
   bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
   // Runs `command` on the progress thread, in call order. Never blocks.
@@ -163,16 +194,22 @@ class Engine {
   Result<T> RunSync(std::function<Result<T>()> fn);
 
   // ---- Progress thread only ------------------------------------------------------------------
-  Result<PeerId> Connect(const std::string& worker_address, PeerId id);
+  // A worker reserved for one peer: its id and address.
+  Result<std::pair<uint64_t, std::string>> OpenEndpoint();
+  void ReleaseEndpoint(uint64_t endpoint) { endpoints_.erase(endpoint); }
+  // On the reserved worker `endpoint` (consumed), or the shared one for 0.
+  Result<PeerId> Connect(const std::string& worker_address, PeerId id, uint64_t endpoint);
   Status Disconnect(PeerId id);
-  Result<ucp_rkey_h> UnpackRkey(PeerId id, const std::string& packed);
+  Result<std::shared_ptr<RemoteKey>> UnpackRkey(PeerId id, const std::string& packed);
   void Post(BatchState* batch);
   void Notify(PeerId id, std::string message);
   void SetHandler(NotificationHandler handler) { handler_ = std::move(handler); }
 
  private:
-  Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd,
-         uint64_t max_bytes_in_flight);
+  friend struct WorkerSlot;
+  Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd, uint64_t max_bytes_in_flight);
+  Result<std::shared_ptr<WorkerSlot>> OpenWorker();
+  void CloseWorker(WorkerSlot* slot);  // from ~WorkerSlot
   void Loop();
   bool RunCommands();
   void Sleep(bool work_in_flight);
@@ -196,11 +233,15 @@ class Engine {
   static ucs_status_t OnNotification(void* arg, const void* header, size_t header_length,
                                      void* data, size_t length, const ucp_am_recv_param_t* param);
 
-  ContextPtr context_;
-  WorkerPtr worker_;  // destroyed before the context: members go in reverse order
+  ContextPtr context_;  // declared first: destroyed after every worker
   UniqueFd wake_fd_;
   UniqueFd epoll_fd_;
   const uint64_t max_bytes_in_flight_;  // per peer
+
+  std::string shared_address_;  // set before the progress thread starts
+  // Every live worker, polled in turn (progress thread). Declared before everything that can
+  // hold a worker, so that it outlives them.
+  std::vector<WorkerSlot*> workers_;
 
   std::mutex queue_mu_;
   std::vector<std::function<void()>> commands_;  // guarded by queue_mu_
@@ -208,11 +249,19 @@ class Engine {
   std::atomic<bool> sleeping_{false};
 
   // Progress-thread state.
+  std::shared_ptr<WorkerSlot> shared_;                                   // for connect()
+  std::unordered_map<uint64_t, std::shared_ptr<WorkerSlot>> endpoints_;  // opened, not connected
+  uint64_t next_endpoint_ = 1;
   std::vector<std::function<void()>> running_;  // the commands being run, swapped with commands_
   bool stopping_ = false;
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;
-  std::vector<std::pair<std::unique_ptr<Peer>, void*>> closing_;  // peer, close request
+  struct Closing {
+    std::unique_ptr<Peer> peer;
+    void* request;
+    Clock::time_point give_up;  // a close that hangs (a wedged worker) is abandoned
+  };
+  std::vector<Closing> closing_;
   std::set<BatchState*> in_flight_;
   NotificationHandler handler_;
 

@@ -13,41 +13,49 @@
 namespace kv::transport::ucx {
 
 RemoteKey::~RemoteKey() {
-  ucp_rkey_h key = rkey;
-  engine->Enqueue([key] { ucp_rkey_destroy(key); });
+  // The key goes before its worker can: the command holds the worker.
+  engine->Enqueue([key = rkey, slot = std::move(slot)] { ucp_rkey_destroy(key); });
+}
+
+WorkerSlot::~WorkerSlot() {
+  engine->CloseWorker(this);
 }
 
 UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, WorkerPtr worker,
-                                               uint64_t max_bytes_in_flight) {
-  int worker_fd = -1;
-  if (ucs_status_t s = ucp_worker_get_efd(worker.get(), &worker_fd); s != UCS_OK)
-    return FromUcs(s, "ucp_worker_get_efd");
+Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, uint64_t max_bytes_in_flight) {
   UniqueFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
   if (wake.get() < 0 || epoll.get() < 0)
     return Status::IoError(std::string("eventfd/epoll_create1: ") + std::strerror(errno));
-  for (int fd : {worker_fd, wake.get()}) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.fd = fd;
-    if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &event) != 0)
-      return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
-  }
-  return std::unique_ptr<Engine>(new Engine(std::move(context), std::move(worker), std::move(wake),
-                                            std::move(epoll), max_bytes_in_flight));
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = wake.get();
+  if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &event) != 0)
+    return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(context), std::move(wake), std::move(epoll), max_bytes_in_flight));
+  KV_ASSIGN_OR_RETURN(engine->shared_, engine->OpenWorker());
+  engine->shared_address_ = engine->shared_->address;
+  engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  return engine;
 }
 
-Engine::Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd epoll_fd,
+Engine::Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd,
                uint64_t max_bytes_in_flight)
     : context_(std::move(context)),
-      worker_(std::move(worker)),
       wake_fd_(std::move(wake_fd)),
       epoll_fd_(std::move(epoll_fd)),
-      max_bytes_in_flight_(max_bytes_in_flight) {
+      max_bytes_in_flight_(max_bytes_in_flight) {}
+
+Result<std::shared_ptr<WorkerSlot>> Engine::OpenWorker() {
+  KV_ASSIGN_OR_RETURN(WorkerPtr worker, CreateWorker(context_.get()));
+  KV_ASSIGN_OR_RETURN(std::string address, WorkerAddress(worker.get()));
+  int efd = -1;
+  if (ucs_status_t s = ucp_worker_get_efd(worker.get(), &efd); s != UCS_OK)
+    return FromUcs(s, "ucp_worker_get_efd");
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -55,12 +63,33 @@ Engine::Engine(ContextPtr context, WorkerPtr worker, UniqueFd wake_fd, UniqueFd 
   am.flags = UCP_AM_FLAG_WHOLE_MSG;
   am.cb = &Engine::OnNotification;
   am.arg = this;
-  // Cannot fail for a valid id on a worker created with UCP_FEATURE_AM.
-  (void)ucp_worker_set_am_recv_handler(worker_.get(), &am);
-  thread_ = std::thread([this] { Loop(); });
+  if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker.get(), &am); s != UCS_OK)
+    return FromUcs(s, "ucp_worker_set_am_recv_handler");
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = efd;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, efd, &event) != 0)
+    return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
+  auto slot = std::make_shared<WorkerSlot>(this, std::move(worker), efd, std::move(address));
+  workers_.push_back(slot.get());
+  return slot;
+}
+
+void Engine::CloseWorker(WorkerSlot* slot) {
+  (void)::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, slot->efd, nullptr);
+  std::erase(workers_, slot);
+}
+
+Result<std::pair<uint64_t, std::string>> Engine::OpenEndpoint() {
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<WorkerSlot> slot, OpenWorker());
+  const uint64_t id = next_endpoint_++;
+  std::string address = slot->address;
+  endpoints_[id] = std::move(slot);
+  return std::make_pair(id, std::move(address));
 }
 
 Engine::~Engine() {
+  if (!thread_.joinable()) return;  // Create() failed before starting it
   Enqueue([this] { stopping_ = true; });
   thread_.join();
 }
@@ -98,7 +127,7 @@ void Engine::Loop() {
   for (uint32_t turn = 1;; ++turn) {
     worked |= RunCommands();
     if (stopping_) break;
-    worked |= ucp_worker_progress(worker_.get()) != 0;
+    for (WorkerSlot* slot : workers_) worked |= ucp_worker_progress(slot->worker.get()) != 0;
     if (!endpoint_errors_.empty()) HandleEndpointErrors();
     // The clock is read once every 64 turns: cheap next to a deadline of milliseconds.
     if (turn % 64 != 0) continue;
@@ -121,7 +150,9 @@ void Engine::Loop() {
 }
 
 void Engine::Sleep(bool work_in_flight) {
-  if (ucp_worker_arm(worker_.get()) != UCS_OK) return;  // UCS_ERR_BUSY: events are pending
+  for (WorkerSlot* slot : workers_) {
+    if (ucp_worker_arm(slot->worker.get()) != UCS_OK) return;  // UCS_ERR_BUSY: events pending
+  }
   sleeping_.store(true);
   {
     std::lock_guard lock(queue_mu_);
@@ -131,8 +162,8 @@ void Engine::Sleep(bool work_in_flight) {
     }
   }
   // Deadlines are checked at least every 5 ms while batches are in flight.
-  epoll_event events[2];
-  int n = ::epoll_wait(epoll_fd_.get(), events, 2, work_in_flight ? 5 : 1000);
+  epoll_event events[8];
+  int n = ::epoll_wait(epoll_fd_.get(), events, 8, work_in_flight ? 5 : 1000);
   sleeping_.store(false);
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == wake_fd_.get()) {
@@ -142,10 +173,19 @@ void Engine::Sleep(bool work_in_flight) {
   }
 }
 
-Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id) {
+Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uint64_t endpoint) {
   auto peer = std::make_unique<Peer>();
   peer->engine = this;
   peer->id = id;
+  if (endpoint == 0) {
+    peer->slot = shared_;
+  } else {
+    auto it = endpoints_.find(endpoint);
+    if (it == endpoints_.end())
+      return Status::NotFound("ucx endpoint " + std::to_string(endpoint) + " is not open");
+    peer->slot = std::move(it->second);
+    endpoints_.erase(it);
+  }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -153,7 +193,7 @@ Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id) {
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Engine::OnEndpointError;
   params.err_handler.arg = peer.get();
-  if (ucs_status_t s = ucp_ep_create(worker_.get(), &params, &peer->ep); s != UCS_OK)
+  if (ucs_status_t s = ucp_ep_create(peer->slot->worker.get(), &params, &peer->ep); s != UCS_OK)
     return FromUcs(s, "ucp_ep_create");
   peers_[id] = std::move(peer);
   return id;
@@ -164,13 +204,13 @@ Status Engine::Disconnect(PeerId id) {
   return Status::Ok();
 }
 
-Result<ucp_rkey_h> Engine::UnpackRkey(PeerId id, const std::string& packed) {
+Result<std::shared_ptr<RemoteKey>> Engine::UnpackRkey(PeerId id, const std::string& packed) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return Status::Unavailable("peer " + std::to_string(id) + " has failed");
   ucp_rkey_h rkey = nullptr;
   if (ucs_status_t s = ucp_ep_rkey_unpack(it->second->ep, packed.data(), &rkey); s != UCS_OK)
     return FromUcs(s, "ucp_ep_rkey_unpack");
-  return rkey;
+  return std::make_shared<RemoteKey>(this, it->second->slot, rkey);
 }
 
 void Engine::Post(BatchState* batch) {
@@ -317,7 +357,8 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
-  if (UCS_PTR_IS_PTR(request)) closing_.emplace_back(std::move(peer), request);
+  if (UCS_PTR_IS_PTR(request))
+    closing_.push_back(Closing{std::move(peer), request, Clock::now() + kCloseTimeout});
 }
 
 void Engine::Notify(PeerId id, std::string message) {
@@ -394,10 +435,12 @@ ucs_status_t Engine::OnNotification(void* arg, const void*, size_t, void* data, 
 }
 
 void Engine::ReapClosedEndpoints() {
-  std::erase_if(closing_, [](auto& entry) {
-    if (ucp_request_check_status(entry.second) == UCS_INPROGRESS) return false;
-    ucp_request_free(entry.second);
-    return true;
+  const Clock::time_point now = Clock::now();
+  std::erase_if(closing_, [now](Closing& entry) {
+    if (ucp_request_check_status(entry.request) == UCS_INPROGRESS && now < entry.give_up)
+      return false;
+    ucp_request_free(entry.request);  // UCX releases an unfinished one when it completes
+    return true;                      // drops the peer and, if it was the last holder, its worker
   });
 }
 
@@ -405,11 +448,12 @@ void Engine::Shutdown() {
   std::vector<PeerId> ids;
   for (const auto& [id, peer] : peers_) ids.push_back(id);
   for (PeerId id : ids) FailPeer(id, Status::Aborted("the transport was closed"));
+  endpoints_.clear();
   // Force-closed endpoints release their requests within a few progress calls; bound it anyway.
   Clock::time_point give_up = Clock::now() + std::chrono::seconds(2);
   for (;;) {
     RunCommands();
-    ucp_worker_progress(worker_.get());
+    for (WorkerSlot* slot : workers_) ucp_worker_progress(slot->worker.get());
     ReapClosedEndpoints();
     if ((in_flight_.empty() && closing_.empty()) || Clock::now() > give_up) break;
   }
@@ -419,7 +463,7 @@ void Engine::Shutdown() {
     Finish(batch, UCS_OK);
   }
   RunCommands();  // remote keys released by the batches above
-  for (auto& entry : closing_) ucp_request_free(entry.second);
+  for (Closing& entry : closing_) ucp_request_free(entry.request);
   closing_.clear();
 }
 

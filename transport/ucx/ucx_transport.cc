@@ -64,8 +64,8 @@ class UcxRemote final : public RemoteMemory {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(std::unique_ptr<Engine> engine, std::string address, bool cuda)
-      : engine_(std::move(engine)), address_(std::move(address)), cuda_(cuda) {}
+  UcxTransport(std::unique_ptr<Engine> engine, bool cuda)
+      : engine_(std::move(engine)), address_(Wrap(engine_->worker_address())), cuda_(cuda) {}
 
   std::string_view name() const override { return "ucx"; }
   std::string address() const override { return address_; }
@@ -101,30 +101,26 @@ class UcxTransport final : public Transport {
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {
-    ByteReader in(peer_address);
-    uint32_t magic = 0, version = 0;
-    std::string_view worker;
-    if (!in.u32(&magic) || magic != kAddressMagic || !in.u32(&version) || !in.bytes(&worker) ||
-        !in.at_end() || worker.empty() || worker.size() > kMaxBlob)
-      return Status::InvalidArgument("not a ucx transport address");
-    if (version != kWireVersion)
-      return Status::Incompatible("ucx address version " + std::to_string(version) +
-                                  ", this build speaks " + std::to_string(kWireVersion));
-    PeerId id;
-    {
-      std::lock_guard lock(mu_);
-      id = next_peer_++;
-    }
-    Result<PeerId> connected = engine_->RunSync<PeerId>(
-        [this, id, w = std::string(worker)] { return engine_->Connect(w, id); });
-    if (!connected.ok()) {
-      // Timed out, the Connect is still queued: close what it will open (commands run in order).
-      engine_->Enqueue([this, id] { (void)engine_->Disconnect(id); });
-      return connected.status();
-    }
-    std::lock_guard lock(mu_);
-    peers_.insert(*connected);
-    return *connected;
+    return Connect(peer_address, 0);
+  }
+
+  Result<LocalEndpoint> open_endpoint() override {
+    using Opened = std::pair<uint64_t, std::string>;
+    Result<Opened> opened = engine_->RunSync<Opened>([this] { return engine_->OpenEndpoint(); });
+    if (!opened.ok()) return opened.status();
+    return LocalEndpoint{opened->first, Wrap(opened->second)};
+  }
+
+  Result<PeerId> connect_endpoint(std::string_view peer_address, uint64_t endpoint) override {
+    Result<PeerId> connected = Connect(peer_address, endpoint);
+    // Consumed either way: a Connect that never ran (malformed address) gives it back here.
+    if (!connected.ok()) release_endpoint(endpoint);
+    return connected;
+  }
+
+  void release_endpoint(uint64_t endpoint) override {
+    if (endpoint == 0) return;
+    engine_->Enqueue([engine = engine_.get(), endpoint] { engine->ReleaseEndpoint(endpoint); });
   }
 
   void disconnect(PeerId peer) override {
@@ -150,13 +146,12 @@ class UcxTransport final : public Transport {
       return Status::Incompatible("ucx descriptor version " + std::to_string(version));
     if (length == 0 || address + length < address)
       return Status::InvalidArgument("ucx descriptor range wraps around or is empty");
-    KV_ASSIGN_OR_RETURN(ucp_rkey_h key,
-                        engine_->RunSync<ucp_rkey_h>([this, peer, r = std::string(rkey)] {
-                          return engine_->UnpackRkey(peer, r);
-                        }));
+    KV_ASSIGN_OR_RETURN(
+        std::shared_ptr<ucx::RemoteKey> key,
+        engine_->RunSync<std::shared_ptr<ucx::RemoteKey>>(
+            [this, peer, r = std::string(rkey)] { return engine_->UnpackRkey(peer, r); }));
     return std::unique_ptr<RemoteMemory>(
-        new UcxRemote(engine_.get(), peer, address, length,
-                      std::make_shared<ucx::RemoteKey>(engine_.get(), key)));
+        new UcxRemote(engine_.get(), peer, address, length, std::move(key)));
   }
 
   Status post(const Batch& batch, Completion done) override {
@@ -202,6 +197,40 @@ class UcxTransport final : public Transport {
   }
 
  private:
+  static std::string Wrap(const std::string& worker_address) {
+    return ByteWriter().u32(kAddressMagic).u32(kWireVersion).bytes(worker_address).take();
+  }
+
+  // On the reserved worker `endpoint`, or the shared one for 0.
+  Result<PeerId> Connect(std::string_view peer_address, uint64_t endpoint) {
+    ByteReader in(peer_address);
+    uint32_t magic = 0, version = 0;
+    std::string_view worker;
+    if (!in.u32(&magic) || magic != kAddressMagic || !in.u32(&version) || !in.bytes(&worker) ||
+        !in.at_end() || worker.empty() || worker.size() > kMaxBlob)
+      return Status::InvalidArgument("not a ucx transport address");
+    if (version != kWireVersion)
+      return Status::Incompatible("ucx address version " + std::to_string(version) +
+                                  ", this build speaks " + std::to_string(kWireVersion));
+    PeerId id;
+    {
+      std::lock_guard lock(mu_);
+      id = next_peer_++;
+    }
+    Result<PeerId> connected =
+        engine_->RunSync<PeerId>([this, id, endpoint, w = std::string(worker)] {
+          return engine_->Connect(w, id, endpoint);
+        });
+    if (!connected.ok()) {
+      // Timed out, the Connect is still queued: close what it will open (commands run in order).
+      engine_->Enqueue([this, id] { (void)engine_->Disconnect(id); });
+      return connected.status();
+    }
+    std::lock_guard lock(mu_);
+    peers_.insert(*connected);
+    return *connected;
+  }
+
   Status CheckPeer(PeerId peer) {
     std::lock_guard lock(mu_);
     if (peers_.count(peer) == 0)
@@ -238,14 +267,10 @@ Result<uint64_t> MaxBytesInFlight() {
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
   KV_ASSIGN_OR_RETURN(uint64_t max_in_flight, MaxBytesInFlight());
   KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(options));
-  KV_ASSIGN_OR_RETURN(ucx::WorkerPtr worker, ucx::CreateWorker(context.get()));
-  KV_ASSIGN_OR_RETURN(std::string worker_address, ucx::WorkerAddress(worker.get()));
   bool cuda = ucx::ContextSupports(context.get(), MemoryKind::kCuda);
-  std::string address =
-      ByteWriter().u32(kAddressMagic).u32(kWireVersion).bytes(worker_address).take();
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                      Engine::Create(std::move(context), std::move(worker), max_in_flight));
-  return std::unique_ptr<Transport>(new UcxTransport(std::move(engine), std::move(address), cuda));
+                      Engine::Create(std::move(context), max_in_flight));
+  return std::unique_ptr<Transport>(new UcxTransport(std::move(engine), cuda));
 }
 
 }  // namespace kv::transport

@@ -154,11 +154,15 @@ Result<std::vector<KvCache>> Connector::RegisterGpuKvCaches(std::span<const GpuK
     auto* reg = m.mutable_register_gpu_region();
     daemon::ToWire(out[i].layout.spec(), reg->mutable_layout());
     reg->set_bytes(out[i].bytes);
+    const bool vmm = exports[i].kind == transport::gpu::ShareKind::kPosixFd;
+    reg->set_share(vmm ? proto::GPU_SHARE_POSIX_FD : proto::GPU_SHARE_CUDA_IPC);
     reg->set_ipc_handle(exports[i].handle);
     reg->set_offset(exports[i].offset);
     reg->set_allocation_bytes(exports[i].allocation_bytes);
     reg->set_device_uuid(exports[i].device_uuid);
-    KV_RETURN_IF_ERROR(client_->Call(std::move(m)).status());
+    // A VMM allocation's fd goes with the message (kvd keeps its own copy); ours closes with
+    // `exports`.
+    KV_RETURN_IF_ERROR(client_->Call(std::move(m), vmm ? exports[i].fd.get() : -1).status());
   }
   proto::EngineMessage m;
   auto* shared = m.mutable_register_layer_events();

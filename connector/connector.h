@@ -71,12 +71,14 @@ struct KvCache {
   KvRegion layout;
 };
 
-// A KV cache the engine allocated on a GPU itself (cudaMalloc, as vLLM does).
+// A KV cache the engine allocated on a GPU itself: cudaMalloc (as vLLM does), or one CUDA VMM
+// allocation (cuMemCreate + cuMemMap, e.g. PyTorch's expandable segments) created with
+// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requestedHandleTypes; a cache must lie inside
+// one such mapping. Stream-ordered pool memory (cudaMallocAsync) is refused.
 struct GpuKvCache {
-  void* base =
-      nullptr;        // device pointer; its allocation must be exportable with cudaIpcGetMemHandle
-  int device = 0;     // CUDA ordinal in this process
-  LayoutSpec layout;  // region_bytes 0 = the strides' span
+  void* base = nullptr;  // device pointer
+  int device = 0;        // CUDA ordinal in this process
+  LayoutSpec layout;     // region_bytes 0 = the strides' span
 };
 
 struct Finished {
@@ -162,7 +164,8 @@ class Connector {
   Result<std::vector<KvCache>> RegisterKvCaches(std::span<const LayoutSpec> layouts);
 
   // Once, instead of RegisterKvCaches (a connector registers host caches or GPU caches, not
-  // both). kvd opens each cache through CUDA IPC once and keeps it open until the engine leaves.
+  // both). kvd opens each cache through CUDA IPC (a VMM allocation: through its fd, passed over
+  // kvd's socket) once and keeps it open until the engine leaves.
   // Also creates one interprocess CUDA event per layer and shares it with kvd, so kvd's copies of
   // a saved layer wait on the device for the engine's writes (no host sync in the engine).
   // Returned KvCache.base is the engine's device pointer. Every cache must live on one device

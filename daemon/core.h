@@ -47,9 +47,9 @@ using Clock = std::chrono::steady_clock;
 
 // One registered KV region: its layout, where kvd reaches its bytes, what keeps them mapped here
 // and the transport registration. A host region is the engine's memfd mapped into kvd; a GPU
-// region is the engine's cudaMalloc allocation opened through CUDA IPC (gpu_regions.cc). Shared:
-// batches and offload copies in flight hold it, so the mapping outlives an engine's disconnect
-// until they finish.
+// region is the engine's allocation opened through CUDA IPC, or through its fd for a VMM
+// allocation (gpu_regions.cc). Shared: batches and offload copies in flight hold it, so the
+// mapping outlives an engine's disconnect until they finish.
 struct Region {
   KvRegion layout;
   void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory

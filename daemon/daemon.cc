@@ -82,7 +82,8 @@ std::string Daemon::Core::transport_name() const {
 ConnectionLimits Daemon::Core::EngineLimits() const {
   ConnectionLimits limits;
   limits.max_frame_bytes = options_.max_frame_bytes;
-  limits.max_queued_fds = 1;  // one per RegisterRegion, claimed as the message is handled
+  // One per RegisterRegion or VMM RegisterGpuRegion, claimed as the message is handled.
+  limits.max_queued_fds = 1;
   limits.partial_frame_timeout = options_.partial_frame_timeout;
   return limits;
 }

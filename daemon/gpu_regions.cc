@@ -1,5 +1,6 @@
-// GPU engines in kvd: their cudaMalloc'ed KV caches opened through CUDA IPC, their per-layer
-// events, and batches out of their regions ordered after those events on the device.
+// GPU engines in kvd: their KV caches opened through CUDA IPC (cudaMalloc memory) or their VMM
+// allocations' fds, their per-layer events, and batches out of their regions ordered after those
+// events on the device.
 #include <spdlog/spdlog.h>
 
 #include "daemon/core.h"
@@ -11,6 +12,18 @@ namespace gpu = transport::gpu;
 
 Result<uint32_t> Daemon::Core::HandleRegisterGpu(Engine& engine,
                                                  const proto::RegisterGpuRegion& reg) {
+  // An fd arrived with this message's bytes, or none did; claimed first so that it is closed on
+  // every path.
+  gpu::UniqueFd fd(engine.conn->TakeFd());
+  const bool vmm = reg.share() == proto::GPU_SHARE_POSIX_FD;
+  if (!vmm && reg.share() != proto::GPU_SHARE_CUDA_IPC) {
+    return Status::InvalidArgument("GPU region of unknown share kind " +
+                                   std::to_string(static_cast<int>(reg.share())));
+  }
+  if (vmm != fd.valid()) {
+    return Status::InvalidArgument(vmm ? "VMM GPU region came without its allocation's fd"
+                                       : "CUDA IPC GPU region came with an fd");
+  }
   if (!transport_->supports(MemoryKind::kCuda)) {
     return Status::Unsupported("kvd " + options_.name + "'s transport " +
                                std::string(transport_->name()) +
@@ -19,7 +32,7 @@ Result<uint32_t> Daemon::Core::HandleRegisterGpu(Engine& engine,
   }
   KV_ASSIGN_OR_RETURN(KvRegion layout,
                       CheckRegistration(engine, reg.layout(), reg.bytes(), MemoryKind::kCuda));
-  if (reg.ipc_handle().size() != gpu::kIpcHandleBytes) {
+  if (!vmm && reg.ipc_handle().size() != gpu::kIpcHandleBytes) {
     return Status::InvalidArgument("GPU region's IPC handle has " +
                                    std::to_string(reg.ipc_handle().size()) + " bytes, not " +
                                    std::to_string(gpu::kIpcHandleBytes));
@@ -35,7 +48,8 @@ Result<uint32_t> Daemon::Core::HandleRegisterGpu(Engine& engine,
   if (!engine.regions.empty() && engine.regions.front()->where.device != *device) {
     return Status::InvalidArgument("every GPU cache of an engine must live on one device");
   }
-  auto mapping = gpu::OpenIpcMemory(reg.ipc_handle(), *device);
+  auto mapping = vmm ? gpu::OpenVmmMemory(std::move(fd), reg.allocation_bytes(), *device, *device)
+                     : gpu::OpenIpcMemory(reg.ipc_handle(), *device);
   if (!mapping.ok()) return mapping.status().WithContext("opening the engine's GPU region");
   // What the driver says the allocation spans, not what the engine claimed, bounds the region.
   const uint64_t mapped = (*mapping)->bytes();
@@ -52,8 +66,9 @@ Result<uint32_t> Daemon::Core::HandleRegisterGpu(Engine& engine,
   region->gpu = std::move(mapping).value();
   KV_ASSIGN_OR_RETURN(region->registration,
                       transport_->register_memory(region->base, region->bytes, region->where));
-  spdlog::info("kvd {}: engine {} rank {} registered a GPU region of {} bytes on device {}",
-               options_.name, engine.instance, engine.tp_rank, region->bytes, *device);
+  spdlog::info("kvd {}: engine {} rank {} registered a GPU region of {} bytes on device {} ({})",
+               options_.name, engine.instance, engine.tp_rank, region->bytes, *device,
+               vmm ? "VMM fd" : "CUDA IPC");
   engine.regions.push_back(std::move(region));
   return static_cast<uint32_t>(engine.regions.size() - 1);
 }

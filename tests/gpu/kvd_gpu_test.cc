@@ -1,10 +1,12 @@
 // GPU engines through kvd end to end: two kvd processes (prefill on device 0, decode on device 1)
 // and engines in this process that register cudaMalloc'ed caches over the kvds' unix sockets.
 // Over cuda_ipc and nccl: a push gated behind the engine's stream (kvd must wait on the layer
-// events), LBNHC → BLHNC with TP 1 → 2; a SIGKILLed prefill kvd; memory kvd must refuse.
+// events), LBNHC → BLHNC with TP 1 → 2; a SIGKILLed prefill kvd; memory kvd must refuse. Over
+// cuda_ipc also with every cache a CUDA VMM allocation (cuMemCreate), shared by its POSIX fd.
 //
 // Bytes are checked by copying every cache back to the host and comparing with the transfer's
 // definition (layout/kv_region.h offsets), untouched bytes included. Every wait is bounded.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -74,17 +76,45 @@ uint8_t PatternB(uint64_t i) {
   return static_cast<uint8_t>(i * 17 + 3);
 }
 
-// cudaMalloc'ed memory of one device, freed on destruction.
+// How a test engine allocates its cache: cudaMalloc, or the VMM API as PyTorch's expandable
+// segments and some engines' allocators do (cuMemCreate, cuMemAddressReserve, cuMemMap), with or
+// without the POSIX fd handle type kvd needs to open it.
+enum class Alloc { kCudaMalloc, kVmm, kVmmWithoutFd };
+
+// A driver entry point, resolved through the runtime: linking libcuda would keep this test from
+// loading (and skipping) where no driver is installed.
+template <typename Fn>
+Fn DriverFn(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+#define KV_DRIVER(fn) DriverFn<decltype(&::fn)>(#fn)
+
+// Device memory of one device, freed on destruction.
 class DeviceMemory {
  public:
-  DeviceMemory(int device, uint64_t bytes) : device_(device), bytes_(bytes) {
+  DeviceMemory(int device, uint64_t bytes, Alloc alloc = Alloc::kCudaMalloc)
+      : device_(device), bytes_(bytes) {
     cudaSetDevice(device);
-    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+    if (alloc == Alloc::kCudaMalloc) {
+      if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+    } else {
+      vmm_ = true;
+      MapVmm(alloc == Alloc::kVmm);
+    }
   }
   ~DeviceMemory() {
-    if (ptr_ == nullptr) return;
     cudaSetDevice(device_);
-    cudaFree(ptr_);
+    if (vmm_ && ptr_ != nullptr) KV_DRIVER(cuMemUnmap)(va_, mapped_);
+    if (va_ != 0) KV_DRIVER(cuMemAddressFree)(va_, mapped_);
+    if (vmm_handle_ != 0) KV_DRIVER(cuMemRelease)(vmm_handle_);
+    if (!vmm_ && ptr_ != nullptr) cudaFree(ptr_);
   }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
@@ -104,10 +134,56 @@ class DeviceMemory {
   }
 
  private:
+  // Sets ptr_ once every step succeeded; the destructor undoes the steps that did.
+  void MapVmm(bool shareable) {
+    cudaFree(nullptr);  // the driver calls below need the device's primary context current
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device_;
+    prop.requestedHandleTypes =
+        shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    size_t granularity = 0;
+    if (KV_DRIVER(cuMemGetAllocationGranularity)(
+            &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) {
+      return;
+    }
+    mapped_ = (bytes_ + granularity - 1) / granularity * granularity;
+    if (KV_DRIVER(cuMemCreate)(&vmm_handle_, mapped_, &prop, 0) != CUDA_SUCCESS) {
+      vmm_handle_ = 0;
+      return;
+    }
+    if (KV_DRIVER(cuMemAddressReserve)(&va_, mapped_, 0, 0, 0) != CUDA_SUCCESS) {
+      va_ = 0;
+      return;
+    }
+    if (KV_DRIVER(cuMemMap)(va_, mapped_, 0, vmm_handle_, 0) != CUDA_SUCCESS) return;
+    ptr_ = reinterpret_cast<void*>(va_);  // mapped: unmapped on destruction from here on
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (KV_DRIVER(cuMemSetAccess)(va_, mapped_, &access, 1) != CUDA_SUCCESS) {
+      KV_DRIVER(cuMemUnmap)(va_, mapped_);
+      ptr_ = nullptr;
+    }
+  }
+
   int device_;
   uint64_t bytes_;
   void* ptr_ = nullptr;
+  bool vmm_ = false;
+  CUmemGenericAllocationHandle vmm_handle_ = 0;
+  CUdeviceptr va_ = 0;   // the reserved range
+  uint64_t mapped_ = 0;  // bytes_ rounded up to the granularity
 };
+
+// Whether cudaIpcGetMemHandle refuses `ptr`: VMM memory is only shareable through its handle.
+bool LegacyIpcRefuses(void* ptr) {
+  cudaIpcMemHandle_t handle{};
+  const bool refused = cudaIpcGetMemHandle(&handle, ptr) != cudaSuccess;
+  cudaGetLastError();
+  return refused;
+}
 
 std::vector<uint8_t> Filled(uint64_t bytes, uint8_t (*pattern)(uint64_t)) {
   std::vector<uint8_t> v(bytes);
@@ -204,7 +280,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
     ASSERT_NE(nullptr, prefill_);
     if (!src_) {
       src_layout_ = *KvRegion::Create(PrefillSpec());
-      src_ = std::make_unique<DeviceMemory>(0, src_layout_.span_bytes());
+      src_ = std::make_unique<DeviceMemory>(0, src_layout_.span_bytes(), alloc_);
       ASSERT_NE(nullptr, src_->get());
     }
     ASSERT_TRUE(src_->Upload(Filled(src_->bytes(), PatternA)));
@@ -218,7 +294,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
   void OpenDecode(const daemon::KvdProcess& kvd) {
     for (int r = 0; r < 2; ++r) {
       dst_layouts_.push_back(*KvRegion::Create(DecodeSpec(r)));
-      dst_.push_back(std::make_unique<DeviceMemory>(1, dst_layouts_[r].span_bytes()));
+      dst_.push_back(std::make_unique<DeviceMemory>(1, dst_layouts_[r].span_bytes(), alloc_));
       ASSERT_NE(nullptr, dst_[r]->get());
       decode_.push_back(OpenEngine(kvd, "decode", r, 2));
       ASSERT_NE(nullptr, decode_[r]);
@@ -256,6 +332,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
   }
 
   static inline int counter_ = 0;
+  Alloc alloc_ = Alloc::kCudaMalloc;  // how OpenPrefill and OpenDecode allocate their caches
   std::filesystem::path dir_;
   std::unique_ptr<daemon::KvdProcess> kvds_[3];
   std::unique_ptr<Connector> prefill_;
@@ -375,6 +452,81 @@ TEST_P(KvdGpuTest, KilledPrefillKvdFailsTheLoadAndDecodeServesTheNext) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, KvdGpuTest, ::testing::Values("ipc", "nccl"),
                          [](const auto& info) { return info.param; });
+
+// Every cache a VMM allocation: kvd opens the engines' caches through their fds, and the prefill
+// kvd opens the decode engines' caches through the decode kvd's fd server (cuda_ipc). A push of
+// every layer lands every byte, untouched ones included, and a second request reuses the
+// imported regions.
+using KvdGpuVmmTest = KvdGpuTest;
+
+TEST_P(KvdGpuVmmTest, PushBetweenVmmCachesLandsEveryByte) {
+  alloc_ = Alloc::kVmm;
+  kvds_[0] = StartKvd("prefill", 0, GetParam());
+  kvds_[1] = StartKvd("decode", 1, GetParam());
+  ASSERT_TRUE(kvds_[0] && kvds_[1]);
+  ASSERT_NO_FATAL_FAILURE(OpenPrefill(*kvds_[0]));
+  ASSERT_NO_FATAL_FAILURE(OpenDecode(*kvds_[1]));
+  ASSERT_TRUE(LegacyIpcRefuses(src_->get())) << "the cache is not VMM memory";
+  ASSERT_TRUE(LegacyIpcRefuses(dst_[0]->get())) << "the cache is not VMM memory";
+  for (const std::string request : {"vmm-1", "vmm-2"}) {
+    ASSERT_NO_FATAL_FAILURE(ResetDecode());
+    ASSERT_NO_FATAL_FAILURE(StartLoads(request, *kvds_[0]));
+    for (int l = 0; l < kLayers; ++l) {
+      Status s = prefill_->SaveLayer(request, l, kSrcBlocks);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    ASSERT_NO_FATAL_FAILURE(ExpectLoaded(request, Filled(src_->bytes(), PatternA)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KvdGpuVmmTest, ::testing::Values("ipc"),
+                         [](const auto& info) { return info.param; });
+
+// A VMM cache created without the POSIX fd handle type cannot be opened by kvd: refused before kvd
+// hears of it, with a message naming what the engine must request. A shareable one registers.
+TEST(KvdGpuRegistration, RefusesVmmMemoryWithoutTheFdHandleType) {
+  if (DeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvd-gpu-vmm-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  daemon::KvdProcess::Options o;
+  o.binary = daemon::KvdBesideSelf();
+  o.name = "vmm";
+  o.socket_path = (dir / "vmm.sock").string();
+  o.transport = "ipc";
+  o.extra_args = {"--log-level", "warn"};
+  auto kvd = daemon::KvdProcess::Start(o);
+  ASSERT_TRUE(kvd.ok()) << kvd.status().ToString();
+  connector::ConnectorOptions options;
+  options.timeout = 20s;
+  const LayoutSpec spec = PrefillSpec();
+  const uint64_t span = KvRegion::Create(spec)->span_bytes();
+  DeviceMemory private_vmm(0, span, Alloc::kVmmWithoutFd);
+  DeviceMemory shareable(0, span, Alloc::kVmm);
+  ASSERT_TRUE(private_vmm.get() && shareable.get());
+  ASSERT_TRUE(LegacyIpcRefuses(private_vmm.get()));
+  auto c = Connector::Open((*kvd)->socket_path(), options);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  GpuKvCache refused{private_vmm.get(), 0, spec};
+  auto r = (*c)->RegisterGpuKvCaches({&refused, 1});
+  EXPECT_EQ(Code::kUnsupported, r.status().code()) << r.status().ToString();
+  EXPECT_NE(std::string::npos,
+            r.status().message().find("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"))
+      << r.status().ToString();
+  auto status = (*c)->DaemonStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(0u, status->regions());
+
+  GpuKvCache good{shareable.get(), 0, spec};
+  r = (*c)->RegisterGpuKvCaches({&good, 1});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  status = (*c)->DaemonStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(1u, status->regions());
+  EXPECT_EQ(span, status->region_bytes());
+  c->reset();
+  std::filesystem::remove_all(dir);
+}
 
 // One GPU: memory kvd cannot share is refused with a message, and a good cache still registers.
 TEST(KvdGpuRegistration, RefusesMemoryItCannotShare) {

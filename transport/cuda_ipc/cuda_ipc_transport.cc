@@ -20,6 +20,7 @@
 
 #include "transport/cuda_ipc/cuda_util.h"
 #include "transport/cuda_ipc/device_ordered.h"
+#include "transport/cuda_ipc/fd_share.h"
 #include "transport/cuda_ipc/ipc_memory.h"
 #include "transport/cuda_ipc/run_copier.h"
 #include "transport/cuda_ipc/side_channel.h"
@@ -37,8 +38,9 @@ using gpu::FrameReader;
 using gpu::Listener;
 using gpu::Socket;
 
-constexpr char kMagic[8] = "kvdipc1";
+constexpr char kMagic[8] = "kvdipc2";
 constexpr size_t kHostIdBytes = 48;
+constexpr size_t kFdPathBytes = 108;  // sizeof(sockaddr_un::sun_path)
 // Batches go round-robin onto this many streams, each with its own copier, so consecutive
 // batches may overlap on the device. On one stream, one after the other, a 16 MiB batch (a layer
 // of a contiguous LBNHC request) took 62 us where the link needs 42 us (kvbench pd --memory cuda
@@ -51,10 +53,14 @@ constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 // by its length before any field is read.
 struct WireDescriptor {
   char magic[8];
-  cudaIpcMemHandle_t handle;
-  uint64_t offset;            // of the registered base inside the allocation
-  uint64_t length;            // registered bytes
-  uint64_t allocation_bytes;  // of the whole allocation the handle opens
+  uint32_t share;              // gpu::ShareKind
+  uint32_t reserved;           // zero
+  cudaIpcMemHandle_t handle;   // kCudaIpc
+  uint64_t fd_token;           // kPosixFd: the allocation's fd, served under this token...
+  char fd_path[kFdPathBytes];  // ...by the exporter's FdServer at this unix socket
+  uint64_t offset;             // of the registered base inside the allocation
+  uint64_t length;             // registered bytes
+  uint64_t allocation_bytes;   // of the whole allocation (VMM: of its mapping)
   char host_id[kHostIdBytes];
 };
 
@@ -73,8 +79,17 @@ std::string HostId() {
 
 class IpcRegistration final : public MemoryRegistration {
  public:
-  IpcRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed)
-      : base_(base), length_(length), where_(where), packed_(std::move(packed)) {}
+  IpcRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed,
+                  std::shared_ptr<gpu::FdServer> fd_server = nullptr, uint64_t fd_token = 0)
+      : base_(base),
+        length_(length),
+        where_(where),
+        packed_(std::move(packed)),
+        fd_server_(std::move(fd_server)),
+        fd_token_(fd_token) {}
+  ~IpcRegistration() override {
+    if (fd_server_) fd_server_->Remove(fd_token_);
+  }
   void* base() const override { return base_; }
   uint64_t length() const override { return length_; }
   MemoryLocation location() const override { return where_; }
@@ -85,6 +100,8 @@ class IpcRegistration final : public MemoryRegistration {
   uint64_t length_;
   MemoryLocation where_;
   std::string packed_;
+  std::shared_ptr<gpu::FdServer> fd_server_;  // VMM memory: serves its fd until deregistered
+  uint64_t fd_token_;
 };
 
 class IpcRemote final : public RemoteMemory {
@@ -120,6 +137,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
     KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("unix:" + path));
+    KV_ASSIGN_OR_RETURN(fd_server_, gpu::FdServer::Start(path + ".fd"));
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Status::IoError("eventfd failed");
     progress_ = std::thread([this] { ProgressLoop(); });
@@ -157,14 +175,25 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (!exported.ok()) return exported.status().WithContext("cuda_ipc");
     WireDescriptor wire{};
     std::memcpy(wire.magic, kMagic, sizeof(kMagic));
-    std::memcpy(&wire.handle, exported->handle.data(), sizeof(wire.handle));
+    wire.share = static_cast<uint32_t>(exported->kind);
+    uint64_t token = 0;
+    if (exported->kind == gpu::ShareKind::kPosixFd) {
+      // A VMM allocation's fd cannot travel in the descriptor: peers fetch it from fd_server_.
+      const std::string& fd_path = fd_server_->path();
+      if (fd_path.size() >= kFdPathBytes) return Status::Internal("cuda_ipc: fd socket path");
+      token = fd_server_->Add(std::move(exported->fd));
+      wire.fd_token = token;
+      std::memcpy(wire.fd_path, fd_path.data(), fd_path.size());
+    } else {
+      std::memcpy(&wire.handle, exported->handle.data(), sizeof(wire.handle));
+    }
     wire.offset = exported->offset;
     wire.length = length;
     wire.allocation_bytes = exported->allocation_bytes;
     std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
     std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
-    return std::unique_ptr<MemoryRegistration>(
-        new IpcRegistration(base, length, where, std::move(packed)));
+    return std::unique_ptr<MemoryRegistration>(new IpcRegistration(
+        base, length, where, std::move(packed), token != 0 ? fd_server_ : nullptr, token));
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {
@@ -219,10 +248,22 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         wire.length > wire.allocation_bytes - wire.offset) {
       return Status::InvalidArgument("cuda_ipc descriptor range lies outside its allocation");
     }
-    KV_ASSIGN_OR_RETURN(
-        auto mapping,
-        gpu::OpenIpcMemory({reinterpret_cast<const char*>(&wire.handle), sizeof(wire.handle)},
-                           device_));
+    if (wire.share != static_cast<uint32_t>(gpu::ShareKind::kCudaIpc) &&
+        wire.share != static_cast<uint32_t>(gpu::ShareKind::kPosixFd)) {
+      return Status::InvalidArgument("cuda_ipc descriptor of unknown share kind");
+    }
+    std::shared_ptr<gpu::IpcMemory> mapping;
+    if (wire.share == static_cast<uint32_t>(gpu::ShareKind::kPosixFd)) {
+      wire.fd_path[kFdPathBytes - 1] = '\0';
+      auto fd = gpu::FetchFd(wire.fd_path, wire.fd_token, Clock::now() + connect_timeout_);
+      if (!fd.ok()) return fd.status().WithContext("cuda_ipc: fetching a VMM region's fd");
+      KV_ASSIGN_OR_RETURN(
+          mapping, gpu::OpenVmmMemory(std::move(fd).value(), wire.allocation_bytes, device_));
+    } else {
+      KV_ASSIGN_OR_RETURN(mapping, gpu::OpenIpcMemory({reinterpret_cast<const char*>(&wire.handle),
+                                                       sizeof(wire.handle)},
+                                                      device_));
+    }
     if (wire.offset > mapping->bytes() || wire.length > mapping->bytes() - wire.offset) {
       return Status::InvalidArgument(
           "cuda_ipc descriptor range lies outside the allocation it "
@@ -483,6 +524,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   std::array<Channel, kChannels> channels_;  // guarded by mu_
   int next_channel_ = 0;                     // guarded by mu_
   Listener listener_;
+  std::shared_ptr<gpu::FdServer> fd_server_;  // shared with the VMM registrations it serves
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::thread progress_;

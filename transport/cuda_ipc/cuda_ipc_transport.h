@@ -4,13 +4,15 @@
 // register_memory() exports CUDA device memory as a cudaIpcMemHandle of its allocation plus the
 // offset of `base` inside it (ipc_memory.h); memory this process opened from another one (kvd
 // registering an engine's region) is exported under its owner's handle, so a peer opens the
-// engine's allocation directly. import_remote() opens a peer's allocation through the
-// process-wide cache of ipc_memory.h and keeps it open while any RemoteMemory of it lives. post()
-// enqueues the whole batch on one of the backend's streams (round-robin, so consecutive batches
-// overlap on the device) through the kernels' chooser (one plan-copy launch, or the copy engine
-// for large runs) and returns; the progress thread learns completion from a CUDA event (no host
-// synchronisation on the caller's path). Batches may complete out of order; a notification
-// still waits for every batch posted to its peer before it.
+// engine's allocation directly. A VMM allocation's POSIX fd cannot ride in the descriptor: the
+// backend serves it from an FdServer (fd_share.h) at "<socket>.fd" under a token the descriptor
+// names, and the importer fetches it over that socket (SCM_RIGHTS). import_remote() opens a peer's
+// allocation through the process-wide cache of ipc_memory.h and keeps it open while any
+// RemoteMemory of it lives. post() enqueues the whole batch on one of the backend's streams
+// (round-robin, so consecutive batches overlap on the device) through the kernels' chooser (one
+// plan-copy launch, or the copy engine for large runs) and returns; the progress thread learns
+// completion from a CUDA event (no host synchronisation on the caller's path). Batches may complete
+// out of order; a notification still waits for every batch posted to its peer before it.
 //
 // Also implements DeviceOrdered (device_ordered.h): a batch's copies can wait on a CUDA event,
 // e.g. an engine's per-layer event opened with ImportEvent().

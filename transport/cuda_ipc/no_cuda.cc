@@ -23,6 +23,9 @@ IpcMemory::~IpcMemory() = default;
 Result<std::shared_ptr<IpcMemory>> OpenIpcMemory(std::string_view, int) {
   return NoCuda("CUDA IPC");
 }
+Result<std::shared_ptr<IpcMemory>> OpenVmmMemory(UniqueFd, uint64_t, int, int) {
+  return NoCuda("CUDA VMM memory");
+}
 
 struct LayerEvents::Impl {};
 LayerEvents::LayerEvents(std::unique_ptr<Impl> impl, std::vector<std::string> handles)

@@ -47,27 +47,41 @@ struct TokenRange {
 };
 
 // Appends pieces in ascending destination order, joining each to the previous run when it
-// continues it on both sides.
+// continues it on both sides. Runs the plan held before are left alone.
 class RunWriter {
  public:
-  explicit RunWriter(Plan* plan) : plan_(plan) {}
+  explicit RunWriter(Plan* plan) : plan_(plan), first_(plan->runs.size()) {}
   void Add(int64_t src, int64_t dst, int64_t length) {
     plan_->bytes += static_cast<uint64_t>(length);
+    Join(static_cast<uint64_t>(src), static_cast<uint64_t>(dst), static_cast<uint64_t>(length));
+  }
+  // Appends `pattern` (runs relative to its first byte, already joined among themselves, of
+  // `bytes` in all) shifted to (src, dst): only its first run can join the previous one.
+  void AddPattern(std::span<const Run> pattern, uint64_t bytes, int64_t src, int64_t dst) {
+    plan_->bytes += bytes;
+    const uint64_t s = static_cast<uint64_t>(src), d = static_cast<uint64_t>(dst);
+    Join(s + pattern[0].src_offset, d + pattern[0].dst_offset, pattern[0].length);
     auto& runs = plan_->runs;
-    if (!runs.empty()) {
-      Run& last = runs.back();
-      if (last.src_offset + last.length == static_cast<uint64_t>(src) &&
-          last.dst_offset + last.length == static_cast<uint64_t>(dst)) {
-        last.length += static_cast<uint64_t>(length);
-        return;
-      }
+    for (const Run& r : pattern.subspan(1)) {
+      runs.push_back({s + r.src_offset, d + r.dst_offset, r.length});
     }
-    runs.push_back(
-        {static_cast<uint64_t>(src), static_cast<uint64_t>(dst), static_cast<uint64_t>(length)});
   }
 
  private:
+  void Join(uint64_t src, uint64_t dst, uint64_t length) {
+    auto& runs = plan_->runs;
+    if (runs.size() > first_) {
+      Run& last = runs.back();
+      if (last.src_offset + last.length == src && last.dst_offset + last.length == dst) {
+        last.length += length;
+        return;
+      }
+    }
+    runs.push_back({src, dst, length});
+  }
+
   Plan* plan_;
+  size_t first_;
 };
 
 template <typename Fn>
@@ -300,15 +314,39 @@ Status ValidateRequest(const KvRegion& src, const KvRegion& dst, const TransferS
   return Status::Ok();
 }
 
+// Reserves room for every piece the nest can emit (each becomes at most one run), so that
+// appending never reallocates; capacity at least doubles, so repeated appends stay amortised.
+// Past kMaxReservedRuns the vector grows as it fills instead: a bound that counts mostly pieces
+// that merge must not reserve gigabytes.
+void ReservePieces(Plan* plan, std::span<const Loop> outer, std::span<const Loop> middle,
+                   std::span<const Loop> inner, std::span<const TokenRange> ranges,
+                   bool fold_tokens) {
+  constexpr uint64_t kMaxReservedRuns = uint64_t{1} << 22;
+  uint64_t pieces = 0;
+  for (const TokenRange& r : ranges) pieces += fold_tokens ? 1 : static_cast<uint64_t>(r.count);
+  for (std::span<const Loop> loops :
+       {outer, middle, fold_tokens ? std::span<const Loop>() : inner}) {
+    for (const Loop& loop : loops) {
+      const uint64_t count = static_cast<uint64_t>(loop.count);
+      if (pieces > kMaxReservedRuns / count) return;
+      pieces *= count;
+    }
+  }
+  auto& runs = plan->runs;
+  if (pieces > kMaxReservedRuns || runs.capacity() - runs.size() >= pieces) return;
+  runs.reserve(std::max<size_t>(runs.size() + pieces, 2 * runs.capacity()));
+}
+
 }  // namespace
 
-Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
+Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec,
+                    Plan* plan) {
   KV_RETURN_IF_ERROR(ValidateRequest(src, dst, spec));
   KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
                       DestinationOrder(spec, dst.size(Axis::kN), dst.size(Axis::kB) - 1));
   const int64_t layer_end = spec.layer_end == -1 ? src.size(Axis::kL) : spec.layer_end;
   const auto [head_begin, head_end] = CommonHeads(src, dst);
-  if (spec.tokens == 0 || spec.layer_begin == layer_end) return Plan{};
+  if (spec.tokens == 0 || spec.layer_begin == layer_end) return Status::Ok();
 
   // A half is K or V when either side keeps them apart; otherwise the whole logical content.
   const bool split = src.has_kv_axis() || dst.has_kv_axis();
@@ -341,31 +379,36 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
   if (fold_tokens && !slot_outside_block) FoldContiguous(middle_rest, &block_bytes);
   const bool fold_blocks = middle_rest.size() < middle.size();
 
+  ReservePieces(plan, outer, middle, inner, ranges, fold_tokens);
+
   const int64_t src_base =
       spec.layer_begin * src.stride(Axis::kL) + src.local_head(head_begin) * src.stride(Axis::kH);
   const int64_t dst_base =
       spec.layer_begin * dst.stride(Axis::kL) + dst.local_head(head_begin) * dst.stride(Axis::kH);
-  Plan plan;
-  if (middle.empty() && fold_tokens) {
-    // One piece per outer step and token range, the common layer-first case: reserving the
-    // exact count spares the reallocations that otherwise dominate large plans.
-    size_t pieces = ranges.size();
-    for (const Loop& loop : outer) pieces *= static_cast<size_t>(loop.count);
-    plan.runs.reserve(pieces);
-  }
-  RunWriter writer(&plan);
+  RunWriter writer(plan);
   auto add_piece = [&](int64_t length) {
     return [&writer, length](int64_t s, int64_t d) { writer.Add(s, d, length); };
   };
-  const auto add_token_piece = add_piece(token_bytes);
   const auto add_block_piece = add_piece(block_bytes);
+  // A range's pieces relative to its first byte depend on its token count alone: most ranges
+  // are one whole block, so their pieces are planned once and replicated by offset.
+  Plan pattern;
+  int64_t pattern_count = -1;
   auto emit_range = [&](const TokenRange& r, int64_t s, int64_t d) {
     if (fold_tokens) {
       writer.Add(s + r.src, d + r.dst, r.count * token_bytes);
       return;
     }
-    for (int64_t i = 0; i < r.count; ++i)
-      ForEach(inner, s + r.src + i * src_n, d + r.dst + i * dst_n, add_token_piece);
+    if (r.count != pattern_count) {
+      pattern = Plan{};
+      RunWriter relative(&pattern);
+      for (int64_t i = 0; i < r.count; ++i) {
+        ForEach(inner, i * src_n, i * dst_n,
+                [&](int64_t ps, int64_t pd) { relative.Add(ps, pd, token_bytes); });
+      }
+      pattern_count = r.count;
+    }
+    writer.AddPattern(pattern.runs, pattern.bytes, s + r.src, d + r.dst);
   };
   ForEach(outer, src_base, dst_base, [&](int64_t s, int64_t d) {
     if (middle.empty()) {
@@ -386,7 +429,42 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
       begin = end;
     }
   });
+  return Status::Ok();
+}
+
+Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
+  Plan plan;
+  KV_RETURN_IF_ERROR(PlanTransfer(src, dst, spec, &plan));
   return plan;
+}
+
+Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
+                                    const TransferSpec& spec) {
+  TransferSpec first = spec;
+  first.layer_begin = 0;
+  first.layer_end = std::min<int64_t>(1, src.size(Axis::kL));
+  LayerPlan plan;
+  KV_RETURN_IF_ERROR(PlanTransfer(src, dst, first, &plan.layer0_));
+  plan.layers_ = src.size(Axis::kL);
+  plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
+  plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
+  return plan;
+}
+
+Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
+  if (layer < 0 || layer >= layers_) {
+    return Status::OutOfRange("layer " + std::to_string(layer) + " is outside [0, " +
+                              std::to_string(layers_) + ")");
+  }
+  const uint64_t s = static_cast<uint64_t>(layer) * src_layer_stride_;
+  const uint64_t d = static_cast<uint64_t>(layer) * dst_layer_stride_;
+  auto& runs = plan->runs;
+  if (runs.capacity() - runs.size() < layer0_.runs.size()) {
+    runs.reserve(std::max(runs.size() + layer0_.runs.size(), 2 * runs.capacity()));
+  }
+  for (const Run& r : layer0_.runs) runs.push_back({r.src_offset + s, r.dst_offset + d, r.length});
+  plan->bytes += layer0_.bytes;
+  return Status::Ok();
 }
 
 Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes) {

@@ -60,6 +60,34 @@ struct Plan {
 // plus the blocks. Figures: benchmarks/layout.md.
 Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec);
 
+// The same plan appended to *plan: its runs go after those already there (never joined to
+// them) and its bytes are added to plan->bytes. Lets a caller gather several transfers into one
+// run vector whose capacity it reuses. On error *plan is left unchanged.
+Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec, Plan* plan);
+
+// One layer's plan, shifted to any layer. A layer's runs are layer 0's with every source offset
+// moved by layer·stride(L) of the source and every destination offset by layer·stride(L) of the
+// destination (the layer loop has one step, so only the bases move), so AppendLayer(l, plan)
+// appends exactly what PlanTransfer appends for [l, l+1), at the cost of a copy: a caller that
+// plans a request one layer at a time plans it once.
+class LayerPlan {
+ public:
+  // Plans layer 0 of `spec` (its layer range is ignored); the errors of PlanTransfer.
+  static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
+                                  const TransferSpec& spec);
+  // Appends layer `layer`'s runs to *plan (never joined to runs already there) and adds their
+  // bytes. kOutOfRange, with *plan unchanged, for a layer outside [0, layers).
+  Status AppendLayer(int64_t layer, Plan* plan) const;
+  size_t runs_per_layer() const { return layer0_.runs.size(); }
+  uint64_t bytes_per_layer() const { return layer0_.bytes; }
+
+ private:
+  Plan layer0_;
+  int64_t layers_ = 0;
+  uint64_t src_layer_stride_ = 0;
+  uint64_t dst_layer_stride_ = 0;
+};
+
 // Checks that every run lies inside [0, src_bytes) on the source and [0, dst_bytes) on the
 // destination; used where runs arrive from elsewhere (a peer, a file) before they touch memory.
 Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes);

@@ -195,5 +195,39 @@ TEST(PlanProperty, MatchesByteReferenceWithMinimalRuns) {
   EXPECT_GT(no_common_head, 0);
 }
 
+TEST(PlanProperty, LayerPlanShiftsLayerZeroToEveryLayer) {
+  Gen gen(20261122);
+  int compared = 0;
+  for (int i = 0; i < 2000; ++i) {
+    Case c = RandomCase(gen);
+    auto src = KvRegion::Create(c.src);
+    auto dst = KvRegion::Create(c.dst);
+    ASSERT_TRUE(src.ok() && dst.ok()) << Describe(c);
+    const TransferSpec spec{c.src_blocks, c.dst_blocks, c.tokens};
+    auto layers = LayerPlan::Create(*src, *dst, spec);
+    ASSERT_EQ(layers.ok(), PlanTransfer(*src, *dst, spec).ok()) << Describe(c);
+    if (!layers.ok()) continue;
+    // Appended behind a run already there, as kvd appends to a queued batch.
+    const kv::Run before{1, 2, 3};
+    for (int64_t l = 0; l < c.src.layers; ++l) {
+      auto expected = PlanTransfer(*src, *dst, {c.src_blocks, c.dst_blocks, c.tokens, l, l + 1});
+      ASSERT_TRUE(expected.ok()) << Describe(c);
+      Plan actual;
+      actual.runs.push_back(before);
+      ASSERT_TRUE(layers->AppendLayer(l, &actual).ok());
+      ASSERT_EQ(actual.runs.front(), before);
+      actual.runs.erase(actual.runs.begin());
+      ASSERT_EQ(actual.runs, expected->runs) << "layer " << l << "\n" << Describe(c);
+      ASSERT_EQ(actual.bytes, expected->bytes);
+      ASSERT_EQ(layers->runs_per_layer(), expected->runs.size());
+      ++compared;
+    }
+    Plan untouched;
+    EXPECT_EQ(layers->AppendLayer(c.src.layers, &untouched).code(), Code::kOutOfRange);
+    EXPECT_TRUE(untouched.runs.empty());
+  }
+  EXPECT_GT(compared, 2000);
+}
+
 }  // namespace
 }  // namespace kv

@@ -160,6 +160,57 @@ TEST(PlanExample, TensorParallelSplitBothWays) {
   EXPECT_EQ(PlanAndCheck(half, full).runs.size(), 4u * 40);
 }
 
+TEST(PlanExample, TensorParallelSplitWithScatteredBlocks) {
+  // What kvd plans per decode rank for TP 1 -> 2 with an engine's scattered block ids: one run
+  // per layer and token, the pieces of a block replicated from the first block's. A partial last
+  // block and a source block size of 8 give ranges of other lengths in between.
+  LayoutSpec full = Llama("LBNHC");
+  LayoutSpec half = Llama("LBNHC");
+  half.heads = 4;
+  half.tp_size = 2;
+  for (int rank = 0; rank < 2; ++rank) {
+    half.tp_rank = rank;
+    Request q;
+    q.src_blocks = {17, 3, 60, 41, 8, 22};
+    q.dst_blocks = {9, 51, 2, 30, 44, 13};
+    q.tokens = 90;
+    Plan plan = PlanAndCheck(full, half, q);
+    EXPECT_EQ(plan.runs.size(), 4u * 90);
+    EXPECT_EQ(plan.runs[0].length, 4u * 512);
+    q.src_blocks = {17, 3, 60, 41, 8, 22, 35, 1, 48, 12, 27, 5};
+    EXPECT_EQ(PlanAndCheck(Llama("LBNHC", 8), half, q).runs.size(), 4u * 90);
+    q.layer_begin = 2;
+    q.layer_end = 3;
+    EXPECT_EQ(PlanAndCheck(Llama("LBNHC", 8), half, q).runs.size(), 90u);
+  }
+}
+
+TEST(PlanExample, AppendsWithoutJoiningEarlierRuns) {
+  // Runs appended to a plan are joined among themselves only, never to the runs before them
+  // (kvd gathers several requests' runs in one vector and counts each request's).
+  KvRegion r = Region(Llama("BLHNC"));
+  Request q;
+  q.src_blocks = {4, 5};
+  q.dst_blocks = {6, 7};
+  q.tokens = 32;
+  Plan plan;
+  const TransferSpec spec{q.src_blocks, q.dst_blocks, q.tokens};
+  ASSERT_TRUE(PlanTransfer(r, r, spec, &plan).ok());
+  ASSERT_EQ(plan.runs.size(), 1u);
+  // A second request whose run continues the first's on both sides.
+  const std::vector<int64_t> src2 = {6}, dst2 = {8};
+  ASSERT_TRUE(PlanTransfer(r, r, {src2, dst2, 16}, &plan).ok());
+  ASSERT_EQ(plan.runs.size(), 2u);
+  EXPECT_EQ(plan.runs[1].src_offset, plan.runs[0].src_offset + plan.runs[0].length);
+  EXPECT_EQ(plan.runs[1].dst_offset, plan.runs[0].dst_offset + plan.runs[0].length);
+  EXPECT_EQ(plan.bytes, 3 * r.page_bytes());
+  // A failing plan leaves what is there alone.
+  const std::vector<int64_t> bad = {64};
+  EXPECT_EQ(PlanTransfer(r, r, {bad, dst2, 16}, &plan).code(), Code::kOutOfRange);
+  EXPECT_EQ(plan.runs.size(), 2u);
+  EXPECT_EQ(plan.bytes, 3 * r.page_bytes());
+}
+
 TEST(PlanExample, ReplicatedHeadWhenFewerHeadsThanRanks) {
   LayoutSpec src = Llama("LBNHC");
   src.heads = 2;

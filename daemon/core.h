@@ -25,11 +25,13 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "daemon/connection.h"
@@ -118,6 +120,14 @@ struct SourceRequest {
   int64_t tokens = 0;
   std::vector<DestinationRank> destination;
   std::vector<bool> sent;  // per layer
+  // Layer 0's plan per (prefill rank, index into destination, region), shifted to each layer
+  // pushed: a request is planned once, not once per layer. `source` is the region it was
+  // planned from; a rank whose engine registered anew is planned again.
+  struct LayerPlanOf {
+    std::shared_ptr<Region> source;
+    LayerPlan plan;
+  };
+  std::map<std::tuple<int, size_t, size_t>, LayerPlanOf> layer_plans;
   int batches_in_flight = 0;
   bool confirmed = false;  // the destination has every layer
   uint64_t bytes = 0;
@@ -144,8 +154,8 @@ struct SendGroup {
   std::shared_ptr<Region> source;
   std::shared_ptr<transport::RemoteMemory> remote;
   int layer = 0;  // of the engine event a GPU source's copies wait on
-  std::vector<Run> runs;
-  std::vector<std::pair<std::string, uint64_t>> parts;  // request id, its bytes in `runs`
+  Plan plan;      // every part's runs, planned straight into it
+  std::vector<std::pair<std::string, uint64_t>> parts;  // request id, its bytes in `plan`
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -258,12 +268,19 @@ class Daemon::Core {
   void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
 
   // ---- send_queue.cc ----
-  // Queue a planned batch of `request_id` (merged into a group it shares everything with) and a
-  // notice for after it; the first queued item schedules FlushSends on the io loop, and
-  // FlushSendsIfDue may flush earlier.
-  void QueueSend(const Engine& engine, std::shared_ptr<Region> source,
-                 std::shared_ptr<transport::RemoteMemory> remote, int layer,
-                 const std::string& request_id, Clock::time_point deadline, Plan plan);
+  // Queues runs of `request_id` in the group it shares everything with: `append` plans them
+  // into the group's plan (PlanTransfer and LayerPlan::AppendLayer leave it unchanged on
+  // error). Returns the runs and bytes appended; nothing is queued when there are none. The
+  // first queued item schedules FlushSends on the io loop, and FlushSendsIfDue may flush
+  // earlier.
+  struct Queued {
+    uint64_t runs = 0;
+    uint64_t bytes = 0;
+  };
+  Result<Queued> QueueSend(const Engine& engine, const std::shared_ptr<Region>& source,
+                           const std::shared_ptr<transport::RemoteMemory>& remote, int layer,
+                           const std::string& request_id, Clock::time_point deadline,
+                           const std::function<Status(Plan*)>& append);
   void QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
                    std::string message);
   // Posts every queued group, then hands the transport every queued notice of a request still
@@ -282,6 +299,10 @@ class Daemon::Core {
   void FlushSendsIfDue();
   void ScheduleFlush();
   static constexpr uint64_t kLowWaterBytes = uint64_t{64} << 20;
+  // Keeps a posted group's run vector for a later group (the transport copied the runs), within
+  // kMaxSpareRunBytes: a wave of long requests fills megabytes of runs per group, and fresh
+  // vectors that size cost page faults on every fill and an munmap on every free.
+  void RecycleRuns(std::vector<Run> runs);
   void RequestLoad(DestRequest& request);
   // request_id by value: callers pass the id held by the request these functions erase.
   void FinishSource(std::string request_id, const Status& status, bool tell_peer);
@@ -319,6 +340,8 @@ class Daemon::Core {
   std::map<std::string, DestRequest> loads_;
   std::vector<Retired> retired_;
   std::vector<SendGroup> send_groups_;
+  std::vector<std::vector<Run>> spare_runs_;  // empty, with capacity (RecycleRuns)
+  size_t spare_run_bytes_ = 0;
   std::vector<QueuedNotice> send_notices_;
   bool flush_scheduled_ = false;
   uint64_t bytes_in_flight_ = 0;  // of posts whose completion has not reached the io loop

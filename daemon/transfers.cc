@@ -300,7 +300,8 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
   for (const auto& [r, rank] : request.ranks) {
     Engine* engine = FindEngine(rank.engine_id);
     if (engine == nullptr) return Status::Aborted("prefill rank " + std::to_string(r) + " left");
-    for (const DestinationRank& dst : request.destination) {
+    for (size_t d = 0; d < request.destination.size(); ++d) {
+      const DestinationRank& dst = request.destination[d];
       if (dst.layouts.size() != engine->regions.size()) {
         return Status::Incompatible("prefill rank has " + std::to_string(engine->regions.size()) +
                                     " regions, decode rank " + std::to_string(dst.tp_rank) +
@@ -317,15 +318,27 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
         spec.tokens = request.tokens;
         spec.layer_begin = begin;
         spec.layer_end = end;
-        KV_ASSIGN_OR_RETURN(Plan plan, PlanTransfer(src->layout, dst.layouts[i], spec));
-        if (plan.runs.empty()) continue;
+        const LayerPlan* layer_plan = nullptr;
+        if (end - begin == 1) {
+          auto& cached = request.layer_plans[{r, d, i}];
+          if (cached.source != src) {
+            KV_ASSIGN_OR_RETURN(cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec));
+            cached.source = src;
+          }
+          layer_plan = &cached.plan;
+        }
+        auto append = [&](Plan* plan) {
+          return layer_plan != nullptr ? layer_plan->AppendLayer(begin, plan)
+                                       : PlanTransfer(src->layout, dst.layouts[i], spec, plan);
+        };
         // GPU sources wait on the device for the engine's event of the range's last layer (a
         // pull range: the engine records its layers in order on one stream).
-        range_bytes += plan.bytes;
-        range_runs += plan.runs.size();
+        KV_ASSIGN_OR_RETURN(Queued queued, QueueSend(*engine, src, dst.remotes[i], end - 1,
+                                                     request.id, request.deadline, append));
+        if (queued.runs == 0) continue;
+        range_bytes += queued.bytes;
+        range_runs += queued.runs;
         ++request.batches_in_flight;
-        QueueSend(*engine, src, dst.remotes[i], end - 1, request.id, request.deadline,
-                  std::move(plan));
       }
     }
   }

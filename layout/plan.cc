@@ -459,10 +459,15 @@ Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
   const uint64_t s = static_cast<uint64_t>(layer) * src_layer_stride_;
   const uint64_t d = static_cast<uint64_t>(layer) * dst_layer_stride_;
   auto& runs = plan->runs;
-  if (runs.capacity() - runs.size() < layer0_.runs.size()) {
-    runs.reserve(std::max(runs.size() + layer0_.runs.size(), 2 * runs.capacity()));
+  const size_t at = runs.size(), count = layer0_.runs.size();
+  if (runs.capacity() - at < count) runs.reserve(std::max(at + count, 2 * runs.capacity()));
+  // A plain copy, then the shift while the copy is still in cache: about twice as fast as
+  // writing each shifted run, which value-initialises or checks capacity per run.
+  runs.insert(runs.end(), layer0_.runs.begin(), layer0_.runs.end());
+  for (Run* r = runs.data() + at; r != runs.data() + at + count; ++r) {
+    r->src_offset += s;
+    r->dst_offset += d;
   }
-  for (const Run& r : layer0_.runs) runs.push_back({r.src_offset + s, r.dst_offset + d, r.length});
   plan->bytes += layer0_.bytes;
   return Status::Ok();
 }

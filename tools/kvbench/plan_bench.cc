@@ -102,6 +102,82 @@ void PlanCase(benchmark::State& state, const Case& c) {
   state.counters["x_ceiling"] = per_request / ceiling;
 }
 
+// kvd's io-thread work per request when one prefill rank feeds `dst_tp` decode ranks, in the
+// shape of `kvbench pd --tokens 4096 --layers 32 --block-ids random --window 8`: a wave of
+// kWave requests saves its layers back to back; every (layer, decode rank) gathers the wave's
+// runs in one batch (daemon/send_queue.cc), whose vectors are reused from wave to wave; a post
+// checks the runs (transport::CheckBatch) and copies them (as the ucx backend does). `per_layer`
+// plans every layer with PlanTransfer, as kvd did before LayerPlan; otherwise each request
+// plans layer 0 once per decode rank and shifts it to the other layers.
+constexpr int kWave = 8;
+constexpr int64_t kPathTokens = 4096;
+constexpr int64_t kPathLayers = 32;
+
+KvRegion PathRegion(int tp, int rank) {
+  LayoutSpec s;
+  s.order = "LBNHC";
+  s.layers = kPathLayers;
+  s.blocks = 2 * kWave * kPathTokens / 16;
+  s.heads = kHeads / tp;
+  s.total_heads = kHeads;
+  s.tp_size = tp;
+  s.tp_rank = rank;
+  s.block_size = 16;
+  s.content_bytes = kContent;
+  return KvRegion::Create(s).value();
+}
+
+void RequestPathCase(benchmark::State& state, int dst_tp, bool per_layer) {
+  const KvRegion src = PathRegion(1, 0);
+  std::vector<KvRegion> dst;
+  for (int r = 0; r < dst_tp; ++r) dst.push_back(PathRegion(dst_tp, r));
+  const int64_t blocks = kPathTokens / 16;
+  std::vector<std::vector<int64_t>> src_ids, dst_ids;
+  const auto src_all = Blocks(kWave * blocks, true, 1), dst_all = Blocks(kWave * blocks, true, 2);
+  for (int q = 0; q < kWave; ++q) {
+    src_ids.emplace_back(src_all.begin() + q * blocks, src_all.begin() + (q + 1) * blocks);
+    dst_ids.emplace_back(dst_all.begin() + q * blocks, dst_all.begin() + (q + 1) * blocks);
+  }
+  std::vector<Plan> groups(kPathLayers * dst_tp);
+  uint64_t runs = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    std::vector<LayerPlan> layer_plans;
+    for (int q = 0; q < kWave && !per_layer; ++q) {
+      for (int r = 0; r < dst_tp; ++r) {
+        layer_plans.push_back(
+            LayerPlan::Create(src, dst[r], {src_ids[q], dst_ids[q], kPathTokens}).value());
+      }
+    }
+    for (int64_t l = 0; l < kPathLayers; ++l) {
+      for (int q = 0; q < kWave; ++q) {
+        for (int r = 0; r < dst_tp; ++r) {
+          Plan& group = groups[l * dst_tp + r];
+          const TransferSpec spec{src_ids[q], dst_ids[q], kPathTokens, l, l + 1};
+          const Status s = per_layer ? PlanTransfer(src, dst[r], spec, &group)
+                                     : layer_plans[q * dst_tp + r].AppendLayer(l, &group);
+          if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+        }
+      }
+    }
+    runs = 0;
+    for (int64_t g = 0; g < kPathLayers * dst_tp; ++g) {
+      Plan& group = groups[g];
+      const Status s = ValidateRuns(group.runs, src.span_bytes(), dst[g % dst_tp].span_bytes());
+      if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+      std::vector<Run> posted(group.runs.begin(), group.runs.end());
+      benchmark::DoNotOptimize(posted.data());
+      runs += group.runs.size();
+      group.runs.clear();
+      group.bytes = 0;
+    }
+  }
+  const double per_wave = SecondsSince(start) / static_cast<double>(state.iterations());
+  state.counters["runs_per_request"] = static_cast<double>(runs) / kWave;
+  state.counters["us_per_request"] = per_wave * 1e6 / kWave;
+  state.counters["ns_per_run"] = per_wave * 1e9 / static_cast<double>(runs);
+}
+
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
       {"LBNHC/scattered", "LBNHC", "LBNHC"},
@@ -134,6 +210,12 @@ void PrintHelp() {
       static_cast<long long>(kHeads), static_cast<long long>(kContent),
       static_cast<long long>(kBlocks));
   for (const Case& c : Cases()) std::printf("  plan/%s\n", c.name.c_str());
+  std::printf(
+      "\nkvd_request/* time kvd's io-thread work per request of `kvbench pd --tokens 4096\n"
+      "--layers 32 --block-ids random --window 8` (decode TP 1 or 2): planning each layer, or\n"
+      "one LayerPlan per request shifted to every layer; gathering a wave's runs per layer and\n"
+      "decode rank; checking and copying them as a post does. Counters: us_per_request,\n"
+      "runs_per_request, ns_per_run.\n");
 }
 
 int PlanBenchMain(int argc, char** argv) {
@@ -153,7 +235,15 @@ int PlanBenchMain(int argc, char** argv) {
     benchmark::RegisterBenchmark(("plan/" + c.name).c_str(), PlanCase, c)
         ->Unit(benchmark::kMicrosecond);
   }
-  std::fprintf(stderr, "kvbench plan: %zu cases, about a second each\n", Cases().size());
+  for (int tp : {1, 2}) {
+    for (bool per_layer : {true, false}) {
+      const std::string name = "kvd_request/LBNHC_tp1_to_tp" + std::to_string(tp) +
+                               (per_layer ? "/plan_each_layer" : "/layer_plan");
+      benchmark::RegisterBenchmark(name.c_str(), RequestPathCase, tp, per_layer)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  std::fprintf(stderr, "kvbench plan: %zu cases, about a second each\n", Cases().size() + 4);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -461,8 +461,9 @@ Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
   auto& runs = plan->runs;
   const size_t at = runs.size(), count = layer0_.runs.size();
   if (runs.capacity() - at < count) runs.reserve(std::max(at + count, 2 * runs.capacity()));
-  // A plain copy, then the shift while the copy is still in cache: about twice as fast as
-  // writing each shifted run, which value-initialises or checks capacity per run.
+  // A plain copy, then the shift while the copy is still in cache: cheaper than writing each
+  // shifted run through push_back (a capacity check per run) or after resize (a pass that
+  // value-initialises every run first).
   runs.insert(runs.end(), layer0_.runs.begin(), layer0_.runs.end());
   for (Run* r = runs.data() + at; r != runs.data() + at + count; ++r) {
     r->src_offset += s;

@@ -8,6 +8,7 @@
 
 #include "daemon/framing.h"
 #include "daemon/wire_layout.h"
+#include "transport/fd_passing.h"
 
 namespace kv::connector {
 
@@ -40,21 +41,8 @@ Status Connector::Client::SendFrame(const std::string& frame, int pass_fd) {
   std::lock_guard<std::mutex> lock(send_mu_);
   size_t sent = 0;
   while (sent < frame.size()) {
-    iovec iov{const_cast<char*>(frame.data() + sent), frame.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    if (pass_fd >= 0 && sent == 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-    }
-    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    const ssize_t n = transport::SendWithFd(fd_, frame.data() + sent, frame.size() - sent,
+                                            sent == 0 ? pass_fd : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {

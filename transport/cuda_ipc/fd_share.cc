@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "transport/fd_passing.h"
+
 namespace kv::transport::gpu {
 namespace {
 
@@ -29,21 +31,8 @@ void SendReply(int socket, ReplyCode code, std::string_view text, int fd) {
   frame.append(text);
   size_t sent = 0;
   while (sent < frame.size()) {
-    iovec iov{frame.data() + sent, frame.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0 && sent == 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    const ssize_t wrote = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
+    const ssize_t wrote =
+        SendWithFd(socket, frame.data() + sent, frame.size() - sent, sent == 0 ? fd : -1);
     if (wrote < 0 && errno == EINTR) continue;
     if (wrote <= 0) return;  // the client gave up (a tiny reply never fills a fresh socket)
     sent += static_cast<size_t>(wrote);

@@ -143,15 +143,11 @@ TEST_F(PdProcesses, PrefillKvdKilledMidRunFailsRequestsAndDecodeServesTheNextRun
   KillPrefillMidRunThenRunAgain();
 }
 
-// The same over UCX's tcp transport, the path two hosts take. Disabled: UCX 1.13 aborts the
-// decode kvd in about 1 run in 5 here. UCX emulates the prefill's puts with active messages; the
-// decode side's ucp_put_handler answers each with a completion message, and when that send finds
-// the prefill dead, uct_tcp_ep_set_failed -> ucp_ep_set_failed swaps the endpoint's lanes for
-// stubs inside the handler, whose retry then ends in ucs_fatal("unexpected error: Endpoint
-// timeout") (backtraces in benchmarks/pd.md, 2026-11-21). No kvd call is on that stack; kvd
-// survives it only by carrying host data in its own active messages instead of UCX's software
-// RMA. Enable with --gtest_also_run_disabled_tests once it does.
-TEST_F(PdProcesses, DISABLED_PrefillKvdKilledMidRunOverTcpAndDecodeServesTheNextRun) {
+// The same over UCX's tcp transport, the path two hosts take. There UCX 1.13 would emulate the
+// prefill's puts and answer each from inside its own handler on the decode side, which aborts
+// the decode kvd when the answer finds the prefill dead (about 1 run in 5, benchmarks/pd.md);
+// the backend carries such puts in active messages of its own instead (ucx_am_put.cc).
+TEST_F(PdProcesses, PrefillKvdKilledMidRunOverTcpAndDecodeServesTheNextRun) {
   setenv("UCX_TLS", "tcp,self", 1);  // the kvd children inherit it
   KillPrefillMidRunThenRunAgain();
   unsetenv("UCX_TLS");

@@ -278,6 +278,25 @@ TEST_P(UcxPair, DeviceMemoryIsRefusedWhereUcxHasNoCuda) {
   EXPECT_NE(r.status().message().find("pinned host"), std::string::npos);
 }
 
+// Over tcp puts travel as active messages the target copies itself (ucx_am_put.cc): a descriptor
+// naming an address the target never registered must not let a peer write there.
+TEST_P(UcxPair, APutMessageIntoMemoryTheTargetNeverRegisteredIsRefused) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "puts are UCX's RMA here, checked by its rkey";
+  std::vector<uint8_t> unregistered(4096, 0x5A);
+  std::string forged = dst_reg->packed_descriptor();
+  const uint64_t address = reinterpret_cast<uintptr_t>(unregistered.data());
+  std::memcpy(forged.data() + 8, &address, sizeof address);  // after the magic and the version
+  auto r = initiator->import_remote(peer, forged);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, **r, {{0, 0, 4096}});
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(unregistered, std::vector<uint8_t>(4096, 0x5A));
+  // The refusal fails that batch only: the peer keeps working.
+  auto runs = SpreadRuns(4, 1 << 20, 4096);
+  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs).ok());
+  ExpectCopied(src, dst, runs, 0xEE);
+}
+
 INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
@@ -333,6 +352,13 @@ TEST(UcxTransport, UnparsableInFlightBoundIsRejected) {
     EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << "'" << bad << "'";
   }
   ::unsetenv("KV_UCX_MAX_INFLIGHT_BYTES");
+}
+
+TEST(UcxTransport, UnknownPutPathIsRejected) {
+  ::setenv("KV_UCX_PUT_PATH", "emulated", 1);
+  auto t = CreateTransport("ucx");
+  ::unsetenv("KV_UCX_PUT_PATH");
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
 }
 
 TEST(UcxTransport, UnparsableSettingIsRejected) {

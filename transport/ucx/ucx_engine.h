@@ -54,6 +54,13 @@
 namespace kv::transport::ucx {
 
 inline constexpr unsigned kNotifyAmId = 17;
+// The active-message put path (ucx_am_put.cc).
+inline constexpr unsigned kPutDataAmId = 18;  // header PutHeader, data: the bytes
+inline constexpr unsigned kPutEndAmId = 19;   // header PutHeader (bytes: the batch's total)
+inline constexpr unsigned kPutAckAmId = 20;   // header PutHeader (bytes: 0 landed, 1 refused)
+// A run goes out in messages of at most this much: the receiver assembles each before copying.
+inline constexpr uint64_t kPutChunk = 256 << 10;
+inline constexpr const char* kPutPathVariable = "KV_UCX_PUT_PATH";  // auto (default), am, rma
 inline constexpr size_t kMaxNotification = 64 << 10;
 inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
 // An endpoint close still unfinished after this is abandoned, so that its worker can go.
@@ -74,7 +81,36 @@ inline constexpr uint64_t kMaxBytesInFlight = 16 << 20;
 inline constexpr const char* kMaxInFlightVariable = "KV_UCX_MAX_INFLIGHT_BYTES";
 
 class Engine;
+struct Peer;
 
+// What a put message names: the sender's batch, and the receiver's absolute address (data) or a
+// byte count (end, ack).
+struct PutHeader {
+  uint64_t seq;
+  uint64_t value;
+};
+
+// A batch being received over the active-message put path.
+struct Incoming {
+  uint64_t bytes = 0;
+  uint64_t expected = UINT64_MAX;  // set by the end message
+  bool refused = false;            // a message named memory outside this process's registrations
+};
+
+// The host ranges this process registered, where put messages may write (any thread adds and
+// removes; the progress thread copies under the lock, so a range cannot go mid-copy).
+class LocalRegions {
+ public:
+  uint64_t Add(void* base, uint64_t length);
+  void Remove(uint64_t token);
+  // Copies when [address, address + length) lies inside one registered range; false otherwise.
+  bool CopyIn(uint64_t address, const void* data, uint64_t length);
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> ranges_;  // token -> (base, length)
+  uint64_t next_ = 1;
+};
 // One ucp worker and its wake-up fd. Peers that connect() share the engine's first worker; a
 // peer that comes through open_endpoint() gets a worker of its own. Whatever uses a worker holds
 // it (its peer, remote keys, close requests), and the last holder to go destroys it (on the
@@ -86,7 +122,7 @@ class Engine;
 // is ever delivered. Seen in UCX 1.13.1: in a decode kvd's sysv FIFO element 1524 was never
 // written and 1525, written by the next prefill kvd, sat behind it. A dead peer's worker goes
 // with it.
-struct WorkerSlot {
+struct WorkerSlot : std::enable_shared_from_this<WorkerSlot> {
   WorkerSlot(Engine* engine, WorkerPtr worker, int efd, std::string address)
       : engine(engine), worker(std::move(worker)), efd(efd), address(std::move(address)) {}
   ~WorkerSlot();
@@ -96,6 +132,9 @@ struct WorkerSlot {
   WorkerPtr worker;
   int efd;
   std::string address;
+  Peer* owner = nullptr;  // the peer connected on this worker, when it has one of its own
+  // Put batches arriving, by (UCX's endpoint back to the sender, sender's seq).
+  std::map<std::pair<uintptr_t, uint64_t>, Incoming> incoming;
 };
 
 // An unpacked remote key; ucp_rkey_destroy is a worker call, so it is deferred to the progress
@@ -124,6 +163,12 @@ struct BatchState {
   Status failure;       // set when the batch times out or its peer fails before UCX reports back
   uint64_t bytes = 0;   // the runs' total: what the batch counts against kMaxBytesInFlight
   bool posted = false;  // handed to UCX, which now owes it a flush completion
+  // The active-message put path: done when the flush and the receiver's ack both are.
+  bool am = false;
+  bool flushed = false;
+  bool acked = false;
+  uint64_t seq = 0;
+  std::vector<PutHeader> headers;  // of its messages, until they are sent
 };
 
 struct Note {
@@ -157,6 +202,10 @@ struct Peer {
   std::deque<Queued> queued;  // in post()/notify() order
   uint64_t bytes_posted = 0;  // of batches handed to UCX and not finished
   bool pumping = false;       // Pump() is on the stack: a completion inside it must not recurse
+  // Puts travel as kvd's active messages (no RMA lane to this peer: UCX would emulate them).
+  bool am_puts = false;
+  std::set<uint64_t> am_unacked;                       // seqs of its put batches not finished
+  std::deque<std::pair<uint64_t, uint64_t>> am_notes;  // (note, last batch seq before it)
 };
 
 // An owned file descriptor.
@@ -217,6 +266,30 @@ class Engine {
   void HandleEndpointErrors();
   void FailPeer(PeerId id, const Status& reason);
   void ReapClosedEndpoints();
+  // ---- The active-message put path (ucx_am_put.cc) -----------------------------------------
+  static Result<int> PutPathFromEnvironment();
+  Status SetAmHandlers(WorkerSlot* slot);
+  // Whether puts to this endpoint travel as active messages (KV_UCX_PUT_PATH; auto: when the
+  // endpoint has no RMA lane).
+  bool UseAmPuts(ucp_ep_h ep) const;
+  void StartAm(Peer* peer, BatchState* batch);
+  void BatchFlushed(BatchState* batch, ucs_status_t status);
+  // The note may go once every batch started before it is acked; false: it waits.
+  bool AmNoteReady(Peer* peer, uint64_t note);
+  void AmBatchDone(BatchState* batch);
+  void SendAcks();
+  static ucs_status_t OnPutData(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnPutEnd(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnPutAck(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  void MaybeAck(WorkerSlot* slot, uint64_t seq, ucp_ep_h reply_ep);
+
+ public:
+  LocalRegions& regions() { return regions_; }
+
+ private:
   // Hands the peer's queued work to UCX while the in-flight bound allows.
   void Pump(Peer* peer);
   void Start(Peer* peer, BatchState* batch);
@@ -264,6 +337,17 @@ class Engine {
   std::vector<Closing> closing_;
   std::set<BatchState*> in_flight_;
   NotificationHandler handler_;
+  LocalRegions regions_;
+  int put_path_ = 0;  // KV_UCX_PUT_PATH: 0 auto, 1 am, 2 rma
+  uint64_t next_put_seq_ = 1;
+  std::unordered_map<uint64_t, BatchState*> am_batches_;  // started put batches by seq
+  struct Ack {
+    std::weak_ptr<WorkerSlot> slot;
+    bool via_owner;     // on the slot owner's endpoint (gone with it), else on reply_ep
+    ucp_ep_h reply_ep;  // the worker is shared: UCX's endpoint back to the sender
+    PutHeader header;
+  };
+  std::vector<Ack> acks_;  // sent after progress returns: never from inside UCX's handler
 
   std::thread thread_;  // last: starts after everything above exists
 };

@@ -37,6 +37,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, uint64_t max_
     return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
   std::unique_ptr<Engine> engine(
       new Engine(std::move(context), std::move(wake), std::move(epoll), max_bytes_in_flight));
+  KV_ASSIGN_OR_RETURN(engine->put_path_, PutPathFromEnvironment());
   KV_ASSIGN_OR_RETURN(engine->shared_, engine->OpenWorker());
   engine->shared_address_ = engine->shared_->address;
   engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
@@ -72,6 +73,7 @@ Result<std::shared_ptr<WorkerSlot>> Engine::OpenWorker() {
     return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
   auto slot = std::make_shared<WorkerSlot>(this, std::move(worker), efd, std::move(address));
   workers_.push_back(slot.get());
+  KV_RETURN_IF_ERROR(SetAmHandlers(slot.get()));  // a failure drops the slot, and its worker
   return slot;
 }
 
@@ -128,6 +130,7 @@ void Engine::Loop() {
     worked |= RunCommands();
     if (stopping_) break;
     for (WorkerSlot* slot : workers_) worked |= ucp_worker_progress(slot->worker.get()) != 0;
+    if (!acks_.empty()) SendAcks();
     if (!endpoint_errors_.empty()) HandleEndpointErrors();
     // The clock is read once every 64 turns: cheap next to a deadline of milliseconds.
     if (turn % 64 != 0) continue;
@@ -195,6 +198,8 @@ Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uin
   params.err_handler.arg = peer.get();
   if (ucs_status_t s = ucp_ep_create(peer->slot->worker.get(), &params, &peer->ep); s != UCS_OK)
     return FromUcs(s, "ucp_ep_create");
+  peer->am_puts = UseAmPuts(peer->ep);
+  if (endpoint != 0) peer->slot->owner = peer.get();
   peers_[id] = std::move(peer);
   return id;
 }
@@ -247,6 +252,7 @@ void Engine::Pump(Peer* peer) {
 void Engine::Start(Peer* peer, BatchState* batch) {
   batch->posted = true;
   peer->bytes_posted += batch->bytes;
+  if (peer->am_puts && batch->op == Op::kPut) return StartAm(peer, batch);
   ucp_ep_h ep = peer->ep;
   const bool put = batch->op == Op::kPut;
   // No per-run callback: the flush below completes after every run, so the run requests are
@@ -276,11 +282,12 @@ void Engine::Start(Peer* peer, BatchState* batch) {
 void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data) {
   auto* batch = static_cast<BatchState*>(user_data);
   ucp_request_free(request);
-  batch->engine->Finish(batch, status);
+  batch->engine->BatchFlushed(batch, status);
 }
 
 void Engine::Finish(BatchState* batch, ucs_status_t status) {
   in_flight_.erase(batch);
+  if (batch->am) AmBatchDone(batch);
   if (batch->posted) {
     // A failed peer is gone from peers_ already: nothing of it is left to pump.
     auto it = peers_.find(batch->peer);
@@ -341,6 +348,14 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   peer->notes.clear();
+  peer->am_notes.clear();
+  if (peer->slot->owner == peer.get()) peer->slot->owner = nullptr;
+  // Put batches whose sends are done wait only for an ack: UCX owes them nothing to complete.
+  std::vector<BatchState*> unacked;
+  for (BatchState* batch : in_flight_) {
+    if (batch->peer == id && batch->am && batch->flushed) unacked.push_back(batch);
+  }
+  for (BatchState* batch : unacked) Finish(batch, UCS_OK);
   // Batches UCX never saw complete here, with the failure set above.
   for (const Queued& queued : peer->queued) {
     if (queued.batch != nullptr) Finish(queued.batch, UCS_OK);
@@ -377,6 +392,11 @@ void Engine::Notify(PeerId id, std::string message) {
 
 void Engine::FlushNote(Peer* peer, uint64_t seq) {
   const PeerId id = peer->id;
+  // Puts as messages: landed once acked, which no flush says.
+  if (peer->am_puts) {
+    if (AmNoteReady(peer, seq)) MarkNoteReady(id, seq);
+    return;
+  }
   // UCX does not order active messages after RMA: the flush is what makes the data land first.
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;

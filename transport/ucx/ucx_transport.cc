@@ -24,7 +24,17 @@ constexpr size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are a few h
 
 class UcxRegistration final : public MemoryRegistration {
  public:
-  explicit UcxRegistration(std::shared_ptr<ucx::MemoryMap> map) : map_(std::move(map)) {}
+  // Host memory is also where peers' put messages may land (ucx_am_put.cc) while registered.
+  UcxRegistration(Engine* engine, std::shared_ptr<ucx::MemoryMap> map)
+      : engine_(engine), map_(std::move(map)) {
+    if (map_->location().kind == MemoryKind::kHost)
+      token_ = engine_->regions().Add(map_->base(), map_->length());
+  }
+  ~UcxRegistration() override {
+    if (token_ != 0) engine_->regions().Remove(token_);
+  }
+  UcxRegistration(const UcxRegistration&) = delete;
+  UcxRegistration& operator=(const UcxRegistration&) = delete;
   void* base() const override { return map_->base(); }
   uint64_t length() const override { return map_->length(); }
   MemoryLocation location() const override { return map_->location(); }
@@ -40,7 +50,9 @@ class UcxRegistration final : public MemoryRegistration {
   const std::shared_ptr<ucx::MemoryMap>& map() const { return map_; }
 
  private:
+  Engine* engine_;
   std::shared_ptr<ucx::MemoryMap> map_;
+  uint64_t token_ = 0;
 };
 
 class UcxRemote final : public RemoteMemory {
@@ -88,7 +100,7 @@ class UcxTransport final : public Transport {
       maps_[key] = map;
     }
     std::erase_if(maps_, [](const auto& entry) { return entry.second.expired(); });
-    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
+    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(engine_.get(), std::move(map)));
   }
 
   Result<std::unique_ptr<MemoryRegistration>> allocate_memory(uint64_t length,
@@ -97,7 +109,7 @@ class UcxTransport final : public Transport {
     if (where.kind != MemoryKind::kHost)
       return Status::Unsupported("the ucx transport allocates host memory only");
     KV_ASSIGN_OR_RETURN(auto map, ucx::MemoryMap::Allocate(engine_->context(), length));
-    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(std::move(map)));
+    return std::unique_ptr<MemoryRegistration>(new UcxRegistration(engine_.get(), std::move(map)));
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {

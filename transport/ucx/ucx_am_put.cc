@@ -1,0 +1,264 @@
+// The active-message put path of the ucx backend, used where UCX would emulate a put because the
+// endpoint has no RMA lane (tcp in UCX 1.13). UCX's emulation has the target answer every put
+// from inside its own handler; when that answer finds the sender dead, UCX 1.13 calls ucs_fatal
+// and the target process (a decode kvd) aborts (benchmarks/pd.md, issue 5). Here the sender
+// carries the bytes in eager active messages (no rendezvous: nothing for the receiver to answer
+// inside UCX), the receiver copies them into memory it registered, and acknowledges the batch
+// with a message of its own sent after progress returns, whose failure only fails that request.
+//
+// Wire: per run, messages of at most kPutChunk (header {seq, receiver address}); then an end
+// message {seq, total bytes}; the receiver acks {seq, 0 or 1 = refused} once it has the total.
+// A batch completes when its flush and its ack both did, or fails with its peer (endpoint error,
+// deadline: FailPeer), never twice. A notification leaves only after every batch started before
+// it was acked, so it still arrives after the data it announces.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "transport/ucx/ucx_engine.h"
+
+namespace kv::transport::ucx {
+
+uint64_t LocalRegions::Add(void* base, uint64_t length) {
+  std::lock_guard lock(mu_);
+  const uint64_t token = next_++;
+  ranges_[token] = {reinterpret_cast<uintptr_t>(base), length};
+  return token;
+}
+
+void LocalRegions::Remove(uint64_t token) {
+  std::lock_guard lock(mu_);
+  ranges_.erase(token);
+}
+
+bool LocalRegions::CopyIn(uint64_t address, const void* data, uint64_t length) {
+  std::lock_guard lock(mu_);
+  for (const auto& [token, range] : ranges_) {
+    const auto [base, size] = range;
+    if (address >= base && length <= size && address - base <= size - length) {
+      std::memcpy(reinterpret_cast<void*>(address), data, length);
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<int> Engine::PutPathFromEnvironment() {
+  const char* text = std::getenv(kPutPathVariable);
+  const std::string_view value = text == nullptr ? "auto" : text;
+  if (value == "auto") return 0;
+  if (value == "am") return 1;
+  if (value == "rma") return 2;
+  return Status::InvalidArgument(std::string(kPutPathVariable) + "='" + std::string(value) +
+                                 "' must be auto, am or rma");
+}
+
+bool Engine::UseAmPuts(ucp_ep_h ep) const {
+  if (put_path_ != 0) return put_path_ == 1;
+  // UCX 1.13 has no query for an endpoint's lanes; its printed configuration lists a "put[n]"
+  // protocol per RMA lane and none when puts would be emulated.
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* out = ::open_memstream(&text, &size);
+  if (out == nullptr) return false;
+  ucp_ep_print_info(ep, out);
+  std::fclose(out);
+  const bool rma = std::string_view(text, size).find("put[") != std::string_view::npos;
+  std::free(text);
+  return !rma;
+}
+
+Status Engine::SetAmHandlers(WorkerSlot* slot) {
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+      {kPutDataAmId, &Engine::OnPutData},
+      {kPutEndAmId, &Engine::OnPutEnd},
+      {kPutAckAmId, &Engine::OnPutAck}};
+  for (const auto& [id, cb] : handlers) {
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    am.id = id;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    am.cb = cb;
+    am.arg = slot;
+    if (ucs_status_t s = ucp_worker_set_am_recv_handler(slot->worker.get(), &am); s != UCS_OK)
+      return FromUcs(s, "ucp_worker_set_am_recv_handler");
+  }
+  return Status::Ok();
+}
+
+void Engine::StartAm(Peer* peer, BatchState* batch) {
+  batch->am = true;
+  batch->seq = next_put_seq_++;
+  am_batches_[batch->seq] = batch;
+  peer->am_unacked.insert(batch->seq);
+  size_t messages = 1;
+  for (const Run& run : batch->runs) messages += (run.length + kPutChunk - 1) / kPutChunk;
+  // UCX may read a header after the call returns (a send left pending); the batch outlives its
+  // sends, and reserving up front keeps the headers where they are.
+  batch->headers.reserve(messages);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+  uint64_t sent = 0;
+  for (const Run& run : batch->runs) {
+    for (uint64_t at = 0; at < run.length && batch->failure.ok(); at += kPutChunk) {
+      const uint64_t n = std::min(kPutChunk, run.length - at);
+      const PutHeader& header = batch->headers.emplace_back(
+          PutHeader{batch->seq, batch->remote_address + run.dst_offset + at});
+      ucs_status_ptr_t request = ucp_am_send_nbx(peer->ep, kPutDataAmId, &header, sizeof header,
+                                                 batch->local + run.src_offset + at, n, &param);
+      if (UCS_PTR_IS_ERR(request)) {
+        batch->failure = FromUcs(UCS_PTR_STATUS(request), "ucp_am_send_nbx");
+      } else if (request != nullptr) {
+        ucp_request_free(request);
+      }
+      sent += n;
+    }
+  }
+  if (batch->failure.ok()) {
+    const PutHeader& end = batch->headers.emplace_back(PutHeader{batch->seq, sent});
+    ucs_status_ptr_t request =
+        ucp_am_send_nbx(peer->ep, kPutEndAmId, &end, sizeof end, nullptr, 0, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      batch->failure = FromUcs(UCS_PTR_STATUS(request), "ucp_am_send_nbx");
+    } else if (request != nullptr) {
+      ucp_request_free(request);
+    }
+  }
+  // The flush bounds the sends (a force-closed endpoint fails it), the ack says they landed.
+  ucp_request_param_t flush{};
+  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  flush.cb.send = &Engine::OnBatchFlushed;
+  flush.user_data = batch;
+  ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep, &flush);
+  if (!UCS_PTR_IS_PTR(request)) BatchFlushed(batch, UCS_PTR_STATUS(request));
+}
+
+void Engine::BatchFlushed(BatchState* batch, ucs_status_t status) {
+  if (batch->am && status == UCS_OK && batch->failure.ok() && !batch->acked) {
+    batch->flushed = true;  // the ack finishes it, or FailPeer
+    return;
+  }
+  Finish(batch, status);
+}
+
+bool Engine::AmNoteReady(Peer* peer, uint64_t note) {
+  if (peer->am_unacked.empty()) return true;
+  peer->am_notes.emplace_back(note, next_put_seq_ - 1);
+  return false;
+}
+
+void Engine::AmBatchDone(BatchState* batch) {
+  am_batches_.erase(batch->seq);
+  auto it = peers_.find(batch->peer);
+  if (it == peers_.end()) return;
+  Peer* peer = it->second.get();
+  peer->am_unacked.erase(batch->seq);
+  while (!peer->am_notes.empty()) {
+    const auto [note, barrier] = peer->am_notes.front();
+    if (!peer->am_unacked.empty() && *peer->am_unacked.begin() <= barrier) break;
+    peer->am_notes.pop_front();
+    MarkNoteReady(peer->id, note);
+  }
+}
+
+namespace {
+
+bool ReadHeader(const void* header, size_t length, PutHeader* out) {
+  if (length != sizeof(PutHeader)) return false;  // not from this backend
+  std::memcpy(out, header, sizeof *out);
+  return true;
+}
+
+ucp_ep_h ReplyEp(const ucp_am_recv_param_t* param) {
+  return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+}
+
+}  // namespace
+
+ucs_status_t Engine::OnPutData(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param) {
+  auto* slot = static_cast<WorkerSlot*>(arg);
+  PutHeader h;
+  if (!ReadHeader(header, header_length, &h)) return UCS_OK;
+  ucp_ep_h reply = ReplyEp(param);
+  Incoming& in = slot->incoming[{reinterpret_cast<uintptr_t>(reply), h.seq}];
+  // Never trust the header: only memory this process registered is written. A rendezvous
+  // message (not sent by this backend) is dropped unreceived and refuses its batch.
+  const bool eager = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
+  if (!eager || !slot->engine->regions_.CopyIn(h.value, data, length)) in.refused = true;
+  in.bytes += length;
+  slot->engine->MaybeAck(slot, h.seq, reply);
+  return UCS_OK;
+}
+
+ucs_status_t Engine::OnPutEnd(void* arg, const void* header, size_t header_length, void*, size_t,
+                              const ucp_am_recv_param_t* param) {
+  auto* slot = static_cast<WorkerSlot*>(arg);
+  PutHeader h;
+  if (!ReadHeader(header, header_length, &h)) return UCS_OK;
+  ucp_ep_h reply = ReplyEp(param);
+  slot->incoming[{reinterpret_cast<uintptr_t>(reply), h.seq}].expected = h.value;
+  slot->engine->MaybeAck(slot, h.seq, reply);
+  return UCS_OK;
+}
+
+void Engine::MaybeAck(WorkerSlot* slot, uint64_t seq, ucp_ep_h reply_ep) {
+  auto it = slot->incoming.find({reinterpret_cast<uintptr_t>(reply_ep), seq});
+  if (it == slot->incoming.end() || it->second.bytes != it->second.expected) return;
+  acks_.push_back(Ack{slot->weak_from_this(), slot->owner != nullptr, reply_ep,
+                      PutHeader{seq, it->second.refused ? 1u : 0u}});
+  slot->incoming.erase(it);
+}
+
+void Engine::SendAcks() {
+  std::vector<Ack> acks;
+  acks.swap(acks_);
+  for (const Ack& ack : acks) {
+    std::shared_ptr<WorkerSlot> slot = ack.slot.lock();
+    if (!slot) continue;
+    ucp_ep_h ep =
+        ack.via_owner ? (slot->owner != nullptr ? slot->owner->ep : nullptr) : ack.reply_ep;
+    if (ep == nullptr) continue;  // the sender failed meanwhile: nobody waits for this ack
+    auto* header = new PutHeader(ack.header);
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<PutHeader*>(user_data);
+      ucp_request_free(request);
+    };
+    param.user_data = header;
+    ucs_status_ptr_t request =
+        ucp_am_send_nbx(ep, kPutAckAmId, header, sizeof *header, nullptr, 0, &param);
+    if (!UCS_PTR_IS_PTR(request)) delete header;
+  }
+}
+
+ucs_status_t Engine::OnPutAck(void* arg, const void* header, size_t header_length, void*, size_t,
+                              const ucp_am_recv_param_t*) {
+  auto* slot = static_cast<WorkerSlot*>(arg);
+  Engine* engine = slot->engine;
+  PutHeader h;
+  if (!ReadHeader(header, header_length, &h)) return UCS_OK;
+  auto it = engine->am_batches_.find(h.seq);
+  if (it == engine->am_batches_.end()) return UCS_OK;  // finished already (failed)
+  BatchState* batch = it->second;
+  auto peer = engine->peers_.find(batch->peer);
+  // Only the worker the batch went out on may finish it.
+  if (peer == engine->peers_.end() || peer->second->slot.get() != slot || batch->acked)
+    return UCS_OK;
+  batch->acked = true;
+  if (h.value != 0 && batch->failure.ok()) {
+    batch->failure =
+        Status::InvalidArgument("peer " + std::to_string(batch->peer) +
+                                " refused a put: a run named memory outside its registrations");
+  }
+  if (batch->flushed) engine->Finish(batch, UCS_OK);
+  return UCS_OK;
+}
+
+}  // namespace kv::transport::ucx

@@ -10,7 +10,7 @@
 // message {seq, total bytes}; the receiver acks {seq, 0 or 1 = refused} once it has the total.
 // A batch completes when its flush and its ack both did, or fails with its peer (endpoint error,
 // deadline: FailPeer), never twice. A notification leaves only after every batch started before
-// it was acked, so it still arrives after the data it announces.
+// it finished (puts acked, gets flushed), so it still arrives after the data it announces.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,9 +90,7 @@ Status Engine::SetAmHandlers(WorkerSlot* slot) {
 
 void Engine::StartAm(Peer* peer, BatchState* batch) {
   batch->am = true;
-  batch->seq = next_put_seq_++;
   am_batches_[batch->seq] = batch;
-  peer->am_unacked.insert(batch->seq);
   size_t messages = 1;
   for (const Run& run : batch->runs) messages += (run.length + kPutChunk - 1) / kPutChunk;
   // UCX may read a header after the call returns (a send left pending); the batch outlives its

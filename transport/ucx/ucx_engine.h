@@ -11,7 +11,9 @@
 //
 // Rules (the contract of Transport, made precise for UCX):
 //  * A batch is one ucp_put_nbx/ucp_get_nbx per run and one ucp_ep_flush_nbx; it completes when
-//    the flush does. done() runs on the progress thread.
+//    the flush does. done() runs on the progress thread. Where the endpoint has no RMA lane, a
+//    put batch is active messages instead and completes when the flush and the receiver's ack
+//    both have (ucx_am_put.cc).
 //  * A batch past its deadline fails its peer: the endpoint is force-closed, which makes UCX
 //    release every request on it; the late batch completes with kTimeout, the peer's other
 //    batches with kUnavailable. done() therefore never runs while UCX may still touch the batch's
@@ -22,8 +24,9 @@
 //    is safe, the unmap waits. Registrations and imported descriptors must be destroyed before
 //    the Transport.
 //  * A notification is sent as an eager active message after a flush of its endpoint completes,
-//    so it arrives after the data of every batch posted before it; notifications leave in the
-//    order notify() was called.
+//    so it arrives after the data of every batch posted before it (to a peer that takes puts as
+//    messages: after every batch posted before it finished); notifications leave in the order
+//    notify() was called.
 //  * At most max_bytes_in_flight (kMaxBytesInFlight unless the environment sets
 //    KV_UCX_MAX_INFLIGHT_BYTES) of a peer's batches are handed to UCX at once; later batches, and
 //    the notifications behind them, wait in the peer's queue in call order and go out as earlier
@@ -167,7 +170,7 @@ struct BatchState {
   bool am = false;
   bool flushed = false;
   bool acked = false;
-  uint64_t seq = 0;
+  uint64_t seq = 0;                // set when its peer takes puts as messages: notes wait for it
   std::vector<PutHeader> headers;  // of its messages, until they are sent
 };
 
@@ -204,7 +207,7 @@ struct Peer {
   bool pumping = false;       // Pump() is on the stack: a completion inside it must not recurse
   // Puts travel as kvd's active messages (no RMA lane to this peer: UCX would emulate them).
   bool am_puts = false;
-  std::set<uint64_t> am_unacked;                       // seqs of its put batches not finished
+  std::set<uint64_t> am_unacked;                       // seqs of its batches not finished
   std::deque<std::pair<uint64_t, uint64_t>> am_notes;  // (note, last batch seq before it)
 };
 

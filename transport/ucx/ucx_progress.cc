@@ -252,7 +252,12 @@ void Engine::Pump(Peer* peer) {
 void Engine::Start(Peer* peer, BatchState* batch) {
   batch->posted = true;
   peer->bytes_posted += batch->bytes;
-  if (peer->am_puts && batch->op == Op::kPut) return StartAm(peer, batch);
+  if (peer->am_puts) {
+    // Notes to this peer wait for these seqs (AmNoteReady), gets included: no flush covers them.
+    batch->seq = next_put_seq_++;
+    peer->am_unacked.insert(batch->seq);
+    if (batch->op == Op::kPut) return StartAm(peer, batch);
+  }
   ucp_ep_h ep = peer->ep;
   const bool put = batch->op == Op::kPut;
   // No per-run callback: the flush below completes after every run, so the run requests are
@@ -287,7 +292,7 @@ void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data)
 
 void Engine::Finish(BatchState* batch, ucs_status_t status) {
   in_flight_.erase(batch);
-  if (batch->am) AmBatchDone(batch);
+  if (batch->seq != 0) AmBatchDone(batch);
   if (batch->posted) {
     // A failed peer is gone from peers_ already: nothing of it is left to pump.
     auto it = peers_.find(batch->peer);

@@ -270,7 +270,9 @@ class Engine {
   void FailPeer(PeerId id, const Status& reason);
   void ReapClosedEndpoints();
   // ---- The active-message put path (ucx_am_put.cc) -----------------------------------------
-  static Result<int> PutPathFromEnvironment();
+  // How puts travel (KV_UCX_PUT_PATH): chosen per endpoint, or forced to messages or to RMA.
+  enum class PutPath { kAuto, kMessages, kRma };
+  static Result<PutPath> PutPathFromEnvironment();
   Status SetAmHandlers(WorkerSlot* slot);
   // Whether puts to this endpoint travel as active messages (KV_UCX_PUT_PATH; auto: when the
   // endpoint has no RMA lane).
@@ -341,7 +343,7 @@ class Engine {
   std::set<BatchState*> in_flight_;
   NotificationHandler handler_;
   LocalRegions regions_;
-  int put_path_ = 0;  // KV_UCX_PUT_PATH: 0 auto, 1 am, 2 rma
+  PutPath put_path_ = PutPath::kAuto;
   uint64_t next_put_seq_ = 1;
   std::unordered_map<uint64_t, BatchState*> am_batches_;  // started put batches by seq
   struct Ack {

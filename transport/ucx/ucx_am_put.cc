@@ -212,9 +212,9 @@ void Engine::MaybeAck(WorkerSlot* slot, uint64_t seq, ucp_ep_h reply_ep) {
 }
 
 void Engine::SendAcks() {
-  std::vector<Ack> acks;
-  acks.swap(acks_);
-  for (const Ack& ack : acks) {
+  // A send below may run a handler (self transport) that queues another ack: it lands in acks_.
+  sending_acks_.swap(acks_);
+  for (const Ack& ack : sending_acks_) {
     std::shared_ptr<WorkerSlot> slot = ack.slot.lock();
     if (!slot) continue;
     ucp_ep_h ep =
@@ -234,6 +234,7 @@ void Engine::SendAcks() {
         ucp_am_send_nbx(ep, kPutAckAmId, header, sizeof *header, nullptr, 0, &param);
     if (!UCS_PTR_IS_PTR(request)) delete header;
   }
+  sending_acks_.clear();  // keeps the capacity: no allocation per turn
 }
 
 ucs_status_t Engine::OnPutAck(void* arg, const void* header, size_t header_length, void*, size_t,

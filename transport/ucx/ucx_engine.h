@@ -352,7 +352,8 @@ class Engine {
     ucp_ep_h reply_ep;  // the worker is shared: UCX's endpoint back to the sender
     PutHeader header;
   };
-  std::vector<Ack> acks_;  // sent after progress returns: never from inside UCX's handler
+  std::vector<Ack> acks_;          // sent after progress returns: never from inside UCX's handler
+  std::vector<Ack> sending_acks_;  // SendAcks' batch, swapped with acks_
 
   std::thread thread_;  // last: starts after everything above exists
 };

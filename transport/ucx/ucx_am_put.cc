@@ -3,8 +3,10 @@
 // from inside its own handler; when that answer finds the sender dead, UCX 1.13 calls ucs_fatal
 // and the target process (a decode kvd) aborts (benchmarks/pd.md, issue 5). Here the sender
 // carries the bytes in eager active messages (no rendezvous: nothing for the receiver to answer
-// inside UCX), the receiver copies them into memory it registered, and acknowledges the batch
-// with a message of its own sent after progress returns, whose failure only fails that request.
+// inside UCX), the receiver copies them into host memory it registered, and acknowledges the
+// batch with a message of its own sent after progress returns; a failed ack aborts nothing, it
+// leaves the sender's batch to its deadline. The copy is a memcpy: a put into device memory
+// over this path is refused, though the registration exists (a known gap).
 //
 // Wire: per run, messages of at most kPutChunk (header {seq, receiver address}); then an end
 // message {seq, total bytes}; the receiver acks {seq, 0 or 1 = refused} once it has the total.
@@ -252,9 +254,9 @@ ucs_status_t Engine::OnPutAck(void* arg, const void* header, size_t header_lengt
     return UCS_OK;
   batch->acked = true;
   if (h.value != 0 && batch->failure.ok()) {
-    batch->failure =
-        Status::InvalidArgument("peer " + std::to_string(batch->peer) +
-                                " refused a put: a run named memory outside its registrations");
+    batch->failure = Status::InvalidArgument(
+        "peer " + std::to_string(batch->peer) +
+        " refused a put: a run named memory outside the host memory it registered");
   }
   if (batch->flushed) engine->Finish(batch, UCS_OK);
   return UCS_OK;

@@ -354,7 +354,11 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   peers_.erase(it);
   peer->notes.clear();
   peer->am_notes.clear();
-  if (peer->slot->owner == peer.get()) peer->slot->owner = nullptr;
+  if (peer->slot->owner == peer.get()) {
+    // Its worker serves it alone: put batches it had half sent us will never be completed.
+    peer->slot->owner = nullptr;
+    peer->slot->incoming.clear();
+  }
   // Put batches whose sends are done wait only for an ack: UCX owes them nothing to complete.
   std::vector<BatchState*> unacked;
   for (BatchState* batch : in_flight_) {

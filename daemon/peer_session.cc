@@ -61,8 +61,6 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
   *hello.mutable_hello() = BuildHello();
   // The peer gets a transport end of its own where the backend has one, so that its failure
   // cannot wedge what other peers send us (transport.h, open_endpoint).
-  if (peer.transport_endpoint != 0) transport_->release_endpoint(peer.transport_endpoint);
-  peer.transport_endpoint = 0;
   Result<transport::Transport::LocalEndpoint> endpoint = transport_->open_endpoint();
   if (endpoint.ok()) {
     peer.transport_endpoint = endpoint->id;

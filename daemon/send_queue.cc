@@ -1,7 +1,6 @@
 // Daemon::Core's send queue (core.h, SendGroup): batches planned during one pass of the io loop
-// are merged by source region, destination region and engine event, and posted together.
-#include <spdlog/spdlog.h>
-
+// are merged by source region, destination region and engine event, and posted together (or
+// sooner, when the link is about to idle: FlushSendsIfDue).
 #include <boost/asio/post.hpp>
 
 #include "daemon/core.h"

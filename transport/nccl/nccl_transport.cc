@@ -332,8 +332,11 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& g
   link.host_gate = host_gate != 0;
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   std::string host = "127.0.0.1";
-  for (const auto& [k, v] : options.settings) {
-    if (k == "listen_host") host = v;
+  for (const auto& [k, v] : options.settings) {  // the first one wins, as in IntSetting
+    if (k == "listen_host") {
+      host = v;
+      break;
+    }
   }
   auto transport = std::make_unique<NcclTransport>(link);
   KV_RETURN_IF_ERROR(transport->Start(host));

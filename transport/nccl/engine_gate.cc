@@ -8,7 +8,9 @@ using gpu::CudaStatus;
 
 Result<EngineGate> EngineGate::Create(int device, bool host_gate) {
   EngineGate gate(device, host_gate);
-  KV_ASSIGN_OR_RETURN(gate.relay_, gpu::CudaStream::Create(device));
+  if (!host_gate) {
+    KV_ASSIGN_OR_RETURN(gate.relay_, gpu::CudaStream::Create(device));
+  }
   return gate;
 }
 

@@ -8,7 +8,7 @@
 // per 15 ms on two H200s (benchmarks/pd_gpu.md, "nccl through kvd"). With host_gate the event is
 // handed to the sender thread, which polls it on the host (Poll) before it enqueues anything of
 // the batch, so nothing of kvd waits on the engine on the device; the caller's event must then
-// stay valid until the batch completes, which DeviceOrdered does not promise today.
+// stay valid until the batch completes, as DeviceOrdered (device_ordered.h) asks of callers.
 //
 // Thread-safety: Capture may be called from any thread; Poll is a free function.
 #pragma once
@@ -44,7 +44,7 @@ class EngineGate {
   int device_ = 0;
   bool host_gate_ = false;
   std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();  // guards relay_'s order
-  gpu::CudaStream relay_;
+  gpu::CudaStream relay_;                                            // only without host_gate
 };
 
 // Until `event` fired: kOk; kTimeout at `deadline`; kAborted once `cancelled`; the CUDA error

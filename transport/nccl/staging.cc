@@ -80,9 +80,13 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
   }
   if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += chunks.count();
+  bool waited[kMaxLanes] = {};  // the lane's stream orders its later pieces after the first
   for (const Range& piece : split.direct) {
     const size_t lane = first_lane_++ % lanes.count();
-    if (start_after != nullptr) KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), *start_after));
+    if (start_after != nullptr && !waited[lane]) {
+      KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), *start_after));
+      waited[lane] = true;
+    }
     KV_RETURN_IF_ERROR(lanes.Send(lane, base + piece.offset, piece.length, nullptr, deadline));
     in_flight_[lane] = next_op_++;
   }

@@ -251,6 +251,7 @@ class PeerBody {
           return posted;
         }
         if (Clock::now() - start > kPromptPost) {
+          futures.resize(first + i + 1);  // the later ones were never posted: none to wait for
           return Status::Internal("post_after of batch " + std::to_string(i) +
                                   " waited while earlier batches were gated");
         }

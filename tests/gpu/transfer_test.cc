@@ -86,7 +86,8 @@ TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
-// The engine's per-layer event gates the transfer on the device: nothing moves before it fires.
+// The engine's per-layer event gates the transfer (a device-side wait for cuda_ipc, a host poll
+// by nccl's sender with its default host_gate): nothing moves before it fires.
 TEST_P(GpuTransferTest, PostAfterWaitsForTheEngineEvent) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("BLHNC", 32, 4), 160);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);

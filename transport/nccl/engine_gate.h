@@ -1,14 +1,15 @@
 // How a put waits for the engine's event (DeviceOrdered::post_after), for nccl_link.h.
 //
-// An event that already fired is not waited on. One that has not is, by default, captured at
-// post time through a relay stream: the relay waits on it on the device and records an event of
-// ours that the batch's sends wait on (the caller may destroy its event once the post returns).
-// Through kvd that device wait is slow: while kvd's context waits on the device for an event of
-// the engine's process that is not yet recorded, the engine's records on that GPU ran about one
-// per 15 ms on two H200s (benchmarks/pd_gpu.md, "nccl through kvd"). With host_gate the event is
-// handed to the sender thread, which polls it on the host (Poll) before it enqueues anything of
-// the batch, so nothing of kvd waits on the engine on the device; the caller's event must then
-// stay valid until the batch completes, as DeviceOrdered (device_ordered.h) asks of callers.
+// An event that already fired is not waited on. One that has not is, without host_gate (kvd's
+// default is host_gate, nccl_transport.h), captured at post time through a relay stream: the relay
+// waits on it on the device and records an event of ours that the batch's sends wait on (the caller
+// may destroy its event once the post returns). Through kvd that device wait is slow: while kvd's
+// context waits on the device for an event of the engine's process that is not yet recorded, the
+// engine's records on that GPU ran about one per 15 ms on two H200s (benchmarks/pd_gpu.md, "nccl
+// through kvd"). With host_gate the event is handed to the sender thread, which polls it on the
+// host (Poll) before it enqueues anything of the batch, so nothing of kvd waits on the engine on
+// the device; the caller's event must then stay valid until the batch completes, as DeviceOrdered
+// (device_ordered.h) asks of callers.
 //
 // Thread-safety: Capture may be called from any thread; Poll is a free function.
 #pragma once

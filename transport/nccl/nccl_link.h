@@ -15,13 +15,14 @@
 // notification travels as a frame behind the batches posted before it, and the receiver holds
 // it until they have landed, so nothing waits for acks on the sending side.
 //
-// Failure: EOF, a malformed message, a batch past its deadline or an NCCL error fail the link:
-// every batch in flight completes with kUnavailable (kTimeout for the one that timed out), the
-// threads abort their communicators (ncclCommAbort) and later calls are refused. Nothing waits
-// without a deadline.
+// Failure: EOF, a malformed message, an announced batch past its deadline or an NCCL error fail
+// the link: every batch in flight completes with kUnavailable (kTimeout for the one that timed
+// out), the threads abort their communicators (ncclCommAbort) and later calls are refused. A put
+// that never got announced (past its deadline in the queue, or its engine event failed or did
+// not fire in time) fails alone and the link stays. Nothing waits without a deadline.
 //
-// A put's engine event (start_after) is waited for as engine_gate.h says: on the device through
-// a relay by default, polled by the sender thread on the host with host_gate.
+// A put's engine event (start_after) is waited for as engine_gate.h says: polled by the sender
+// thread on the host with host_gate (the default), else on the device through a relay.
 //
 // Thread-safety: Put/Get/Notify/Fail may be called from any thread; Put/Get/Notify only encode
 // and queue (Put with an event makes up to four CUDA calls that do not wait for the device), so

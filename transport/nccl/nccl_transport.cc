@@ -316,7 +316,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& g
   KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));
   KV_ASSIGN_OR_RETURN(int64_t direct, IntSetting(options, "nccl", "direct_bytes",
                                                  static_cast<int64_t>(link.direct_bytes), 0));
-  KV_ASSIGN_OR_RETURN(int64_t host_gate, IntSetting(options, "nccl", "host_gate", 1, 0, 1));
+  KV_ASSIGN_OR_RETURN(int64_t host_gate,
+                      IntSetting(options, "nccl", "host_gate", link.host_gate ? 1 : 0, 0, 1));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   if (device >= count) {

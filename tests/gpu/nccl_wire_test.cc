@@ -46,6 +46,11 @@ TEST(NcclWireTest, DataAnnouncementCarriesTheDirectThreshold) {
   ASSERT_EQ(back->ranges.size(), 2u);
   EXPECT_EQ(back->ranges[1].offset, 64u);
   EXPECT_FALSE(DecodeData(frame.substr(0, frame.size() - 1)).ok());
+  // A chunk below kMinChunkBytes would list a range one tiny piece at a time: refused.
+  msg.chunk_bytes = kMinChunkBytes - 1;
+  EXPECT_FALSE(DecodeData(EncodeData(msg)).ok());
+  msg.chunk_bytes = kMinChunkBytes;
+  EXPECT_TRUE(DecodeData(EncodeData(msg)).ok());
 }
 
 }  // namespace

@@ -484,7 +484,7 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
                                           std::shared_ptr<RegionTable> regions,
                                           std::shared_ptr<NoteSink> notes) {
   if (options.lanes < 1 || options.lanes > kMaxLanes || options.slots < 1 ||
-      options.chunk_bytes == 0) {
+      options.chunk_bytes < kMinChunkBytes) {
     return Status::InvalidArgument("nccl: bad link options");
   }
   auto impl = std::make_unique<Impl>(options);

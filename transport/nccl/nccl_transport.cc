@@ -310,7 +310,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& g
   LinkOptions link;
   KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "nccl", "device", current, 0));
   KV_ASSIGN_OR_RETURN(int64_t staging,
-                      IntSetting(options, "nccl", "staging_bytes", 32ll << 20, 4096, 1ll << 40));
+                      IntSetting(options, "nccl", "staging_bytes", 32ll << 20,
+                                 static_cast<int64_t>(nccl::kMinChunkBytes), 1ll << 40));
   KV_ASSIGN_OR_RETURN(int64_t slots, IntSetting(options, "nccl", "staging_slots", 4, 1, 64));
   KV_ASSIGN_OR_RETURN(int64_t lanes, IntSetting(options, "nccl", "lanes", 2, 1, nccl::kMaxLanes));
   KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));

@@ -113,7 +113,7 @@ Result<DataMsg> DecodeData(std::string_view frame) {
   DataMsg msg;
   if (!Open(MsgType::kData, &r) || !r.u64(&msg.seq) || !r.u64(&msg.reply_to) ||
       !r.u64(&msg.region_id) || !r.u64(&msg.chunk_bytes) || !r.u64(&msg.direct_bytes) ||
-      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end() || msg.chunk_bytes == 0) {
+      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end() || msg.chunk_bytes < kMinChunkBytes) {
     return Malformed("data");
   }
   return msg;

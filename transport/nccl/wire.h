@@ -40,11 +40,16 @@ struct Range {
   uint64_t length = 0;
 };
 
+// The smallest chunk a link sends or accepts: a batch's chunks and direct pieces are listed on
+// the host, one entry per chunk_bytes of its ranges, so a peer's tiny chunk must not multiply
+// them past the region's size / kMinChunkBytes.
+inline constexpr uint64_t kMinChunkBytes = 4096;
+
 struct DataMsg {
   uint64_t seq = 0;
-  uint64_t reply_to = 0;   // 0 for a put; the requester's get seq otherwise
-  uint64_t region_id = 0;  // the receiver's registration (puts only)
-  uint64_t chunk_bytes = 0;
+  uint64_t reply_to = 0;      // 0 for a put; the requester's get seq otherwise
+  uint64_t region_id = 0;     // the receiver's registration (puts only)
+  uint64_t chunk_bytes = 0;   // at least kMinChunkBytes
   uint64_t direct_bytes = 0;  // ranges at least this long travel direct; 0: none
   std::vector<Range> ranges;
 };

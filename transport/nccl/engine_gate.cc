@@ -6,6 +6,18 @@ namespace kv::transport::nccl {
 
 using gpu::CudaStatus;
 
+namespace {
+
+// A failed query fails one batch and the link goes on: the error must not stay this thread's
+// last error, where the next kernel launch's check (kernels' LaunchStatus) would take it as its
+// own. A sticky error stays whatever this does.
+Status Failed(cudaError_t state, const char* what) {
+  cudaGetLastError();
+  return CudaStatus(state, what);
+}
+
+}  // namespace
+
 Result<EngineGate> EngineGate::Create(int device, bool host_gate) {
   EngineGate gate(device, host_gate);
   if (!host_gate) {
@@ -21,7 +33,7 @@ Result<EngineGate::Wait> EngineGate::Capture(void* event) {
   gpu::DeviceGuard guard(device_);
   const cudaError_t state = cudaEventQuery(raw);
   if (state == cudaSuccess) return wait;
-  if (state != cudaErrorNotReady) return CudaStatus(state, "cudaEventQuery");
+  if (state != cudaErrorNotReady) return Failed(state, "cudaEventQuery");
   if (host_gate_) {
     wait.host = raw;
     return wait;
@@ -40,7 +52,7 @@ Status Poll(cudaEvent_t event, SteadyTime deadline, const std::atomic<bool>& can
   for (int polls = 0;; ++polls) {
     const cudaError_t state = cudaEventQuery(event);
     if (state == cudaSuccess) return Status::Ok();
-    if (state != cudaErrorNotReady) return CudaStatus(state, "the engine's event");
+    if (state != cudaErrorNotReady) return Failed(state, "the engine's event");
     if (cancelled.load()) return Status::Aborted("nccl: the link failed");
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::Timeout("nccl: the engine's event did not fire before the batch's deadline");

@@ -3,7 +3,8 @@
 // peer's regions). cudaMalloc memory travels as a cudaIpcMemHandle; memory of the CUDA VMM API
 // (cuMemCreate + cuMemMap: PyTorch's expandable segments, engines' own allocators), which
 // cudaIpcGetMemHandle refuses, travels as the POSIX file descriptor of its allocation
-// (cuMemExportToShareableHandle), passed over a unix socket with SCM_RIGHTS (vmm_memory.cc).
+// (cuMemExportToShareableHandle), passed over a unix socket with SCM_RIGHTS (the connector's
+// frames to kvd: transport/fd_passing.h; kvd to a peer: fd_share.h).
 //
 // CUDA lets a process open a given handle only once per device context, and refuses to export
 // (cudaIpcGetMemHandle) memory it imported. So every open goes through one process-wide cache,

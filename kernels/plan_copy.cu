@@ -107,8 +107,9 @@ struct TableSlot {
 
 // Slots in flight beyond which Copy() fails (kUnavailable) instead of adding one: bounds the
 // pinned and device memory of a pipeline whose copies are held back on the device (each slot is
-// at least 64 KiB of each), and Copy() never waits on the device for a slot: a copy held behind
-// an event that never fires would hold its caller forever.
+// at least 128 KiB of each: Reserve doubles the 64 KiB Init asks for), and Copy() never waits on
+// the device for a slot: a copy held behind an event that never fires would hold its caller
+// forever.
 constexpr size_t kMaxTableSlots = 256;
 constexpr int kInitialTableSlots = 16;
 

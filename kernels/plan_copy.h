@@ -83,7 +83,7 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
 // its own; the caller's stream waits for the upload (an event, on the device) and launches. So
 // the upload of copy i+1 overlaps copy i and anything else queued on the caller's stream. A copy
 // takes the least recently used table if its launch finished, else a new one (16 exist from the
-// start, 64 KiB each on the device and in pinned memory): copies held back
+// start, 128 KiB each on the device and in pinned memory): copies held back
 // on the device (behind an engine's CUDA event) never block the host. With 256 tables in flight
 // Copy() fails with kUnavailable rather than wait. Outgrown tables are freed with the copier
 // (cudaFree would wait for the whole device). Not thread-safe:

@@ -92,7 +92,9 @@ Status RunCopier::CopyOnLanes(const void* src_base, void* dst_base, std::span<co
   }
   KV_RETURN_IF_ERROR(lanes_.fork.Record(stream));
   for (int lane = 0; lane < lanes && at < runs.size(); ++lane) {
-    const uint64_t want = lane + 1 == lanes ? total : total / lanes;
+    // `total` is what is left: an equal share of it for each lane still to go, the last one
+    // taking the rest.
+    const uint64_t want = total / static_cast<uint64_t>(lanes - lane);
     total -= want;
     cut(want);
     if (lane_runs_.empty()) break;

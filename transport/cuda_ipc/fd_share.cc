@@ -84,7 +84,14 @@ void FdServer::Serve() {
     if (fds[0].revents != 0) return;
     while (true) {
       auto client = listener_.Accept();
-      if (!client.ok() || !client->valid()) break;
+      if (!client.ok()) {
+        // EMFILE and the like leave the connection queued, so the next poll would return at once:
+        // pause (or stop) rather than spin.
+        pollfd wake{wake_.get(), POLLIN, 0};
+        ::poll(&wake, 1, 10);
+        break;
+      }
+      if (!client->valid()) break;
       Answer(std::move(client).value());
     }
   }

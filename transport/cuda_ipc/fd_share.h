@@ -18,7 +18,7 @@
 
 #include "layout/status.h"
 #include "transport/cuda_ipc/side_channel.h"
-#include "transport/cuda_ipc/unique_fd.h"
+#include "transport/unique_fd.h"
 
 namespace kv::transport::gpu {
 

@@ -24,7 +24,7 @@
 #include <string_view>
 
 #include "layout/status.h"
-#include "transport/cuda_ipc/unique_fd.h"
+#include "transport/unique_fd.h"
 
 namespace kv::transport::gpu {
 

@@ -53,6 +53,7 @@
 
 #include "transport/transport.h"
 #include "transport/ucx/ucx_context.h"
+#include "transport/unique_fd.h"
 
 namespace kv::transport::ucx {
 
@@ -209,22 +210,6 @@ struct Peer {
   bool am_puts = false;
   std::set<uint64_t> am_unacked;                       // seqs of its batches not finished
   std::deque<std::pair<uint64_t, uint64_t>> am_notes;  // (note, last batch seq before it)
-};
-
-// An owned file descriptor.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~UniqueFd();
-  int get() const { return fd_; }
-
- private:
-  int fd_;
 };
 
 class Engine {

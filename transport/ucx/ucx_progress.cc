@@ -21,10 +21,6 @@ WorkerSlot::~WorkerSlot() {
   engine->CloseWorker(this);
 }
 
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, uint64_t max_bytes_in_flight) {
   UniqueFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));

@@ -1,5 +1,5 @@
-// An owned POSIX file descriptor: the VMM shareable handles kvd receives and hands on are fds.
-// Header-only so the builds without CUDA (no_cuda.cc) use it too.
+// An owned POSIX file descriptor (eventfds, epoll sets, the VMM shareable handles kvd receives
+// and hands on). Header-only, no CUDA: every backend and build uses it.
 #pragma once
 
 #include <fcntl.h>
@@ -12,7 +12,7 @@
 
 #include "layout/status.h"
 
-namespace kv::transport::gpu {
+namespace kv::transport {
 
 class UniqueFd {
  public:
@@ -46,4 +46,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace kv::transport::gpu
+}  // namespace kv::transport

@@ -194,11 +194,15 @@ Status Connector::SaveLayer(const std::string& request, int layer,
     }
   }
   KV_RETURN_IF_ERROR(client_->SaveError(request));
-  if (layer_events_) KV_RETURN_IF_ERROR(layer_events_->Record(layer, cuda_stream));
+  bool recorded = false;
+  if (layer_events_) {
+    KV_ASSIGN_OR_RETURN(recorded, layer_events_->RecordIfPending(layer, cuda_stream));
+  }
   proto::EngineMessage m;
   auto* save = m.mutable_save_layer();
   save->set_request_id(request);
   save->set_layer(layer);
+  save->set_written(layer_events_ != nullptr && !recorded);
   save->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
   return client_->Send(std::move(m));
 }

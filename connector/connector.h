@@ -177,9 +177,10 @@ class Connector {
   // Prefill: `layer` of `request` is written in `block_ids`; kvd may send it now. For GPU caches
   // it first records the layer's event on `cuda_stream` (a cudaStream_t of the caches' device;
   // nullptr = the legacy default stream), after the work that writes the layer: kvd's copy waits
-  // for that record on the device. In pull mode kvd moves every layer at once after the last
-  // layer's event, so record the layers in order on one stream (as a forward pass does). Host
-  // caches ignore the stream.
+  // for that record on the device (or, when the stream has already run everything it was
+  // given, there is nothing to wait for: no record, and kvd copies at once). In pull mode kvd
+  // moves every layer at once after the last layer's event, so record the layers in order on one
+  // stream (as a forward pass does). Host caches ignore the stream.
   // One-way: it returns once kvd has the message, without waiting for kvd to act on it, so a
   // forward pass never waits on kvd. What it can check here (request id, layer, block ids against
   // the registered caches, an earlier failure of the request) it returns at once; a save kvd

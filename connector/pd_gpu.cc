@@ -217,6 +217,15 @@ class Engines final : public CudaPdEngines {
       StoreMax(*static_cast<std::atomic<int64_t>*>(latest),
                Clock::now().time_since_epoch().count());
     };
+    // A stream with nothing left to run is marked now. A host function queued there would run
+    // only when the GPU next runs this process's context, which kvd's copy kernels can hold off
+    // for milliseconds, and the saves queued behind it could then no longer skip their events.
+    const cudaError_t idle = cudaStreamQuery(r.stream.get());
+    if (idle == cudaSuccess) {
+      mark(&saved_ns_[slot]);
+      return Status::Ok();
+    }
+    if (idle != cudaErrorNotReady) return Cuda(idle, "cudaStreamQuery");
     return Cuda(cudaLaunchHostFunc(r.stream.get(), mark, &saved_ns_[slot]), "cudaLaunchHostFunc");
   }
 

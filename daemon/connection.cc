@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -93,17 +94,7 @@ void Connection::OnReadable() {
   }
 
   auto self = shared_from_this();  // a handler may drop the session's last reference
-  for (;;) {
-    auto frame = decoder_.Next();
-    if (!frame.ok()) {
-      Close(frame.status().WithContext(label_));
-      return;
-    }
-    if (!frame->has_value()) break;
-    ++frames_received_;
-    on_message_(std::move(**frame));
-    if (!open_) return;
-  }
+  if (!DeliverFrames(eof ? SIZE_MAX : kFramesPerTurn)) return;
   if (eof) {
     Close(decoder_.pending_bytes() > 0
               ? Status::InvalidArgument(label_ + ": connection ended in the middle of a message")
@@ -112,6 +103,32 @@ void Connection::OnReadable() {
   }
   if (decoder_.pending_bytes() > 0) ArmPartialFrameTimer();
   ArmRead();
+}
+
+bool Connection::DeliverFrames(size_t most) {
+  for (size_t delivered = 0;; ++delivered) {
+    if (delivered == most) {
+      // The rest waits behind whatever else the io loop has ready: one engine's storm of saves
+      // must not hold off a peer's request (or transport completions) for milliseconds.
+      if (!delivery_posted_) {
+        delivery_posted_ = true;
+        asio::post(socket_.get_executor(), [self = shared_from_this()] {
+          self->delivery_posted_ = false;
+          if (self->open_) self->DeliverFrames(kFramesPerTurn);
+        });
+      }
+      return true;
+    }
+    auto frame = decoder_.Next();
+    if (!frame.ok()) {
+      Close(frame.status().WithContext(label_));
+      return false;
+    }
+    if (!frame->has_value()) return true;
+    ++frames_received_;
+    on_message_(std::move(**frame));
+    if (!open_) return false;
+  }
 }
 
 void Connection::ArmPartialFrameTimer() {

@@ -37,6 +37,9 @@ struct ConnectionLimits {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
+  // Frames handed to the message handler per turn of the io loop; more wait behind the other
+  // handlers ready then, in order.
+  static constexpr size_t kFramesPerTurn = 16;
   using MessageHandler = std::function<void(std::string body)>;
   // Called once, with OK for an orderly close by the other side, else why it was closed.
   using CloseHandler = std::function<void(const Status& why)>;
@@ -62,6 +65,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(boost::asio::io_context& io, int fd, ConnectionLimits limits, std::string label);
   void ArmRead();
   void OnReadable();
+  // Hands up to `most` decoded frames to the handler, the rest later (see kFramesPerTurn).
+  // False once the connection closed.
+  bool DeliverFrames(size_t most);
   void ArmPartialFrameTimer();
   void WriteNext();
 
@@ -77,6 +83,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool open_ = true;
   bool partial_timer_armed_ = false;
+  bool delivery_posted_ = false;  // a DeliverFrames for frames already read is queued
   uint64_t frames_received_ = 0;
   MessageHandler on_message_;
   CloseHandler on_close_;

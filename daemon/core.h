@@ -97,6 +97,9 @@ struct SourceRank {
   uint64_t engine_id = 0;
   std::vector<int64_t> blocks;
   std::vector<bool> saved;  // per layer
+  // Per layer: a save recorded the engine's event (SaveLayer.written unset), so a GPU copy of
+  // the layer waits for it.
+  std::vector<bool> recorded;
   bool finished = false;
 };
 
@@ -153,8 +156,9 @@ struct SendGroup {
   uint64_t engine_id = 0;
   std::shared_ptr<Region> source;
   std::shared_ptr<transport::RemoteMemory> remote;
-  int layer = 0;  // of the engine event a GPU source's copies wait on
-  Plan plan;      // every part's runs, planned straight into it
+  int layer = 0;                 // of the engine event a GPU source's copies wait on
+  bool wait_for_engine = false;  // some part's layer is behind that event (SourceRank::recorded)
+  Plan plan;                     // every part's runs, planned straight into it
   std::vector<std::pair<std::string, uint64_t>> parts;  // request id, its bytes in `plan`
   Clock::time_point deadline = Clock::time_point::max();
 };
@@ -233,10 +237,10 @@ class Daemon::Core {
   // ---- gpu_regions.cc ----
   Result<uint32_t> HandleRegisterGpu(Engine& engine, const proto::RegisterGpuRegion& reg);
   Status HandleLayerEvents(Engine& engine, const proto::RegisterLayerEvents& m);
-  // Posts `batch` out of `engine`'s regions; for a GPU engine the copies first wait on the
-  // device for its event of `layer` (the last layer the batch moves).
-  Status PostFromEngine(const Engine& engine, int layer, const transport::Batch& batch,
-                        transport::Completion done);
+  // Posts `batch` out of `engine`'s regions; for a GPU engine with `wait_for_engine` the copies
+  // first wait on the device for its event of `layer` (the last layer the batch moves).
+  Status PostFromEngine(const Engine& engine, int layer, bool wait_for_engine,
+                        const transport::Batch& batch, transport::Completion done);
 
   // ---- peer_session.cc ----
   void ServePeer(int fd, std::string dialed_address);
@@ -279,8 +283,8 @@ class Daemon::Core {
   };
   Result<Queued> QueueSend(const Engine& engine, const std::shared_ptr<Region>& source,
                            const std::shared_ptr<transport::RemoteMemory>& remote, int layer,
-                           const std::string& request_id, Clock::time_point deadline,
-                           const std::function<Status(Plan*)>& append);
+                           bool wait_for_engine, const std::string& request_id,
+                           Clock::time_point deadline, const std::function<Status(Plan*)>& append);
   void QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
                    std::string message);
   // Posts every queued group, then hands the transport every queued notice of a request still
@@ -344,7 +348,11 @@ class Daemon::Core {
   size_t spare_run_bytes_ = 0;
   std::vector<QueuedNotice> send_notices_;
   bool flush_scheduled_ = false;
-  uint64_t bytes_in_flight_ = 0;  // of posts whose completion has not reached the io loop
+  // Of posts: bytes posted (io thread) and bytes whose completion the transport reported (its
+  // thread: the io loop may be busy with a storm of saves when the link runs dry, and
+  // FlushSendsIfDue must see that then). In flight: the difference.
+  uint64_t bytes_posted_ = 0;
+  std::atomic<uint64_t> bytes_landed_{0};
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
   std::unique_ptr<OffloadService> offload_;
 

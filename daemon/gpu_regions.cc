@@ -94,9 +94,10 @@ Status Daemon::Core::HandleLayerEvents(Engine& engine, const proto::RegisterLaye
   return Status::Ok();
 }
 
-Status Daemon::Core::PostFromEngine(const Engine& engine, int layer, const transport::Batch& batch,
-                                    transport::Completion done) {
-  if (engine.regions.empty() || engine.regions.front()->where.kind != MemoryKind::kCuda) {
+Status Daemon::Core::PostFromEngine(const Engine& engine, int layer, bool wait_for_engine,
+                                    const transport::Batch& batch, transport::Completion done) {
+  if (engine.regions.empty() || engine.regions.front()->where.kind != MemoryKind::kCuda ||
+      !wait_for_engine) {
     return transport_->post(batch, std::move(done));
   }
   if (!engine.layer_events) {

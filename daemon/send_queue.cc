@@ -17,7 +17,7 @@ constexpr size_t kMaxSpareRunBytes = size_t{128} << 20;
 
 Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     const Engine& engine, const std::shared_ptr<Region>& source,
-    const std::shared_ptr<transport::RemoteMemory>& remote, int layer,
+    const std::shared_ptr<transport::RemoteMemory>& remote, int layer, bool wait_for_engine,
     const std::string& request_id, Clock::time_point deadline,
     const std::function<Status(Plan*)>& append) {
   SendGroup* group = nullptr;
@@ -53,6 +53,7 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     return queued;
   }
   group->parts.emplace_back(request_id, queued.bytes);
+  group->wait_for_engine = group->wait_for_engine || wait_for_engine;
   group->deadline = std::min(group->deadline, deadline);
   ScheduleFlush();
   return queued;
@@ -79,7 +80,10 @@ void Daemon::Core::ScheduleFlush() {
 }
 
 void Daemon::Core::FlushSendsIfDue() {
-  if (flush_scheduled_ && bytes_in_flight_ < kLowWaterBytes) FlushSends();
+  if (flush_scheduled_ &&
+      bytes_posted_ - bytes_landed_.load(std::memory_order_relaxed) < kLowWaterBytes) {
+    FlushSends();
+  }
 }
 
 void Daemon::Core::FlushSends() {
@@ -101,22 +105,24 @@ void Daemon::Core::FlushSends() {
       // The engine's layer events stay open until the batch completes, even if the engine
       // leaves: a backend may watch the event from the host (device_ordered.h).
       posted =
-          PostFromEngine(*engine, group.layer, batch,
+          PostFromEngine(*engine, group.layer, group.wait_for_engine, batch,
                          [this, parts = group.parts, source = group.source, remote = group.remote,
                           events = engine->layer_events, layer = group.layer](Status s) {
-                           for (const auto& [id, bytes] : parts) Trace("flushed", id, layer);
+                           uint64_t landed = 0;
+                           for (const auto& [id, bytes] : parts) {
+                             Trace("flushed", id, layer);
+                             landed += bytes;
+                           }
+                           bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
                            boost::asio::post(io_, [this, parts, s] {
-                             for (const auto& [id, bytes] : parts) {
-                               bytes_in_flight_ -= bytes;
-                               OnBatchDone(id, s, bytes);
-                             }
+                             for (const auto& [id, bytes] : parts) OnBatchDone(id, s, bytes);
                            });
                          });
     }
     RecycleRuns(std::move(group.plan.runs));  // post() copied them
     if (posted.ok()) {
       ++batches_posted_;
-      for (const auto& [id, bytes] : group.parts) bytes_in_flight_ += bytes;
+      for (const auto& [id, bytes] : group.parts) bytes_posted_ += bytes;
     }
     for (const auto& [id, bytes] : group.parts) {
       if (posted.ok()) {

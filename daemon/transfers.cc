@@ -122,11 +122,13 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
     rank.engine_id = engine.id;
     rank.blocks = std::move(blocks);
     rank.saved.assign(layers, false);
+    rank.recorded.assign(layers, false);
   } else if (rank.blocks != blocks) {
     return Status::InvalidArgument("request " + request.id +
                                    ": save_layer named other blocks than before");
   }
   rank.saved[save.layer()] = true;
+  if (!save.written()) rank.recorded[save.layer()] = true;
   Trace("save", request.id, save.layer());
   PumpSource(request);
   return Status::Ok();
@@ -332,8 +334,11 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
                                        : PlanTransfer(src->layout, dst.layouts[i], spec, plan);
         };
         // GPU sources wait on the device for the engine's event of the range's last layer (a
-        // pull range: the engine records its layers in order on one stream).
-        KV_ASSIGN_OR_RETURN(Queued queued, QueueSend(*engine, src, dst.remotes[i], end - 1,
+        // pull range: the engine records its layers in order on one stream), unless no save of
+        // the range recorded it: the engine's stream had run everything when it saved.
+        const bool wait = std::any_of(rank.recorded.begin() + begin, rank.recorded.begin() + end,
+                                      [](bool r) { return r; });
+        KV_ASSIGN_OR_RETURN(Queued queued, QueueSend(*engine, src, dst.remotes[i], end - 1, wait,
                                                      request.id, request.deadline, append));
         if (queued.runs == 0) continue;
         range_bytes += queued.bytes;

@@ -13,6 +13,7 @@
 
 #include "tests/gpu/gpu_peers.h"
 #include "transport/cuda_ipc/ipc_event.h"
+#include "transport/cuda_ipc/layer_events.h"
 
 namespace kv::transport::gputest {
 namespace {
@@ -110,6 +111,28 @@ TEST(IpcEventTest, ImportedEventOrdersAnotherProcesssStream) {
   ASSERT_TRUE(exporter_code.ok() && importer_code.ok());
   EXPECT_EQ(0, *exporter_code);
   EXPECT_EQ(0, *importer_code);
+}
+
+// A save on a stream that has run everything needs no event (and gets no record, which another
+// process's busy GPU could hold off); a save behind pending work records it.
+TEST(LayerEventsTest, RecordsOnlyBehindPendingWork) {
+  if (DeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+  auto events = gpu::LayerEvents::Create(0, 2);
+  auto stream = CudaStream::Create(0);
+  ASSERT_TRUE(events.ok() && stream.ok());
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream->get()));
+  auto idle = (*events)->RecordIfPending(1, stream->get());
+  ASSERT_TRUE(idle.ok()) << idle.status().ToString();
+  EXPECT_FALSE(*idle);
+
+  std::atomic<bool> released{false};
+  ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(stream->get(), &Hold, &released));
+  auto busy = (*events)->RecordIfPending(1, stream->get());
+  released = true;
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  EXPECT_TRUE(*busy);
+  EXPECT_EQ(Code::kOutOfRange, (*events)->RecordIfPending(2, stream->get()).status().code());
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream->get()));
 }
 
 }  // namespace

@@ -40,6 +40,16 @@ Status LayerEvents::Record(int layer, void* stream) const {
   return impl_->events[layer].Record(static_cast<cudaStream_t>(stream));
 }
 
+Result<bool> LayerEvents::RecordIfPending(int layer, void* stream) const {
+  if (layer < 0 || layer >= layers()) return Record(layer, stream);
+  DeviceGuard guard(impl_->device);
+  const cudaError_t state = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+  if (state == cudaSuccess) return false;
+  if (state != cudaErrorNotReady) return CudaStatus(state, "cudaStreamQuery");
+  KV_RETURN_IF_ERROR(impl_->events[layer].Record(static_cast<cudaStream_t>(stream)));
+  return true;
+}
+
 struct ImportedLayerEvents::Impl {
   std::vector<CudaEvent> events;
 };

@@ -37,6 +37,9 @@ Result<std::unique_ptr<LayerEvents>> LayerEvents::Create(int, int) {
 Status LayerEvents::Record(int, void*) const {
   return NoCuda("layer events");
 }
+Result<bool> LayerEvents::RecordIfPending(int, void*) const {
+  return NoCuda("layer events");
+}
 
 struct ImportedLayerEvents::Impl {};
 ImportedLayerEvents::ImportedLayerEvents(std::unique_ptr<Impl> impl, int layers)

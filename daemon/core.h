@@ -149,17 +149,24 @@ struct SourceRequest {
 };
 
 // Batches SendLayers planned during one pass of the io loop, merged where they share the
-// source region, the destination region and the engine event they wait on (send_queue.cc): the
-// saves an engine sends back to back, one per request of a batched forward pass, become one
-// post, not one per request and layer (each post costs the transport several CUDA calls).
+// source region, the destination region and the engine event they wait on, if any
+// (send_queue.cc): the saves an engine sends back to back, one per request of a batched forward
+// pass, become one post, not one per request and layer (each post costs the transport several
+// CUDA calls, and the nccl backend a round of its protocol). Layers that wait on no event
+// (written before they were saved) all share one group.
 struct SendGroup {
   uint64_t engine_id = 0;
   std::shared_ptr<Region> source;
   std::shared_ptr<transport::RemoteMemory> remote;
-  int layer = 0;                 // of the engine event a GPU source's copies wait on
-  bool wait_for_engine = false;  // some part's layer is behind that event (SourceRank::recorded)
-  Plan plan;                     // every part's runs, planned straight into it
-  std::vector<std::pair<std::string, uint64_t>> parts;  // request id, its bytes in `plan`
+  // The engine event a GPU source's copies wait on: its layer, or -1 for none.
+  int event_layer = -1;
+  Plan plan;  // every part's runs, planned straight into it
+  struct Part {
+    std::string request_id;
+    int layer = 0;  // the last layer of the part's range
+    uint64_t bytes = 0;
+  };
+  std::vector<Part> parts;
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -237,10 +244,10 @@ class Daemon::Core {
   // ---- gpu_regions.cc ----
   Result<uint32_t> HandleRegisterGpu(Engine& engine, const proto::RegisterGpuRegion& reg);
   Status HandleLayerEvents(Engine& engine, const proto::RegisterLayerEvents& m);
-  // Posts `batch` out of `engine`'s regions; for a GPU engine with `wait_for_engine` the copies
-  // first wait on the device for its event of `layer` (the last layer the batch moves).
-  Status PostFromEngine(const Engine& engine, int layer, bool wait_for_engine,
-                        const transport::Batch& batch, transport::Completion done);
+  // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
+  // copies first wait on the device for its event of that layer (the last layer moved).
+  Status PostFromEngine(const Engine& engine, int event_layer, const transport::Batch& batch,
+                        transport::Completion done);
 
   // ---- peer_session.cc ----
   void ServePeer(int fd, std::string dialed_address);

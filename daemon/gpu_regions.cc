@@ -94,12 +94,13 @@ Status Daemon::Core::HandleLayerEvents(Engine& engine, const proto::RegisterLaye
   return Status::Ok();
 }
 
-Status Daemon::Core::PostFromEngine(const Engine& engine, int layer, bool wait_for_engine,
+Status Daemon::Core::PostFromEngine(const Engine& engine, int event_layer,
                                     const transport::Batch& batch, transport::Completion done) {
   if (engine.regions.empty() || engine.regions.front()->where.kind != MemoryKind::kCuda ||
-      !wait_for_engine) {
+      event_layer < 0) {
     return transport_->post(batch, std::move(done));
   }
+  const int layer = event_layer;
   if (!engine.layer_events) {
     return Status::InvalidArgument("GPU caches need the engine's layer events before save_layer");
   }

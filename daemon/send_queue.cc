@@ -20,9 +20,11 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     const std::shared_ptr<transport::RemoteMemory>& remote, int layer, bool wait_for_engine,
     const std::string& request_id, Clock::time_point deadline,
     const std::function<Status(Plan*)>& append) {
+  const int event_layer = wait_for_engine ? layer : -1;
   SendGroup* group = nullptr;
   for (SendGroup& g : send_groups_) {
-    if (g.engine_id == engine.id && g.source == source && g.remote == remote && g.layer == layer) {
+    if (g.engine_id == engine.id && g.source == source && g.remote == remote &&
+        g.event_layer == event_layer) {
       group = &g;
       break;
     }
@@ -32,7 +34,7 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     group->engine_id = engine.id;
     group->source = source;
     group->remote = remote;
-    group->layer = layer;
+    group->event_layer = event_layer;
     if (!spare_runs_.empty()) {
       group->plan.runs = std::move(spare_runs_.back());
       spare_runs_.pop_back();
@@ -52,8 +54,7 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     KV_RETURN_IF_ERROR(appended);
     return queued;
   }
-  group->parts.emplace_back(request_id, queued.bytes);
-  group->wait_for_engine = group->wait_for_engine || wait_for_engine;
+  group->parts.push_back(SendGroup::Part{request_id, layer, queued.bytes});
   group->deadline = std::min(group->deadline, deadline);
   ScheduleFlush();
   return queued;
@@ -104,32 +105,32 @@ void Daemon::Core::FlushSends() {
       batch.deadline = group.deadline;
       // The engine's layer events stay open until the batch completes, even if the engine
       // leaves: a backend may watch the event from the host (device_ordered.h).
-      posted =
-          PostFromEngine(*engine, group.layer, group.wait_for_engine, batch,
-                         [this, parts = group.parts, source = group.source, remote = group.remote,
-                          events = engine->layer_events, layer = group.layer](Status s) {
-                           uint64_t landed = 0;
-                           for (const auto& [id, bytes] : parts) {
-                             Trace("flushed", id, layer);
-                             landed += bytes;
-                           }
-                           bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
-                           boost::asio::post(io_, [this, parts, s] {
-                             for (const auto& [id, bytes] : parts) OnBatchDone(id, s, bytes);
-                           });
-                         });
+      auto done = [this, parts = group.parts, source = group.source, remote = group.remote,
+                   events = engine->layer_events](Status s) {
+        uint64_t landed = 0;
+        for (const SendGroup::Part& part : parts) {
+          Trace("flushed", part.request_id, part.layer);
+          landed += part.bytes;
+        }
+        bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
+        boost::asio::post(io_, [this, parts, s] {
+          for (const SendGroup::Part& part : parts) OnBatchDone(part.request_id, s, part.bytes);
+        });
+      };
+      posted = PostFromEngine(*engine, group.event_layer, batch, std::move(done));
     }
     RecycleRuns(std::move(group.plan.runs));  // post() copied them
     if (posted.ok()) {
       ++batches_posted_;
-      for (const auto& [id, bytes] : group.parts) bytes_posted_ += bytes;
+      for (const SendGroup::Part& part : group.parts) bytes_posted_ += part.bytes;
     }
-    for (const auto& [id, bytes] : group.parts) {
+    for (const SendGroup::Part& part : group.parts) {
       if (posted.ok()) {
-        Trace("post", id, group.layer, bytes);
+        Trace("post", part.request_id, part.layer, part.bytes);
       } else {
-        FinishSource(id,
-                     posted.WithContext("request " + id + " layer " + std::to_string(group.layer)),
+        FinishSource(part.request_id,
+                     posted.WithContext("request " + part.request_id + " layer " +
+                                        std::to_string(part.layer)),
                      /*tell_peer=*/true);
       }
     }

@@ -178,10 +178,19 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       for (auto& t : threads) t.join();
       threads.clear();
     }
-    const auto wave_start = Clock::now();
+    // The clock starts once every engine thread is up and waiting, so that it times the
+    // engines' saves and loads and kvd, not std::thread's start-up (~0.3 ms of a 13 ms wave on the
+    // H200 host before the first save reached kvd).
+    std::latch ready(static_cast<ptrdiff_t>(prefill.size() + decode.size()));
+    std::latch go(1);
+    auto start_together = [&] {
+      ready.count_down();
+      go.wait();
+    };
 
     for (Engine& e : prefill) {
       threads.emplace_back([&, &e = e] {
+        start_together();
         struct CountDown {
           std::latch& latch;
           ~CountDown() { latch.count_down(); }
@@ -209,6 +218,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     }
     for (Engine& e : decode) {
       threads.emplace_back([&, &e = e] {
+        start_together();
         if (c.mode == Mode::kPull) prefill_finished.wait();
         for (int j = 0; j < count; ++j) {
           TransferParams params;
@@ -243,6 +253,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         (void)e.connector->GetFailedBlocks();
       });
     }
+    ready.wait();
+    const auto wave_start = Clock::now();
+    go.count_down();
     for (auto& t : threads) t.join();
     const PdEngines::WaveOutcome outcome = memory->FinishWave(ids);
     for (int j = 0; j < count; ++j) fail(j, outcome.checks[j]);

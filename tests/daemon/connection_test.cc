@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,15 +42,24 @@ void WriteFrames(int fd, int count) {
   ASSERT_EQ(static_cast<ssize_t>(bytes.size()), send(fd, bytes.data(), bytes.size(), 0));
 }
 
-TEST(Connection, AStormOfFramesLetsOtherHandlersRunAndKeepsItsOrder) {
+// A socket pair whose other end has written `frames` frames, ours adopted by a Connection.
+class ConnectionTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<Connection> Open(int frames) {
+    if (pair.ours < 0) return nullptr;
+    WriteFrames(pair.theirs, frames);
+    return Connection::Adopt(io, pair.ours, ConnectionLimits{}, "test");
+  }
   boost::asio::io_context io;
   Pair pair;
-  ASSERT_GE(pair.ours, 0);
+};
+
+TEST_F(ConnectionTest, AStormOfFramesLetsOtherHandlersRunAndKeepsItsOrder) {
   constexpr int kFrames = 3 * Connection::kFramesPerTurn + 5;
-  WriteFrames(pair.theirs, kFrames);
+  auto conn = Open(kFrames);
+  ASSERT_NE(conn, nullptr);
   std::vector<std::string> got;
   int delivered_when_other_ran = -1;
-  auto conn = Connection::Adopt(io, pair.ours, ConnectionLimits{}, "test");
   conn->Start(
       [&](std::string body) {
         // The first frame's handler queues another handler, as a peer's message would be.
@@ -68,18 +78,15 @@ TEST(Connection, AStormOfFramesLetsOtherHandlersRunAndKeepsItsOrder) {
   conn->Close(Status::Ok());
 }
 
-TEST(Connection, EveryFrameReadBeforeTheOtherSideClosedIsDeliveredFirst) {
-  boost::asio::io_context io;
-  Pair pair;
-  ASSERT_GE(pair.ours, 0);
+TEST_F(ConnectionTest, EveryFrameReadBeforeTheOtherSideClosedIsDeliveredFirst) {
   constexpr int kFrames = 2 * Connection::kFramesPerTurn + 1;
-  WriteFrames(pair.theirs, kFrames);
+  auto conn = Open(kFrames);
+  ASSERT_NE(conn, nullptr);
   close(pair.theirs);
   pair.theirs = -1;
   int frames = 0;
   int frames_at_close = -1;
   Status why = Status::Internal("not closed");
-  auto conn = Connection::Adopt(io, pair.ours, ConnectionLimits{}, "test");
   conn->Start([&](std::string) { ++frames; },
               [&](const Status& s) {
                 frames_at_close = frames;

@@ -41,10 +41,10 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
       spare_run_bytes_ -= group->plan.runs.capacity() * sizeof(Run);
     }
   }
-  const size_t runs_before = group->plan.runs.size();
+  const uint64_t runs_before = group->plan.run_count();
   const uint64_t bytes_before = group->plan.bytes;
   const Status appended = append(&group->plan);
-  const Queued queued{group->plan.runs.size() - runs_before, group->plan.bytes - bytes_before};
+  const Queued queued{group->plan.run_count() - runs_before, group->plan.bytes - bytes_before};
   if (!appended.ok() || queued.runs == 0) {
     // A group without parts was created above, so it is the last one.
     if (group->parts.empty()) {
@@ -102,6 +102,7 @@ void Daemon::Core::FlushSends() {
       batch.local = group.source->registration.get();
       batch.remote = group.remote.get();
       batch.runs = group.plan.runs;
+      batch.groups = group.plan.groups;  // only where transport_->takes_run_groups()
       batch.deadline = group.deadline;
       // The engine's layer events stay open until the batch completes, even if the engine
       // leaves: a backend may watch the event from the host (device_ordered.h).

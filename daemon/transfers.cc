@@ -324,7 +324,8 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
         if (end - begin == 1) {
           auto& cached = request.layer_plans[{r, d, i}];
           if (cached.source != src) {
-            KV_ASSIGN_OR_RETURN(cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec));
+            KV_ASSIGN_OR_RETURN(cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec,
+                                                               transport_->takes_run_groups()));
             cached.source = src;
           }
           layer_plan = &cached.plan;

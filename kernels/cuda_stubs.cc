@@ -26,6 +26,13 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions&) {
 Status PlanCopier::Copy(const void*, void*, std::span<const Run>, void*) {
   return NoCuda("plan copier");
 }
+Status PlanCopier::CopyGroups(const void*, void*, std::span<const RunGroup>, void*) {
+  return NoCuda("plan copier");
+}
+Status LaunchPlanCopyGroups(const void*, void*, const void*, uint64_t, const PlanCopyOptions&,
+                            void*) {
+  return NoCuda("plan copy group kernel");
+}
 
 Status LaunchBatchCopy(const void*, void*, std::span<const Run>, void*) {
   return NoCuda("batch copy");

@@ -36,7 +36,84 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// The group kernel: warps split the chunk table as above, two 16-byte loads per lane for 32
+// descriptors. A chunk whose rows are all 16-byte aligned on both sides is copied as one flat
+// range of vectors over its rows, kUnroll loads in flight per lane (a 2 KiB row alone gives a
+// lane 4); any other chunk row by row.
+__global__ void __launch_bounds__(kCopyThreads)
+    PlanCopyGroupKernel(const unsigned char* src, unsigned char* dst, const uint4* chunks,
+                        uint64_t num_chunks) {
+  constexpr int kUnroll = 8;
+  const int lane = threadIdx.x & 31;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
+  const uint64_t warp = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const uint64_t end = num_chunks * (warp + 1) / warps;
+  for (uint64_t base = num_chunks * warp / warps; base < end; base += 32) {
+    const bool have = base + lane < end;
+    const uint4 a = have ? chunks[2 * (base + lane)] : make_uint4(0, 0, 0, 0);
+    const uint4 b = have ? chunks[2 * (base + lane) + 1] : make_uint4(0, 0, 0, 0);
+    const uint64_t src_word = a.x | uint64_t{a.y} << 32, dst_word = a.z | uint64_t{a.w} << 32;
+    const uint64_t src_step = b.x | uint64_t{b.y} << 32, dst_step = b.z | uint64_t{b.w} << 32;
+    const int count = static_cast<int>(min(uint64_t{32}, end - base));
+    for (int i = 0; i < count; ++i) {
+      const uint64_t sw = __shfl_sync(0xffffffffu, src_word, i);
+      const uint64_t dw = __shfl_sync(0xffffffffu, dst_word, i);
+      const uint64_t ss = __shfl_sync(0xffffffffu, src_step, i);
+      const uint64_t ds = __shfl_sync(0xffffffffu, dst_step, i);
+      const unsigned rows = static_cast<unsigned>(sw >> 48) + 1;
+      const unsigned length = static_cast<unsigned>(dw >> 48) + 1;
+      const unsigned char* s = src + (sw & kOffsetMask);
+      unsigned char* d = dst + (dw & kOffsetMask);
+      const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) |
+                              length | (rows > 1 ? (ss | ds) : 0);
+      if ((align & 15) != 0) {
+        for (unsigned r = 0; r < rows; ++r) detail::WarpCopy(s + r * ss, d + r * ds, length, lane);
+        continue;
+      }
+      const unsigned per_row = length / 16, vectors = rows * per_row;
+      unsigned v = lane;
+      for (; v + 32 * (kUnroll - 1) < vectors; v += 32 * kUnroll) {
+        uint4 r[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const unsigned at = v + 32 * u, row = at / per_row, col = at - row * per_row;
+          r[u] = reinterpret_cast<const uint4*>(s + row * ss)[col];
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const unsigned at = v + 32 * u, row = at / per_row, col = at - row * per_row;
+          reinterpret_cast<uint4*>(d + row * ds)[col] = r[u];
+        }
+      }
+      for (; v < vectors; v += 32) {
+        const unsigned row = v / per_row, col = v - row * per_row;
+        reinterpret_cast<uint4*>(d + row * ds)[col] =
+            reinterpret_cast<const uint4*>(s + row * ss)[col];
+      }
+    }
+  }
+}
+
+int CtasFor(uint64_t num_chunks, int max_ctas) {
+  const uint64_t ctas_needed = (num_chunks + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
+  return static_cast<int>(std::min<uint64_t>(max_ctas, ctas_needed));
+}
+
 }  // namespace
+
+Status LaunchPlanCopyGroups(const void* src_base, void* dst_base, const void* device_table,
+                            uint64_t num_chunks, const PlanCopyOptions& options, void* stream) {
+  if (num_chunks == 0) return Status::Ok();
+  int max_ctas = options.max_ctas;
+  if (max_ctas <= 0) {
+    KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
+  }
+  PlanCopyGroupKernel<<<CtasFor(num_chunks, max_ctas), kCopyThreads, 0,
+                        static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
+      static_cast<const uint4*>(device_table), num_chunks);
+  return detail::LaunchStatus("plan copy group kernel");
+}
 
 Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_table,
                       size_t /*num_runs*/, uint64_t num_chunks, const PlanCopyOptions& options,
@@ -46,9 +123,8 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
   if (max_ctas <= 0) {
     KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
   }
-  const uint64_t ctas_needed = (num_chunks + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
-  const int ctas = static_cast<int>(std::min<uint64_t>(max_ctas, ctas_needed));
-  PlanCopyKernel<<<ctas, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  PlanCopyKernel<<<CtasFor(num_chunks, max_ctas), kCopyThreads, 0,
+                   static_cast<cudaStream_t>(stream)>>>(
       static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
       static_cast<const uint4*>(device_table), num_chunks);
   return detail::LaunchStatus("plan copy kernel");
@@ -152,6 +228,31 @@ struct PlanCopier::Impl {
     slots.push_back(std::move(slot));
     return slots.back().get();
   }
+
+  // Encodes into a free slot's staging buffer (`encode` returns the prefix and its table bytes),
+  // uploads it on the copier's stream and launches (`launch`) on `stream` behind the upload.
+  template <typename Encode, typename Launch>
+  Result<PlanCopyPrefix> StageAndLaunch(uint64_t max_bytes, const Encode& encode,
+                                        const Launch& launch, void* stream) {
+    Impl& m = *this;
+    KV_ASSIGN_OR_RETURN(TableSlot * acquired, m.Acquire());
+    TableSlot& slot = *acquired;
+    KV_RETURN_IF_ERROR(slot.Reserve(max_bytes, m.outgrown));
+    KV_ASSIGN_OR_RETURN(const auto encoded, encode(slot.staging));
+    const auto [prefix, bytes] = encoded;
+    if (prefix.chunks == 0) return prefix;  // zero-length runs only
+    KV_RETURN_IF_ERROR(
+        detail::CudaStatus(cudaStreamWaitEvent(m.upload, slot.copy_done, 0), "order upload"));
+    KV_RETURN_IF_ERROR(detail::CudaStatus(
+        cudaMemcpyAsync(slot.device_table, slot.staging, bytes, cudaMemcpyHostToDevice, m.upload),
+        "run table upload"));
+    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.uploaded, m.upload), "record"));
+    auto s = static_cast<cudaStream_t>(stream);
+    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaStreamWaitEvent(s, slot.uploaded, 0), "order copy"));
+    KV_RETURN_IF_ERROR(launch(slot.device_table, prefix, s));
+    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.copy_done, s), "record"));
+    return prefix;
+  }
 };
 
 PlanCopier::PlanCopier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -202,25 +303,49 @@ Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Ru
 Result<PlanCopyPrefix> PlanCopier::CopyPrefix(const void* src_base, void* dst_base,
                                               std::span<const Run> runs, uint64_t max_chunks,
                                               void* stream) {
-  Impl& m = *impl_;
-  KV_ASSIGN_OR_RETURN(TableSlot * acquired, m.Acquire());
-  TableSlot& slot = *acquired;
-  KV_RETURN_IF_ERROR(slot.Reserve(PlanCopyTableBytes(runs.size(), max_chunks), m.outgrown));
-  KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix, EncodePlanCopyPrefix(runs, max_chunks, slot.staging));
-  if (prefix.chunks == 0) return prefix;  // zero-length runs only
-  const uint64_t bytes = PlanCopyTableBytes(prefix.runs, prefix.chunks);
-  KV_RETURN_IF_ERROR(
-      detail::CudaStatus(cudaStreamWaitEvent(m.upload, slot.copy_done, 0), "order upload"));
-  KV_RETURN_IF_ERROR(detail::CudaStatus(
-      cudaMemcpyAsync(slot.device_table, slot.staging, bytes, cudaMemcpyHostToDevice, m.upload),
-      "run table upload"));
-  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.uploaded, m.upload), "record"));
-  auto s = static_cast<cudaStream_t>(stream);
-  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaStreamWaitEvent(s, slot.uploaded, 0), "order copy"));
-  KV_RETURN_IF_ERROR(LaunchPlanCopy(src_base, dst_base, slot.device_table, prefix.runs,
-                                    prefix.chunks, m.options, s));
-  KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.copy_done, s), "record"));
-  return prefix;
+  using Encoded = std::pair<PlanCopyPrefix, uint64_t>;
+  auto encode = [&](void* staging) -> Result<Encoded> {
+    KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix, EncodePlanCopyPrefix(runs, max_chunks, staging));
+    return Encoded{prefix, PlanCopyTableBytes(prefix.runs, prefix.chunks)};
+  };
+  auto launch = [&](const void* table, const PlanCopyPrefix& prefix, cudaStream_t s) {
+    return LaunchPlanCopy(src_base, dst_base, table, prefix.runs, prefix.chunks, impl_->options, s);
+  };
+  return impl_->StageAndLaunch(PlanCopyTableBytes(runs.size(), max_chunks), encode, launch, stream);
+}
+
+Status PlanCopier::CopyGroups(const void* src_base, void* dst_base,
+                              std::span<const RunGroup> groups, void* stream) {
+  uint64_t chunks = 0;
+  for (const RunGroup& g : groups) chunks += PlanCopyGroupChunks(g);
+  if (chunks == 0) return Status::Ok();
+  // Pieces as in Copy(), for the same reason.
+  const bool whole = chunks <= kFirstPieceChunks * 2 ||
+                     cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess;
+  uint64_t limit = whole ? chunks : kFirstPieceChunks, left = chunks;
+  for (size_t at = 0; at < groups.size(); limit *= kPieceGrowth) {
+    const uint64_t most = std::max(std::min(limit, left), PlanCopyGroupChunks(groups[at]));
+    KV_ASSIGN_OR_RETURN(PlanCopyPrefix done,
+                        CopyGroupPrefix(src_base, dst_base, groups.subspan(at), most, stream));
+    at += done.runs;
+    left -= done.chunks;
+  }
+  return Status::Ok();
+}
+
+Result<PlanCopyPrefix> PlanCopier::CopyGroupPrefix(const void* src_base, void* dst_base,
+                                                   std::span<const RunGroup> groups,
+                                                   uint64_t max_chunks, void* stream) {
+  using Encoded = std::pair<PlanCopyPrefix, uint64_t>;
+  auto encode = [&](void* staging) -> Result<Encoded> {
+    KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix,
+                        EncodePlanCopyGroupPrefix(groups, max_chunks, staging));
+    return Encoded{prefix, prefix.chunks * sizeof(PlanCopyGroupChunk)};
+  };
+  auto launch = [&](const void* table, const PlanCopyPrefix& prefix, cudaStream_t s) {
+    return LaunchPlanCopyGroups(src_base, dst_base, table, prefix.chunks, impl_->options, s);
+  };
+  return impl_->StageAndLaunch(max_chunks * sizeof(PlanCopyGroupChunk), encode, launch, stream);
 }
 
 // ---- The copy engine -------------------------------------------------------------------------

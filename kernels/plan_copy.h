@@ -101,6 +101,10 @@ class PlanCopier {
   // launches (see plan_copy.cu); the contract is the same.
   Status Copy(const void* src_base, void* dst_base, std::span<const Run> runs, void* stream);
 
+  // The rows of `groups`, through the group kernel, in pieces like Copy().
+  Status CopyGroups(const void* src_base, void* dst_base, std::span<const RunGroup> groups,
+                    void* stream);
+
   static constexpr uint64_t kFirstPieceChunks = 4096;
   static constexpr uint64_t kPieceGrowth = 2;
 
@@ -109,9 +113,38 @@ class PlanCopier {
   // Copies the longest prefix of `runs` that fits in max_chunks (at least the first run).
   Result<PlanCopyPrefix> CopyPrefix(const void* src_base, void* dst_base, std::span<const Run> runs,
                                     uint64_t max_chunks, void* stream);
+  Result<PlanCopyPrefix> CopyGroupPrefix(const void* src_base, void* dst_base,
+                                         std::span<const RunGroup> groups, uint64_t max_chunks,
+                                         void* stream);
   explicit PlanCopier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- Run groups -------------------------------------------------------------------------------
+// The same contract for the rows of run groups (layout/plan.h), by a kernel of its own whose
+// table holds one 32-byte descriptor per chunk of rows: rows of one group, rows·length at most
+// kPlanCopyChunkBytes (a row longer than that is cut into single-row chunks). A TP 1 -> 2 page
+// (16 rows of 2 KiB) is one descriptor where the run table needs 16, so the host encodes and
+// uploads an eighth of the bytes. Row offsets must stay below 2^48 like run offsets.
+struct PlanCopyGroupChunk {
+  uint64_t src_offset_and_rows;    // src_offset | (rows - 1) << 48
+  uint64_t dst_offset_and_length;  // dst_offset | (length - 1) << 48
+  int64_t src_stride;
+  int64_t dst_stride;
+};
+static_assert(sizeof(PlanCopyGroupChunk) == 32);
+
+void CopyGroupsHost(const void* src_base, void* dst_base, std::span<const RunGroup> groups);
+uint64_t PlanCopyGroupChunks(const RunGroup& group);
+// As EncodePlanCopyPrefix, in whole groups: `runs` of the result counts groups.
+Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> groups,
+                                                 uint64_t max_chunks, void* table);
+// What the group kernel does with an encoded table, on the host: the reference its tests use.
+void CopyGroupTableHost(const void* src_base, void* dst_base, const void* table,
+                        uint64_t num_chunks);
+// One launch over a group table already resident on the device (16-byte aligned).
+Status LaunchPlanCopyGroups(const void* src_base, void* dst_base, const void* device_table,
+                            uint64_t num_chunks, const PlanCopyOptions& options, void* stream);
 
 // ---- The copy engine -------------------------------------------------------------------------
 enum class CopyDirection : uint8_t { kDeviceToDevice, kDeviceToHost, kHostToDevice, kPeer };

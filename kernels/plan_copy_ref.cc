@@ -1,5 +1,6 @@
 // Host side of plan copy: the CPU reference, the run-table encoding and the path chooser. Built
 // in every configuration; the device entry points live in plan_copy.cu (or cuda_stubs.cc).
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -79,6 +80,96 @@ Result<PlanCopyPrefix> EncodePlanCopyPrefix(std::span<const Run> runs, uint64_t 
   }
   if (out_of_range) return Status::InvalidArgument("plan copy offsets must stay below 2^48");
   return PlanCopyPrefix{i, chunks};
+}
+
+void CopyGroupsHost(const void* src_base, void* dst_base, std::span<const RunGroup> groups) {
+  const auto* src = static_cast<const unsigned char*>(src_base);
+  auto* dst = static_cast<unsigned char*>(dst_base);
+  for (const RunGroup& g : groups) {
+    for (uint64_t i = 0; i < g.count; ++i) {
+      const Run r = g.row(i);
+      std::memcpy(dst + r.dst_offset, src + r.src_offset, r.length);
+    }
+  }
+}
+
+namespace {
+
+// Rows per chunk of a group whose rows fit a chunk.
+uint64_t RowsPerChunk(uint64_t length) {
+  return kPlanCopyChunkBytes / length;
+}
+
+}  // namespace
+
+uint64_t PlanCopyGroupChunks(const RunGroup& g) {
+  if (g.length == 0) return 0;
+  if (g.length > kPlanCopyChunkBytes) return g.count * PlanCopyRunChunks({0, 0, g.length});
+  const uint64_t per = RowsPerChunk(g.length);
+  return (g.count + per - 1) / per;
+}
+
+Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> groups,
+                                                 uint64_t max_chunks, void* table) {
+  static_assert(kPlanCopyChunkBytes <= (uint64_t{1} << 16), "rows and length must fit 16 bits");
+  PlanCopyGroupChunk* __restrict out = static_cast<PlanCopyGroupChunk*>(table);
+  size_t i = 0;
+  uint64_t chunks = 0;
+  bool out_of_range = false;
+  // A chunk's first row; the kernel steps from it to the others.
+  auto put = [&](uint64_t src, uint64_t dst, uint64_t rows, uint64_t length, int64_t ss,
+                 int64_t ds) {
+    out_of_range |= src > kPlanCopyMaxOffset - length || dst > kPlanCopyMaxOffset - length;
+    out[chunks++] = {src | (rows - 1) << 48, dst | (length - 1) << 48, ss, ds};
+  };
+  for (; i < groups.size(); ++i) {
+    const RunGroup& g = groups[i];
+    const uint64_t need = PlanCopyGroupChunks(g);
+    if (need == 0) continue;
+    if (chunks + need > max_chunks) {
+      if (chunks > 0) break;
+      return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
+                                     " chunks cannot hold a group of " + std::to_string(need));
+    }
+    if (g.length > kPlanCopyChunkBytes) {
+      out_of_range |= g.length > kPlanCopyMaxOffset;
+      for (uint64_t r = 0; r < g.count; ++r) {
+        const Run row = g.row(r);
+        for (uint64_t done = 0; done < row.length; done += kPlanCopyChunkBytes) {
+          const uint64_t take = std::min(kPlanCopyChunkBytes, row.length - done);
+          put(row.src_offset + done, row.dst_offset + done, 1, take, 0, 0);
+        }
+      }
+      continue;
+    }
+    const uint64_t per = RowsPerChunk(g.length);
+    for (uint64_t r = 0; r < g.count; r += per) {
+      const Run row = g.row(r);
+      put(row.src_offset, row.dst_offset, std::min(per, g.count - r), g.length, g.src_stride,
+          g.dst_stride);
+    }
+  }
+  if (out_of_range) return Status::InvalidArgument("plan copy offsets must stay below 2^48");
+  return PlanCopyPrefix{i, chunks};
+}
+
+void CopyGroupTableHost(const void* src_base, void* dst_base, const void* table,
+                        uint64_t num_chunks) {
+  const auto* src = static_cast<const unsigned char*>(src_base);
+  auto* dst = static_cast<unsigned char*>(dst_base);
+  const auto* chunks = static_cast<const PlanCopyGroupChunk*>(table);
+  constexpr uint64_t kMask = kPlanCopyMaxOffset - 1;
+  for (uint64_t c = 0; c < num_chunks; ++c) {
+    const PlanCopyGroupChunk& e = chunks[c];
+    const uint64_t rows = (e.src_offset_and_rows >> 48) + 1;
+    const uint64_t length = (e.dst_offset_and_length >> 48) + 1;
+    uint64_t s = e.src_offset_and_rows & kMask, d = e.dst_offset_and_length & kMask;
+    for (uint64_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + d, src + s, length);
+      s += static_cast<uint64_t>(e.src_stride);
+      d += static_cast<uint64_t>(e.dst_stride);
+    }
+  }
 }
 
 const char* CopyPathName(CopyPath path) {

@@ -439,12 +439,22 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
 }
 
 Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
-                                    const TransferSpec& spec) {
+                                    const TransferSpec& spec, bool groups) {
   TransferSpec first = spec;
   first.layer_begin = 0;
   first.layer_end = std::min<int64_t>(1, src.size(Axis::kL));
   LayerPlan plan;
   KV_RETURN_IF_ERROR(PlanTransfer(src, dst, first, &plan.layer0_));
+  Plan& layer0 = plan.layer0_;
+  if (groups && !layer0.runs.empty()) {
+    std::vector<RunGroup> grouped;
+    GroupRuns(layer0.runs, &grouped);
+    if (grouped.size() * kMinRowsPerGroup <= layer0.runs.size()) {
+      layer0.group_rows = layer0.runs.size();
+      layer0.groups = std::move(grouped);
+      layer0.runs = {};
+    }
+  }
   plan.layers_ = src.size(Axis::kL);
   plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
   plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
@@ -458,17 +468,22 @@ Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
   }
   const uint64_t s = static_cast<uint64_t>(layer) * src_layer_stride_;
   const uint64_t d = static_cast<uint64_t>(layer) * dst_layer_stride_;
-  auto& runs = plan->runs;
-  const size_t at = runs.size(), count = layer0_.runs.size();
-  if (runs.capacity() - at < count) runs.reserve(std::max(at + count, 2 * runs.capacity()));
   // A plain copy, then the shift while the copy is still in cache: cheaper than writing each
-  // shifted run through push_back (a capacity check per run) or after resize (a pass that
-  // value-initialises every run first).
-  runs.insert(runs.end(), layer0_.runs.begin(), layer0_.runs.end());
-  for (Run* r = runs.data() + at; r != runs.data() + at + count; ++r) {
-    r->src_offset += s;
-    r->dst_offset += d;
-  }
+  // shifted entry through push_back (a capacity check per entry) or after resize (a pass that
+  // value-initialises every entry first).
+  auto append = [s, d](const auto& from, auto& to) {
+    const size_t at = to.size(), count = from.size();
+    if (count == 0) return;
+    if (to.capacity() - at < count) to.reserve(std::max(at + count, 2 * to.capacity()));
+    to.insert(to.end(), from.begin(), from.end());
+    for (auto* e = to.data() + at; e != to.data() + at + count; ++e) {
+      e->src_offset += s;
+      e->dst_offset += d;
+    }
+  };
+  append(layer0_.runs, plan->runs);
+  append(layer0_.groups, plan->groups);
+  plan->group_rows += layer0_.group_rows;
   plan->bytes += layer0_.bytes;
   return Status::Ok();
 }

@@ -27,6 +27,24 @@ struct Run {
   bool operator==(const Run&) const = default;
 };
 
+// `count` runs of one length in arithmetic progression: row i copies `length` bytes from
+// src_offset + i·src_stride to dst_offset + i·dst_stride (offsets in two's complement, so a
+// stride may be negative). One entry for what a TP split makes of a page: its tokens' slices of
+// the rank's heads, 16 runs at constant strides on both sides.
+struct RunGroup {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t length = 0;
+  uint64_t count = 0;
+  int64_t src_stride = 0;
+  int64_t dst_stride = 0;
+  Run row(uint64_t i) const {
+    return {src_offset + i * static_cast<uint64_t>(src_stride),
+            dst_offset + i * static_cast<uint64_t>(dst_stride), length};
+  }
+  bool operator==(const RunGroup&) const = default;
+};
+
 struct TransferSpec {
   std::span<const int64_t> src_blocks;
   std::span<const int64_t> dst_blocks;
@@ -42,10 +60,25 @@ struct TransferSpec {
 // performs the transfer and copies nothing else needs a run starting at every stretch's first
 // pair, so one run per stretch is the minimum, whatever order runs are listed in. Runs never
 // overlap on the destination; they may on the source (source blocks may repeat).
+//
+// A plan may also hold its runs compressed into groups (LayerPlan with groups on; PlanTransfer
+// never makes any): the transfer is then `runs` followed by the rows of `groups`, and the rows
+// in order are the runs the plan would have held, with every property above.
 struct Plan {
   std::vector<Run> runs;
-  uint64_t bytes = 0;  // sum of run lengths
+  std::vector<RunGroup> groups;
+  uint64_t group_rows = 0;  // rows of all groups
+  uint64_t bytes = 0;       // sum of run and row lengths
+  // The runs the plan stands for, groups expanded.
+  uint64_t run_count() const { return runs.size() + group_rows; }
 };
+
+// Appends `runs` to *groups, compressed: each group takes the longest stretch of consecutive
+// runs of one length at constant strides, so expanding the groups in order gives `runs` back.
+// O(runs). Returns the groups added.
+size_t GroupRuns(std::span<const Run> runs, std::vector<RunGroup>* groups);
+// Appends the rows of `groups`, in order, to *runs.
+void ExpandGroups(std::span<const RunGroup> groups, std::vector<Run>* runs);
 
 // Errors: kOutOfRange (block id outside the region), kInvalidArgument (too few blocks for
 // `tokens`, a destination block used twice, bad layer range, negative tokens), kIncompatible
@@ -69,20 +102,31 @@ Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec
 // moved by layer·stride(L) of the source and every destination offset by layer·stride(L) of the
 // destination (the layer loop has one step, so only the bases move), so AppendLayer(l, plan)
 // appends exactly what PlanTransfer appends for [l, l+1), at the cost of a copy: a caller that
-// plans a request one layer at a time plans it once.
+// plans a request one layer at a time plans it once. With groups on it appends the same runs
+// compressed (their expansion is PlanTransfer's runs, in order), so that a TP split's layer is
+// one entry per page instead of one per token.
 class LayerPlan {
  public:
   // Plans layer 0 of `spec` (its layer range is ignored); the errors of PlanTransfer.
+  // With `groups`, a layer whose runs compress kMinRowsPerGroup-fold or better into groups
+  // (GroupRuns) is appended as groups (to plan->groups); otherwise as runs.
   static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
-                                  const TransferSpec& spec);
-  // Appends layer `layer`'s runs to *plan (never joined to runs already there) and adds their
-  // bytes. kOutOfRange, with *plan unchanged, for a layer outside [0, layers).
+                                  const TransferSpec& spec, bool groups = false);
+  // Appends layer `layer`'s runs (or groups) to *plan (never joined to those already there)
+  // and adds their bytes. kOutOfRange, with *plan unchanged, for a layer outside [0, layers).
   Status AppendLayer(int64_t layer, Plan* plan) const;
-  size_t runs_per_layer() const { return layer0_.runs.size(); }
+  size_t runs_per_layer() const { return layer0_.run_count(); }
+  // Entries appended per layer: runs, or groups when the layer is grouped.
+  size_t entries_per_layer() const { return layer0_.runs.size() + layer0_.groups.size(); }
   uint64_t bytes_per_layer() const { return layer0_.bytes; }
 
+  // Below this many rows per group on average, groups are not worth a second copy path: a TP 1
+  // request with random block ids pairs its 64 KiB pages two by two, a TP 1 -> 2 split groups
+  // its token runs 16 to a page.
+  static constexpr size_t kMinRowsPerGroup = 4;
+
  private:
-  Plan layer0_;
+  Plan layer0_;  // runs or groups, never both
   int64_t layers_ = 0;
   uint64_t src_layer_stride_ = 0;
   uint64_t dst_layer_stride_ = 0;
@@ -91,5 +135,8 @@ class LayerPlan {
 // Checks that every run lies inside [0, src_bytes) on the source and [0, dst_bytes) on the
 // destination; used where runs arrive from elsewhere (a peer, a file) before they touch memory.
 Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes);
+// The same for every row of every group (O(groups): a group's rows lie between its first and
+// last). kInvalidArgument for a group of no rows.
+Status ValidateGroups(std::span<const RunGroup> groups, uint64_t src_bytes, uint64_t dst_bytes);
 
 }  // namespace kv

@@ -6,8 +6,9 @@
 namespace kv::transport {
 
 // kInvalidArgument for a batch without registrations; kOutOfRange (naming the run) when a run
-// leaves [0, local->length()) on the local side or [0, remote->length()) on the remote side,
-// with the sides taken from batch.op. Overflow-safe.
-Status CheckBatch(const Batch& batch);
+// or a group's row leaves [0, local->length()) on the local side or [0, remote->length()) on the
+// remote side, with the sides taken from batch.op. Overflow-safe. Groups are kUnsupported unless
+// the backend takes them (`takes_groups`).
+Status CheckBatch(const Batch& batch, bool takes_groups = false);
 
 }  // namespace kv::transport

@@ -61,6 +61,10 @@ struct Batch {
   const RemoteMemory* remote = nullptr;
   std::span<const Run> runs;  // copied by post(); need not outlive the call
   Clock::time_point deadline;
+  // Further runs, as the rows of run groups (layout/plan.h), for a backend whose
+  // takes_run_groups() is true; every other backend rejects a batch with groups (kUnsupported).
+  // Copied by post() like runs.
+  std::span<const RunGroup> groups = {};
 };
 
 // Called exactly once per accepted batch: OK when every byte landed, else the first error
@@ -83,6 +87,9 @@ class Transport {
   virtual std::string address() const = 0;
   // Whether register_memory() accepts memory of this kind directly.
   virtual bool supports(MemoryKind kind) const = 0;
+  // Whether post() takes Batch::groups; callers expand groups into runs for backends that
+  // do not (cuda_ipc does: its copy kernel walks a group's rows from one descriptor).
+  virtual bool takes_run_groups() const { return false; }
 
   // kUnsupported for memory this backend cannot reach (e.g. CUDA memory without CUDA-aware UCX).
   virtual Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,

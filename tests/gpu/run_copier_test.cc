@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/plan_copy.h"
+#include "tests/kernels/plan_copy_groups.h"
 
 namespace kv::transport::gpu {
 namespace {
@@ -81,6 +82,47 @@ TEST_P(RunCopierPeerTest, EveryByteLandsOnThePeer) {
     kernels::CopyRunsHost(host.data(), want.data(), plans[i]);
     ASSERT_EQ(cudaMemcpy(got.data(), dsts[i].data(), kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_TRUE(got == want) << "case " << i << ": " << plans[i].size() << " runs";
+  }
+}
+
+// Groups over the peer: the group kernel, or rows expanded for the copy engine; a TP 1 -> 2
+// shaped batch (16 rows of 2 KiB per group) and random ones.
+TEST_P(RunCopierPeerTest, EveryGroupRowLandsOnThePeer) {
+  if (!TwoPeerDevices()) GTEST_SKIP() << "needs two CUDA devices with peer access";
+  constexpr uint64_t kBytes = 16 << 20;
+  std::mt19937_64 rng(6);
+  std::vector<unsigned char> host(kBytes);
+  for (auto& b : host) b = static_cast<unsigned char>(rng());
+  auto src = DeviceBuffer::Allocate(0, kBytes);
+  auto dst = DeviceBuffer::Allocate(1, kBytes);
+  auto stream = CudaStream::Create(0);
+  ASSERT_TRUE(src.ok() && dst.ok() && stream.ok());
+  ASSERT_EQ(cudaMemcpy(src->data(), host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceGuard on0(0);
+  cudaDeviceEnablePeerAccess(1, 0);
+  cudaGetLastError();  // already enabled
+  auto copier = RunCopier::Create(0, GetParam());
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::vector<std::vector<RunGroup>> cases;
+  std::vector<RunGroup> split;  // 256 pages of 16 tokens: 4 KiB per token at the source
+  for (uint64_t p = 0; p < 256; ++p) {
+    split.push_back({(p * 37 % 256) * 65536 + 2048, p * 32768, 2048, 16, 4096, 2048});
+  }
+  cases.push_back(split);
+  cases.push_back(kv::testing::RandomGroups(rng, kBytes, kBytes, 3000, true));
+  cases.push_back(kv::testing::RandomGroups(rng, kBytes, kBytes, 3 << 20, false));
+  std::vector<unsigned char> got(kBytes);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(cudaMemset(dst->data(), 0xEE, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Status s = (*copier)->CopyGroups(src->data(), dst->data(), cases[i],
+                                           kernels::CopyDirection::kPeer, stream->get());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    std::vector<unsigned char> want(kBytes, 0xEE);
+    kernels::CopyGroupsHost(host.data(), want.data(), cases[i]);
+    ASSERT_EQ(cudaMemcpy(got.data(), dst->data(), kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got == want) << "case " << i << ": " << cases[i].size() << " groups";
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/plan_copy.h"
 #include "tests/kernels/cuda_test_util.h"
+#include "tests/kernels/plan_copy_groups.h"
 
 namespace kv::kernels {
 namespace {
@@ -98,6 +99,34 @@ TEST(GpuPlanCopy, CopyEngineMatchesReference) {
 
 // The copier reuses one device table; a copy on a second stream must not overwrite it while the
 // first stream's kernel still reads it.
+// The group kernel against CopyGroupsHost: 16-byte aligned groups (the flat vector path) and
+// unaligned ones (row by row), rows from a few bytes to longer than a chunk, in pieces on an
+// idle stream and whole.
+TEST(GpuPlanCopy, GroupsMatchReference) {
+  std::mt19937_64 rng(21);
+  const uint64_t src_bytes = 3 << 20, dst_bytes = 4 << 20;
+  auto copier = PlanCopier::Create();
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  DeviceBuffer src(src_bytes), dst(dst_bytes);
+  Stream stream;
+  for (int trial = 0; trial < 12; ++trial) {
+    const uint64_t max_len = trial % 3 == 0 ? 80 << 10 : trial % 3 == 1 ? 50 : 4096;
+    const auto groups =
+        kv::testing::RandomGroups(rng, src_bytes, dst_bytes, max_len, trial % 2 == 0);
+    const auto src_host = RandomBytes(rng, src_bytes);
+    std::vector<unsigned char> want(dst_bytes, 0xEE);
+    CopyGroupsHost(src_host.data(), want.data(), groups);
+    KV_CUDA_OK(cudaMemcpy(src.get(), src_host.data(), src_bytes, cudaMemcpyDefault));
+    KV_CUDA_OK(cudaMemset(dst.get(), 0xEE, dst_bytes));
+    const Status s = (*copier)->CopyGroups(src.get(), dst.get(), groups, stream.opaque());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+    std::vector<unsigned char> got(dst_bytes);
+    KV_CUDA_OK(cudaMemcpy(got.data(), dst.get(), dst_bytes, cudaMemcpyDefault));
+    ASSERT_TRUE(got == want) << "trial " << trial << ": " << groups.size() << " groups";
+  }
+}
+
 TEST(GpuPlanCopy, CopierIsSafeAcrossStreams) {
   KV_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(9);

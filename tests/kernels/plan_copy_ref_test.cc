@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/plan_copy.h"
+#include "tests/kernels/plan_copy_groups.h"
 
 namespace kv::kernels {
 namespace {
@@ -116,6 +117,68 @@ TEST(PlanCopyRef, PrefixesConcatenateToTheWholeTable) {
   // A first run larger than the table is refused, not split.
   std::vector<PlanCopyChunk> small(2);
   EXPECT_EQ(EncodePlanCopyPrefix(runs, 2, small.data()).status().code(), Code::kInvalidArgument);
+}
+
+// The group table, decoded as the group kernel decodes it, copies what the groups' rows copy;
+// every chunk stays within kPlanCopyChunkBytes, and pieces concatenate to the whole table.
+TEST(PlanCopyRef, GroupTableMatchesRows) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const uint64_t src_bytes = 1 << 20, dst_bytes = 2 << 20;
+    const uint64_t max_len = trial % 4 == 0 ? 100 << 10 : trial % 4 == 1 ? 40 : 4096;
+    const auto groups =
+        kv::testing::RandomGroups(rng, src_bytes, dst_bytes, max_len, trial % 2 == 0);
+    ASSERT_FALSE(groups.empty());
+    ASSERT_TRUE(ValidateGroups(groups, src_bytes, dst_bytes).ok());
+    std::vector<unsigned char> src(src_bytes);
+    for (auto& b : src) b = static_cast<unsigned char>(rng());
+    std::vector<unsigned char> want(dst_bytes, 0xEE), got(dst_bytes, 0xEE);
+    CopyGroupsHost(src.data(), want.data(), groups);
+    std::vector<kv::Run> rows;
+    ExpandGroups(groups, &rows);
+    std::vector<unsigned char> by_runs(dst_bytes, 0xEE);
+    CopyRunsHost(src.data(), by_runs.data(), rows);
+    ASSERT_EQ(by_runs, want);
+
+    uint64_t chunks = 0;
+    for (const RunGroup& g : groups) chunks += PlanCopyGroupChunks(g);
+    const uint64_t piece = trial % 3 == 0 ? chunks : std::max<uint64_t>(1, chunks / 5);
+    std::vector<PlanCopyGroupChunk> table(chunks + 1);
+    uint64_t encoded = 0;
+    for (size_t at = 0; at < groups.size();) {
+      const uint64_t most = std::max(piece, PlanCopyGroupChunks(groups[at]));
+      auto prefix =
+          EncodePlanCopyGroupPrefix(std::span(groups).subspan(at), most, table.data() + encoded);
+      ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+      ASSERT_GT(prefix->runs, 0u);
+      ASSERT_LE(prefix->chunks, most);
+      at += prefix->runs;
+      encoded += prefix->chunks;
+    }
+    ASSERT_EQ(encoded, chunks);
+    for (uint64_t c = 0; c < chunks; ++c) {
+      const uint64_t rows_in = (table[c].src_offset_and_rows >> 48) + 1;
+      const uint64_t length = (table[c].dst_offset_and_length >> 48) + 1;
+      ASSERT_LE(rows_in * length, kPlanCopyChunkBytes);
+    }
+    CopyGroupTableHost(src.data(), got.data(), table.data(), chunks);
+    ASSERT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+TEST(PlanCopyRef, GroupTableRejectsTooSmallAndFarOffsets) {
+  std::vector<PlanCopyGroupChunk> table(8);
+  const RunGroup big{0, 0, 2048, 64, 2048, 4096};  // 4 chunks of 16 rows
+  EXPECT_EQ(PlanCopyGroupChunks(big), 4u);
+  EXPECT_EQ(EncodePlanCopyGroupPrefix(std::span(&big, 1), 3, table.data()).status().code(),
+            Code::kInvalidArgument);
+  const RunGroup far{kPlanCopyMaxOffset, 0, 16, 2, 16, 16};
+  EXPECT_EQ(EncodePlanCopyGroupPrefix(std::span(&far, 1), 8, table.data()).status().code(),
+            Code::kInvalidArgument);
+  const RunGroup empty{5, 5, 0, 3, 1, 1};
+  auto none = EncodePlanCopyGroupPrefix(std::span(&empty, 1), 8, table.data());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->chunks, 0u);
 }
 
 TEST(PlanCopyRef, ChooserPrefersCopyEngineForLargeRuns) {

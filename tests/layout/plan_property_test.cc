@@ -229,5 +229,45 @@ TEST(PlanProperty, LayerPlanShiftsLayerZeroToEveryLayer) {
   EXPECT_GT(compared, 2000);
 }
 
+// With groups on, a layer appended as groups expands, in order, to exactly PlanTransfer's runs
+// for that layer (so the same bytes, the minimal count, destination order), and its groups
+// pass the bounds check.
+TEST(PlanProperty, GroupedLayerPlanExpandsToPlanTransfer) {
+  Gen gen(20261123);
+  int compared = 0, grouped = 0;
+  for (int i = 0; i < 2000; ++i) {
+    Case c = RandomCase(gen);
+    auto src = KvRegion::Create(c.src);
+    auto dst = KvRegion::Create(c.dst);
+    ASSERT_TRUE(src.ok() && dst.ok()) << Describe(c);
+    const TransferSpec spec{c.src_blocks, c.dst_blocks, c.tokens};
+    auto layers = LayerPlan::Create(*src, *dst, spec, /*groups=*/true);
+    if (!layers.ok()) continue;
+    const kv::Run before{1, 2, 3};
+    for (int64_t l = 0; l < c.src.layers; ++l) {
+      auto expected = PlanTransfer(*src, *dst, {c.src_blocks, c.dst_blocks, c.tokens, l, l + 1});
+      ASSERT_TRUE(expected.ok()) << Describe(c);
+      Plan actual;
+      actual.runs.push_back(before);
+      ASSERT_TRUE(layers->AppendLayer(l, &actual).ok());
+      ASSERT_EQ(actual.runs.front(), before);
+      actual.runs.erase(actual.runs.begin());
+      EXPECT_TRUE(ValidateGroups(actual.groups, src->span_bytes(), dst->span_bytes()).ok());
+      ASSERT_EQ(actual.run_count(), expected->runs.size());
+      if (!actual.groups.empty()) {
+        ASSERT_TRUE(actual.runs.empty());
+        ASSERT_LE(actual.groups.size() * LayerPlan::kMinRowsPerGroup, expected->runs.size());
+        ++grouped;
+      }
+      ExpandGroups(actual.groups, &actual.runs);
+      ASSERT_EQ(actual.runs, expected->runs) << "layer " << l << "\n" << Describe(c);
+      ASSERT_EQ(actual.bytes, expected->bytes);
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 2000);
+  EXPECT_GT(grouped, 100);
+}
+
 }  // namespace
 }  // namespace kv

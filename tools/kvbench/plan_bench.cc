@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/plan_copy.h"
 #include "layout/plan.h"
 #include "tools/common/cli.h"
 
@@ -106,9 +107,13 @@ void PlanCase(benchmark::State& state, const Case& c) {
 // shape of `kvbench pd --tokens 4096 --layers 32 --block-ids random --window 8`: a wave of
 // kWave requests saves its layers back to back; every (layer, decode rank) gathers the wave's
 // runs in one batch (daemon/send_queue.cc), whose vectors are reused from wave to wave; a post
-// checks the runs (transport::CheckBatch) and copies them (as the ucx backend does). `per_layer`
-// plans every layer with PlanTransfer, as kvd did before LayerPlan; otherwise each request
-// plans layer 0 once per decode rank and shifts it to the other layers.
+// checks the runs (transport::CheckBatch) and copies them (as the ucx backend does).
+// kPlanEachLayer plans every layer with PlanTransfer, as kvd did before LayerPlan; kLayerPlan
+// plans layer 0 once per request and decode rank and shifts it to the other layers. The two
+// kIpc modes do what the cuda_ipc backend does with the batch instead: check it, then encode
+// the copy kernel's table (EncodePlanCopyPrefix), from runs, or from run groups (LayerPlan with
+// groups on, EncodePlanCopyGroupPrefix).
+enum class PathMode { kPlanEachLayer, kLayerPlan, kIpcRuns, kIpcGroups };
 constexpr int kWave = 8;
 constexpr int64_t kPathTokens = 4096;
 constexpr int64_t kPathLayers = 32;
@@ -127,7 +132,7 @@ KvRegion PathRegion(int tp, int rank) {
   return KvRegion::Create(s).value();
 }
 
-void RequestPathCase(benchmark::State& state, int dst_tp, bool per_layer) {
+void RequestPathCase(benchmark::State& state, int dst_tp, PathMode mode) {
   const KvRegion src = PathRegion(1, 0);
   std::vector<KvRegion> dst;
   for (int r = 0; r < dst_tp; ++r) dst.push_back(PathRegion(dst_tp, r));
@@ -138,15 +143,19 @@ void RequestPathCase(benchmark::State& state, int dst_tp, bool per_layer) {
     src_ids.emplace_back(src_all.begin() + q * blocks, src_all.begin() + (q + 1) * blocks);
     dst_ids.emplace_back(dst_all.begin() + q * blocks, dst_all.begin() + (q + 1) * blocks);
   }
+  const bool per_layer = mode == PathMode::kPlanEachLayer;
+  const bool ipc = mode == PathMode::kIpcRuns || mode == PathMode::kIpcGroups;
   std::vector<Plan> groups(kPathLayers * dst_tp);
-  uint64_t runs = 0;
+  std::vector<unsigned char> table;  // the copier's pinned staging buffer, reused
+  uint64_t runs = 0, entries = 0;
   auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     std::vector<LayerPlan> layer_plans;
     for (int q = 0; q < kWave && !per_layer; ++q) {
       for (int r = 0; r < dst_tp; ++r) {
-        layer_plans.push_back(
-            LayerPlan::Create(src, dst[r], {src_ids[q], dst_ids[q], kPathTokens}).value());
+        layer_plans.push_back(LayerPlan::Create(src, dst[r], {src_ids[q], dst_ids[q], kPathTokens},
+                                                mode == PathMode::kIpcGroups)
+                                  .value());
       }
     }
     for (int64_t l = 0; l < kPathLayers; ++l) {
@@ -160,20 +169,40 @@ void RequestPathCase(benchmark::State& state, int dst_tp, bool per_layer) {
         }
       }
     }
-    runs = 0;
+    runs = entries = 0;
     for (int64_t g = 0; g < kPathLayers * dst_tp; ++g) {
       Plan& group = groups[g];
-      const Status s = ValidateRuns(group.runs, src.span_bytes(), dst[g % dst_tp].span_bytes());
+      const uint64_t dst_bytes = dst[g % dst_tp].span_bytes();
+      Status s = ValidateRuns(group.runs, src.span_bytes(), dst_bytes);
+      if (s.ok()) s = ValidateGroups(group.groups, src.span_bytes(), dst_bytes);
       if (!s.ok()) state.SkipWithError(s.ToString().c_str());
-      std::vector<Run> posted(group.runs.begin(), group.runs.end());
-      benchmark::DoNotOptimize(posted.data());
-      runs += group.runs.size();
+      if (ipc) {
+        // Both tables go through the same buffer, one after the other.
+        const uint64_t run_chunks = kernels::PlanCopyChunks(group.runs);
+        uint64_t group_chunks = 0;
+        for (const RunGroup& rg : group.groups) group_chunks += kernels::PlanCopyGroupChunks(rg);
+        const uint64_t bytes = std::max(run_chunks * sizeof(kernels::PlanCopyChunk),
+                                        group_chunks * sizeof(kernels::PlanCopyGroupChunk));
+        if (table.size() < bytes) table.resize(bytes);
+        auto r = kernels::EncodePlanCopyPrefix(group.runs, run_chunks, table.data());
+        auto gr = kernels::EncodePlanCopyGroupPrefix(group.groups, group_chunks, table.data());
+        if (!r.ok() || !gr.ok()) state.SkipWithError("encoding failed");
+        benchmark::DoNotOptimize(table.data());
+      } else {
+        std::vector<Run> posted(group.runs.begin(), group.runs.end());
+        benchmark::DoNotOptimize(posted.data());
+      }
+      runs += group.run_count();
+      entries += group.runs.size() + group.groups.size();
       group.runs.clear();
+      group.groups.clear();
+      group.group_rows = 0;
       group.bytes = 0;
     }
   }
   const double per_wave = SecondsSince(start) / static_cast<double>(state.iterations());
   state.counters["runs_per_request"] = static_cast<double>(runs) / kWave;
+  state.counters["entries_per_request"] = static_cast<double>(entries) / kWave;
   state.counters["us_per_request"] = per_wave * 1e6 / kWave;
   state.counters["ns_per_run"] = per_wave * 1e9 / static_cast<double>(runs);
 }
@@ -214,8 +243,9 @@ void PrintHelp() {
       "\nkvd_request/* time kvd's io-thread work per request of `kvbench pd --tokens 4096\n"
       "--layers 32 --block-ids random --window 8` (decode TP 1 or 2): planning each layer, or\n"
       "one LayerPlan per request shifted to every layer; gathering a wave's runs per layer and\n"
-      "decode rank; checking and copying them as a post does. Counters: us_per_request,\n"
-      "runs_per_request, ns_per_run.\n");
+      "decode rank; checking and copying them as a post does (ipc_*: checking them and encoding\n"
+      "the copy kernel's table as cuda_ipc does, from runs or from run groups). Counters:\n"
+      "us_per_request, runs_per_request, entries_per_request (runs + groups), ns_per_run.\n");
 }
 
 int PlanBenchMain(int argc, char** argv) {
@@ -235,15 +265,19 @@ int PlanBenchMain(int argc, char** argv) {
     benchmark::RegisterBenchmark(("plan/" + c.name).c_str(), PlanCase, c)
         ->Unit(benchmark::kMicrosecond);
   }
+  const std::pair<PathMode, const char*> modes[] = {{PathMode::kPlanEachLayer, "plan_each_layer"},
+                                                    {PathMode::kLayerPlan, "layer_plan"},
+                                                    {PathMode::kIpcRuns, "ipc_runs"},
+                                                    {PathMode::kIpcGroups, "ipc_groups"}};
   for (int tp : {1, 2}) {
-    for (bool per_layer : {true, false}) {
-      const std::string name = "kvd_request/LBNHC_tp1_to_tp" + std::to_string(tp) +
-                               (per_layer ? "/plan_each_layer" : "/layer_plan");
-      benchmark::RegisterBenchmark(name.c_str(), RequestPathCase, tp, per_layer)
+    for (const auto& [mode, mode_name] : modes) {
+      const std::string name =
+          "kvd_request/LBNHC_tp1_to_tp" + std::to_string(tp) + "/" + std::string(mode_name);
+      benchmark::RegisterBenchmark(name.c_str(), RequestPathCase, tp, mode)
           ->Unit(benchmark::kMicrosecond);
     }
   }
-  std::fprintf(stderr, "kvbench plan: %zu cases, about a second each\n", Cases().size() + 4);
+  std::fprintf(stderr, "kvbench plan: %zu cases, about a second each\n", Cases().size() + 8);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -166,6 +166,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   std::string_view name() const override { return "cuda_ipc"; }
   std::string address() const override { return host_id_ + "|" + listener_.endpoint(); }
   bool supports(MemoryKind kind) const override { return kind == MemoryKind::kCuda; }
+  bool takes_run_groups() const override { return true; }
 
   Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
                                                               MemoryLocation where) override {
@@ -287,7 +288,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (local == nullptr || remote == nullptr) {
       return Status::InvalidArgument("cuda_ipc: batch names memory of another transport");
     }
-    KV_RETURN_IF_ERROR(CheckBatch(batch));
+    KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
     const bool put = batch.op == Op::kPut;
     char* local_base = static_cast<char*>(local->base());
     void* dst = put ? static_cast<void*>(remote->base()) : local_base;
@@ -317,6 +318,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     }
     KV_RETURN_IF_ERROR(
         channel.copier->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream));
+    KV_RETURN_IF_ERROR(
+        channel.copier->CopyGroups(src, dst, batch.groups, kernels::CopyDirection::kPeer, stream));
     KV_RETURN_IF_ERROR(event.Record(stream));
     next_channel_ = (next_channel_ + 1) % kChannels;
     pending_.push_back(Pending{

@@ -57,6 +57,27 @@ Status RunCopier::Copy(const void* src_base, void* dst_base, std::span<const Run
   return kernels::LaunchBatchCopy(src_base, dst_base, runs, stream);
 }
 
+Status RunCopier::CopyGroups(const void* src_base, void* dst_base, std::span<const RunGroup> groups,
+                             kernels::CopyDirection direction, cudaStream_t stream) {
+  if (groups.empty()) return Status::Ok();
+  // The chooser looks at the mean run only: one row per group stands for all of it.
+  Run rows{0, 0, 0};
+  uint64_t count = 0;
+  for (const RunGroup& g : groups) {
+    rows.length += g.length * g.count;
+    count += g.count;
+  }
+  rows.length /= std::max<uint64_t>(count, 1);
+  last_path_ = forced_ ? *forced_
+                       : kernels::ChooseCopyPath(std::span<const Run>(&rows, 1), direction, stream);
+  if (last_path_ == kernels::CopyPath::kKernel) {
+    return kernel_->CopyGroups(src_base, dst_base, groups, stream);
+  }
+  rows_.clear();
+  ExpandGroups(groups, &rows_);
+  return Copy(src_base, dst_base, rows_, direction, stream);
+}
+
 // Runs are handed to the copy engines in pieces of at most kEnginePieceBytes: one 16 MiB run (a
 // layer of a contiguous LBNHC request) given to cudaMemcpyBatchAsync whole moved at 68 GB/s over
 // NVLink between the H200s, a sixth of the link, while batches of 2 MiB runs reached 0.93 of it

@@ -43,6 +43,11 @@ class RunCopier {
   Status Copy(const void* src_base, void* dst_base, std::span<const Run> runs,
               kernels::CopyDirection direction, cudaStream_t stream);
 
+  // The same for the rows of `groups`: the group kernel, or, where the chooser (or `forced`)
+  // takes the copy engine for rows this long, the rows expanded into Copy().
+  Status CopyGroups(const void* src_base, void* dst_base, std::span<const RunGroup> groups,
+                    kernels::CopyDirection direction, cudaStream_t stream);
+
   // The path the last Copy() took; for benchmarks and logs.
   kernels::CopyPath last_path() const { return last_path_; }
 
@@ -63,6 +68,7 @@ class RunCopier {
   std::optional<kernels::CopyPath> forced_;
   kernels::CopyPath last_path_ = kernels::CopyPath::kKernel;
   std::vector<Run> lane_runs_;  // CopyOnLanes' scratch
+  std::vector<Run> rows_;       // CopyGroups' scratch for the copy engine
 };
 
 }  // namespace kv::transport::gpu

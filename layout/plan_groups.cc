@@ -1,0 +1,79 @@
+// Run groups (plan.h): compressing a run list into arithmetic progressions, expanding it back,
+// and bounds-checking groups without expanding them.
+#include <algorithm>
+#include <string>
+
+#include "layout/plan.h"
+
+namespace kv {
+
+size_t GroupRuns(std::span<const Run> runs, std::vector<RunGroup>* groups) {
+  const size_t before = groups->size();
+  const size_t n = runs.size();
+  for (size_t i = 0; i < n;) {
+    const Run& first = runs[i];
+    RunGroup g{first.src_offset, first.dst_offset, first.length, 1, 0, 0};
+    size_t j = i + 1;
+    if (j < n && runs[j].length == first.length) {
+      const uint64_t src_step = runs[j].src_offset - first.src_offset;
+      const uint64_t dst_step = runs[j].dst_offset - first.dst_offset;
+      g.src_stride = static_cast<int64_t>(src_step);
+      g.dst_stride = static_cast<int64_t>(dst_step);
+      for (++j; j < n && runs[j].length == first.length &&
+                runs[j].src_offset - runs[j - 1].src_offset == src_step &&
+                runs[j].dst_offset - runs[j - 1].dst_offset == dst_step;
+           ++j) {
+      }
+      g.count = j - i;
+    }
+    groups->push_back(g);
+    i = j;
+  }
+  return groups->size() - before;
+}
+
+void ExpandGroups(std::span<const RunGroup> groups, std::vector<Run>* runs) {
+  for (const RunGroup& g : groups) {
+    for (uint64_t i = 0; i < g.count; ++i) runs->push_back(g.row(i));
+  }
+}
+
+namespace {
+
+__extension__ typedef __int128 Wide;
+
+// Whether every row of `g` on one side (first offset `offset`, step `stride`) lies in
+// [0, bytes). The rows are affine in the row index, so the first and the last bound them all;
+// 128-bit arithmetic cannot wrap for any 64-bit inputs.
+bool SideFits(uint64_t offset, int64_t stride, uint64_t count, uint64_t length, uint64_t bytes) {
+  const Wide first = static_cast<Wide>(offset);
+  const Wide last = first + static_cast<Wide>(count - 1) * static_cast<Wide>(stride);
+  const Wide lo = std::min(first, last), hi = std::max(first, last);
+  return length <= bytes && lo >= 0 && hi <= static_cast<Wide>(bytes - length);
+}
+
+}  // namespace
+
+Status ValidateGroups(std::span<const RunGroup> groups, uint64_t src_bytes, uint64_t dst_bytes) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const RunGroup& g = groups[i];
+    if (g.count == 0) {
+      return Status::InvalidArgument("run group " + std::to_string(i) + " has no rows");
+    }
+    const bool src_ok = SideFits(g.src_offset, g.src_stride, g.count, g.length, src_bytes);
+    const bool dst_ok = SideFits(g.dst_offset, g.dst_stride, g.count, g.length, dst_bytes);
+    if (!src_ok || !dst_ok) {
+      return Status::OutOfRange(
+          "run group " + std::to_string(i) + " (" + std::to_string(g.count) + " rows of " +
+          std::to_string(g.length) + " bytes from " + std::to_string(g.src_offset) + " step " +
+          std::to_string(g.src_stride) + " -> " + std::to_string(g.dst_offset) + " step " +
+          std::to_string(g.dst_stride) + ") reaches outside the " +
+          (src_ok ? "destination (" + std::to_string(dst_bytes)
+                  : "source (" + std::to_string(src_bytes)) +
+          " bytes)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kv

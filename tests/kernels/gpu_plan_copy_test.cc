@@ -97,12 +97,11 @@ TEST(GpuPlanCopy, CopyEngineMatchesReference) {
   EXPECT_EQ(LaunchBatchCopy(nullptr, nullptr, {}, nullptr).code(), Code::kInvalidArgument);
 }
 
-// The copier reuses one device table; a copy on a second stream must not overwrite it while the
-// first stream's kernel still reads it.
 // The group kernel against CopyGroupsHost: 16-byte aligned groups (the flat vector path) and
 // unaligned ones (row by row), rows from a few bytes to longer than a chunk, in pieces on an
 // idle stream and whole.
 TEST(GpuPlanCopy, GroupsMatchReference) {
+  KV_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(21);
   const uint64_t src_bytes = 3 << 20, dst_bytes = 4 << 20;
   auto copier = PlanCopier::Create();
@@ -118,6 +117,9 @@ TEST(GpuPlanCopy, GroupsMatchReference) {
     CopyGroupsHost(src_host.data(), want.data(), groups);
     KV_CUDA_OK(cudaMemcpy(src.get(), src_host.data(), src_bytes, cudaMemcpyDefault));
     KV_CUDA_OK(cudaMemset(dst.get(), 0xEE, dst_bytes));
+    // cudaMemset runs on the legacy stream, which the copier's non-blocking stream does not wait
+    // for: without this the kernel raced the fill (the first GPU run failed a trial).
+    KV_CUDA_OK(cudaDeviceSynchronize());
     const Status s = (*copier)->CopyGroups(src.get(), dst.get(), groups, stream.opaque());
     ASSERT_TRUE(s.ok()) << s.ToString();
     KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
@@ -127,6 +129,8 @@ TEST(GpuPlanCopy, GroupsMatchReference) {
   }
 }
 
+// The copier reuses one device table; a copy on a second stream must not overwrite it while the
+// first stream's kernel still reads it.
 TEST(GpuPlanCopy, CopierIsSafeAcrossStreams) {
   KV_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(9);

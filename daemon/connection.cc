@@ -94,41 +94,49 @@ void Connection::OnReadable() {
   }
 
   auto self = shared_from_this();  // a handler may drop the session's last reference
-  if (!DeliverFrames(eof ? SIZE_MAX : kFramesPerTurn)) return;
   if (eof) {
+    if (DeliverFrames(SIZE_MAX) == Delivery::kClosed) return;
     Close(decoder_.pending_bytes() > 0
               ? Status::InvalidArgument(label_ + ": connection ended in the middle of a message")
               : Status::Ok());
     return;
   }
-  if (decoder_.pending_bytes() > 0) ArmPartialFrameTimer();
-  ArmRead();
+  ContinueReading();
 }
 
-bool Connection::DeliverFrames(size_t most) {
-  for (size_t delivered = 0;; ++delivered) {
-    if (delivered == most) {
+void Connection::ContinueReading() {
+  switch (DeliverFrames(kFramesPerTurn)) {
+    case Delivery::kClosed:
+      return;
+    case Delivery::kMore:
       // The rest waits behind whatever else the io loop has ready: one engine's storm of saves
-      // must not hold off a peer's request (or transport completions) for milliseconds.
-      if (!delivery_posted_) {
-        delivery_posted_ = true;
-        asio::post(socket_.get_executor(), [self = shared_from_this()] {
-          self->delivery_posted_ = false;
-          if (self->open_) self->DeliverFrames(kFramesPerTurn);
-        });
-      }
-      return true;
-    }
+      // must not hold off a peer's request (or transport completions) for milliseconds. Nothing
+      // more is read meanwhile, so a sender faster than its handler meets the socket's buffer,
+      // not an ever-growing decoder.
+      asio::post(socket_.get_executor(), [self = shared_from_this()] {
+        if (self->open_) self->ContinueReading();
+      });
+      return;
+    case Delivery::kDrained:
+      if (decoder_.pending_bytes() > 0) ArmPartialFrameTimer();
+      ArmRead();
+      return;
+  }
+}
+
+Connection::Delivery Connection::DeliverFrames(size_t most) {
+  for (size_t delivered = 0; delivered < most; ++delivered) {
     auto frame = decoder_.Next();
     if (!frame.ok()) {
       Close(frame.status().WithContext(label_));
-      return false;
+      return Delivery::kClosed;
     }
-    if (!frame->has_value()) return true;
+    if (!frame->has_value()) return Delivery::kDrained;
     ++frames_received_;
     on_message_(std::move(**frame));
-    if (!open_) return false;
+    if (!open_) return Delivery::kClosed;
   }
+  return Delivery::kMore;
 }
 
 void Connection::ArmPartialFrameTimer() {

@@ -65,9 +65,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(boost::asio::io_context& io, int fd, ConnectionLimits limits, std::string label);
   void ArmRead();
   void OnReadable();
-  // Hands up to `most` decoded frames to the handler, the rest later (see kFramesPerTurn).
-  // False once the connection closed.
-  bool DeliverFrames(size_t most);
+  // Delivers kFramesPerTurn frames, then queues itself behind the io loop's other ready
+  // handlers until every frame read is delivered; only then reads again.
+  void ContinueReading();
+  enum class Delivery { kDrained, kMore, kClosed };
+  // Hands up to `most` decoded frames to the handler: kDrained when no complete frame is left,
+  // kMore when `most` were delivered, kClosed once the connection closed.
+  Delivery DeliverFrames(size_t most);
   void ArmPartialFrameTimer();
   void WriteNext();
 
@@ -83,7 +87,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool open_ = true;
   bool partial_timer_armed_ = false;
-  bool delivery_posted_ = false;  // a DeliverFrames for frames already read is queued
   uint64_t frames_received_ = 0;
   MessageHandler on_message_;
   CloseHandler on_close_;

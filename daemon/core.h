@@ -97,8 +97,9 @@ struct SourceRank {
   uint64_t engine_id = 0;
   std::vector<int64_t> blocks;
   std::vector<bool> saved;  // per layer
-  // Per layer: a save recorded the engine's event (SaveLayer.written unset), so a GPU copy of
-  // the layer waits for it.
+  // Per layer: a save did not say the layer was already written (SaveLayer.written), so a GPU
+  // copy of it waits for the engine's event of the layer. Host engines never say so: they have
+  // no events, and their layers keep a send group each.
   std::vector<bool> recorded;
   bool finished = false;
 };

@@ -100,7 +100,6 @@ Status Daemon::Core::PostFromEngine(const Engine& engine, int event_layer,
       event_layer < 0) {
     return transport_->post(batch, std::move(done));
   }
-  const int layer = event_layer;
   if (!engine.layer_events) {
     return Status::InvalidArgument("GPU caches need the engine's layer events before save_layer");
   }
@@ -112,8 +111,8 @@ Status Daemon::Core::PostFromEngine(const Engine& engine, int event_layer,
   // An event whose last record already completed needs no wait, and a device-side wait on
   // another process's event is not free (behind one, the nccl backend saw the engine's records
   // complete once per ~15 ms: benchmarks/pd_gpu.md). Asked here once for every backend.
-  KV_ASSIGN_OR_RETURN(bool fired, engine.layer_events->Fired(layer));
-  return ordered->post_after(batch, fired ? nullptr : engine.layer_events->event(layer),
+  KV_ASSIGN_OR_RETURN(bool fired, engine.layer_events->Fired(event_layer));
+  return ordered->post_after(batch, fired ? nullptr : engine.layer_events->event(event_layer),
                              std::move(done));
 }
 

@@ -217,9 +217,9 @@ class Engines final : public CudaPdEngines {
       StoreMax(*static_cast<std::atomic<int64_t>*>(latest),
                Clock::now().time_since_epoch().count());
     };
-    // A stream with nothing left to run is marked now. A host function queued there would run
-    // only when the GPU next runs this process's context, which kvd's copy kernels can hold off
-    // for milliseconds, and the saves queued behind it could then no longer skip their events.
+    // A stream with nothing left to run is marked now. A host function queued there can wait
+    // milliseconds behind kvd's copy kernels (as the engine's event records did,
+    // layer_events.h), and the saves queued behind it could then no longer skip their events.
     const cudaError_t idle = cudaStreamQuery(r.stream.get());
     if (idle == cudaSuccess) {
       mark(&saved_ns_[slot]);

@@ -277,27 +277,41 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& op
   return std::unique_ptr<PlanCopier>(new PlanCopier(std::move(impl)));
 }
 
-Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Run> runs,
-                        void* stream) {
-  const uint64_t chunks = PlanCopyChunks(runs);
+namespace {
+
+// Copies `entries` (runs or groups, `chunks` chunks in all) by `copy_prefix(rest, max_chunks)`,
+// which copies the longest prefix of `rest` that fits max_chunks (at least its first entry).
+// On an idle stream the GPU would wait for the whole table to be encoded before the first
+// byte moves: ~1.2 ns a chunk, 300 us for the 262144 chunks of a TP 1->2 request, 20% of its
+// copy over NVLink (benchmarks/gpu.md, run 3). So such a copy goes in pieces, each
+// kPieceGrowth times the last: the GPU starts after the first small piece, and the host
+// encodes each later piece while the earlier ones run. On a busy stream the encoding already
+// overlaps queued work, and every piece adds a kernel boundary, so the copy stays whole.
+template <typename Entry, typename ChunksOf, typename PrefixFn>
+Status CopyInPieces(std::span<const Entry> entries, uint64_t chunks, void* stream,
+                    const ChunksOf& chunks_of, const PrefixFn& copy_prefix) {
   if (chunks == 0) return Status::Ok();
-  // On an idle stream the GPU would wait for the whole table to be encoded before the first
-  // byte moves: ~1.2 ns a chunk, 300 us for the 262144 chunks of a TP 1->2 request, 20% of its
-  // copy over NVLink (benchmarks/gpu.md, run 3). So such a copy goes in pieces, each
-  // kPieceGrowth times the last: the GPU starts after the first small piece, and the host
-  // encodes each later piece while the earlier ones run. On a busy stream the encoding already
-  // overlaps queued work, and every piece adds a kernel boundary, so the copy stays whole.
-  const bool whole = chunks <= kFirstPieceChunks * 2 ||
+  const bool whole = chunks <= PlanCopier::kFirstPieceChunks * 2 ||
                      cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess;
-  uint64_t limit = whole ? chunks : kFirstPieceChunks, left = chunks;
-  for (size_t at = 0; at < runs.size(); limit *= kPieceGrowth) {
-    const uint64_t most = std::max(std::min(limit, left), PlanCopyRunChunks(runs[at]));
-    KV_ASSIGN_OR_RETURN(PlanCopyPrefix done,
-                        CopyPrefix(src_base, dst_base, runs.subspan(at), most, stream));
+  uint64_t limit = whole ? chunks : PlanCopier::kFirstPieceChunks, left = chunks;
+  for (size_t at = 0; at < entries.size(); limit *= PlanCopier::kPieceGrowth) {
+    const uint64_t most = std::max(std::min(limit, left), chunks_of(entries[at]));
+    KV_ASSIGN_OR_RETURN(PlanCopyPrefix done, copy_prefix(entries.subspan(at), most));
     at += done.runs;
     left -= done.chunks;
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status PlanCopier::Copy(const void* src_base, void* dst_base, std::span<const Run> runs,
+                        void* stream) {
+  return CopyInPieces(
+      runs, PlanCopyChunks(runs), stream, [](const Run& r) { return PlanCopyRunChunks(r); },
+      [&](std::span<const Run> rest, uint64_t most) {
+        return CopyPrefix(src_base, dst_base, rest, most, stream);
+      });
 }
 
 Result<PlanCopyPrefix> PlanCopier::CopyPrefix(const void* src_base, void* dst_base,
@@ -318,19 +332,11 @@ Status PlanCopier::CopyGroups(const void* src_base, void* dst_base,
                               std::span<const RunGroup> groups, void* stream) {
   uint64_t chunks = 0;
   for (const RunGroup& g : groups) chunks += PlanCopyGroupChunks(g);
-  if (chunks == 0) return Status::Ok();
-  // Pieces as in Copy(), for the same reason.
-  const bool whole = chunks <= kFirstPieceChunks * 2 ||
-                     cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess;
-  uint64_t limit = whole ? chunks : kFirstPieceChunks, left = chunks;
-  for (size_t at = 0; at < groups.size(); limit *= kPieceGrowth) {
-    const uint64_t most = std::max(std::min(limit, left), PlanCopyGroupChunks(groups[at]));
-    KV_ASSIGN_OR_RETURN(PlanCopyPrefix done,
-                        CopyGroupPrefix(src_base, dst_base, groups.subspan(at), most, stream));
-    at += done.runs;
-    left -= done.chunks;
-  }
-  return Status::Ok();
+  return CopyInPieces(
+      groups, chunks, stream, [](const RunGroup& g) { return PlanCopyGroupChunks(g); },
+      [&](std::span<const RunGroup> rest, uint64_t most) {
+        return CopyGroupPrefix(src_base, dst_base, rest, most, stream);
+      });
 }
 
 Result<PlanCopyPrefix> PlanCopier::CopyGroupPrefix(const void* src_base, void* dst_base,

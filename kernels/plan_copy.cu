@@ -294,7 +294,11 @@ Status CopyInPieces(std::span<const Entry> entries, uint64_t chunks, void* strea
   const bool whole = chunks <= PlanCopier::kFirstPieceChunks * 2 ||
                      cudaStreamQuery(static_cast<cudaStream_t>(stream)) != cudaSuccess;
   uint64_t limit = whole ? chunks : PlanCopier::kFirstPieceChunks, left = chunks;
-  for (size_t at = 0; at < entries.size(); limit *= PlanCopier::kPieceGrowth) {
+  for (size_t at = 0;; limit *= PlanCopier::kPieceGrowth) {
+    // Entries of no bytes have no chunks: skipped, so that `most` fits the first entry with any
+    // (a piece led by an empty entry could not hold a large one behind it).
+    while (at < entries.size() && chunks_of(entries[at]) == 0) ++at;
+    if (at == entries.size()) break;
     const uint64_t most = std::max(std::min(limit, left), chunks_of(entries[at]));
     KV_ASSIGN_OR_RETURN(PlanCopyPrefix done, copy_prefix(entries.subspan(at), most));
     at += done.runs;

@@ -136,7 +136,9 @@ class LayerPlan {
 // destination; used where runs arrive from elsewhere (a peer, a file) before they touch memory.
 Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes);
 // The same for every row of every group (O(groups): a group's rows lie between its first and
-// last). kInvalidArgument for a group of no rows.
+// last). kInvalidArgument for a group of no rows, or of several rows less than max(length, 1)
+// apart on the destination: such rows overlap there (the copy would race), and without the
+// bound a group could name any number of rows (dst_stride 0) for the copier to chunk or expand.
 Status ValidateGroups(std::span<const RunGroup> groups, uint64_t src_bytes, uint64_t dst_bytes);
 
 }  // namespace kv

@@ -60,6 +60,13 @@ Status ValidateGroups(std::span<const RunGroup> groups, uint64_t src_bytes, uint
     if (g.count == 0) {
       return Status::InvalidArgument("run group " + std::to_string(i) + " has no rows");
     }
+    const uint64_t dst_step = g.dst_stride < 0 ? uint64_t{0} - static_cast<uint64_t>(g.dst_stride)
+                                               : static_cast<uint64_t>(g.dst_stride);
+    if (g.count > 1 && dst_step < std::max<uint64_t>(g.length, 1)) {
+      return Status::InvalidArgument("run group " + std::to_string(i) + " has rows " +
+                                     std::to_string(g.dst_stride) + " bytes apart (of " +
+                                     std::to_string(g.length) + ") on the destination");
+    }
     const bool src_ok = SideFits(g.src_offset, g.src_stride, g.count, g.length, src_bytes);
     const bool dst_ok = SideFits(g.dst_offset, g.dst_stride, g.count, g.length, dst_bytes);
     if (!src_ok || !dst_ok) {

@@ -110,9 +110,17 @@ TEST(RunGroups, ValidateGroupsBoundsEveryRow) {
   EXPECT_EQ(check({0, 0, 100, 0, 0, 0}), Code::kInvalidArgument);
   EXPECT_EQ(check({0, 0, 1001, 1, 0, 0}), Code::kOutOfRange);
   // Rows that would wrap 64 bits land far outside, not back inside.
-  EXPECT_EQ(check({0, 0, 1, ~uint64_t{0}, INT64_MAX, 0}), Code::kOutOfRange);
-  EXPECT_EQ(check({0, 0, 1, uint64_t{1} << 62, 4, 0}), Code::kOutOfRange);
-  EXPECT_EQ(check({0, 0, 1, 3, 0, 0}), Code::kOk);  // a source row repeated
+  EXPECT_EQ(check({0, 0, 1, ~uint64_t{0}, INT64_MAX, 1}), Code::kOutOfRange);
+  EXPECT_EQ(check({0, 0, 1, uint64_t{1} << 62, 4, 1}), Code::kOutOfRange);
+  EXPECT_EQ(check({0, 0, 1, 3, 0, 1}), Code::kOk);  // a source row repeated
+  // Rows that overlap on the destination are refused: they would race, and a step of 0 would
+  // let a group name any number of rows.
+  EXPECT_EQ(check({0, 0, 100, 2, 0, 99}), Code::kInvalidArgument);
+  EXPECT_EQ(check({100, 200, 100, 2, 0, -99}), Code::kInvalidArgument);
+  EXPECT_EQ(check({0, 0, 1, ~uint64_t{0}, 0, 0}), Code::kInvalidArgument);
+  EXPECT_EQ(check({0, 0, 0, 5, 0, 0}), Code::kInvalidArgument);
+  EXPECT_EQ(check({100, 200, 100, 2, 0, -100}), Code::kOk);
+  EXPECT_EQ(check({0, 0, 100, 1, 0, 0}), Code::kOk);  // one row: no step
 }
 
 }  // namespace

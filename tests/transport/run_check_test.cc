@@ -24,7 +24,7 @@ class Region final : public MemoryRegistration, public RemoteMemory {
 TEST(RunCheck, GroupsAreCheckedAndRefusedWhereNotTaken) {
   const Region local(1000), remote(2000);
   const RunGroup fits{0, 0, 100, 10, 100, 200};
-  const RunGroup past_source{0, 0, 100, 10, 101, 0};
+  const RunGroup past_source{0, 0, 100, 10, 101, 100};
   Batch batch;
   batch.local = &local;
   batch.remote = &remote;

@@ -129,7 +129,7 @@ TEST(GpuPlanCopy, GroupsMatchReference) {
   }
 }
 
-// The copier reuses one device table; a copy on a second stream must not overwrite it while the
+// The copier reuses its device tables; a copy on a second stream must not overwrite one while the
 // first stream's kernel still reads it.
 TEST(GpuPlanCopy, CopierIsSafeAcrossStreams) {
   KV_SKIP_WITHOUT_CUDA();

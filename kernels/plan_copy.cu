@@ -234,19 +234,18 @@ struct PlanCopier::Impl {
   template <typename Encode, typename Launch>
   Result<PlanCopyPrefix> StageAndLaunch(uint64_t max_bytes, const Encode& encode,
                                         const Launch& launch, void* stream) {
-    Impl& m = *this;
-    KV_ASSIGN_OR_RETURN(TableSlot * acquired, m.Acquire());
+    KV_ASSIGN_OR_RETURN(TableSlot * acquired, Acquire());
     TableSlot& slot = *acquired;
-    KV_RETURN_IF_ERROR(slot.Reserve(max_bytes, m.outgrown));
+    KV_RETURN_IF_ERROR(slot.Reserve(max_bytes, outgrown));
     KV_ASSIGN_OR_RETURN(const auto encoded, encode(slot.staging));
     const auto [prefix, bytes] = encoded;
-    if (prefix.chunks == 0) return prefix;  // zero-length runs only
+    if (prefix.chunks == 0) return prefix;  // entries of no bytes only
     KV_RETURN_IF_ERROR(
-        detail::CudaStatus(cudaStreamWaitEvent(m.upload, slot.copy_done, 0), "order upload"));
+        detail::CudaStatus(cudaStreamWaitEvent(upload, slot.copy_done, 0), "order upload"));
     KV_RETURN_IF_ERROR(detail::CudaStatus(
-        cudaMemcpyAsync(slot.device_table, slot.staging, bytes, cudaMemcpyHostToDevice, m.upload),
+        cudaMemcpyAsync(slot.device_table, slot.staging, bytes, cudaMemcpyHostToDevice, upload),
         "run table upload"));
-    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.uploaded, m.upload), "record"));
+    KV_RETURN_IF_ERROR(detail::CudaStatus(cudaEventRecord(slot.uploaded, upload), "record"));
     auto s = static_cast<cudaStream_t>(stream);
     KV_RETURN_IF_ERROR(detail::CudaStatus(cudaStreamWaitEvent(s, slot.uploaded, 0), "order copy"));
     KV_RETURN_IF_ERROR(launch(slot.device_table, prefix, s));

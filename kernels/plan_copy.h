@@ -134,7 +134,9 @@ struct PlanCopyGroupChunk {
 };
 static_assert(sizeof(PlanCopyGroupChunk) == 32);
 
+// The rows of `groups`, in order, by memcpy: the reference the group paths are tested against.
 void CopyGroupsHost(const void* src_base, void* dst_base, std::span<const RunGroup> groups);
+// Descriptors `group` takes in the group table (0 for rows of no bytes).
 uint64_t PlanCopyGroupChunks(const RunGroup& group);
 // As EncodePlanCopyPrefix, in whole groups: `runs` of the result counts groups.
 Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> groups,

@@ -96,6 +96,10 @@ Result<bool> CudaEvent::Query() const {
   cudaError_t err = cudaEventQuery(event_);
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) return false;
+  // Reported here, so it must not also stay this thread's last error, where the next kernel
+  // launch's check (kernels' LaunchStatus) would take it as its own and fail an unrelated copy.
+  // A sticky error stays whatever this does.
+  cudaGetLastError();
   return CudaStatus(err, "cudaEventQuery");
 }
 

@@ -58,7 +58,8 @@ class CudaEvent {
 
   cudaEvent_t get() const { return event_; }
   Status Record(cudaStream_t stream) const;
-  // True once the recorded work finished; an error when that work failed.
+  // True once the recorded work finished; an error when that work failed (not left behind as
+  // the thread's last CUDA error).
   Result<bool> Query() const;
 
  private:

@@ -6,6 +6,17 @@
 #include "transport/cuda_ipc/ipc_event.h"
 
 namespace kv::transport::gpu {
+namespace {
+
+// LayerEvents runs in the engine's process, on its threads: an error it returns must not also
+// stay the thread's last CUDA error, which the engine's next launch check (PyTorch's, say) would
+// take as its own. A sticky error stays whatever this does.
+Status Cleared(Status status) {
+  if (!status.ok()) cudaGetLastError();
+  return status;
+}
+
+}  // namespace
 
 struct LayerEvents::Impl {
   int device = 0;
@@ -37,7 +48,7 @@ Status LayerEvents::Record(int layer, void* stream) const {
   }
   // The legacy default stream is the current device's: make it the events' device.
   DeviceGuard guard(impl_->device);
-  return impl_->events[layer].Record(static_cast<cudaStream_t>(stream));
+  return Cleared(impl_->events[layer].Record(static_cast<cudaStream_t>(stream)));
 }
 
 Result<bool> LayerEvents::RecordIfPending(int layer, void* stream) const {
@@ -45,8 +56,8 @@ Result<bool> LayerEvents::RecordIfPending(int layer, void* stream) const {
   DeviceGuard guard(impl_->device);
   const cudaError_t state = cudaStreamQuery(static_cast<cudaStream_t>(stream));
   if (state == cudaSuccess) return false;
-  if (state != cudaErrorNotReady) return CudaStatus(state, "cudaStreamQuery");
-  KV_RETURN_IF_ERROR(impl_->events[layer].Record(static_cast<cudaStream_t>(stream)));
+  if (state != cudaErrorNotReady) return Cleared(CudaStatus(state, "cudaStreamQuery"));
+  KV_RETURN_IF_ERROR(Cleared(impl_->events[layer].Record(static_cast<cudaStream_t>(stream))));
   return true;
 }
 

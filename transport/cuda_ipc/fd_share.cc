@@ -5,8 +5,10 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -80,7 +82,12 @@ void FdServer::Remove(uint64_t token) {
 void FdServer::Serve() {
   while (true) {
     pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {listener_.fd(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    // Only the destructor's wake ends this loop: a failed poll (ENOMEM) is retried, not taken as
+    // a reason to stop serving while peers still fetch (they would wait out their deadlines).
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
     if (fds[0].revents != 0) return;
     while (true) {
       auto client = listener_.Accept();
@@ -137,6 +144,7 @@ Result<UniqueFd> FetchFd(std::string_view path, uint64_t token, SteadyTime deadl
   request.append(reinterpret_cast<const char*>(&token), sizeof(token));
   KV_RETURN_IF_ERROR(socket.SendFrame(request, deadline));
   std::string reply;
+  uint32_t n = 0;  // the reply frame's length, once its header came
   UniqueFd received;
   while (true) {
     if (!WaitReadable(socket.fd(), deadline)) {
@@ -167,15 +175,14 @@ Result<UniqueFd> FetchFd(std::string_view path, uint64_t token, SteadyTime deadl
     if (got == 0) return Status::Unavailable("the fd server at " + std::string(path) + " hung up");
     reply.append(chunk, static_cast<size_t>(got));
     if (reply.size() >= 4) {
-      const uint32_t n = static_cast<unsigned char>(reply[0]) |
-                         static_cast<unsigned char>(reply[1]) << 8 |
-                         static_cast<unsigned char>(reply[2]) << 16 |
-                         static_cast<uint32_t>(static_cast<unsigned char>(reply[3])) << 24;
+      n = static_cast<unsigned char>(reply[0]) | static_cast<unsigned char>(reply[1]) << 8 |
+          static_cast<unsigned char>(reply[2]) << 16 |
+          static_cast<uint32_t>(static_cast<unsigned char>(reply[3])) << 24;
       if (n == 0 || n > kMaxReplyBytes) return Status::Internal("fd server sent a bad reply");
       if (reply.size() >= 4 + n) break;
     }
   }
-  const std::string text = reply.substr(5);
+  const std::string text = reply.substr(5, n - 1);  // the frame's text, not what came after it
   switch (reply[4]) {
     case kReplyOk:
       if (!received.valid()) return Status::Internal("fd server answered without an fd");

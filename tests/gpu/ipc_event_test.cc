@@ -125,7 +125,9 @@ TEST(LayerEventsTest, RecordsOnlyBehindPendingWork) {
   ASSERT_TRUE(idle.ok()) << idle.status().ToString();
   EXPECT_FALSE(*idle);
 
-  std::atomic<bool> released{false};
+  // Static: a failed assertion below leaves the held host function running past this frame.
+  static std::atomic<bool> released;
+  released = false;
   ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(stream->get(), &Hold, &released));
   auto busy = (*events)->RecordIfPending(1, stream->get());
   released = true;

@@ -154,10 +154,11 @@ class PeerBody {
   }
 
   Status DoTransfer(ByteReader& r) {
-    uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0;
+    uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0, expired = 0;
     std::string_view address, descriptor, runs_blob, note;
     if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.u32(&note_while_gated) ||
-        !r.bytes(&address) || !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
+        !r.u32(&expired) || !r.bytes(&address) || !r.bytes(&descriptor) || !r.bytes(&runs_blob) ||
+        !r.bytes(&note)) {
       return Status::Internal("bad transfer command");
     }
     auto known = peers_.find(std::string(address));
@@ -175,7 +176,8 @@ class PeerBody {
     }
     KV_ASSIGN_OR_RETURN(auto remote, transport_->import_remote(peer, descriptor));
     std::vector<kv::Run> runs = DecodeRuns(runs_blob);
-    Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs, Clock::now() + 20s};
+    Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs,
+                expired ? Clock::now() - 1s : Clock::now() + 20s};
     remotes_.push_back(std::move(remote));  // batches may still name it until the peer is done
     std::vector<std::future<Status>> futures;
     auto post = [&]() -> Status {
@@ -367,6 +369,7 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
                             .u32(options.wait_for_dead ? 1 : 0)
                             .u32(options.gated ? static_cast<uint32_t>(options.gated_batches) : 0)
                             .u32(options.note_while_gated ? 1 : 0)
+                            .u32(options.expired ? 1 : 0)
                             .bytes(target.address)
                             .bytes(descriptor)
                             .bytes(EncodeRuns(runs))

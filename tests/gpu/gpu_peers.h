@@ -60,6 +60,7 @@ struct TransferOptions {
   // must return within kPromptPost while the event is held, whatever the earlier batches wait on.
   int gated_batches = 1;
   bool note_while_gated = false;
+  bool expired = false;  // the batch's deadline passed before it is posted
 };
 
 inline constexpr auto kPromptPost = std::chrono::milliseconds(500);

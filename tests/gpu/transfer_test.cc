@@ -7,6 +7,8 @@
 // notification follows the data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "tests/gpu/gpu_peers.h"
@@ -133,6 +135,29 @@ TEST_P(GpuTransferTest, OnePrefillRankFeedsTwoDecodeRanks) {
   EXPECT_TRUE(*bytes1 == Expected(to1.dst_bytes, kSrcSeed, to1.runs));
   // The two ranks got different heads of the same tokens.
   EXPECT_NE(to0.runs.front().src_offset, to1.runs.front().src_offset);
+}
+
+// cuda_ipc launches a batch on its poster thread, after post() returned: one whose deadline
+// passed by then fails with kTimeout and writes nothing.
+TEST_P(GpuTransferTest, BatchPastItsDeadlineWritesNothing) {
+  if (GetParam() != "cuda_ipc") GTEST_SKIP() << "cuda_ipc's poster only";
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
+  Peer sender = Start(0, p.src_bytes, kSrcSeed);
+  Peer receiver = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+  TransferOptions late;
+  late.expired = true;
+  EXPECT_EQ(Code::kTimeout, Transfer(sender, receiver, Op::kPut, p.runs, late).code());
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(std::all_of(bytes->begin(), bytes->end(), [](uint8_t b) { return b == kUntouched; }));
+  // The same runs in time still land.
+  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());
+  bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  EXPECT_TRUE(Stop(sender).ok());
+  EXPECT_TRUE(Stop(receiver).ok());
 }
 
 TEST_P(GpuTransferTest, KilledPeerFailsTheBatchInsteadOfHanging) {

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -23,8 +22,9 @@
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/fd_share.h"
 #include "transport/cuda_ipc/ipc_memory.h"
-#include "transport/cuda_ipc/run_copier.h"
+#include "transport/cuda_ipc/poster.h"
 #include "transport/cuda_ipc/side_channel.h"
+#include "transport/cuda_ipc/wire_descriptor.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
 
@@ -32,53 +32,22 @@ namespace kv::transport {
 namespace {
 
 using gpu::CudaEvent;
-using gpu::CudaStatus;
-using gpu::CudaStream;
-using gpu::DeviceGuard;
 using gpu::FrameReader;
+using gpu::HostId;
+using gpu::kFdPathBytes;
+using gpu::kHostIdBytes;
+using gpu::kMagic;
 using gpu::Listener;
 using gpu::Socket;
+using gpu::WireDescriptor;
 
-constexpr char kMagic[8] = "kvdipc2";
-constexpr size_t kHostIdBytes = 48;
-constexpr size_t kFdPathBytes = 108;  // sizeof(sockaddr_un::sun_path)
-// Batches go round-robin onto this many streams, each with its own copier, so consecutive
+// Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
 // batches may overlap on the device. On one stream, one after the other, a 16 MiB batch (a layer
 // of a contiguous LBNHC request) took 62 us where the link needs 42 us (kvbench pd --memory cuda
 // on the H200s).
-constexpr int kChannels = 4;
-// Events of finished batches kept for the next posts (each post records one).
-constexpr size_t kSpareEvents = 256;
+constexpr int kChannels = gpu::Poster::kChannels;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
-
-// What a peer's import_remote() receives. Fixed size, so a truncated or padded blob is rejected
-// by its length before any field is read.
-struct WireDescriptor {
-  char magic[8];
-  uint32_t share;              // gpu::ShareKind
-  uint32_t reserved;           // zero
-  cudaIpcMemHandle_t handle;   // kCudaIpc
-  uint64_t fd_token;           // kPosixFd: the allocation's fd, served under this token...
-  char fd_path[kFdPathBytes];  // ...by the exporter's FdServer at this unix socket
-  uint64_t offset;             // of the registered base inside the allocation
-  uint64_t length;             // registered bytes
-  uint64_t allocation_bytes;   // of the whole allocation (VMM: of its mapping)
-  char host_id[kHostIdBytes];
-};
-
-// Distinguishes hosts (and reboots of one host): CUDA IPC handles mean nothing elsewhere.
-std::string HostId() {
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(boot, id);
-  if (id.empty()) {
-    char name[64] = {};
-    gethostname(name, sizeof(name) - 1);
-    id = name;
-  }
-  return id.substr(0, kHostIdBytes - 1);
-}
 
 class IpcRegistration final : public MemoryRegistration {
  public:
@@ -132,10 +101,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         host_id_(HostId()) {}
 
   Status Start(const std::string& socket_dir) {
-    for (Channel& channel : channels_) {
-      KV_ASSIGN_OR_RETURN(channel.stream, CudaStream::Create(device_));
-      KV_ASSIGN_OR_RETURN(channel.copier, gpu::RunCopier::Create(device_, copy_path_));
-    }
+    KV_ASSIGN_OR_RETURN(poster_, gpu::Poster::Start(device_, copy_path_,
+                                                    [this](gpu::PostJob job, gpu::Launch launch) {
+                                                      OnLaunched(std::move(job), std::move(launch));
+                                                    }));
     static std::atomic<int> counter{0};
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
@@ -148,15 +117,13 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   }
 
   ~CudaIpcTransport() override {
+    // The progress thread first (it calls into the poster), then the poster: its last job still
+    // lands in pending_, and its destructor waits, bounded, for the copies still writing into
+    // peer mappings before those batches fail here.
     stop_ = true;
     Wake();
     if (progress_.joinable()) progress_.join();
-    // Copies still running write into peer mappings; let them finish before failing them.
-    for (Channel& channel : channels_) {
-      if (channel.stream.get() == nullptr) continue;
-      DeviceGuard guard(device_);
-      cudaStreamSynchronize(channel.stream.get());
-    }
+    poster_.reset();
     for (Pending& p : pending_) {
       if (!p.is_note) p.done(Status::Aborted("cuda_ipc transport destroyed"));
     }
@@ -226,6 +193,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       if (peers_.erase(peer) == 0) return;
       TakePendingOf(peer, &failed);
     }
+    poster_->TakeQueued(peer, &failed);
     for (Completion& done : failed) done(Status::Aborted("cuda_ipc: peer disconnected"));
   }
 
@@ -282,6 +250,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     return post_after(batch, nullptr, std::move(done));
   }
 
+  // Validates here, on the caller's thread; encoding and launching happen on the poster's
+  // (poster.h), which hands the batch back through OnLaunched.
   Status post_after(const Batch& batch, void* cuda_event, Completion done) override {
     auto* local = dynamic_cast<const IpcRegistration*>(batch.local);
     auto* remote = dynamic_cast<const IpcRemote*>(batch.remote);
@@ -289,42 +259,19 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       return Status::InvalidArgument("cuda_ipc: batch names memory of another transport");
     }
     KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
+    KV_RETURN_IF_ERROR(CheckPeer(remote->peer()));
     const bool put = batch.op == Op::kPut;
     char* local_base = static_cast<char*>(local->base());
-    void* dst = put ? static_cast<void*>(remote->base()) : local_base;
-    const void* src = put ? static_cast<const void*>(local_base) : remote->base();
-
-    std::lock_guard lock(mu_);
-    auto it = peers_.find(remote->peer());
-    if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
-    if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
-    DeviceGuard guard(device_);
-    // A finished batch's event, recorded again: no cudaEventCreate here, no cudaEventDestroy
-    // under mu_ in CompleteReady.
-    CudaEvent event;
-    if (!spare_events_.empty()) {
-      event = std::move(spare_events_.back());
-      spare_events_.pop_back();
-    } else {
-      KV_ASSIGN_OR_RETURN(event, CudaEvent::Create(device_));
-    }
-    const int index = next_channel_;
-    Channel& channel = channels_[index];
-    cudaStream_t stream = channel.stream.get();
-    if (cuda_event != nullptr) {
-      KV_RETURN_IF_ERROR(
-          CudaStatus(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(cuda_event), 0),
-                     "cudaStreamWaitEvent"));
-    }
-    KV_RETURN_IF_ERROR(
-        channel.copier->Copy(src, dst, batch.runs, kernels::CopyDirection::kPeer, stream));
-    KV_RETURN_IF_ERROR(
-        channel.copier->CopyGroups(src, dst, batch.groups, kernels::CopyDirection::kPeer, stream));
-    KV_RETURN_IF_ERROR(event.Record(stream));
-    next_channel_ = (next_channel_ + 1) % kChannels;
-    pending_.push_back(Pending{
-        remote->peer(), false, index, std::move(event), std::move(done), batch.deadline, {}});
-    Wake();  // the progress thread starts watching the batch's event now (see ProgressLoop)
+    gpu::PostJob job;
+    job.peer = remote->peer();
+    job.deadline = batch.deadline;
+    job.src = put ? static_cast<const void*>(local_base) : remote->base();
+    job.dst = put ? static_cast<void*>(remote->base()) : local_base;
+    job.runs.assign(batch.runs.begin(), batch.runs.end());
+    job.groups.assign(batch.groups.begin(), batch.groups.end());
+    job.wait_event = cuda_event;
+    job.done = std::move(done);
+    poster_->Submit(std::move(job));
     return Status::Ok();
   }
 
@@ -332,13 +279,13 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (message.size() > gpu::kMaxFrameBytes) {
       return Status::InvalidArgument("cuda_ipc: notification too large");
     }
-    std::lock_guard lock(mu_);
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
-    if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
-    pending_.push_back(
-        Pending{peer, true, -1, {}, {}, Clock::now() + connect_timeout_, std::move(message)});
-    Wake();
+    KV_RETURN_IF_ERROR(CheckPeer(peer));
+    gpu::PostJob job;
+    job.peer = peer;
+    job.is_note = true;
+    job.deadline = Clock::now() + connect_timeout_;
+    job.note = std::move(message);
+    poster_->Submit(std::move(job));  // behind the batches posted before it (poster.h)
     return Status::Ok();
   }
 
@@ -356,12 +303,59 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   struct Pending {
     PeerId peer;
     bool is_note;
-    int channel;  // batches: the index into channels_ it runs on
+    int channel;  // batches: the poster's channel it runs on
     CudaEvent event;
     Completion done;
     Clock::time_point deadline;
     std::string note;
+    Status launch_error = Status::Ok();  // what the batch completes with once its event fired
   };
+
+  Status CheckPeer(PeerId peer) {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
+    if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
+    return Status::Ok();
+  }
+
+  // On the poster's thread, in submission order: the batch's copies are enqueued (or failed),
+  // or the note's turn came; either now waits in pending_ for the progress thread.
+  void OnLaunched(gpu::PostJob job, gpu::Launch launch) {
+    Status gone = Status::Ok();
+    {
+      std::lock_guard lock(mu_);
+      auto it = peers_.find(job.peer);
+      if (it == peers_.end()) {
+        gone = Status::Aborted("cuda_ipc: peer disconnected");
+      } else if (it->second->dead) {
+        gone = Status::Unavailable("cuda_ipc: peer process is gone");
+      } else if (job.is_note) {
+        pending_.push_back(Pending{job.peer, true, -1, {}, {}, job.deadline, std::move(job.note)});
+      } else if (launch.event.get() != nullptr) {
+        pending_.push_back(Pending{job.peer,
+                                   false,
+                                   launch.channel,
+                                   std::move(launch.event),
+                                   std::move(job.done),
+                                   job.deadline,
+                                   {},
+                                   launch.status});
+      }
+    }
+    if (job.is_note || !job.done) {
+      Wake();
+      return;
+    }
+    // Disconnect and MarkDead failed the peer's batches already; this one was in the poster's
+    // hands then. Without an event, nothing of the batch runs: it fails now.
+    if (!gone.ok()) {
+      job.done(gone);
+    } else {
+      job.done(launch.status.ok() ? Status::Internal("cuda_ipc: no event behind a launch")
+                                  : launch.status);
+    }
+  }
   struct Incoming {
     Socket socket;
     FrameReader reader;
@@ -476,6 +470,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       it->second->dead = true;
       TakePendingOf(id, &failed);
     }
+    poster_->TakeQueued(id, &failed);
     for (Completion& done : failed) done(Status::Unavailable("cuda_ipc: peer process is gone"));
   }
 
@@ -484,6 +479,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     std::vector<std::pair<Completion, Status>> finished;
     std::vector<std::pair<std::shared_ptr<Peer>, Pending>> notes;
     std::vector<PeerId> dead;
+    std::vector<CudaEvent> spare;
     {
       std::lock_guard lock(mu_);
       std::set<PeerId> busy_peers;  // peers with an unfinished batch earlier in the queue
@@ -513,16 +509,15 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
           continue;
         }
         Status status = !done.ok() ? done.status()
-                        : *done    ? Status::Ok()
+                        : *done    ? it->launch_error
                                    : Status::Timeout("cuda_ipc: batch passed its deadline");
         // Only an event whose work completed is reused; one of a failed or late batch is not.
-        if (done.ok() && *done && spare_events_.size() < kSpareEvents) {
-          spare_events_.push_back(std::move(it->event));
-        }
+        if (done.ok() && *done) spare.push_back(std::move(it->event));
         finished.emplace_back(std::move(it->done), std::move(status));
         it = pending_.erase(it);
       }
     }
+    for (CudaEvent& event : spare) poster_->Recycle(std::move(event));
     for (auto& [done, status] : finished) done(std::move(status));
     for (auto& [peer, note] : notes) {
       if (!peer->socket.SendFrame(note.note, note.deadline).ok()) dead.push_back(note.peer);
@@ -535,18 +530,12 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   const std::chrono::milliseconds connect_timeout_;
   const std::optional<kernels::CopyPath> copy_path_;
   const std::string host_id_;
-  struct Channel {
-    CudaStream stream;
-    std::unique_ptr<gpu::RunCopier> copier;
-  };
-  std::array<Channel, kChannels> channels_;  // guarded by mu_
-  int next_channel_ = 0;                     // guarded by mu_
-  std::vector<CudaEvent> spare_events_;      // of finished batches; guarded by mu_
   Listener listener_;
   std::shared_ptr<gpu::FdServer> fd_server_;  // shared with the VMM registrations it serves
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::thread progress_;
+  std::unique_ptr<gpu::Poster> poster_;  // its thread calls OnLaunched: reset in the destructor
 
   std::mutex mu_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;

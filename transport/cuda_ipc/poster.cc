@@ -1,0 +1,169 @@
+#include "transport/cuda_ipc/poster.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+namespace kv::transport::gpu {
+
+namespace {
+
+// Spare events kept for later batches (each batch records one).
+constexpr size_t kSpareEvents = 256;
+
+// Waits for `stream`'s work, polling, for at most `timeout`; false when it did not finish (or
+// failed) in time.
+bool DrainStream(cudaStream_t stream, std::chrono::nanoseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) {
+      cudaGetLastError();  // reported by the failed batch's own event, not left to a later call
+      return false;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Poster>> Poster::Start(int device, std::optional<kernels::CopyPath> forced,
+                                              Launched launched) {
+  std::unique_ptr<Poster> poster(new Poster(device, std::move(launched)));
+  poster->channels_.resize(kChannels);
+  for (Channel& channel : poster->channels_) {
+    KV_ASSIGN_OR_RETURN(channel.stream, CudaStream::Create(device));
+    KV_ASSIGN_OR_RETURN(channel.copier, RunCopier::Create(device, forced));
+  }
+  poster->thread_ = std::thread([p = poster.get()] { p->Loop(); });
+  return poster;
+}
+
+Poster::~Poster() {
+  std::deque<PostJob> left;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    left.swap(queue_);
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (PostJob& job : left) {
+    if (!job.is_note && job.done) job.done(Status::Aborted("cuda_ipc transport destroyed"));
+  }
+  DeviceGuard guard(device_);
+  for (Channel& channel : channels_) {
+    if (channel.stream.get() != nullptr) DrainStream(channel.stream.get(), kDrainTimeout);
+  }
+}
+
+void Poster::Submit(PostJob job) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  wake_.notify_one();
+}
+
+void Poster::TakeQueued(PeerId peer, std::vector<Completion>* failed) {
+  std::lock_guard lock(mu_);
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->peer != peer) {
+      ++it;
+      continue;
+    }
+    if (!it->is_note && it->done) failed->push_back(std::move(it->done));
+    it = queue_.erase(it);
+  }
+}
+
+void Poster::Recycle(CudaEvent event) {
+  std::lock_guard lock(mu_);
+  if (spare_events_.size() < kSpareEvents) spare_events_.push_back(std::move(event));
+}
+
+Result<CudaEvent> Poster::TakeEvent() {
+  {
+    std::lock_guard lock(mu_);
+    if (!spare_events_.empty()) {
+      CudaEvent event = std::move(spare_events_.back());
+      spare_events_.pop_back();
+      return event;
+    }
+  }
+  return CudaEvent::Create(device_);
+}
+
+void Poster::Loop() {
+  DeviceGuard guard(device_);
+  while (true) {
+    PostJob job;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Launch launch;
+    if (job.is_note) {
+      // nothing to launch: the note only keeps its place behind the batches before it
+    } else if (Clock::now() >= job.deadline) {
+      launch.status = Status::Timeout("cuda_ipc: batch passed its deadline before it was posted");
+    } else {
+      launch = LaunchBatch(job);
+    }
+    launched_(std::move(job), std::move(launch));
+  }
+}
+
+Launch Poster::LaunchBatch(const PostJob& job) {
+  Launch launch;
+  launch.channel = next_channel_;
+  next_channel_ = (next_channel_ + 1) % kChannels;
+  Channel& channel = channels_[launch.channel];
+  cudaStream_t stream = channel.stream.get();
+  auto event = TakeEvent();
+  if (!event.ok()) {
+    launch.status = event.status();  // nothing enqueued yet
+    return launch;
+  }
+  Status s = Status::Ok();
+  if (job.wait_event != nullptr) {
+    s = CudaStatus(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(job.wait_event), 0),
+                   "cudaStreamWaitEvent");
+  }
+  bool enqueued = false;  // whether any copy may be on the stream
+  if (s.ok() && !job.runs.empty()) {
+    enqueued = true;
+    s = channel.copier->Copy(job.src, job.dst, job.runs, kernels::CopyDirection::kPeer, stream);
+  }
+  if (s.ok() && !job.groups.empty()) {
+    enqueued = true;
+    s = channel.copier->CopyGroups(job.src, job.dst, job.groups, kernels::CopyDirection::kPeer,
+                                   stream);
+  }
+  launch.status = s;
+  // Behind every successful launch, and behind a failed one that may have enqueued copies:
+  // the batch completes only once they stopped writing.
+  if (s.ok() || enqueued) {
+    Status recorded = event->Record(stream);
+    if (recorded.ok()) {
+      launch.event = std::move(event).value();
+    } else if (s.ok()) {
+      launch.status = recorded;
+    }
+  }
+  if (!launch.status.ok() && enqueued && launch.event.get() == nullptr) {
+    // No event behind copies that may still run: wait for the channel here, bounded.
+    if (!DrainStream(stream, kDrainTimeout)) {
+      launch.status = launch.status.WithContext("copies of the failed batch still ran after " +
+                                                std::to_string(kDrainTimeout.count()) + " s");
+    }
+  }
+  return launch;
+}
+
+}  // namespace kv::transport::gpu

@@ -1,0 +1,116 @@
+// The cuda_ipc backend's posting thread: encodes a batch's copy table and launches its copies
+// away from the thread that posted it.
+//
+// Why: kvd's io thread posts every layer of every request. Encoding and launching a TP 1 -> 2
+// batch (4096 run groups) took it ~150 us, ~5 ms of a 13 ms wave of 8 requests, while the
+// engine's saves and the decode side's WantRequests waited behind it and the GPU was fed late
+// (benchmarks/pd_gpu.md, sixth session). Behind the poster the caller only validates the batch
+// and copies its run list; launches overlap with the caller's next work.
+//
+// Jobs run one at a time in submission order, round-robin over kChannels streams, each with its
+// own RunCopier; streams and copiers belong to the poster's thread alone. Every job is handed to
+// `launched` in submission order, notifications included, so a note submitted after a batch is
+// still behind it there. A batch is handed over with the channel it ran on, the event recorded
+// behind its copies, and the launch status. A launch that failed part-way still has an event
+// behind whatever it enqueued when one could be recorded: its completion has to wait for those
+// copies, which write into the peer's memory all the same.
+//
+// A job whose deadline passed while it was queued is not launched: `launched` gets it with
+// kTimeout and no event.
+//
+// Thread-safety: Submit, TakeQueued and Recycle from any thread. `launched` runs on the poster's
+// thread with no lock of the poster's held; it must not call Submit synchronously in a way that
+// waits for the poster.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/plan_copy.h"
+#include "layout/plan.h"
+#include "layout/status.h"
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/run_copier.h"
+#include "transport/transport.h"
+
+namespace kv::transport::gpu {
+
+// A batch to copy, or a notification to queue behind the batches before it.
+struct PostJob {
+  PeerId peer = 0;
+  bool is_note = false;
+  Clock::time_point deadline;
+  // Batches:
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::vector<Run> runs;
+  std::vector<RunGroup> groups;
+  void* wait_event = nullptr;  // a cudaEvent_t the copies wait for, or nullptr
+  Completion done;
+  // Notes:
+  std::string note;
+};
+
+// How a batch's launch went.
+struct Launch {
+  int channel = -1;
+  CudaEvent event;  // behind the batch's copies; empty when nothing could be recorded
+  Status status;    // the launch error, if any
+};
+
+class Poster {
+ public:
+  static constexpr int kChannels = 4;
+  using Launched = std::function<void(PostJob job, Launch launch)>;
+
+  // Creates the channels on `device` and starts the thread. `forced` as in RunCopier::Create.
+  static Result<std::unique_ptr<Poster>> Start(int device, std::optional<kernels::CopyPath> forced,
+                                               Launched launched);
+  // Stops the thread after the job in hand; the batches still queued complete with kAborted
+  // (their notes are dropped). Then waits, at most kDrainTimeout per channel, for the copies on
+  // the channels to finish, since they write into mappings the caller is about to close.
+  ~Poster();
+  Poster(const Poster&) = delete;
+  Poster& operator=(const Poster&) = delete;
+
+  void Submit(PostJob job);
+  // Removes `peer`'s queued jobs and adds their batches' completions to *failed. A job of the
+  // peer already in hand still goes to `launched`.
+  void TakeQueued(PeerId peer, std::vector<Completion>* failed);
+  // An event whose batch finished, for a later batch to record again: no cudaEventCreate on the
+  // posting path.
+  void Recycle(CudaEvent event);
+
+  static constexpr auto kDrainTimeout = std::chrono::seconds(10);
+
+ private:
+  struct Channel {
+    CudaStream stream;
+    std::unique_ptr<RunCopier> copier;
+  };
+  Poster(int device, Launched launched) : device_(device), launched_(std::move(launched)) {}
+  void Loop();
+  Launch LaunchBatch(const PostJob& job);
+  Result<CudaEvent> TakeEvent();
+
+  const int device_;
+  const Launched launched_;
+  std::vector<Channel> channels_;  // the poster's thread only (and Start / the destructor)
+  int next_channel_ = 0;           // likewise
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<PostJob> queue_;            // guarded by mu_
+  std::vector<CudaEvent> spare_events_;  // guarded by mu_
+  bool stop_ = false;                    // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace kv::transport::gpu

@@ -69,6 +69,23 @@ kv::LayoutSpec Spec(const kv_layout& l) {
   return s;
 }
 
+kv::Result<kv::connector::LoadSpec> Load(const kv_load& load) {
+  KV_RETURN_IF_ERROR(NeedNonNull(load.request, "request"));
+  KV_RETURN_IF_ERROR(NeedNonNull(load.params, "params"));
+  KV_RETURN_IF_ERROR(NeedNonNull(load.block_ids, "block_ids"));
+  const kv_transfer_params& params = *load.params;
+  kv::connector::LoadSpec out;
+  out.request = load.request;
+  out.params.peer_name = std::string(params.peer_name, strnlen(params.peer_name, 256));
+  out.params.peer_address = std::string(params.peer_address, strnlen(params.peer_address, 256));
+  out.params.request_id = std::string(params.request_id, strnlen(params.request_id, 256));
+  out.params.tokens = params.tokens;
+  out.params.mode =
+      params.mode == KV_MODE_PULL ? kv::connector::Mode::kPull : kv::connector::Mode::kPush;
+  out.block_ids = {load.block_ids, load.count};
+  return out;
+}
+
 kv::connector::ConnectorOptions Options(const char* instance, int rank, int size, int timeout_ms) {
   kv::connector::ConnectorOptions o;
   o.instance = instance;
@@ -229,16 +246,26 @@ int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params
                   const int64_t* block_ids, size_t count, kv_error* err) {
   return Guarded(err, [&]() -> kv::Status {
     KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(request, "request"));
-    KV_RETURN_IF_ERROR(NeedNonNull(params, "params"));
-    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
-    kv::connector::TransferParams p;
-    p.peer_name = std::string(params->peer_name, strnlen(params->peer_name, 256));
-    p.peer_address = std::string(params->peer_address, strnlen(params->peer_address, 256));
-    p.request_id = std::string(params->request_id, strnlen(params->request_id, 256));
-    p.tokens = params->tokens;
-    p.mode = params->mode == KV_MODE_PULL ? kv::connector::Mode::kPull : kv::connector::Mode::kPush;
-    return c->impl->StartLoad(request, p, {block_ids, count});
+    KV_ASSIGN_OR_RETURN(auto load, Load({request, params, block_ids, count}));
+    return c->impl->StartLoad(load.request, load.params, load.block_ids);
+  });
+}
+
+int kv_start_loads(kv_connector* c, const kv_load* loads, size_t n, kv_error* results,
+                   kv_error* err) {
+  return Guarded(err, [&]() -> kv::Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+    KV_RETURN_IF_ERROR(NeedNonNull(loads, "loads"));
+    KV_RETURN_IF_ERROR(NeedNonNull(results, "results"));
+    std::vector<kv::connector::LoadSpec> specs;
+    for (size_t i = 0; i < n; ++i) {
+      auto load = Load(loads[i]);
+      if (!load.ok()) return load.status().WithContext("load " + std::to_string(i));
+      specs.push_back(std::move(load).value());
+    }
+    KV_ASSIGN_OR_RETURN(auto started, c->impl->StartLoads(specs));
+    for (size_t i = 0; i < n; ++i) Report(started[i], &results[i]);
+    return kv::Status::Ok();
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "connector/client.h"
@@ -46,6 +47,14 @@ Status CheckEngineRequestId(const std::string& id) {
                                    std::string(kOffloadPrefix) + "' are reserved for offload ops");
   }
   return Status::Ok();
+}
+
+void ToWire(const LoadSpec& load, proto::StartLoad* out) {
+  out->set_request_id(load.request);
+  out->set_peer_address(load.params.peer_address);
+  out->set_tokens(load.params.tokens);
+  out->set_mode(load.params.mode == Mode::kPull ? proto::MODE_PULL : proto::MODE_PUSH);
+  out->mutable_block_ids()->Add(load.block_ids.begin(), load.block_ids.end());
 }
 
 template <typename Field>
@@ -227,17 +236,49 @@ Status Connector::StartLoad(const std::string& request, const TransferParams& pa
                             std::span<const int64_t> local_block_ids) {
   KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
   proto::EngineMessage m;
-  auto* load = m.mutable_start_load();
-  load->set_request_id(request);
-  load->set_peer_address(params.peer_address);
-  load->set_tokens(params.tokens);
-  load->set_mode(params.mode == Mode::kPull ? proto::MODE_PULL : proto::MODE_PUSH);
-  load->mutable_block_ids()->Add(local_block_ids.begin(), local_block_ids.end());
+  ToWire(LoadSpec{request, params, local_block_ids}, m.mutable_start_load());
   // Registered before the call: the first LayerReady may overtake the reply.
   client_->ExpectLoad(request, {local_block_ids.begin(), local_block_ids.end()});
   Status s = client_->Call(std::move(m)).status();
   if (!s.ok()) client_->ForgetLoad(request);
   return s;
+}
+
+Result<std::vector<Status>> Connector::StartLoads(std::span<const LoadSpec> loads) {
+  if (loads.empty()) return Status::InvalidArgument("start_loads names no loads");
+  std::vector<Status> results(loads.size());
+  std::vector<size_t> sent;  // indices into `loads` of the message's loads, in its order
+  std::set<std::string_view> ids;
+  proto::EngineMessage m;
+  for (size_t i = 0; i < loads.size(); ++i) {
+    const LoadSpec& load = loads[i];
+    results[i] = CheckEngineRequestId(load.request);
+    // A second load of one id would share the first's events and forget them if refused.
+    if (results[i].ok() && !ids.insert(load.request).second) {
+      results[i] = Status::InvalidArgument("request " + load.request +
+                                           " appears more than once in one start_loads");
+    }
+    if (!results[i].ok()) continue;
+    ToWire(load, m.mutable_start_loads()->add_loads());
+    sent.push_back(i);
+  }
+  if (sent.empty()) return results;
+  for (size_t i : sent) {
+    client_->ExpectLoad(loads[i].request, {loads[i].block_ids.begin(), loads[i].block_ids.end()});
+  }
+  auto reply = client_->Call(std::move(m));
+  Status error = reply.status();
+  if (error.ok() && reply->loads().errors_size() != static_cast<int>(sent.size())) {
+    error = Status::Internal("kvd answered " + std::to_string(reply->loads().errors_size()) +
+                             " results for " + std::to_string(sent.size()) + " loads");
+  }
+  for (size_t k = 0; k < sent.size(); ++k) {
+    const size_t i = sent[k];
+    if (error.ok()) results[i] = daemon::FromWire(reply->loads().errors(static_cast<int>(k)));
+    if (!error.ok() || !results[i].ok()) client_->ForgetLoad(loads[i].request);
+  }
+  if (!error.ok()) return error;
+  return results;
 }
 
 Status Connector::WaitLayer(const std::string& request, int layer) {

@@ -7,7 +7,7 @@
 //
 //   prefill rank:  RegisterKvCaches (host) or RegisterGpuKvCaches (cudaMalloc'ed)
 //                  → per layer: (write K/V) → SaveLayer → RequestFinished
-//   decode rank:   RegisterKvCaches → StartLoad → per layer: WaitLayer → (attend)
+//   decode rank:   RegisterKvCaches → StartLoad (or StartLoads) → per layer: WaitLayer → (attend)
 //   both:          GetFinished / GetFailedBlocks once per step
 //   CPU offload:   OffloadStore → (op.Wait) ... OffloadLookup → OffloadLoad → op.WaitLayer / Wait
 //
@@ -54,6 +54,16 @@ struct TransferParams {
   std::vector<int64_t> remote_block_ids;  // prefill rank 0's blocks (informational)
   int64_t tokens = 0;  // prompt tokens to move; the decode side knows its prompt length
   Mode mode = Mode::kPush;
+};
+
+// The most loads one Connector::StartLoads may carry: kvd's bound (daemon/engine_session.cc).
+inline constexpr size_t kMaxLoadsPerCall = 1024;
+
+// One load of Connector::StartLoads.
+struct LoadSpec {
+  std::string request;
+  TransferParams params;
+  std::span<const int64_t> block_ids;  // local blocks; read during the call only
 };
 
 struct ConnectorOptions {
@@ -193,6 +203,13 @@ class Connector {
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
   Status StartLoad(const std::string& request, const TransferParams& params,
                    std::span<const int64_t> local_block_ids);
+  // StartLoad for every load of `loads` (a scheduler step's) in one round trip to kvd: kvd
+  // starts them in order and asks their sources for them at once. Returns, per load in order,
+  // what StartLoad would have returned; one refused does not stop the others (request ids twice
+  // in one batch: the second is refused). The call's own error means no load started: an empty
+  // batch, more than kMaxLoadsPerCall, or StartLoad's errors of the call itself
+  // (kTimeout, kUnavailable). Needs a kvd of protocol 3.
+  Result<std::vector<Status>> StartLoads(std::span<const LoadSpec> loads);
   // Blocks until `layer` of `request` is in place (for GPU caches: kvd's copy completed on the
   // device, so work the engine enqueues afterwards sees the bytes): OK, the request's error, or
   // kTimeout.

@@ -94,6 +94,19 @@ int kv_request_finished_with_blocks(kv_connector* c, const char* request, kv_tra
                                     kv_error* err);
 int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,
                   const int64_t* block_ids, size_t count, kv_error* err);
+/* One load of kv_start_loads. */
+typedef struct {
+  const char* request;
+  const kv_transfer_params* params;
+  const int64_t* block_ids;
+  size_t count;
+} kv_load;
+/* kv_start_load for `n` loads in one round trip to kvd (at most 1024). Returns 0 when kvd
+ * answered: then results[i] (n entries, caller-allocated) holds load i's outcome, code 0 when it
+ * started; one refused does not stop the others. Otherwise the batch's error, and no load
+ * started. */
+int kv_start_loads(kv_connector* c, const kv_load* loads, size_t n, kv_error* results,
+                   kv_error* err);
 int kv_wait_layer(kv_connector* c, const char* request, int layer, kv_error* err);
 
 /* Calls on_request(ctx, id, sent) for every request finished since the last call: sent = 1 on

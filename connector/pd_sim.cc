@@ -220,13 +220,23 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       threads.emplace_back([&, &e = e] {
         start_together();
         if (c.mode == Mode::kPull) prefill_finished.wait();
+        // The wave's loads in one round trip, as a worker's start_load_kv hands over a step's:
+        // the source hears of every request at once, not one kvd round trip after the other.
+        std::vector<LoadSpec> loads;
         for (int j = 0; j < count; ++j) {
           TransferParams params;
           params.peer_address = source.listen_address();
           params.request_id = ids[j];
           params.tokens = c.tokens;
           params.mode = c.mode;
-          fail(j, e.connector->StartLoad(ids[j], params, dst_blocks[j]));
+          loads.push_back(LoadSpec{ids[j], std::move(params), dst_blocks[j]});
+        }
+        for (size_t begin = 0; begin < loads.size(); begin += kMaxLoadsPerCall) {
+          const size_t n = std::min(kMaxLoadsPerCall, loads.size() - begin);
+          auto started = e.connector->StartLoads(std::span(loads).subspan(begin, n));
+          for (size_t k = 0; k < n; ++k) {
+            fail(static_cast<int>(begin + k), started.ok() ? (*started)[k] : started.status());
+          }
         }
         auto check = [&](int64_t l, int j) {
           return fail(j, memory->Check(e.rank, j, ids[j], seeds[j], l, dst_blocks[j]));

@@ -240,6 +240,9 @@ class Daemon::Core {
   void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
   Status HandleHello(Engine& engine, const proto::EngineHello& hello);
   Result<uint32_t> HandleRegister(Engine& engine, const proto::RegisterRegion& reg);
+  // Every load as StartLoad would take it, one result each. Takes the engine's id, not the
+  // engine: a load's failure may close the engine (its send backlog overflows) mid-batch.
+  Result<proto::LoadResults> StartLoads(uint64_t engine_id, const proto::StartLoads& batch);
   Engine* FindEngine(uint64_t id);
 
   // ---- gpu_regions.cc ----

@@ -9,6 +9,14 @@
 
 namespace kv::daemon {
 
+namespace {
+
+// Loads of one StartLoads: at least a scheduler step's worth of requests (vLLM's max_num_seqs),
+// and the reply (one Error each) stays small. connector.h's kMaxLoadsPerCall mirrors it.
+constexpr int kMaxLoadsPerBatch = 1024;
+
+}  // namespace
+
 void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
   if (check_credentials) {
     ucred cred{};
@@ -119,6 +127,13 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
     case proto::EngineMessage::kStartLoad:
       reply_to(StartLoad(*engine, m.start_load()));
       return;
+    case proto::EngineMessage::kStartLoads: {
+      auto results = StartLoads(engine_id, m.start_loads());
+      proto::Reply reply;
+      if (results.ok()) *reply.mutable_loads() = std::move(*results);
+      reply_to(results.status(), &reply);
+      return;
+    }
     case proto::EngineMessage::kOffloadStore:
     case proto::EngineMessage::kOffloadLookup:
     case proto::EngineMessage::kOffloadLoad: {
@@ -136,9 +151,11 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
 }
 
 Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello) {
-  if (hello.protocol_version() != proto::PROTOCOL_VERSION) {
+  if (hello.protocol_version() < proto::OLDEST_ENGINE_PROTOCOL ||
+      hello.protocol_version() > proto::PROTOCOL_VERSION) {
     return Status::Incompatible("engine speaks protocol " +
                                 std::to_string(hello.protocol_version()) + ", kvd speaks " +
+                                std::to_string(proto::OLDEST_ENGINE_PROTOCOL) + " to " +
                                 std::to_string(proto::PROTOCOL_VERSION));
   }
   if (engine.hello) return Status::AlreadyExists("hello sent twice");
@@ -163,6 +180,25 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
   spdlog::info("kvd {}: engine {} rank {}/{} connected", options_.name, engine.instance,
                engine.tp_rank, engine.tp_size);
   return Status::Ok();
+}
+
+Result<proto::LoadResults> Daemon::Core::StartLoads(uint64_t engine_id,
+                                                    const proto::StartLoads& batch) {
+  if (batch.loads().empty()) return Status::InvalidArgument("start_loads names no loads");
+  if (batch.loads_size() > kMaxLoadsPerBatch) {
+    return Status::InvalidArgument("start_loads takes at most " +
+                                   std::to_string(kMaxLoadsPerBatch) + " loads, not " +
+                                   std::to_string(batch.loads_size()));
+  }
+  proto::LoadResults results;
+  for (const proto::StartLoad& load : batch.loads()) {
+    Engine* engine = FindEngine(engine_id);
+    const Status s = engine != nullptr
+                         ? StartLoad(*engine, load)
+                         : Status::Aborted("the engine's connection closed during start_loads");
+    ToWire(s, results.add_errors());
+  }
+  return results;
 }
 
 Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wire_layout,

@@ -80,4 +80,55 @@ TEST(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
   kv_daemon_stop(d);
 }
 
+TEST(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
+  kv_error err{};
+  kv_daemon *p = nullptr, *d = nullptr;
+  ASSERT_EQ(kv_daemon_start("p", "127.0.0.1:0", "local", &p, &err), 0) << err.message;
+  ASSERT_EQ(kv_daemon_start("d", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
+  kv_connector *prefill = nullptr, *decode = nullptr;
+  ASSERT_EQ(kv_connector_open_embedded(p, "prefill", 0, 1, 5000, &prefill, &err), 0) << err.message;
+  ASSERT_EQ(kv_connector_open_embedded(d, "decode", 0, 1, 5000, &decode, &err), 0) << err.message;
+  kv_layout layout = Layout();
+  void *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(kv_register_kv_caches(prefill, &layout, 1, &src, &err), 0) << err.message;
+  ASSERT_EQ(kv_register_kv_caches(decode, &layout, 1, &dst, &err), 0) << err.message;
+  kv_transfer_params params{};
+  std::snprintf(params.peer_address, sizeof(params.peer_address), "%s", kv_daemon_address(p));
+  params.tokens = 4;  // one block
+  const int64_t a_blocks[] = {3}, bad_blocks[] = {8}, b_blocks[] = {4};
+  const kv_load loads[] = {
+      {"a", &params, a_blocks, 1}, {"bad", &params, bad_blocks, 1}, {"b", &params, b_blocks, 1}};
+  kv_error results[3] = {};
+  ASSERT_EQ(kv_start_loads(decode, loads, 3, results, &err), 0) << err.message;
+  EXPECT_EQ(results[0].code, 0) << results[0].message;
+  EXPECT_EQ(results[1].code, 2) << results[1].message;  // out of range
+  EXPECT_NE(std::string(results[1].message).find("block id 8"), std::string::npos);
+  EXPECT_EQ(results[2].code, 0) << results[2].message;
+  const char* ids[] = {"a", "b"};
+  const int64_t src_blocks[] = {1, 2};
+  for (int r = 0; r < 2; ++r) {
+    for (int l = 0; l < 2; ++l) {
+      std::memset(kv::c_api_test::SmallPage(src, l, static_cast<int>(src_blocks[r])), 0x50 + r,
+                  128);
+      ASSERT_EQ(kv_save_layer(prefill, ids[r], l, &src_blocks[r], 1, &err), 0) << err.message;
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_EQ(kv_wait_layer(decode, ids[r], l, &err), 0) << err.message;
+      const char* page = kv::c_api_test::SmallPage(dst, l, r == 0 ? 3 : 4);
+      for (int i = 0; i < 128; ++i) ASSERT_EQ(page[i], 0x50 + r);
+    }
+  }
+  // The batch's own errors: nothing to report results into, an empty batch.
+  EXPECT_EQ(kv_start_loads(decode, loads, 3, nullptr, &err), 1);
+  EXPECT_EQ(kv_start_loads(decode, loads, 0, results, &err), 1);
+  EXPECT_NE(std::string(err.message).find("no loads"), std::string::npos) << err.message;
+
+  kv_connector_close(prefill);
+  kv_connector_close(decode);
+  kv_daemon_stop(p);
+  kv_daemon_stop(d);
+}
+
 }  // namespace

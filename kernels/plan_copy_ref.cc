@@ -93,19 +93,15 @@ void CopyGroupsHost(const void* src_base, void* dst_base, std::span<const RunGro
   }
 }
 
-namespace {
-
-// Rows per chunk of a group whose rows fit a chunk.
-uint64_t RowsPerChunk(uint64_t length) {
-  return kPlanCopyChunkBytes / length;
-}
-
-}  // namespace
-
 uint64_t PlanCopyGroupChunks(const RunGroup& g) {
   if (g.length == 0) return 0;
   if (g.length > kPlanCopyChunkBytes) return g.count * PlanCopyRunChunks({0, 0, g.length});
-  const uint64_t per = RowsPerChunk(g.length);
+  // A group that fits one chunk (a TP 1 -> 2 page: 16 rows of 2 KiB) needs no division; both
+  // factors are at most 2^15 here, so the product cannot wrap.
+  if (g.count <= kPlanCopyChunkBytes && g.count * g.length <= kPlanCopyChunkBytes) {
+    return g.count != 0;
+  }
+  const uint64_t per = kPlanCopyChunkBytes / g.length;
   return (g.count + per - 1) / per;
 }
 
@@ -113,40 +109,61 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
                                                  uint64_t max_chunks, void* table) {
   static_assert(kPlanCopyChunkBytes <= (uint64_t{1} << 16), "rows and length must fit 16 bits");
   PlanCopyGroupChunk* __restrict out = static_cast<PlanCopyGroupChunk*>(table);
+  const RunGroup* __restrict in = groups.data();
+  const size_t count = groups.size();
   size_t i = 0;
   uint64_t chunks = 0;
   bool out_of_range = false;
+  // Rows per chunk for the length of the last group that needed it: a batch's groups nearly
+  // always share one length, so this divides once a batch rather than twice a group.
+  uint64_t per_length = 0, per = 0;
   // A chunk's first row; the kernel steps from it to the others.
   auto put = [&](uint64_t src, uint64_t dst, uint64_t rows, uint64_t length, int64_t ss,
                  int64_t ds) {
     out_of_range |= src > kPlanCopyMaxOffset - length || dst > kPlanCopyMaxOffset - length;
     out[chunks++] = {src | (rows - 1) << 48, dst | (length - 1) << 48, ss, ds};
   };
-  for (; i < groups.size(); ++i) {
-    const RunGroup& g = groups[i];
+  auto too_small = [&](uint64_t need) {
+    return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
+                                   " chunks cannot hold a group of " + std::to_string(need));
+  };
+  for (; i < count; ++i) {
+    const RunGroup& g = in[i];
+    const uint64_t rows = g.count, length = g.length;
+    if (length == 0 || rows == 0) continue;  // no chunks (PlanCopyGroupChunks)
+    if (length <= kPlanCopyChunkBytes && rows <= kPlanCopyChunkBytes &&
+        rows * length <= kPlanCopyChunkBytes) {  // the common case: one chunk
+      if (chunks >= max_chunks) {
+        if (chunks > 0) break;
+        return too_small(1);
+      }
+      put(g.src_offset, g.dst_offset, rows, length, g.src_stride, g.dst_stride);
+      continue;
+    }
     const uint64_t need = PlanCopyGroupChunks(g);
-    if (need == 0) continue;
     if (chunks + need > max_chunks) {
       if (chunks > 0) break;
-      return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
-                                     " chunks cannot hold a group of " + std::to_string(need));
+      return too_small(need);
     }
-    if (g.length > kPlanCopyChunkBytes) {
-      out_of_range |= g.length > kPlanCopyMaxOffset;
-      for (uint64_t r = 0; r < g.count; ++r) {
-        const Run row = g.row(r);
-        for (uint64_t done = 0; done < row.length; done += kPlanCopyChunkBytes) {
-          const uint64_t take = std::min(kPlanCopyChunkBytes, row.length - done);
-          put(row.src_offset + done, row.dst_offset + done, 1, take, 0, 0);
+    const uint64_t src_step = static_cast<uint64_t>(g.src_stride);
+    const uint64_t dst_step = static_cast<uint64_t>(g.dst_stride);
+    uint64_t src = g.src_offset, dst = g.dst_offset;
+    if (length > kPlanCopyChunkBytes) {
+      out_of_range |= length > kPlanCopyMaxOffset;
+      for (uint64_t r = 0; r < rows; ++r, src += src_step, dst += dst_step) {
+        for (uint64_t done = 0; done < length; done += kPlanCopyChunkBytes) {
+          const uint64_t take = std::min(kPlanCopyChunkBytes, length - done);
+          put(src + done, dst + done, 1, take, 0, 0);
         }
       }
       continue;
     }
-    const uint64_t per = RowsPerChunk(g.length);
-    for (uint64_t r = 0; r < g.count; r += per) {
-      const Run row = g.row(r);
-      put(row.src_offset, row.dst_offset, std::min(per, g.count - r), g.length, g.src_stride,
-          g.dst_stride);
+    if (length != per_length) {
+      per_length = length;
+      per = kPlanCopyChunkBytes / length;
+    }
+    for (uint64_t r = 0; r < rows; r += per, src += per * src_step, dst += per * dst_step) {
+      put(src, dst, std::min(per, rows - r), length, g.src_stride, g.dst_stride);
     }
   }
   if (out_of_range) return Status::InvalidArgument("plan copy offsets must stay below 2^48");

@@ -181,6 +181,107 @@ TEST(PlanCopyRef, GroupTableRejectsTooSmallAndFarOffsets) {
   EXPECT_EQ(none->chunks, 0u);
 }
 
+// The group table by its definition, one group after another: rows of up to
+// kPlanCopyChunkBytes go kPlanCopyChunkBytes / length to a chunk, longer rows are cut into
+// single-row chunks. Returns the chunks of each group alongside.
+std::vector<PlanCopyGroupChunk> ReferenceGroupTable(std::span<const RunGroup> groups,
+                                                    std::vector<uint64_t>* per_group) {
+  constexpr uint64_t C = kPlanCopyChunkBytes;
+  std::vector<PlanCopyGroupChunk> table;
+  for (const RunGroup& g : groups) {
+    const size_t before = table.size();
+    for (uint64_t r = 0; g.length > 0 && r < g.count;) {
+      const kv::Run row = g.row(r);
+      if (g.length > C) {
+        for (uint64_t done = 0; done < g.length; done += C) {
+          const uint64_t take = std::min(C, g.length - done);
+          table.push_back(
+              {row.src_offset + done, (row.dst_offset + done) | (take - 1) << 48, 0, 0});
+        }
+        ++r;
+        continue;
+      }
+      const uint64_t rows = std::min(C / g.length, g.count - r);
+      table.push_back({row.src_offset | (rows - 1) << 48, row.dst_offset | (g.length - 1) << 48,
+                       g.src_stride, g.dst_stride});
+      r += rows;
+    }
+    per_group->push_back(table.size() - before);
+  }
+  return table;
+}
+
+// The encoder (one chunk without a division for a group that fits one, a division per new
+// length otherwise, rows stepped rather than recomputed) makes the reference's table and
+// prefixes, around every boundary of rows per chunk.
+TEST(PlanCopyRef, GroupTableMatchesTheDefinition) {
+  constexpr uint64_t C = kPlanCopyChunkBytes;
+  std::mt19937_64 rng(23);
+  const uint64_t lengths[] = {1, 3, 16, 2048, 2047, 2049, C / 3, C / 2, C - 1, C, C + 1, 3 * C};
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<RunGroup> groups;
+    const uint64_t shared = lengths[rng() % std::size(lengths)];
+    for (int i = 0; i < 60; ++i) {
+      RunGroup g;
+      // Mostly one length, as a batch's groups are, with others mixed in.
+      g.length = rng() % 4 ? shared : rng() % 5 == 0 ? 0 : lengths[rng() % std::size(lengths)];
+      const uint64_t per = g.length == 0 || g.length > C ? 1 : C / g.length;
+      const uint64_t pick = rng() % 6;
+      g.count = pick == 0   ? 0
+                : pick == 1 ? per
+                : pick == 2 ? per + 1
+                : pick == 3 ? per * 3
+                            : rng() % 40 + 1;
+      g.count = std::min<uint64_t>(g.count, 3000);
+      g.src_offset = rng() % (uint64_t{1} << 40);
+      g.dst_offset = rng() % (uint64_t{1} << 40);
+      g.src_stride = static_cast<int64_t>(rng() % 100000) - 50000;
+      g.dst_stride = static_cast<int64_t>(rng() % 100000) - 50000;
+      groups.push_back(g);
+    }
+    std::vector<uint64_t> per_group;
+    const auto want = ReferenceGroupTable(groups, &per_group);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      ASSERT_EQ(PlanCopyGroupChunks(groups[i]), per_group[i])
+          << "trial " << trial << " group " << i;
+    }
+    // Whole, then in prefixes of a random size: each takes the groups the reference says fit.
+    const uint64_t most = trial % 2 ? want.size() : rng() % 64 + 1;
+    std::vector<PlanCopyGroupChunk> got(want.size() + 1);
+    uint64_t filled = 0;
+    for (size_t at = 0; at < groups.size();) {
+      size_t fit = at;
+      uint64_t fit_chunks = 0;
+      while (fit < groups.size() && fit_chunks + per_group[fit] <= most)
+        fit_chunks += per_group[fit++];
+      auto prefix =
+          EncodePlanCopyGroupPrefix(std::span(groups).subspan(at), most, got.data() + filled);
+      if (fit_chunks == 0 && fit < groups.size()) {  // the next group alone is too large
+        ASSERT_EQ(prefix.status().code(), Code::kInvalidArgument) << "trial " << trial;
+        ASSERT_GT(per_group[fit], most);
+        groups[fit].count = 0;  // leave it out of the rest
+        per_group[fit] = 0;
+        continue;
+      }
+      ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+      ASSERT_EQ(prefix->runs, fit - at) << "trial " << trial << " at " << at;
+      ASSERT_EQ(prefix->chunks, fit_chunks);
+      at = fit;
+      filled += fit_chunks;
+    }
+    std::vector<uint64_t> unused;
+    const auto kept = ReferenceGroupTable(groups, &unused);
+    ASSERT_EQ(filled, kept.size());
+    for (uint64_t c = 0; c < filled; ++c) {
+      ASSERT_EQ(got[c].src_offset_and_rows, kept[c].src_offset_and_rows)
+          << "trial " << trial << " chunk " << c;
+      ASSERT_EQ(got[c].dst_offset_and_length, kept[c].dst_offset_and_length) << c;
+      ASSERT_EQ(got[c].src_stride, kept[c].src_stride) << c;
+      ASSERT_EQ(got[c].dst_stride, kept[c].dst_stride) << c;
+    }
+  }
+}
+
 TEST(PlanCopyRef, ChooserPrefersCopyEngineForLargeRuns) {
   int dummy_stream = 0;
   void* stream = &dummy_stream;

@@ -1,7 +1,9 @@
 // Run groups: compression round trips, the TP 1 -> 2 shape, bounds checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "layout/kv_region.h"
@@ -121,6 +123,134 @@ TEST(RunGroups, ValidateGroupsBoundsEveryRow) {
   EXPECT_EQ(check({0, 0, 0, 5, 0, 0}), Code::kInvalidArgument);
   EXPECT_EQ(check({100, 200, 100, 2, 0, -100}), Code::kOk);
   EXPECT_EQ(check({0, 0, 100, 1, 0, 0}), Code::kOk);  // one row: no step
+}
+
+// ValidateGroups decides most groups in 64-bit arithmetic and falls back to 128 bits where that
+// could wrap; these sit on both sides of the switch and of the bounds.
+TEST(RunGroups, ValidateGroupsAgreesAcrossTheWideFallback) {
+  constexpr uint64_t kMax = ~uint64_t{0};
+  constexpr uint64_t kTop = uint64_t{1} << 63;
+  auto check = [](RunGroup g, uint64_t src_bytes, uint64_t dst_bytes) {
+    return ValidateGroups(std::span(&g, 1), src_bytes, dst_bytes).code();
+  };
+  // The 64-bit path's limits (first offsets below 2^62, count - 1 below 2^30, steps below 2^32
+  // in magnitude), each met and passed by one, with the rows fitting and then one byte over.
+  constexpr uint64_t k62 = uint64_t{1} << 62, k30 = uint64_t{1} << 30, k32 = uint64_t{1} << 32;
+  for (uint64_t first : {k62 - 1, k62}) {
+    EXPECT_EQ(check({first, first, 8, 2, 8, 8}, first + 16, first + 16), Code::kOk) << first;
+    EXPECT_EQ(check({first, first, 8, 2, 8, 8}, first + 15, first + 16), Code::kOutOfRange);
+    EXPECT_EQ(check({first, first, 8, 2, 8, 8}, first + 16, first + 15), Code::kOutOfRange);
+    EXPECT_EQ(check({first, first, 8, 2, -8, -8}, first + 8, first + 8), Code::kOk);
+  }
+  for (uint64_t count : {k30, k30 + 1, k30 + 2}) {
+    const uint64_t end = (count - 1) * 16 + 8;
+    EXPECT_EQ(check({0, 0, 8, count, 16, 16}, end, end), Code::kOk) << count;
+    EXPECT_EQ(check({0, 0, 8, count, 16, 16}, end - 1, end), Code::kOutOfRange) << count;
+    EXPECT_EQ(check({0, 0, 8, count, 16, 16}, end, end - 1), Code::kOutOfRange) << count;
+    EXPECT_EQ(check({end - 8, end - 8, 8, count, -16, -16}, end, end), Code::kOk) << count;
+    EXPECT_EQ(check({end - 9, end - 8, 8, count, -16, -16}, end, end), Code::kOutOfRange);
+  }
+  for (uint64_t step : {k32 - 1, k32, k32 + 1}) {
+    const int64_t up = static_cast<int64_t>(step), down = -up;
+    const uint64_t end = 3 * step + 8;
+    EXPECT_EQ(check({0, 0, 8, 4, up, up}, end, end), Code::kOk) << step;
+    EXPECT_EQ(check({0, 0, 8, 4, up, up}, end - 1, end), Code::kOutOfRange) << step;
+    EXPECT_EQ(check({0, 0, 8, 4, up, up}, end, end - 1), Code::kOutOfRange) << step;
+    EXPECT_EQ(check({end - 8, end - 8, 8, 4, down, down}, end, end), Code::kOk) << step;
+    EXPECT_EQ(check({end - 9, end - 8, 8, 4, down, down}, end, end), Code::kOutOfRange);
+    EXPECT_EQ(check({0, end - 9, 8, 4, up, down}, end, end), Code::kOutOfRange);
+  }
+  // The last row ends exactly at the end, then one byte past it, on either side.
+  EXPECT_EQ(check({0, 0, 8, 3, 46, 8}, 100, 100), Code::kOk);
+  EXPECT_EQ(check({0, 0, 8, 3, 47, 8}, 100, 100), Code::kOutOfRange);
+  EXPECT_EQ(check({0, 0, 8, 3, 8, 46}, 100, 100), Code::kOk);
+  EXPECT_EQ(check({0, 0, 8, 3, 8, 47}, 100, 100), Code::kOutOfRange);
+  // Buffers of 2^64 - 1 bytes: offsets past 2^63 leave int64, so the wide path decides.
+  EXPECT_EQ(check({kMax - 8, kMax - 8, 8, 1, 0, 0}, kMax, kMax), Code::kOk);
+  EXPECT_EQ(check({kMax - 7, 0, 8, 1, 0, 0}, kMax, kMax), Code::kOutOfRange);
+  EXPECT_EQ(check({kTop - 16, 0, 8, 2, 8, 8}, kMax, kMax), Code::kOk);  // last row at 2^63 - 8
+  EXPECT_EQ(check({kTop - 16, 0, 8, 3, 8, 8}, kMax, kMax), Code::kOk);  // last row at 2^63
+  EXPECT_EQ(check({kTop, 0, 8, 2, -8, 8}, kMax, kMax), Code::kOk);      // first at 2^63
+  EXPECT_EQ(check({kTop - 8, 0, 8, 2, INT64_MAX, 8}, kMax, kMax), Code::kOk);  // ends at 2^64-1
+  EXPECT_EQ(check({kTop - 8, 0, 8, 2, INT64_MAX, 8}, kMax - 1, kMax), Code::kOutOfRange);
+  EXPECT_EQ(check({kTop - 7, 0, 8, 2, INT64_MAX, 8}, kMax, kMax), Code::kOutOfRange);
+  // Strides near 2^63: one row more and (count - 1)·stride leaves int64.
+  EXPECT_EQ(check({0, 0, 1, 2, INT64_MAX, 1}, kMax, kMax), Code::kOk);
+  EXPECT_EQ(check({0, 0, 1, 3, INT64_MAX, 1}, kMax, kMax), Code::kOk);  // ends at 2^64 - 1
+  EXPECT_EQ(check({0, 0, 2, 3, INT64_MAX, 2}, kMax, kMax), Code::kOutOfRange);
+  EXPECT_EQ(check({kMax - 1, 0, 1, 2, INT64_MIN, 1}, kMax, kMax), Code::kOk);
+  EXPECT_EQ(check({kTop - 1, 0, 1, 2, INT64_MIN, 1}, kMax, kMax), Code::kOutOfRange);
+  EXPECT_EQ(check({0, 0, 1, 2, 1, INT64_MIN}, kMax, kMax), Code::kOutOfRange);
+  EXPECT_EQ(check({0, kTop, 1, 2, 1, INT64_MIN}, kMax, kMax), Code::kOk);
+  // Counts of 2^63 and more.
+  EXPECT_EQ(check({0, 0, 1, kTop, 0, 1}, kMax, kTop), Code::kOk);
+  EXPECT_EQ(check({0, 0, 1, kTop, 0, 1}, kMax, kTop - 1), Code::kOutOfRange);
+  EXPECT_EQ(check({0, 0, 1, kTop + 1, 0, 1}, kMax, kTop), Code::kOutOfRange);
+  EXPECT_EQ(check({0, 0, 1, kTop + 1, 0, 1}, kMax, kTop + 1), Code::kOk);
+  EXPECT_EQ(check({0, 0, 1, kMax, 0, -1}, kMax, kMax), Code::kOutOfRange);
+}
+
+// Random groups close to the bounds, checked against the definition row by row in 128 bits; the
+// first bad group of a list is the one named.
+TEST(RunGroups, ValidateGroupsMatchesTheDefinition) {
+  __extension__ typedef __int128 Wide;
+  auto fits = [](uint64_t offset, int64_t stride, uint64_t count, uint64_t length, uint64_t bytes) {
+    for (uint64_t r : {uint64_t{0}, count - 1}) {
+      const Wide at = static_cast<Wide>(offset) + static_cast<Wide>(r) * stride;
+      if (at < 0 || at + static_cast<Wide>(length) > static_cast<Wide>(bytes)) return false;
+    }
+    return true;
+  };
+  auto expected = [&](const RunGroup& g, uint64_t src_bytes, uint64_t dst_bytes) {
+    if (g.count == 0) return Code::kInvalidArgument;
+    const Wide step = g.dst_stride < 0 ? -static_cast<Wide>(g.dst_stride) : g.dst_stride;
+    if (g.count > 1 && step < static_cast<Wide>(std::max<uint64_t>(g.length, 1)))
+      return Code::kInvalidArgument;
+    const bool ok = fits(g.src_offset, g.src_stride, g.count, g.length, src_bytes) &&
+                    fits(g.dst_offset, g.dst_stride, g.count, g.length, dst_bytes);
+    return ok ? Code::kOk : Code::kOutOfRange;
+  };
+  std::mt19937_64 rng(17);
+  auto near = [&](uint64_t v) { return v + (rng() % 5) - 2; };
+  const uint64_t scales[] = {uint64_t{1} << 20, uint64_t{1} << 34, uint64_t{1} << 40,
+                             uint64_t{1} << 62, uint64_t{1} << 63, ~uint64_t{0}};
+  int oks = 0, bad = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const uint64_t bytes = scales[rng() % std::size(scales)];
+    const uint64_t src_bytes = bytes - rng() % 3, dst_bytes = bytes - rng() % 3;
+    RunGroup g;
+    g.length = rng() % 3 == 0 ? rng() % 4 : rng() % 4096 + 1;
+    const uint64_t counts[] = {2, uint64_t{1} << 30, uint64_t{1} << 63};
+    g.count = rng() % 4 == 0 ? near(counts[rng() % 3]) : rng() % 64 + 1;
+    // Each side walks from near one end of its buffer, by a step that takes its last row to
+    // near the other end (or half way, or nowhere on the source), forwards or backwards.
+    auto side = [&](uint64_t bytes_of_side, uint64_t share, uint64_t* offset, int64_t* stride) {
+      const uint64_t room = bytes_of_side - g.length;
+      const uint64_t reach = g.count > 1 ? room / (g.count - 1) : room;
+      const uint64_t magnitude = near(std::min(reach, uint64_t{1} << 63) / 2 * share);
+      const bool back = rng() % 2;
+      *stride = static_cast<int64_t>(back ? uint64_t{0} - magnitude : magnitude);
+      *offset = back ? near(room) : near(0);
+    };
+    side(src_bytes, rng() % 3, &g.src_offset, &g.src_stride);
+    side(dst_bytes, 2, &g.dst_offset, &g.dst_stride);
+    const RunGroup fine{0, 0, 1, 1, 0, 0};
+    const RunGroup list[] = {fine, g, fine};
+    const Status s = ValidateGroups(list, src_bytes, dst_bytes);
+    ASSERT_EQ(s.code(), expected(g, src_bytes, dst_bytes))
+        << "trial " << trial << ": " << g.count << " rows of " << g.length << " from "
+        << g.src_offset << " step " << g.src_stride << " -> " << g.dst_offset << " step "
+        << g.dst_stride << " in " << src_bytes << ", " << dst_bytes;
+    if (s.ok()) {
+      ++oks;
+    } else {
+      ++bad;
+      EXPECT_NE(s.ToString().find("run group 1 "), std::string::npos) << s.ToString();
+    }
+  }
+  // Both answers are common, so the boundary is exercised from both sides.
+  EXPECT_GT(oks, 2000);
+  EXPECT_GT(bad, 2000);
 }
 
 }  // namespace

@@ -93,14 +93,24 @@ void CopyGroupsHost(const void* src_base, void* dst_base, std::span<const RunGro
   }
 }
 
+namespace {
+
+// Whether `g` is one chunk of the group table: rows and length in [1, kPlanCopyChunkBytes] (a
+// power of two, so one comparison bounds both, and their product cannot wrap) and rows·length
+// at most kPlanCopyChunkBytes. No division: the common case (a TP 1 -> 2 page, 16 rows of
+// 2 KiB) paid two per group, the largest share of a post's host time (kvbench plan).
+bool OneChunk(const RunGroup& g) {
+  static_assert((kPlanCopyChunkBytes & (kPlanCopyChunkBytes - 1)) == 0);
+  return ((g.count - 1) | (g.length - 1)) < kPlanCopyChunkBytes &&
+         g.count * g.length <= kPlanCopyChunkBytes;
+}
+
+}  // namespace
+
 uint64_t PlanCopyGroupChunks(const RunGroup& g) {
+  if (OneChunk(g)) return 1;
   if (g.length == 0) return 0;
   if (g.length > kPlanCopyChunkBytes) return g.count * PlanCopyRunChunks({0, 0, g.length});
-  // A group that fits one chunk (a TP 1 -> 2 page: 16 rows of 2 KiB) needs no division; both
-  // factors are at most 2^15 here, so the product cannot wrap.
-  if (g.count <= kPlanCopyChunkBytes && g.count * g.length <= kPlanCopyChunkBytes) {
-    return g.count != 0;
-  }
   const uint64_t per = kPlanCopyChunkBytes / g.length;
   return (g.count + per - 1) / per;
 }
@@ -114,8 +124,8 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
   size_t i = 0;
   uint64_t chunks = 0;
   bool out_of_range = false;
-  // Rows per chunk for the length of the last group that needed it: a batch's groups nearly
-  // always share one length, so this divides once a batch rather than twice a group.
+  // Rows per chunk for the length of the last group of several chunks: a batch's groups nearly
+  // always share one length, so this divides once a batch (their chunk count, once a group).
   uint64_t per_length = 0, per = 0;
   // A chunk's first row; the kernel steps from it to the others.
   auto put = [&](uint64_t src, uint64_t dst, uint64_t rows, uint64_t length, int64_t ss,
@@ -127,20 +137,37 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
     return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
                                    " chunks cannot hold a group of " + std::to_string(need));
   };
+  // The common case, a group of one chunk, encoded from the shape (rows, length) of the last
+  // such group: a batch's groups nearly always share it. Starts as a shape of one chunk.
+  uint64_t shape_rows = 1, shape_length = 1;
+  uint64_t src_high = 0, dst_high = 0, offset_limit = kPlanCopyMaxOffset - 1;
   for (; i < count; ++i) {
     const RunGroup& g = in[i];
-    const uint64_t rows = g.count, length = g.length;
-    if (length == 0 || rows == 0) continue;  // no chunks (PlanCopyGroupChunks)
-    if (length <= kPlanCopyChunkBytes && rows <= kPlanCopyChunkBytes &&
-        rows * length <= kPlanCopyChunkBytes) {  // the common case: one chunk
-      if (chunks >= max_chunks) {
-        if (chunks > 0) break;
-        return too_small(1);
+    if (g.count != shape_rows || g.length != shape_length) {
+      if (OneChunk(g)) {
+        shape_rows = g.count;
+        shape_length = g.length;
+        src_high = (shape_rows - 1) << 48;
+        dst_high = (shape_length - 1) << 48;
+        offset_limit = kPlanCopyMaxOffset - shape_length;
       }
-      put(g.src_offset, g.dst_offset, rows, length, g.src_stride, g.dst_stride);
+    }
+    if (g.count == shape_rows && g.length == shape_length && chunks < max_chunks) {
+      const uint64_t src = g.src_offset, dst = g.dst_offset;
+      out_of_range |= (src > offset_limit) | (dst > offset_limit);
+      out[chunks++] = {src | src_high, dst | dst_high, g.src_stride, g.dst_stride};
       continue;
     }
-    const uint64_t need = PlanCopyGroupChunks(g);
+    // Several chunks, none, or a full table: PlanCopyGroupChunks's count, by the same cases.
+    const uint64_t rows = g.count, length = g.length;
+    if (rows == 0 || length == 0) continue;
+    const bool long_rows = length > kPlanCopyChunkBytes;
+    if (!long_rows && length != per_length) {
+      per_length = length;
+      per = kPlanCopyChunkBytes / length;
+    }
+    const uint64_t need =
+        long_rows ? rows * PlanCopyRunChunks({0, 0, length}) : (rows + per - 1) / per;
     if (chunks + need > max_chunks) {
       if (chunks > 0) break;
       return too_small(need);
@@ -148,7 +175,7 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
     const uint64_t src_step = static_cast<uint64_t>(g.src_stride);
     const uint64_t dst_step = static_cast<uint64_t>(g.dst_stride);
     uint64_t src = g.src_offset, dst = g.dst_offset;
-    if (length > kPlanCopyChunkBytes) {
+    if (long_rows) {
       out_of_range |= length > kPlanCopyMaxOffset;
       for (uint64_t r = 0; r < rows; ++r, src += src_step, dst += dst_step) {
         for (uint64_t done = 0; done < length; done += kPlanCopyChunkBytes) {
@@ -157,10 +184,6 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
         }
       }
       continue;
-    }
-    if (length != per_length) {
-      per_length = length;
-      per = kPlanCopyChunkBytes / length;
     }
     for (uint64_t r = 0; r < rows; r += per, src += per * src_step, dst += per * dst_step) {
       put(src, dst, std::min(per, rows - r), length, g.src_stride, g.dst_stride);

@@ -133,8 +133,9 @@ TEST(RunGroups, ValidateGroupsAgreesAcrossTheWideFallback) {
   auto check = [](RunGroup g, uint64_t src_bytes, uint64_t dst_bytes) {
     return ValidateGroups(std::span(&g, 1), src_bytes, dst_bytes).code();
   };
-  // The 64-bit path's limits (first offsets below 2^62, count - 1 below 2^30, steps below 2^32
-  // in magnitude), each met and passed by one, with the rows fitting and then one byte over.
+  // The 64-bit path's limits (count - 1 below 2^30, steps below 2^32 in magnitude, the length
+  // below 2^62), each met and passed by one, and first offsets around 2^62, with the rows
+  // fitting and then one byte over.
   constexpr uint64_t k62 = uint64_t{1} << 62, k30 = uint64_t{1} << 30, k32 = uint64_t{1} << 32;
   for (uint64_t first : {k62 - 1, k62}) {
     EXPECT_EQ(check({first, first, 8, 2, 8, 8}, first + 16, first + 16), Code::kOk) << first;
@@ -159,6 +160,16 @@ TEST(RunGroups, ValidateGroupsAgreesAcrossTheWideFallback) {
     EXPECT_EQ(check({end - 8, end - 8, 8, 4, down, down}, end, end), Code::kOk) << step;
     EXPECT_EQ(check({end - 9, end - 8, 8, 4, down, down}, end, end), Code::kOutOfRange);
     EXPECT_EQ(check({0, end - 9, 8, 4, up, down}, end, end), Code::kOutOfRange);
+  }
+  for (uint64_t length : {k62 - 1, k62, k62 + 1}) {
+    EXPECT_EQ(check({0, 0, length, 1, 0, 0}, length, length), Code::kOk) << length;
+    EXPECT_EQ(check({1, 0, length, 1, 0, 0}, length, length), Code::kOutOfRange) << length;
+    EXPECT_EQ(check({0, 0, length, 1, 0, 0}, length, length - 1), Code::kOutOfRange) << length;
+    EXPECT_EQ(check({0, 0, length, 2, 0, static_cast<int64_t>(length)}, length, 2 * length),
+              Code::kOk)
+        << length;
+    EXPECT_EQ(check({0, 0, length, 2, 0, static_cast<int64_t>(length - 1)}, kMax, kMax),
+              Code::kInvalidArgument);
   }
   // The last row ends exactly at the end, then one byte past it, on either side.
   EXPECT_EQ(check({0, 0, 8, 3, 46, 8}, 100, 100), Code::kOk);
@@ -188,6 +199,34 @@ TEST(RunGroups, ValidateGroupsAgreesAcrossTheWideFallback) {
   EXPECT_EQ(check({0, 0, 1, kTop + 1, 0, 1}, kMax, kTop), Code::kOutOfRange);
   EXPECT_EQ(check({0, 0, 1, kTop + 1, 0, 1}, kMax, kTop + 1), Code::kOk);
   EXPECT_EQ(check({0, 0, 1, kMax, 0, -1}, kMax, kMax), Code::kOutOfRange);
+}
+
+// Groups of one shape share their bounds, computed once; a group that leaves them, or one of
+// another shape between them, is still the one named.
+TEST(RunGroups, ValidateGroupsNamesTheFirstBadGroupAmongOneShape) {
+  std::vector<RunGroup> groups;
+  for (uint64_t p = 0; p < 100; ++p) groups.push_back({p * 4096, p * 2048, 2048, 16, 4096, 2048});
+  const uint64_t src_bytes = 99 * 4096 + 15 * 4096 + 2048, dst_bytes = 99 * 2048 + 15 * 2048 + 2048;
+  ASSERT_TRUE(ValidateGroups(groups, src_bytes, dst_bytes).ok());
+  EXPECT_EQ(ValidateGroups(groups, src_bytes - 1, dst_bytes).code(), Code::kOutOfRange);
+  EXPECT_EQ(ValidateGroups(groups, src_bytes, dst_bytes - 1).code(), Code::kOutOfRange);
+  groups[40] = {0, 0, 100, 3, 100, 100};  // another shape, fine
+  groups[57].dst_offset = dst_bytes - 15 * 2048 - 2048 + 1;
+  Status s = ValidateGroups(groups, src_bytes, dst_bytes);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_NE(s.ToString().find("run group 57 "), std::string::npos) << s.ToString();
+  groups[57].dst_offset -= 1;
+  EXPECT_TRUE(ValidateGroups(groups, src_bytes, dst_bytes).ok());
+  groups[41].count = 0;  // right after the other shape
+  s = ValidateGroups(groups, src_bytes, dst_bytes);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.ToString().find("run group 41 "), std::string::npos) << s.ToString();
+  groups[41].count = 16;
+  groups[3].src_stride = -4096;  // its rows now reach below 0
+  s = ValidateGroups(groups, src_bytes, dst_bytes);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_NE(s.ToString().find("run group 3 "), std::string::npos) << s.ToString();
+  EXPECT_TRUE(ValidateGroups({}, 0, 0).ok());
 }
 
 // Random groups close to the bounds, checked against the definition row by row in 128 bits; the

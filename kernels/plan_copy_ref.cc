@@ -115,6 +115,66 @@ uint64_t PlanCopyGroupChunks(const RunGroup& g) {
   return (g.count + per - 1) / per;
 }
 
+namespace {
+
+// Rows per chunk for the length of the last group of several chunks: a batch's groups nearly
+// always share one length, so this divides once a batch (their chunk count, once a group).
+struct RowsPerChunk {
+  uint64_t length = 0, rows = 0;
+  uint64_t For(uint64_t l) {
+    if (l != length) {
+      length = l;
+      rows = kPlanCopyChunkBytes / l;
+    }
+    return rows;
+  }
+};
+
+// What a group that is not OneChunk adds at out[chunks]: `chunks` after it, or `need` when it
+// would pass max_chunks (nothing written then). Out of line, so that the one-chunk loop keeps
+// its state in registers.
+struct GroupChunks {
+  uint64_t chunks;
+  uint64_t need;
+  bool fits;
+  bool out_of_range;
+};
+[[gnu::noinline]] GroupChunks PutGroupChunks(const RunGroup& g, uint64_t max_chunks,
+                                             PlanCopyGroupChunk* __restrict out, uint64_t chunks,
+                                             RowsPerChunk* per_length) {
+  const uint64_t rows = g.count, length = g.length;
+  if (rows == 0 || length == 0) return {chunks, 0, true, false};  // PlanCopyGroupChunks's cases
+  const bool long_rows = length > kPlanCopyChunkBytes;
+  const uint64_t per = long_rows ? 1 : per_length->For(length);
+  const uint64_t need =
+      long_rows ? rows * PlanCopyRunChunks({0, 0, length}) : (rows + per - 1) / per;
+  if (chunks + need > max_chunks) return {chunks, need, false, false};
+  bool out_of_range = long_rows && length > kPlanCopyMaxOffset;
+  // A chunk's first row; the kernel steps from it to the others.
+  auto put = [&](uint64_t src, uint64_t dst, uint64_t rows_in, uint64_t take, int64_t ss,
+                 int64_t ds) {
+    out_of_range |= src > kPlanCopyMaxOffset - take || dst > kPlanCopyMaxOffset - take;
+    out[chunks++] = {src | (rows_in - 1) << 48, dst | (take - 1) << 48, ss, ds};
+  };
+  const uint64_t src_step = static_cast<uint64_t>(g.src_stride);
+  const uint64_t dst_step = static_cast<uint64_t>(g.dst_stride);
+  uint64_t src = g.src_offset, dst = g.dst_offset;
+  if (long_rows) {
+    for (uint64_t r = 0; r < rows; ++r, src += src_step, dst += dst_step) {
+      for (uint64_t done = 0; done < length; done += kPlanCopyChunkBytes) {
+        put(src + done, dst + done, 1, std::min(kPlanCopyChunkBytes, length - done), 0, 0);
+      }
+    }
+  } else {
+    for (uint64_t r = 0; r < rows; r += per, src += per * src_step, dst += per * dst_step) {
+      put(src, dst, std::min(per, rows - r), length, g.src_stride, g.dst_stride);
+    }
+  }
+  return {chunks, need, true, out_of_range};
+}
+
+}  // namespace
+
 Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> groups,
                                                  uint64_t max_chunks, void* table) {
   static_assert(kPlanCopyChunkBytes <= (uint64_t{1} << 16), "rows and length must fit 16 bits");
@@ -124,33 +184,19 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
   size_t i = 0;
   uint64_t chunks = 0;
   bool out_of_range = false;
-  // Rows per chunk for the length of the last group of several chunks: a batch's groups nearly
-  // always share one length, so this divides once a batch (their chunk count, once a group).
-  uint64_t per_length = 0, per = 0;
-  // A chunk's first row; the kernel steps from it to the others.
-  auto put = [&](uint64_t src, uint64_t dst, uint64_t rows, uint64_t length, int64_t ss,
-                 int64_t ds) {
-    out_of_range |= src > kPlanCopyMaxOffset - length || dst > kPlanCopyMaxOffset - length;
-    out[chunks++] = {src | (rows - 1) << 48, dst | (length - 1) << 48, ss, ds};
-  };
-  auto too_small = [&](uint64_t need) {
-    return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
-                                   " chunks cannot hold a group of " + std::to_string(need));
-  };
+  RowsPerChunk per_length;
   // The common case, a group of one chunk, encoded from the shape (rows, length) of the last
   // such group: a batch's groups nearly always share it. Starts as a shape of one chunk.
   uint64_t shape_rows = 1, shape_length = 1;
   uint64_t src_high = 0, dst_high = 0, offset_limit = kPlanCopyMaxOffset - 1;
   for (; i < count; ++i) {
     const RunGroup& g = in[i];
-    if (g.count != shape_rows || g.length != shape_length) {
-      if (OneChunk(g)) {
-        shape_rows = g.count;
-        shape_length = g.length;
-        src_high = (shape_rows - 1) << 48;
-        dst_high = (shape_length - 1) << 48;
-        offset_limit = kPlanCopyMaxOffset - shape_length;
-      }
+    if ((g.count != shape_rows || g.length != shape_length) && OneChunk(g)) {
+      shape_rows = g.count;
+      shape_length = g.length;
+      src_high = (shape_rows - 1) << 48;
+      dst_high = (shape_length - 1) << 48;
+      offset_limit = kPlanCopyMaxOffset - shape_length;
     }
     if (g.count == shape_rows && g.length == shape_length && chunks < max_chunks) {
       const uint64_t src = g.src_offset, dst = g.dst_offset;
@@ -158,36 +204,15 @@ Result<PlanCopyPrefix> EncodePlanCopyGroupPrefix(std::span<const RunGroup> group
       out[chunks++] = {src | src_high, dst | dst_high, g.src_stride, g.dst_stride};
       continue;
     }
-    // Several chunks, none, or a full table: PlanCopyGroupChunks's count, by the same cases.
-    const uint64_t rows = g.count, length = g.length;
-    if (rows == 0 || length == 0) continue;
-    const bool long_rows = length > kPlanCopyChunkBytes;
-    if (!long_rows && length != per_length) {
-      per_length = length;
-      per = kPlanCopyChunkBytes / length;
-    }
-    const uint64_t need =
-        long_rows ? rows * PlanCopyRunChunks({0, 0, length}) : (rows + per - 1) / per;
-    if (chunks + need > max_chunks) {
+    // Several chunks, none, or a full table.
+    const GroupChunks put = PutGroupChunks(g, max_chunks, out, chunks, &per_length);
+    if (!put.fits) {
       if (chunks > 0) break;
-      return too_small(need);
+      return Status::InvalidArgument("plan copy table of " + std::to_string(max_chunks) +
+                                     " chunks cannot hold a group of " + std::to_string(put.need));
     }
-    const uint64_t src_step = static_cast<uint64_t>(g.src_stride);
-    const uint64_t dst_step = static_cast<uint64_t>(g.dst_stride);
-    uint64_t src = g.src_offset, dst = g.dst_offset;
-    if (long_rows) {
-      out_of_range |= length > kPlanCopyMaxOffset;
-      for (uint64_t r = 0; r < rows; ++r, src += src_step, dst += dst_step) {
-        for (uint64_t done = 0; done < length; done += kPlanCopyChunkBytes) {
-          const uint64_t take = std::min(kPlanCopyChunkBytes, length - done);
-          put(src + done, dst + done, 1, take, 0, 0);
-        }
-      }
-      continue;
-    }
-    for (uint64_t r = 0; r < rows; r += per, src += per * src_step, dst += per * dst_step) {
-      put(src, dst, std::min(per, rows - r), length, g.src_stride, g.dst_stride);
-    }
+    chunks = put.chunks;
+    out_of_range |= put.out_of_range;
   }
   if (out_of_range) return Status::InvalidArgument("plan copy offsets must stay below 2^48");
   return PlanCopyPrefix{i, chunks};

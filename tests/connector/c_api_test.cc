@@ -14,18 +14,34 @@ namespace {
 
 constexpr auto Layout = kv::c_api_test::SmallCLayout;
 
-TEST(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
+// Two embedded daemons on loopback, a prefill and a decode connector, each with the small
+// layout registered (src and dst are their caches).
+class CApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(kv_daemon_start("p", "127.0.0.1:0", "local", &p, &err), 0) << err.message;
+    ASSERT_EQ(kv_daemon_start("d", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
+    ASSERT_EQ(kv_connector_open_embedded(p, "prefill", 0, 1, 5000, &prefill, &err), 0)
+        << err.message;
+    ASSERT_EQ(kv_connector_open_embedded(d, "decode", 0, 1, 5000, &decode, &err), 0) << err.message;
+    ASSERT_EQ(kv_register_kv_caches(prefill, &layout, 1, &src, &err), 0) << err.message;
+    ASSERT_EQ(kv_register_kv_caches(decode, &layout, 1, &dst, &err), 0) << err.message;
+  }
+  void TearDown() override {
+    if (prefill != nullptr) kv_connector_close(prefill);
+    if (decode != nullptr) kv_connector_close(decode);
+    if (p != nullptr) kv_daemon_stop(p);
+    if (d != nullptr) kv_daemon_stop(d);
+  }
+
   kv_error err{};
   kv_daemon *p = nullptr, *d = nullptr;
-  ASSERT_EQ(kv_daemon_start("p", "127.0.0.1:0", "local", &p, &err), 0) << err.message;
-  ASSERT_EQ(kv_daemon_start("d", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
   kv_connector *prefill = nullptr, *decode = nullptr;
-  ASSERT_EQ(kv_connector_open_embedded(p, "prefill", 0, 1, 5000, &prefill, &err), 0) << err.message;
-  ASSERT_EQ(kv_connector_open_embedded(d, "decode", 0, 1, 5000, &decode, &err), 0) << err.message;
   kv_layout layout = Layout();
   void *src = nullptr, *dst = nullptr;
-  ASSERT_EQ(kv_register_kv_caches(prefill, &layout, 1, &src, &err), 0) << err.message;
-  ASSERT_EQ(kv_register_kv_caches(decode, &layout, 1, &dst, &err), 0) << err.message;
+};
+
+TEST_F(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
   // Blocks 1 and 2 of every layer (LBNHC: a block is 2·4·16 = 128 bytes, a layer 1024).
   for (int l = 0; l < 2; ++l) {
     std::memset(static_cast<char*>(src) + l * 1024 + 128, 0x40 + l, 256);
@@ -73,25 +89,9 @@ TEST(CApi, MovesOneRequestAndReportsItFinishedOnBothSides) {
   EXPECT_EQ(kv_wait_layer(decode, "nope", 0, &err), 4);
   EXPECT_NE(std::string(err.message).find("nope"), std::string::npos);
   EXPECT_EQ(kv_save_layer(nullptr, "r", 0, src_blocks, 1, &err), 1);
-
-  kv_connector_close(prefill);
-  kv_connector_close(decode);
-  kv_daemon_stop(p);
-  kv_daemon_stop(d);
 }
 
-TEST(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
-  kv_error err{};
-  kv_daemon *p = nullptr, *d = nullptr;
-  ASSERT_EQ(kv_daemon_start("p", "127.0.0.1:0", "local", &p, &err), 0) << err.message;
-  ASSERT_EQ(kv_daemon_start("d", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
-  kv_connector *prefill = nullptr, *decode = nullptr;
-  ASSERT_EQ(kv_connector_open_embedded(p, "prefill", 0, 1, 5000, &prefill, &err), 0) << err.message;
-  ASSERT_EQ(kv_connector_open_embedded(d, "decode", 0, 1, 5000, &decode, &err), 0) << err.message;
-  kv_layout layout = Layout();
-  void *src = nullptr, *dst = nullptr;
-  ASSERT_EQ(kv_register_kv_caches(prefill, &layout, 1, &src, &err), 0) << err.message;
-  ASSERT_EQ(kv_register_kv_caches(decode, &layout, 1, &dst, &err), 0) << err.message;
+TEST_F(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
   kv_transfer_params params{};
   std::snprintf(params.peer_address, sizeof(params.peer_address), "%s", kv_daemon_address(p));
   params.tokens = 4;  // one block
@@ -124,11 +124,6 @@ TEST(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
   EXPECT_EQ(kv_start_loads(decode, loads, 3, nullptr, &err), 1);
   EXPECT_EQ(kv_start_loads(decode, loads, 0, results, &err), 1);
   EXPECT_NE(std::string(err.message).find("no loads"), std::string::npos) << err.message;
-
-  kv_connector_close(prefill);
-  kv_connector_close(decode);
-  kv_daemon_stop(p);
-  kv_daemon_stop(d);
 }
 
 }  // namespace

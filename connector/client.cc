@@ -195,9 +195,9 @@ void Connector::Client::Apply(proto::DaemonMessage message) {
   }
 }
 
-void Connector::Client::ExpectLoad(const std::string& request, std::vector<int64_t> blocks) {
+bool Connector::Client::ExpectLoad(const std::string& request, std::vector<int64_t> blocks) {
   std::lock_guard<std::mutex> lock(mu_);
-  loads_[request] = Load{{}, Status::Ok(), std::move(blocks)};
+  return loads_.try_emplace(request, Load{{}, Status::Ok(), std::move(blocks)}).second;
 }
 
 void Connector::Client::ForgetLoad(const std::string& request) {

@@ -42,8 +42,10 @@ class Connector::Client {
   Status SaveError(const std::string& request);
   Status TakeSaveError(const std::string& request);
 
-  // Records a load so that events for it are kept; before the StartLoad call goes out.
-  void ExpectLoad(const std::string& request, std::vector<int64_t> blocks);
+  // Records a load so that events for it are kept; before the StartLoad call goes out. False,
+  // with nothing changed, when `request` is tracked already (loading, or finished and not yet
+  // taken by TakeFinished): a second load would share its events, and forget them if refused.
+  bool ExpectLoad(const std::string& request, std::vector<int64_t> blocks);
   void ForgetLoad(const std::string& request);
   Status WaitLayer(const std::string& request, int layer);
   Finished TakeFinished();

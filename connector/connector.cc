@@ -49,6 +49,12 @@ Status CheckEngineRequestId(const std::string& id) {
   return Status::Ok();
 }
 
+Status AlreadyLoading(const std::string& id) {
+  return Status::AlreadyExists("request " + id +
+                               " is loading on this connector, or finished and not yet collected "
+                               "by get_finished");
+}
+
 void ToWire(const LoadSpec& load, proto::StartLoad* out) {
   out->set_request_id(load.request);
   out->set_peer_address(load.params.peer_address);
@@ -238,7 +244,9 @@ Status Connector::StartLoad(const std::string& request, const TransferParams& pa
   proto::EngineMessage m;
   ToWire(LoadSpec{request, params, local_block_ids}, m.mutable_start_load());
   // Registered before the call: the first LayerReady may overtake the reply.
-  client_->ExpectLoad(request, {local_block_ids.begin(), local_block_ids.end()});
+  if (!client_->ExpectLoad(request, {local_block_ids.begin(), local_block_ids.end()})) {
+    return AlreadyLoading(request);
+  }
   Status s = client_->Call(std::move(m)).status();
   if (!s.ok()) client_->ForgetLoad(request);
   return s;
@@ -258,14 +266,16 @@ Result<std::vector<Status>> Connector::StartLoads(std::span<const LoadSpec> load
       results[i] = Status::InvalidArgument("request " + load.request +
                                            " appears more than once in one start_loads");
     }
+    // Registered before the call: the first LayerReady may overtake the reply.
+    if (results[i].ok() &&
+        !client_->ExpectLoad(load.request, {load.block_ids.begin(), load.block_ids.end()})) {
+      results[i] = AlreadyLoading(load.request);
+    }
     if (!results[i].ok()) continue;
     ToWire(load, m.mutable_start_loads()->add_loads());
     sent.push_back(i);
   }
   if (sent.empty()) return results;
-  for (size_t i : sent) {
-    client_->ExpectLoad(loads[i].request, {loads[i].block_ids.begin(), loads[i].block_ids.end()});
-  }
   auto reply = client_->Call(std::move(m));
   Status error = reply.status();
   if (error.ok() && reply->loads().errors_size() != static_cast<int>(sent.size())) {

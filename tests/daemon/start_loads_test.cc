@@ -187,6 +187,23 @@ TEST_F(StartLoadsTest, AnEmptyOrOversizedBatchIsRefusedWhole) {
   ASSERT_NO_FATAL_FAILURE(ExpectLoaded("r0", 0, 0x40));
 }
 
+// A second load of a request this connector is still loading is refused here, before kvd
+// refuses it, and leaves the first one's tracking alone: the first still arrives.
+TEST_F(StartLoadsTest, ASecondLoadOfOneRequestLeavesTheFirstIntact) {
+  const std::vector<int64_t> block = {2}, other = {5};
+  ASSERT_TRUE(sink_->StartLoad("r", Params(), block).ok());
+  EXPECT_EQ(sink_->StartLoad("r", Params(), other).code(), Code::kAlreadyExists);
+  const std::vector<LoadSpec> again = {{"r", Params(), other}, {"s", Params(), other}};
+  auto batch = sink_->StartLoads(again);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ((*batch)[0].code(), Code::kAlreadyExists) << (*batch)[0].ToString();
+  EXPECT_TRUE((*batch)[1].ok()) << (*batch)[1].ToString();
+  ASSERT_NO_FATAL_FAILURE(Save("r", 1, 0x20));
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("r", 2, 0x20));
+  ASSERT_NO_FATAL_FAILURE(Save("s", 3, 0x30));
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("s", 5, 0x30));
+}
+
 // What kvd does with the wire form itself, whoever sends it: engines of the previous protocol
 // are still served, and kvd checks a batch without the connector's help.
 TEST(StartLoadsWire, KvdServesOlderEnginesAndChecksBatchesItself) {

@@ -21,7 +21,7 @@ Peer* Daemon::Core::FindPeer(uint64_t id) {
 
 proto::PeerHello Daemon::Core::BuildHello() const {
   proto::PeerHello hello;
-  hello.set_protocol_version(proto::PROTOCOL_VERSION);
+  hello.set_protocol_version(proto::PEER_PROTOCOL);
   hello.set_node_name(options_.name);
   hello.set_transport(std::string(transport_->name()));
   hello.set_transport_address(transport_->address());
@@ -225,9 +225,9 @@ Status CheckPeerLayouts(const std::string& our_name, const proto::PeerHello& min
 
 Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) {
   if (peer.ready) return Status::InvalidArgument("hello sent twice");
-  if (hello.protocol_version() != proto::PROTOCOL_VERSION) {
+  if (hello.protocol_version() != proto::PEER_PROTOCOL) {
     return Status::Incompatible("peer speaks protocol " + std::to_string(hello.protocol_version()) +
-                                ", this kvd " + std::to_string(proto::PROTOCOL_VERSION));
+                                ", this kvd " + std::to_string(proto::PEER_PROTOCOL));
   }
   if (hello.node_name().empty() || hello.node_name().size() > kMaxRequestIdBytes) {
     return Status::InvalidArgument("peer node name must have 1 to 256 bytes");

@@ -225,6 +225,7 @@ class Daemon::Core {
 
   // ---- daemon.cc ----
   void AcceptEngines();
+  void WarnWithoutMps() const;
   void AcceptPeers();
   void Sweep();
   proto::DaemonStatus BuildStatus() const;

@@ -111,6 +111,7 @@ Status Daemon::Core::Start() {
       settings.settings.emplace_back("device", std::to_string(options_.device));
     }
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend, settings));
+    if (backend == "cuda_ipc" || backend == "nccl") WarnWithoutMps();
   }
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
@@ -154,6 +155,18 @@ Status Daemon::Core::Start() {
                listen_address_.empty() ? "-" : listen_address_,
                options_.socket_path.empty() ? "-" : options_.socket_path, transport_->name());
   return Status::Ok();
+}
+
+// Where engines compute on kvd's GPU, copy kernels in kvd's own context run only in its time
+// slices unless MPS shares the GPU (ipc_memory.h): said once, at start, where an operator looks.
+void Daemon::Core::WarnWithoutMps() const {
+  auto shared = transport::gpu::SharedThroughMps(options_.device);
+  if (!shared.ok() || *shared) return;
+  spdlog::warn(
+      "kvd {}: GPU {} is not shared through CUDA MPS: while an engine computes on it, kvd's "
+      "copies run only in kvd's time slices (another process's single CTA halved them in "
+      "benchmarks/pd_gpu.md); start `nvidia-cuda-mps-control -d` before kvd and the engines",
+      options_.name, options_.device);
 }
 
 void Daemon::Core::AcceptEngines() {

@@ -207,6 +207,22 @@ Result<std::string> DeviceUuid(int device) {
   return std::string(props.uuid.bytes, sizeof(props.uuid.bytes));
 }
 
+Result<bool> SharedThroughMps(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Status::Unsupported("no CUDA device is visible to this process");
+  }
+  if (device < 0 || device >= count) {
+    return Status::InvalidArgument("device " + std::to_string(device) + " is not one of the " +
+                                   std::to_string(count) + " visible");
+  }
+  int shared = 0;
+  KV_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&shared, cudaDevAttrMpsEnabled, device),
+                                "cudaDeviceGetAttribute(MpsEnabled)"));
+  return shared != 0;
+}
+
 Result<int> DeviceWithUuid(std::string_view uuid) {
   if (uuid.size() != kDeviceUuidBytes) {
     return Status::InvalidArgument("a device UUID has " + std::to_string(kDeviceUuidBytes) +

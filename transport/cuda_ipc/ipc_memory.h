@@ -61,6 +61,13 @@ Result<std::string> DeviceUuid(int device);
 // ordinals (CUDA_VISIBLE_DEVICES). kNotFound when it is not visible here.
 Result<int> DeviceWithUuid(std::string_view uuid);
 
+// Whether contexts on CUDA device `device` are shared through MPS (cudaDevAttrMpsEnabled).
+// Without MPS the GPU runs one process's kernels at a time: kvd's copy kernels (cuda_ipc, nccl)
+// then get only the time slices of kvd's own context while an engine computes on the same GPU
+// (one sleeping CTA of another process halved cuda_ipc: benchmarks/pd_gpu.md, sixth session).
+// kUnsupported without CUDA, kInvalidArgument for a device that is not visible.
+Result<bool> SharedThroughMps(int device);
+
 // Another process's allocation, opened in this one. The owner (OpenIpcMemory's callers) keeps it
 // alive for as long as device work that names it may run; the last reference closes it (a VMM
 // mapping: unmapped, its allocation handle released, its address range freed, its fd closed).

@@ -16,6 +16,9 @@ Result<IpcExport> ExportDeviceMemory(const void*, uint64_t, int) {
 Result<std::string> DeviceUuid(int) {
   return NoCuda("device UUID");
 }
+Result<bool> SharedThroughMps(int) {
+  return NoCuda("MPS query");
+}
 Result<int> DeviceWithUuid(std::string_view) {
   return NoCuda("GPU memory registration");
 }

@@ -28,10 +28,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/connection.h"
@@ -300,7 +302,10 @@ class Daemon::Core {
   void QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
                    std::string message);
   // Posts every queued group, then hands the transport every queued notice of a request still
-  // alive: a request whose post failed has ended with that error, and its notices are dropped.
+  // alive: a request whose post failed has ended with that error, and its notices are dropped;
+  // so are those of a request one of whose batches has completed with an error the io thread
+  // has not handled yet (failed_sends_). A batch still moving when its notice is handed over is
+  // the transport's to watch (cuda_ipc: transport/note_gate.h).
   void FlushSends();
   // Called after each message from an engine or a peer (never inside a handler, which may be
   // iterating over requests FlushSends can end). The scheduled flush runs only after every
@@ -365,6 +370,10 @@ class Daemon::Core {
   // FlushSendsIfDue must see that then). In flight: the difference.
   uint64_t bytes_posted_ = 0;
   std::atomic<uint64_t> bytes_landed_{0};
+  // Requests a batch of which completed with an error, from the transport's thread until the io
+  // thread has ended them (send_queue.cc).
+  std::mutex failed_sends_mu_;
+  std::unordered_set<std::string> failed_sends_;
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
   std::unique_ptr<OffloadService> offload_;
 

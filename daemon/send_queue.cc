@@ -114,8 +114,15 @@ void Daemon::Core::FlushSends() {
           landed += part.bytes;
         }
         bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
+        if (!s.ok()) {
+          std::lock_guard lock(failed_sends_mu_);
+          for (const SendGroup::Part& part : parts) failed_sends_.insert(part.request_id);
+        }
         boost::asio::post(io_, [this, parts, s] {
           for (const SendGroup::Part& part : parts) OnBatchDone(part.request_id, s, part.bytes);
+          if (s.ok()) return;
+          std::lock_guard lock(failed_sends_mu_);  // ended above: sources_ no longer has them
+          for (const SendGroup::Part& part : parts) failed_sends_.erase(part.request_id);
         });
       };
       posted = PostFromEngine(*engine, group.event_layer, batch, std::move(done));
@@ -136,8 +143,14 @@ void Daemon::Core::FlushSends() {
       }
     }
   }
+  std::unordered_set<std::string> failed;
+  {
+    std::lock_guard lock(failed_sends_mu_);
+    failed = failed_sends_;
+  }
   for (QueuedNotice& notice : notices) {
-    if (!sources_.count(notice.request_id)) continue;  // failed above, or ended meanwhile
+    // Failed above, ended meanwhile, or a batch of it failed since (FlushSends in core.h).
+    if (!sources_.count(notice.request_id) || failed.count(notice.request_id)) continue;
     Status s = transport_->notify(notice.peer, std::move(notice.message));
     if (!s.ok()) {
       FinishSource(notice.request_id, s.WithContext("request " + notice.request_id), true);

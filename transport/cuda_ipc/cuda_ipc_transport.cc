@@ -22,9 +22,10 @@
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/cuda_ipc/fd_share.h"
 #include "transport/cuda_ipc/ipc_memory.h"
+#include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
 #include "transport/cuda_ipc/side_channel.h"
-#include "transport/cuda_ipc/wire_descriptor.h"
+#include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
 
@@ -34,6 +35,8 @@ namespace {
 using gpu::CudaEvent;
 using gpu::FrameReader;
 using gpu::HostId;
+using gpu::IpcRegistration;
+using gpu::IpcRemote;
 using gpu::kFdPathBytes;
 using gpu::kHostIdBytes;
 using gpu::kMagic;
@@ -48,48 +51,6 @@ using gpu::WireDescriptor;
 constexpr int kChannels = gpu::Poster::kChannels;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
-
-class IpcRegistration final : public MemoryRegistration {
- public:
-  IpcRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed,
-                  std::shared_ptr<gpu::FdServer> fd_server = nullptr, uint64_t fd_token = 0)
-      : base_(base),
-        length_(length),
-        where_(where),
-        packed_(std::move(packed)),
-        fd_server_(std::move(fd_server)),
-        fd_token_(fd_token) {}
-  ~IpcRegistration() override {
-    if (fd_server_) fd_server_->Remove(fd_token_);
-  }
-  void* base() const override { return base_; }
-  uint64_t length() const override { return length_; }
-  MemoryLocation location() const override { return where_; }
-  std::string packed_descriptor() const override { return packed_; }
-
- private:
-  void* base_;
-  uint64_t length_;
-  MemoryLocation where_;
-  std::string packed_;
-  std::shared_ptr<gpu::FdServer> fd_server_;  // VMM memory: serves its fd until deregistered
-  uint64_t fd_token_;
-};
-
-class IpcRemote final : public RemoteMemory {
- public:
-  IpcRemote(PeerId peer, std::shared_ptr<gpu::IpcMemory> mapping, uint64_t offset, uint64_t length)
-      : peer_(peer), mapping_(std::move(mapping)), offset_(offset), length_(length) {}
-  PeerId peer() const override { return peer_; }
-  uint64_t length() const override { return length_; }
-  char* base() const { return static_cast<char*>(mapping_->base()) + offset_; }
-
- private:
-  PeerId peer_;
-  std::shared_ptr<gpu::IpcMemory> mapping_;  // shared by every import of the allocation
-  uint64_t offset_;
-  uint64_t length_;
-};
 
 class CudaIpcTransport final : public Transport, public DeviceOrdered {
  public:
@@ -192,6 +153,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       std::lock_guard lock(mu_);
       if (peers_.erase(peer) == 0) return;
       TakePendingOf(peer, &failed);
+      gate_.ForgetPeer(peer);
     }
     poster_->TakeQueued(peer, &failed);
     for (Completion& done : failed) done(Status::Aborted("cuda_ipc: peer disconnected"));
@@ -259,7 +221,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       return Status::InvalidArgument("cuda_ipc: batch names memory of another transport");
     }
     KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
-    KV_RETURN_IF_ERROR(CheckPeer(remote->peer()));
     const bool put = batch.op == Op::kPut;
     char* local_base = static_cast<char*>(local->base());
     gpu::PostJob job;
@@ -271,6 +232,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     job.groups.assign(batch.groups.begin(), batch.groups.end());
     job.wait_event = cuda_event;
     job.done = std::move(done);
+    // Numbered and queued under one lock: the poster's order is the gate's.
+    std::lock_guard lock(mu_);
+    KV_RETURN_IF_ERROR(CheckPeerLocked(job.peer));
+    job.seq = gate_.BatchPosted(job.peer);
     poster_->Submit(std::move(job));
     return Status::Ok();
   }
@@ -279,12 +244,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     if (message.size() > gpu::kMaxFrameBytes) {
       return Status::InvalidArgument("cuda_ipc: notification too large");
     }
-    KV_RETURN_IF_ERROR(CheckPeer(peer));
     gpu::PostJob job;
     job.peer = peer;
     job.is_note = true;
     job.deadline = Clock::now() + connect_timeout_;
     job.note = std::move(message);
+    std::lock_guard lock(mu_);
+    KV_RETURN_IF_ERROR(CheckPeerLocked(peer));
+    const NoteGate::Ticket ticket = gate_.NotePosted(peer);
+    job.first = ticket.first;
+    job.seq = ticket.last;
     poster_->Submit(std::move(job));  // behind the batches posted before it (poster.h)
     return Status::Ok();
   }
@@ -309,10 +278,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     Clock::time_point deadline;
     std::string note;
     Status launch_error = Status::Ok();  // what the batch completes with once its event fired
+    uint64_t seq = 0, first = 0;         // the gate's: a batch's number; a note's Ticket
   };
 
-  Status CheckPeer(PeerId peer) {
-    std::lock_guard lock(mu_);
+  Status CheckPeerLocked(PeerId peer) const {
     auto it = peers_.find(peer);
     if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
     if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
@@ -331,7 +300,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       } else if (it->second->dead) {
         gone = Status::Unavailable("cuda_ipc: peer process is gone");
       } else if (job.is_note) {
-        pending_.push_back(Pending{job.peer, true, -1, {}, {}, job.deadline, std::move(job.note)});
+        pending_.push_back(Pending{job.peer,
+                                   true,
+                                   -1,
+                                   {},
+                                   {},
+                                   job.deadline,
+                                   std::move(job.note),
+                                   Status::Ok(),
+                                   job.seq,
+                                   job.first});
       } else if (launch.event.get() != nullptr) {
         pending_.push_back(Pending{job.peer,
                                    false,
@@ -340,7 +318,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
                                    std::move(job.done),
                                    job.deadline,
                                    {},
-                                   launch.status});
+                                   launch.status,
+                                   job.seq});
+      } else {
+        gate_.BatchDone(job.peer, job.seq, /*landed=*/false);  // fails below, before any note
       }
     }
     if (job.is_note || !job.done) {
@@ -469,6 +450,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       if (it == peers_.end() || it->second->dead) return;
       it->second->dead = true;
       TakePendingOf(id, &failed);
+      gate_.ForgetPeer(id);
     }
     poster_->TakeQueued(id, &failed);
     for (Completion& done : failed) done(Status::Unavailable("cuda_ipc: peer process is gone"));
@@ -496,8 +478,11 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
             ++it;
             continue;
           }
+          // Dropped when a batch it waited on failed (note_gate.h).
           auto peer = peers_.find(it->peer);
-          if (peer != peers_.end()) notes.emplace_back(peer->second, std::move(*it));
+          if (peer != peers_.end() && gate_.MayDeliver(it->peer, {it->first, it->seq})) {
+            notes.emplace_back(peer->second, std::move(*it));
+          }
           it = pending_.erase(it);
           continue;
         }
@@ -513,6 +498,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
                                    : Status::Timeout("cuda_ipc: batch passed its deadline");
         // Only an event whose work completed is reused; one of a failed or late batch is not.
         if (done.ok() && *done) spare.push_back(std::move(it->event));
+        gate_.BatchDone(it->peer, it->seq, status.ok());
         finished.emplace_back(std::move(it->done), std::move(status));
         it = pending_.erase(it);
       }
@@ -541,6 +527,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   std::map<PeerId, std::shared_ptr<Peer>> peers_;
   PeerId next_peer_ = 1;
   std::deque<Pending> pending_;
+  NoteGate gate_;  // guarded by mu_
   NotificationHandler handler_;
 };
 

@@ -207,7 +207,10 @@ Result<std::string> DeviceUuid(int device) {
   return std::string(props.uuid.bytes, sizeof(props.uuid.bytes));
 }
 
-Result<bool> SharedThroughMps(int device) {
+namespace {
+
+// kUnsupported without a visible device; kInvalidArgument for an ordinal not among them.
+Status CheckVisibleDevice(int device) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -217,6 +220,13 @@ Result<bool> SharedThroughMps(int device) {
     return Status::InvalidArgument("device " + std::to_string(device) + " is not one of the " +
                                    std::to_string(count) + " visible");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<bool> SharedThroughMps(int device) {
+  KV_RETURN_IF_ERROR(CheckVisibleDevice(device));
   int shared = 0;
   KV_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&shared, cudaDevAttrMpsEnabled, device),
                                 "cudaDeviceGetAttribute(MpsEnabled)"));
@@ -242,15 +252,7 @@ Result<int> DeviceWithUuid(std::string_view uuid) {
 }
 
 Result<IpcExport> ExportDeviceMemory(const void* ptr, uint64_t bytes, int device) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return Status::Unsupported("no CUDA device is visible to this process");
-  }
-  if (device < 0 || device >= count) {
-    return Status::InvalidArgument("device " + std::to_string(device) + " is not one of the " +
-                                   std::to_string(count) + " visible");
-  }
+  KV_RETURN_IF_ERROR(CheckVisibleDevice(device));
   if (ptr == nullptr || bytes == 0) return Status::InvalidArgument("empty device memory range");
   cudaPointerAttributes attrs{};
   if (cudaPointerGetAttributes(&attrs, ptr) != cudaSuccess) {

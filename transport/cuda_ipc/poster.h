@@ -47,6 +47,7 @@ struct PostJob {
   PeerId peer = 0;
   bool is_note = false;
   Clock::time_point deadline;
+  uint64_t seq = 0, first = 0;  // the caller's bookkeeping (NoteGate), handed back untouched
   // Batches:
   const void* src = nullptr;
   void* dst = nullptr;

@@ -210,22 +210,24 @@ struct PlanCopier::Impl {
   // A slot whose copy finished, else a new one: a copy held back on the device, e.g. behind an
   // engine's event, never makes the next Copy() wait for it. The copies of one copier run in
   // order on its stream, so the finished slots lead the deque (least recently used first); of
-  // those the first with room for `bytes` is taken, and only without one does a finished slot
-  // grow. Growing costs a cudaMalloc and a cudaMallocHost (up to ~1 ms each on the H200 host),
-  // and handing the next piece to the least recently used slot alone grew small slots for big
+  // those the smallest with room for `bytes` is taken, and only without one does a finished
+  // slot grow. Growing costs a cudaMalloc and a cudaMallocHost (up to ~1 ms each on the H200
+  // host), and handing each piece to the least recently used slot grew small slots for big
   // pieces wave after wave: single launches of 1.6-1.9 ms in the sixth session's traces.
   Result<TableSlot*> Acquire(uint64_t bytes) {
-    size_t pick = slots.size();
+    size_t pick = slots.size(), fit = slots.size();
     for (size_t i = 0; i < slots.size() && i < kSlotsScanned; ++i) {
       const cudaError_t state = cudaEventQuery(slots[i]->copy_done);
       if (state == cudaErrorNotReady) break;
       if (state != cudaSuccess) return detail::CudaStatus(state, "table slot");
       if (pick == slots.size()) pick = i;  // the oldest finished one, should none be big enough
-      if (slots[i]->capacity >= bytes) {
-        pick = i;
-        break;
+      // The smallest that fits: big slots stay free for big pieces.
+      if (slots[i]->capacity >= bytes &&
+          (fit == slots.size() || slots[i]->capacity < slots[fit]->capacity)) {
+        fit = i;
       }
     }
+    if (fit < slots.size()) pick = fit;
     if (pick < slots.size()) {
       std::unique_ptr<TableSlot> slot = std::move(slots[pick]);
       slots.erase(slots.begin() + static_cast<std::ptrdiff_t>(pick));

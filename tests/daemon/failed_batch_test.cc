@@ -1,0 +1,136 @@
+// A batch that fails must not be followed by its layer's notice: the decode engine would be told
+// that bytes are in place which never arrived. The prefill kvd's transport here accepts every
+// batch and reports it failed at once, before kvd hands over the notices of its pass (the
+// transport thread's report reaching kvd ahead of the io thread's handling of it): kvd must hand
+// over none of them, and the decode load ends with the failure. (Batches still moving when their
+// notice is handed over are the transport's to hold: transport/note_gate.h.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "connector/connector.h"
+#include "daemon/daemon.h"
+#include "daemon/proto/kvd.pb.h"
+
+namespace kv {
+namespace {
+
+using connector::Connector;
+using connector::TransferParams;
+
+constexpr auto kTimeout = std::chrono::milliseconds(5000);
+
+// Forwards to a real backend, but never moves a batch: each one fails as soon as it is posted.
+// Counts the layer notices kvd hands it.
+class FailingTransport final : public transport::Transport {
+ public:
+  FailingTransport(std::unique_ptr<transport::Transport> inner, std::atomic<int>* notices)
+      : inner_(std::move(inner)), notices_(notices) {}
+  std::string_view name() const override { return inner_->name(); }
+  std::string address() const override { return inner_->address(); }
+  bool supports(MemoryKind kind) const override { return inner_->supports(kind); }
+  Result<std::unique_ptr<transport::MemoryRegistration>> register_memory(
+      void* base, uint64_t length, MemoryLocation where) override {
+    return inner_->register_memory(base, length, where);
+  }
+  Result<std::unique_ptr<transport::MemoryRegistration>> allocate_memory(
+      uint64_t length, MemoryLocation where) override {
+    return inner_->allocate_memory(length, where);
+  }
+  Result<transport::PeerId> connect(std::string_view peer_address) override {
+    return inner_->connect(peer_address);
+  }
+  Result<LocalEndpoint> open_endpoint() override { return inner_->open_endpoint(); }
+  Result<transport::PeerId> connect_endpoint(std::string_view peer_address,
+                                             uint64_t endpoint) override {
+    return inner_->connect_endpoint(peer_address, endpoint);
+  }
+  void release_endpoint(uint64_t endpoint) override { inner_->release_endpoint(endpoint); }
+  void disconnect(transport::PeerId peer) override { inner_->disconnect(peer); }
+  Result<std::unique_ptr<transport::RemoteMemory>> import_remote(transport::PeerId peer,
+                                                                 std::string_view packed) override {
+    return inner_->import_remote(peer, packed);
+  }
+  Status post(const transport::Batch&, transport::Completion done) override {
+    done(Status::Unavailable("injected: the batch did not land"));
+    return Status::Ok();
+  }
+  Status notify(transport::PeerId peer, std::string message) override {
+    proto::LayerNotice notice;
+    if (notice.ParseFromString(message) && notice.request_id() == "r") ++*notices_;
+    return inner_->notify(peer, std::move(message));
+  }
+  void set_notification_handler(transport::NotificationHandler handler) override {
+    inner_->set_notification_handler(std::move(handler));
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  std::atomic<int>* notices_;
+};
+
+// `notices`: null for a plain local transport, else where the failing one counts notices.
+std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, std::atomic<int>* notices) {
+  daemon::DaemonOptions options;
+  options.name = name;
+  if (notices != nullptr) {
+    auto local = transport::CreateTransport("local");
+    EXPECT_TRUE(local.ok()) << local.status().ToString();
+    if (!local.ok()) return nullptr;
+    options.transport = std::make_unique<FailingTransport>(std::move(local).value(), notices);
+  } else {
+    options.transport_name = "local";
+  }
+  auto d = daemon::Daemon::Start(std::move(options));
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? *d : nullptr;
+}
+
+LayoutSpec Spec() {
+  LayoutSpec spec;
+  spec.layers = 2;  // the test saves layers 0 and 1
+  spec.blocks = 4;
+  spec.heads = 2;
+  spec.block_size = 16;
+  spec.content_bytes = 64;
+  return spec;
+}
+
+TEST(FailedBatch, ItsLayerIsNeverReportedReady) {
+  std::atomic<int> notices{0};
+  auto prefill = StartDaemon("p", &notices);
+  auto decode = StartDaemon("d", nullptr);
+  ASSERT_TRUE(prefill && decode);
+  auto source = Connector::OpenEmbedded(prefill, {"prefill", 0, 1, kTimeout});
+  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, kTimeout});
+  ASSERT_TRUE(source.ok() && sink.ok());
+  const LayoutSpec spec = Spec();
+  auto src = (*source)->RegisterKvCaches({&spec, 1});
+  auto dst = (*sink)->RegisterKvCaches({&spec, 1});
+  ASSERT_TRUE(src.ok() && dst.ok());
+
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  const std::vector<int64_t> block = {1};
+  ASSERT_TRUE((*sink)->StartLoad("r", params, block).ok());
+  ASSERT_TRUE((*source)->SaveLayer("r", 0, block).ok());
+  // Layer 0's batch may have failed the request by now: the next save then reports that.
+  const Status later = (*source)->SaveLayer("r", 1, block);
+  if (!later.ok()) {
+    EXPECT_EQ(later.code(), Code::kUnavailable) << later.ToString();
+  }
+  for (int l = 0; l < spec.layers; ++l) {
+    const Status waited = (*sink)->WaitLayer("r", l);
+    EXPECT_FALSE(waited.ok()) << "layer " << l << " reported in place";
+    EXPECT_NE(waited.code(), Code::kTimeout) << waited.ToString();  // kvd's failure, not a timeout
+  }
+  // Whether the decode side heard of the failure before a stray notice is a race; that kvd
+  // handed over no notice at all is not.
+  EXPECT_EQ(notices.load(), 0);
+}
+
+}  // namespace
+}  // namespace kv

@@ -6,6 +6,8 @@
 // that a layer is in place whose bytes never arrived. So a note is held to the batches of its
 // peer that were still unfinished when it was posted: if any of them fails, the note is dropped
 // (the peer then learns of the failure through its request failing, never through wrong data).
+// The gate cannot tell which request a batch carried: a note of another request caught behind
+// the failed batch is dropped too, and that request then fails at its lease instead of landing.
 // Batches that had already failed when a note was posted are its poster's to know about: kvd
 // skips the notices of requests whose batches it saw fail (daemon/send_queue.cc).
 //

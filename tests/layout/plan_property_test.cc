@@ -195,78 +195,69 @@ TEST(PlanProperty, MatchesByteReferenceWithMinimalRuns) {
   EXPECT_GT(no_common_head, 0);
 }
 
-TEST(PlanProperty, LayerPlanShiftsLayerZeroToEveryLayer) {
-  Gen gen(20261122);
-  int compared = 0;
+// LayerPlan against PlanTransfer over random layouts: every layer appended (behind a run
+// already queued, as kvd appends to a batch) gives, with its groups expanded in order, exactly
+// PlanTransfer's runs for that layer, and the groups pass the bounds check. Returns how many
+// layers were compared and how many of them came out as groups.
+struct LayerPlanCounts {
+  int compared = 0, grouped = 0;
+};
+LayerPlanCounts CheckLayerPlans(uint32_t seed, bool groups) {
+  Gen gen(seed);
+  LayerPlanCounts counts;
   for (int i = 0; i < 2000; ++i) {
     Case c = RandomCase(gen);
     auto src = KvRegion::Create(c.src);
     auto dst = KvRegion::Create(c.dst);
-    ASSERT_TRUE(src.ok() && dst.ok()) << Describe(c);
+    EXPECT_TRUE(src.ok() && dst.ok()) << Describe(c);
+    if (!src.ok() || !dst.ok()) return counts;
     const TransferSpec spec{c.src_blocks, c.dst_blocks, c.tokens};
-    auto layers = LayerPlan::Create(*src, *dst, spec);
-    ASSERT_EQ(layers.ok(), PlanTransfer(*src, *dst, spec).ok()) << Describe(c);
+    auto layers = LayerPlan::Create(*src, *dst, spec, groups);
+    EXPECT_EQ(layers.ok(), PlanTransfer(*src, *dst, spec).ok()) << Describe(c);
     if (!layers.ok()) continue;
-    // Appended behind a run already there, as kvd appends to a queued batch.
     const kv::Run before{1, 2, 3};
     for (int64_t l = 0; l < c.src.layers; ++l) {
       auto expected = PlanTransfer(*src, *dst, {c.src_blocks, c.dst_blocks, c.tokens, l, l + 1});
-      ASSERT_TRUE(expected.ok()) << Describe(c);
+      EXPECT_TRUE(expected.ok()) << Describe(c);
+      if (!expected.ok()) return counts;
       Plan actual;
       actual.runs.push_back(before);
-      ASSERT_TRUE(layers->AppendLayer(l, &actual).ok());
-      ASSERT_EQ(actual.runs.front(), before);
+      EXPECT_TRUE(layers->AppendLayer(l, &actual).ok());
+      EXPECT_EQ(actual.runs.front(), before);
       actual.runs.erase(actual.runs.begin());
-      ASSERT_EQ(actual.runs, expected->runs) << "layer " << l << "\n" << Describe(c);
-      ASSERT_EQ(actual.bytes, expected->bytes);
-      ASSERT_EQ(layers->runs_per_layer(), expected->runs.size());
-      ++compared;
+      EXPECT_TRUE(ValidateGroups(actual.groups, src->span_bytes(), dst->span_bytes()).ok());
+      EXPECT_EQ(actual.run_count(), expected->runs.size());
+      EXPECT_EQ(layers->runs_per_layer(), expected->runs.size());
+      if (!actual.groups.empty()) {
+        EXPECT_TRUE(groups) << "groups from a plan without them";
+        EXPECT_TRUE(actual.runs.empty());
+        EXPECT_LE(actual.groups.size() * LayerPlan::kMinRowsPerGroup, expected->runs.size());
+        ++counts.grouped;
+      }
+      ExpandGroups(actual.groups, &actual.runs);
+      EXPECT_EQ(actual.runs, expected->runs) << "layer " << l << "\n" << Describe(c);
+      EXPECT_EQ(actual.bytes, expected->bytes);
+      if (::testing::Test::HasFailure()) return counts;
+      ++counts.compared;
     }
     Plan untouched;
     EXPECT_EQ(layers->AppendLayer(c.src.layers, &untouched).code(), Code::kOutOfRange);
-    EXPECT_TRUE(untouched.runs.empty());
+    EXPECT_TRUE(untouched.runs.empty() && untouched.groups.empty());
   }
-  EXPECT_GT(compared, 2000);
+  return counts;
 }
 
-// With groups on, a layer appended as groups expands, in order, to exactly PlanTransfer's runs
-// for that layer (so the same bytes, the minimal count, destination order), and its groups
-// pass the bounds check.
+TEST(PlanProperty, LayerPlanShiftsLayerZeroToEveryLayer) {
+  const LayerPlanCounts counts = CheckLayerPlans(20261122, /*groups=*/false);
+  EXPECT_GT(counts.compared, 2000);
+  EXPECT_EQ(counts.grouped, 0);
+}
+
+// With groups on, a TP split's layer becomes groups that expand to the same runs.
 TEST(PlanProperty, GroupedLayerPlanExpandsToPlanTransfer) {
-  Gen gen(20261123);
-  int compared = 0, grouped = 0;
-  for (int i = 0; i < 2000; ++i) {
-    Case c = RandomCase(gen);
-    auto src = KvRegion::Create(c.src);
-    auto dst = KvRegion::Create(c.dst);
-    ASSERT_TRUE(src.ok() && dst.ok()) << Describe(c);
-    const TransferSpec spec{c.src_blocks, c.dst_blocks, c.tokens};
-    auto layers = LayerPlan::Create(*src, *dst, spec, /*groups=*/true);
-    if (!layers.ok()) continue;
-    const kv::Run before{1, 2, 3};
-    for (int64_t l = 0; l < c.src.layers; ++l) {
-      auto expected = PlanTransfer(*src, *dst, {c.src_blocks, c.dst_blocks, c.tokens, l, l + 1});
-      ASSERT_TRUE(expected.ok()) << Describe(c);
-      Plan actual;
-      actual.runs.push_back(before);
-      ASSERT_TRUE(layers->AppendLayer(l, &actual).ok());
-      ASSERT_EQ(actual.runs.front(), before);
-      actual.runs.erase(actual.runs.begin());
-      EXPECT_TRUE(ValidateGroups(actual.groups, src->span_bytes(), dst->span_bytes()).ok());
-      ASSERT_EQ(actual.run_count(), expected->runs.size());
-      if (!actual.groups.empty()) {
-        ASSERT_TRUE(actual.runs.empty());
-        ASSERT_LE(actual.groups.size() * LayerPlan::kMinRowsPerGroup, expected->runs.size());
-        ++grouped;
-      }
-      ExpandGroups(actual.groups, &actual.runs);
-      ASSERT_EQ(actual.runs, expected->runs) << "layer " << l << "\n" << Describe(c);
-      ASSERT_EQ(actual.bytes, expected->bytes);
-      ++compared;
-    }
-  }
-  EXPECT_GT(compared, 2000);
-  EXPECT_GT(grouped, 100);
+  const LayerPlanCounts counts = CheckLayerPlans(20261123, /*groups=*/true);
+  EXPECT_GT(counts.compared, 2000);
+  EXPECT_GT(counts.grouped, 100);
 }
 
 }  // namespace

@@ -270,9 +270,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   };
   // A batch on the stream, or a notification waiting for the batches before it.
   struct Pending {
-    PeerId peer;
-    bool is_note;
-    int channel;  // batches: the poster's channel it runs on
+    PeerId peer = 0;
+    bool is_note = false;
+    int channel = -1;  // batches: the poster's channel it runs on
     CudaEvent event;
     Completion done;
     Clock::time_point deadline;
@@ -291,51 +291,45 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   // On the poster's thread, in submission order: the batch's copies are enqueued (or failed),
   // or the note's turn came; either now waits in pending_ for the progress thread.
   void OnLaunched(gpu::PostJob job, gpu::Launch launch) {
-    Status gone = Status::Ok();
+    Status failed = Status::Ok();  // a batch that completes here, with this
     {
       std::lock_guard lock(mu_);
       auto it = peers_.find(job.peer);
       if (it == peers_.end()) {
-        gone = Status::Aborted("cuda_ipc: peer disconnected");
+        failed = Status::Aborted("cuda_ipc: peer disconnected");
       } else if (it->second->dead) {
-        gone = Status::Unavailable("cuda_ipc: peer process is gone");
+        failed = Status::Unavailable("cuda_ipc: peer process is gone");
       } else if (job.is_note) {
-        pending_.push_back(Pending{job.peer,
-                                   true,
-                                   -1,
-                                   {},
-                                   {},
-                                   job.deadline,
-                                   std::move(job.note),
-                                   Status::Ok(),
-                                   job.seq,
-                                   job.first});
+        Pending& note = pending_.emplace_back();
+        note.peer = job.peer;
+        note.is_note = true;
+        note.deadline = job.deadline;
+        note.note = std::move(job.note);
+        note.seq = job.seq;
+        note.first = job.first;
       } else if (launch.event.get() != nullptr) {
-        pending_.push_back(Pending{job.peer,
-                                   false,
-                                   launch.channel,
-                                   std::move(launch.event),
-                                   std::move(job.done),
-                                   job.deadline,
-                                   {},
-                                   launch.status,
-                                   job.seq});
+        Pending& batch = pending_.emplace_back();
+        batch.peer = job.peer;
+        batch.channel = launch.channel;
+        batch.event = std::move(launch.event);
+        batch.done = std::move(job.done);
+        batch.deadline = job.deadline;
+        batch.launch_error = std::move(launch.status);
+        batch.seq = job.seq;
       } else {
-        gate_.BatchDone(job.peer, job.seq, /*landed=*/false);  // fails below, before any note
+        // Without an event, nothing of the batch runs: it fails now, before any note behind it.
+        gate_.BatchDone(job.peer, job.seq, /*landed=*/false);
+        failed = launch.status.ok() ? Status::Internal("cuda_ipc: no event behind a launch")
+                                    : std::move(launch.status);
       }
     }
-    if (job.is_note || !job.done) {
-      Wake();
+    // Disconnect and MarkDead failed the peer's batches already; a gone peer's batch was in the
+    // poster's hands then.
+    if (!failed.ok() && !job.is_note) {
+      if (job.done) job.done(std::move(failed));
       return;
     }
-    // Disconnect and MarkDead failed the peer's batches already; this one was in the poster's
-    // hands then. Without an event, nothing of the batch runs: it fails now.
-    if (!gone.ok()) {
-      job.done(gone);
-    } else {
-      job.done(launch.status.ok() ? Status::Internal("cuda_ipc: no event behind a launch")
-                                  : launch.status);
-    }
+    Wake();  // the progress thread starts watching the batch's event, or the note, now
   }
   struct Incoming {
     Socket socket;

@@ -28,6 +28,7 @@
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
+#include "transport/unique_fd.h"
 
 namespace kv::transport {
 namespace {
@@ -71,8 +72,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
                        std::to_string(counter++) + ".sock";
     KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("unix:" + path));
     KV_ASSIGN_OR_RETURN(fd_server_, gpu::FdServer::Start(path + ".fd"));
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) return Status::IoError("eventfd failed");
+    wake_fd_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_fd_.valid()) return Status::IoError("eventfd failed");
     progress_ = std::thread([this] { ProgressLoop(); });
     return Status::Ok();
   }
@@ -88,7 +89,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     for (Pending& p : pending_) {
       if (!p.is_note) p.done(Status::Aborted("cuda_ipc transport destroyed"));
     }
-    if (wake_fd_ >= 0) close(wake_fd_);
   }
 
   std::string_view name() const override { return "cuda_ipc"; }
@@ -338,7 +338,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
 
   void Wake() {
     uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+    [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
   }
 
   // Moves the completions of `peer`'s batches out of pending_ (caller holds mu_).
@@ -368,7 +368,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         busy = !pending_.empty();
       }
       std::vector<pollfd> fds;
-      fds.push_back({wake_fd_, POLLIN, 0});
+      fds.push_back({wake_fd_.get(), POLLIN, 0});
       fds.push_back({listener_.fd(), POLLIN, 0});
       for (Incoming& in : incoming) fds.push_back({in.socket.fd(), POLLIN, 0});
       for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
@@ -387,7 +387,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
 
       uint64_t drained;
       progressed = false;
-      while (read(wake_fd_, &drained, sizeof(drained)) > 0) progressed = true;
+      while (read(wake_fd_.get(), &drained, sizeof(drained)) > 0) progressed = true;
       const size_t polled_in = incoming.size();
       for (size_t i = 0; i < outgoing.size(); ++i) {
         if (fds[2 + polled_in + i].revents != 0) CheckOutgoing(outgoing[i].first);
@@ -512,7 +512,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   const std::string host_id_;
   Listener listener_;
   std::shared_ptr<gpu::FdServer> fd_server_;  // shared with the VMM registrations it serves
-  int wake_fd_ = -1;
+  UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::thread progress_;
   std::unique_ptr<gpu::Poster> poster_;  // its thread calls OnLaunched: reset in the destructor

@@ -4,12 +4,13 @@
 // before it has landed. When one of those batches fails instead (its deadline passed, a CUDA
 // error), the promise cannot be kept, and delivering the note anyway would tell the peer's engine
 // that a layer is in place whose bytes never arrived. So a note is held to the batches of its
-// peer that were still unfinished when it was posted: if any of them fails, the note is dropped
-// (the peer then learns of the failure through its request failing, never through wrong data).
+// peer from the oldest still unfinished when it was posted to the last posted before it: if any
+// of them fails, the note is dropped (the peer then learns of the failure through its request
+// failing, never through wrong data). One in that range that had failed already drops it too.
 // The gate cannot tell which request a batch carried: a note of another request caught behind
 // the failed batch is dropped too, and that request then fails at its lease instead of landing.
-// Batches that had already failed when a note was posted are its poster's to know about: kvd
-// skips the notices of requests whose batches it saw fail (daemon/send_queue.cc).
+// Batches older than that range that had failed are its poster's to know about: kvd skips the
+// notices of requests whose batches it saw fail (daemon/send_queue.cc).
 //
 // Not thread-safe: callers serialise (cuda_ipc under its lock).
 #pragma once

@@ -107,7 +107,7 @@ void Daemon::Core::FlushSends() {
       // The engine's layer events stay open until the batch completes, even if the engine
       // leaves: a backend may watch the event from the host (device_ordered.h).
       auto done = [this, parts = group.parts, source = group.source, remote = group.remote,
-                   events = engine->layer_events](Status s) {
+                   events = engine->layer_events](Status s) mutable {
         uint64_t landed = 0;
         for (const SendGroup::Part& part : parts) {
           Trace("flushed", part.request_id, part.layer);
@@ -118,7 +118,8 @@ void Daemon::Core::FlushSends() {
           std::lock_guard lock(failed_sends_mu_);
           for (const SendGroup::Part& part : parts) failed_sends_.insert(part.request_id);
         }
-        boost::asio::post(io_, [this, parts, s] {
+        // Called exactly once (transport.h): the parts move on to the io thread, uncopied.
+        boost::asio::post(io_, [this, parts = std::move(parts), s = std::move(s)] {
           for (const SendGroup::Part& part : parts) OnBatchDone(part.request_id, s, part.bytes);
           if (s.ok()) return;
           std::lock_guard lock(failed_sends_mu_);  // ended above: sources_ no longer has them
@@ -143,14 +144,18 @@ void Daemon::Core::FlushSends() {
       }
     }
   }
-  std::unordered_set<std::string> failed;
   {
+    // A batch of it failed since (FlushSends in core.h). Decided under the lock, once, so that
+    // notify() runs outside it; the set is almost always empty.
     std::lock_guard lock(failed_sends_mu_);
-    failed = failed_sends_;
+    if (!failed_sends_.empty()) {
+      std::erase_if(notices, [&](const QueuedNotice& notice) {
+        return failed_sends_.count(notice.request_id) > 0;
+      });
+    }
   }
   for (QueuedNotice& notice : notices) {
-    // Failed above, ended meanwhile, or a batch of it failed since (FlushSends in core.h).
-    if (!sources_.count(notice.request_id) || failed.count(notice.request_id)) continue;
+    if (!sources_.count(notice.request_id)) continue;  // failed above, or ended meanwhile
     Status s = transport_->notify(notice.peer, std::move(notice.message));
     if (!s.ok()) {
       FinishSource(notice.request_id, s.WithContext("request " + notice.request_id), true);

@@ -254,6 +254,11 @@ Status Connector::StartLoad(const std::string& request, const TransferParams& pa
 
 Result<std::vector<Status>> Connector::StartLoads(std::span<const LoadSpec> loads) {
   if (loads.empty()) return Status::InvalidArgument("start_loads names no loads");
+  // kvd would refuse it whole too, but only after every load was tracked here and sent.
+  if (loads.size() > kMaxLoadsPerCall) {
+    return Status::InvalidArgument("start_loads takes at most " + std::to_string(kMaxLoadsPerCall) +
+                                   " loads, not " + std::to_string(loads.size()));
+  }
   std::vector<Status> results(loads.size());
   std::vector<size_t> sent;  // indices into `loads` of the message's loads, in its order
   std::set<std::string_view> ids;

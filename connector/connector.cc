@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
@@ -261,20 +262,20 @@ Result<std::vector<Status>> Connector::StartLoads(std::span<const LoadSpec> load
   }
   std::vector<Status> results(loads.size());
   std::vector<size_t> sent;  // indices into `loads` of the message's loads, in its order
-  std::set<std::string_view> ids;
   proto::EngineMessage m;
   for (size_t i = 0; i < loads.size(); ++i) {
     const LoadSpec& load = loads[i];
     results[i] = CheckEngineRequestId(load.request);
-    // A second load of one id would share the first's events and forget them if refused.
-    if (results[i].ok() && !ids.insert(load.request).second) {
-      results[i] = Status::InvalidArgument("request " + load.request +
-                                           " appears more than once in one start_loads");
-    }
-    // Registered before the call: the first LayerReady may overtake the reply.
+    // Registered before the call: the first LayerReady may overtake the reply. A second load of
+    // one id (tracked already, perhaps by this batch) would share the first's events and forget
+    // them if refused.
     if (results[i].ok() &&
         !client_->ExpectLoad(load.request, {load.block_ids.begin(), load.block_ids.end()})) {
-      results[i] = AlreadyLoading(load.request);
+      const bool in_batch = std::any_of(sent.begin(), sent.end(),
+                                        [&](size_t k) { return loads[k].request == load.request; });
+      results[i] = in_batch ? Status::InvalidArgument("request " + load.request +
+                                                      " appears more than once in one start_loads")
+                            : AlreadyLoading(load.request);
     }
     if (!results[i].ok()) continue;
     ToWire(load, m.mutable_start_loads()->add_loads());

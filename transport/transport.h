@@ -125,7 +125,9 @@ class Transport {
     return connect(peer_address);
   }
   virtual void release_endpoint(uint64_t endpoint) { (void)endpoint; }
-  // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound.
+  // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound. A
+  // batch whose copies already run completes only once they stopped touching either side's
+  // memory (or its deadline passed), so a completion always means the memory is free to reuse.
   virtual void disconnect(PeerId peer) = 0;
 
   virtual Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,

@@ -154,11 +154,12 @@ class PeerBody {
   }
 
   Status DoTransfer(ByteReader& r) {
-    uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0, expired = 0;
+    uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0, expired = 0,
+             disconnect = 0;
     std::string_view address, descriptor, runs_blob, note;
     if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.u32(&note_while_gated) ||
-        !r.u32(&expired) || !r.bytes(&address) || !r.bytes(&descriptor) || !r.bytes(&runs_blob) ||
-        !r.bytes(&note)) {
+        !r.u32(&expired) || !r.u32(&disconnect) || !r.bytes(&address) || !r.bytes(&descriptor) ||
+        !r.bytes(&runs_blob) || !r.bytes(&note)) {
       return Status::Internal("bad transfer command");
     }
     auto known = peers_.find(std::string(address));
@@ -190,7 +191,9 @@ class PeerBody {
     };
     if (gated > 0) {
       const std::string held_note = note_while_gated ? std::string(note) : std::string();
-      KV_RETURN_IF_ERROR(PostGated(batch, static_cast<int>(gated), peer, held_note, futures));
+      if (disconnect) peers_.erase(std::string(address));  // the next transfer reconnects
+      KV_RETURN_IF_ERROR(
+          PostGated(batch, static_cast<int>(gated), peer, held_note, disconnect != 0, futures));
       if (note_while_gated) note = {};
     } else {
       KV_RETURN_IF_ERROR(post());
@@ -217,7 +220,7 @@ class PeerBody {
   // the gate is released only after they returned, or after kPostBound. `futures` gets one
   // completion per accepted batch.
   Status PostGated(const Batch& batch, int count, PeerId peer, const std::string& note,
-                   std::vector<std::future<Status>>& futures) {
+                   bool disconnect, std::vector<std::future<Status>>& futures) {
     auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
     if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
     cudaStream_t stream = nullptr;
@@ -271,6 +274,12 @@ class PeerBody {
     } else if (Status posted = posting.get(); !posted.ok()) {
       verdict = posted;
     } else {
+      if (disconnect) {
+        // Only once the batches are on the device (cuda_ipc's poster launches them within
+        // microseconds): a batch still queued runs nothing and rightly fails at once.
+        std::this_thread::sleep_for(100ms);
+        transport_->disconnect(peer);
+      }
       // Whatever the backend does, it cannot have moved the bytes yet: it had time to go wrong.
       std::this_thread::sleep_for(200ms);
       for (auto& future : futures) {
@@ -370,6 +379,7 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
                             .u32(options.gated ? static_cast<uint32_t>(options.gated_batches) : 0)
                             .u32(options.note_while_gated ? 1 : 0)
                             .u32(options.expired ? 1 : 0)
+                            .u32(options.disconnect_while_gated ? 1 : 0)
                             .bytes(target.address)
                             .bytes(descriptor)
                             .bytes(EncodeRuns(runs))

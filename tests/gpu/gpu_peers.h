@@ -61,6 +61,9 @@ struct TransferOptions {
   int gated_batches = 1;
   bool note_while_gated = false;
   bool expired = false;  // the batch's deadline passed before it is posted
+  // Gated only: the mover disconnects the target while the event is held. The batches then
+  // fail with kAborted, yet only after the event fired: their copies may run until then.
+  bool disconnect_while_gated = false;
 };
 
 inline constexpr auto kPromptPost = std::chrono::milliseconds(500);

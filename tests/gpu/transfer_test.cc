@@ -160,6 +160,29 @@ TEST_P(GpuTransferTest, BatchPastItsDeadlineWritesNothing) {
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
+// A batch already on the device when its peer is disconnected keeps copying until its event
+// fires: it fails (kAborted) only then, or its caller would reuse memory the copy still touches.
+TEST_P(GpuTransferTest, DisconnectFailsABatchOnlyOnceItsCopyStopped) {
+  if (GetParam() != "cuda_ipc") GTEST_SKIP() << "post_after: cuda_ipc only";
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
+  Peer sender = Start(0, p.src_bytes, kSrcSeed);
+  Peer receiver = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+  TransferOptions cut;
+  cut.gated = true;
+  cut.gated_batches = 3;
+  cut.disconnect_while_gated = true;
+  Status s = Transfer(sender, receiver, Op::kPut, p.runs, cut);
+  EXPECT_EQ(Code::kAborted, s.code()) << s.ToString();
+  // The peer connects again and the same runs land.
+  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  EXPECT_TRUE(Stop(sender).ok());
+  EXPECT_TRUE(Stop(receiver).ok());
+}
+
 TEST_P(GpuTransferTest, KilledPeerFailsTheBatchInsteadOfHanging) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);

@@ -152,11 +152,12 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     {
       std::lock_guard lock(mu_);
       if (peers_.erase(peer) == 0) return;
-      TakePendingOf(peer, &failed);
+      FailPendingOf(peer, Status::Aborted("cuda_ipc: peer disconnected"));
       gate_.ForgetPeer(peer);
     }
-    poster_->TakeQueued(peer, &failed);
+    poster_->TakeQueued(peer, &failed);  // never launched: nothing of them runs
     for (Completion& done : failed) done(Status::Aborted("cuda_ipc: peer disconnected"));
+    Wake();
   }
 
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
@@ -295,10 +296,11 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     {
       std::lock_guard lock(mu_);
       auto it = peers_.find(job.peer);
-      if (it == peers_.end()) {
-        failed = Status::Aborted("cuda_ipc: peer disconnected");
-      } else if (it->second->dead) {
-        failed = Status::Unavailable("cuda_ipc: peer process is gone");
+      Status gone = it == peers_.end() ? Status::Aborted("cuda_ipc: peer disconnected")
+                    : it->second->dead ? Status::Unavailable("cuda_ipc: peer process is gone")
+                                       : Status::Ok();
+      if (!gone.ok() && (job.is_note || launch.event.get() == nullptr)) {
+        failed = std::move(gone);  // a note goes nowhere; a batch without an event never ran
       } else if (job.is_note) {
         Pending& note = pending_.emplace_back();
         note.peer = job.peer;
@@ -314,7 +316,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         batch.event = std::move(launch.event);
         batch.done = std::move(job.done);
         batch.deadline = job.deadline;
-        batch.launch_error = std::move(launch.status);
+        // A gone peer's batch may be copying already: like FailPendingOf's, it fails only once
+        // its event fired (or its deadline passed).
+        batch.launch_error = launch.status.ok() ? std::move(gone) : std::move(launch.status);
         batch.seq = job.seq;
       } else {
         // Without an event, nothing of the batch runs: it fails now, before any note behind it.
@@ -323,8 +327,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
                                     : std::move(launch.status);
       }
     }
-    // Disconnect and MarkDead failed the peer's batches already; a gone peer's batch was in the
-    // poster's hands then.
     if (!failed.ok() && !job.is_note) {
       if (job.done) job.done(std::move(failed));
       return;
@@ -341,15 +343,20 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
   }
 
-  // Moves the completions of `peer`'s batches out of pending_ (caller holds mu_).
-  void TakePendingOf(PeerId peer, std::vector<Completion>* failed) {
+  // Makes `why` the outcome of `peer`'s batches in pending_ and drops its notes (caller holds
+  // mu_). The batches still complete only once their events fired (or their deadlines passed):
+  // a copy on the stream goes on reading the caller's memory and writing the peer's mapping, and
+  // a caller told early would free or reuse that memory under it.
+  void FailPendingOf(PeerId peer, const Status& why) {
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->peer != peer) {
         ++it;
-        continue;
+      } else if (it->is_note) {
+        it = pending_.erase(it);
+      } else {
+        if (it->launch_error.ok()) it->launch_error = why;
+        ++it;
       }
-      if (!it->is_note) failed->push_back(std::move(it->done));
-      it = pending_.erase(it);
     }
   }
 
@@ -443,10 +450,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       auto it = peers_.find(id);
       if (it == peers_.end() || it->second->dead) return;
       it->second->dead = true;
-      TakePendingOf(id, &failed);
+      FailPendingOf(id, Status::Unavailable("cuda_ipc: peer process is gone"));
       gate_.ForgetPeer(id);
     }
-    poster_->TakeQueued(id, &failed);
+    poster_->TakeQueued(id, &failed);  // never launched: nothing of them runs
     for (Completion& done : failed) done(Status::Unavailable("cuda_ipc: peer process is gone"));
   }
 

@@ -38,8 +38,11 @@ struct ConnectionLimits {
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // Frames handed to the message handler per turn of the io loop; more wait behind the other
-  // handlers ready then, in order.
-  static constexpr size_t kFramesPerTurn = 16;
+  // handlers ready then, in order. Small, so that a peer's WantRequest (which starts a request's
+  // transfer) is not held behind an engine's burst of saves: 4 rather than 16 moved kvbench pd
+  // --memory cuda from 0.88-0.89 to 0.90-0.91 (TP 1->2, window 32) and from 0.83-0.84 to 0.86
+  // (window 8) on the H200s (benchmarks/pd_gpu.md, seventh session).
+  static constexpr size_t kFramesPerTurn = 4;
   using MessageHandler = std::function<void(std::string body)>;
   // Called once, with OK for an orderly close by the other side, else why it was closed.
   using CloseHandler = std::function<void(const Status& why)>;

@@ -17,6 +17,9 @@
 
 namespace kv::connector {
 
+static_assert(kMaxLoadsPerCall == static_cast<size_t>(proto::MAX_LOADS_PER_CALL),
+              "connector.h's kMaxLoadsPerCall must be the engine protocol's MAX_LOADS_PER_CALL");
+
 namespace {
 
 Result<int> ConnectUnix(const std::string& path) {

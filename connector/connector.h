@@ -56,7 +56,8 @@ struct TransferParams {
   Mode mode = Mode::kPush;
 };
 
-// The most loads one Connector::StartLoads may carry: kvd's bound (daemon/engine_session.cc).
+// The most loads one Connector::StartLoads may carry: kvd's bound, the engine protocol's
+// MAX_LOADS_PER_CALL (daemon/proto/kvd.proto; connector.cc checks they agree).
 inline constexpr size_t kMaxLoadsPerCall = 1024;
 
 // One load of Connector::StartLoads.

@@ -9,14 +9,6 @@
 
 namespace kv::daemon {
 
-namespace {
-
-// Loads of one StartLoads: at least a scheduler step's worth of requests (vLLM's max_num_seqs),
-// and the reply (one Error each) stays small. connector.h's kMaxLoadsPerCall mirrors it.
-constexpr int kMaxLoadsPerBatch = 1024;
-
-}  // namespace
-
 void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
   if (check_credentials) {
     ucred cred{};
@@ -185,9 +177,9 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
 Result<proto::LoadResults> Daemon::Core::StartLoads(uint64_t engine_id,
                                                     const proto::StartLoads& batch) {
   if (batch.loads().empty()) return Status::InvalidArgument("start_loads names no loads");
-  if (batch.loads_size() > kMaxLoadsPerBatch) {
+  if (batch.loads_size() > proto::MAX_LOADS_PER_CALL) {
     return Status::InvalidArgument("start_loads takes at most " +
-                                   std::to_string(kMaxLoadsPerBatch) + " loads, not " +
+                                   std::to_string(proto::MAX_LOADS_PER_CALL) + " loads, not " +
                                    std::to_string(batch.loads_size()));
   }
   proto::LoadResults results;

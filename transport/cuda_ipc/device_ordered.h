@@ -10,6 +10,11 @@
 // device (a device-side wait on another process's event can make that process's records run
 // once per ~15 ms: benchmarks/pd_gpu.md), and then a record made after the call delays the
 // batch until that one fired too.
+//
+// An event whose recording process dies before its stream reached the record never fires: a
+// stream waiting on it stayed blocked (18 s and counting, on the H200s). cuda_ipc waits on the
+// device, so such a batch fails at its deadline and the batches behind it on its stream wait
+// too (benchmarks/pd_gpu.md, seventh session); nccl watches the event from the host.
 // Thread-safe like Transport::post().
 #pragma once
 

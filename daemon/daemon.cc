@@ -106,12 +106,12 @@ Status Daemon::Core::Start() {
       backend = available.front();
     }
     transport::TransportOptions settings;
-    // The GPU backends take kvd's device; ucx and local take no such setting.
-    if (backend == "cuda_ipc" || backend == "nccl") {
-      settings.settings.emplace_back("device", std::to_string(options_.device));
-    }
+    // The GPU backends take kvd's device and run their copies there; ucx and local take no such
+    // setting.
+    const bool on_gpu = backend == "cuda_ipc" || backend == "nccl";
+    if (on_gpu) settings.settings.emplace_back("device", std::to_string(options_.device));
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend, settings));
-    if (backend == "cuda_ipc" || backend == "nccl") WarnWithoutMps();
+    if (on_gpu) WarnWithoutMps();
   }
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
@@ -161,7 +161,12 @@ Status Daemon::Core::Start() {
 // slices unless MPS shares the GPU (ipc_memory.h): said once, at start, where an operator looks.
 void Daemon::Core::WarnWithoutMps() const {
   auto shared = transport::gpu::SharedThroughMps(options_.device);
-  if (!shared.ok() || *shared) return;
+  if (!shared.ok()) {
+    spdlog::info("kvd {}: could not tell whether GPU {} is shared through CUDA MPS: {}",
+                 options_.name, options_.device, shared.status().ToString());
+    return;
+  }
+  if (*shared) return;
   spdlog::warn(
       "kvd {}: GPU {} is not shared through CUDA MPS: while an engine computes on it, kvd's "
       "copies run only in kvd's time slices (another process's single CTA halved them in "

@@ -42,7 +42,9 @@ class MemoryRegistration {
 };
 
 // A peer's registered range, unpacked for one connected peer. Runs against it are checked to
-// lie inside [0, length) before anything is posted. Destroyed before the Transport.
+// lie inside [0, length) before anything is posted. Like a registration, kept alive while any
+// batch that names it is in flight (cuda_ipc's copies write through its mapping until then), and
+// destroyed before the Transport.
 class RemoteMemory {
  public:
   virtual ~RemoteMemory() = default;
@@ -127,7 +129,9 @@ class Transport {
   virtual void release_endpoint(uint64_t endpoint) { (void)endpoint; }
   // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound. A
   // batch whose copies already run completes only once they stopped touching either side's
-  // memory (or its deadline passed), so a completion always means the memory is free to reuse.
+  // memory, or once its deadline passed: only a kTimeout completion may come while a copy still
+  // runs (cuda_ipc: one stuck behind an engine event that never fired; device_ordered.h),
+  // besides the kAborted of a transport destroyed after its bounded wait for them.
   virtual void disconnect(PeerId peer) = 0;
 
   virtual Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,

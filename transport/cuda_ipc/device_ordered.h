@@ -14,7 +14,8 @@
 // An event whose recording process dies before its stream reached the record never fires: a
 // stream waiting on it stayed blocked (18 s and counting, on the H200s). cuda_ipc waits on the
 // device, so such a batch fails at its deadline and the batches behind it on its stream wait
-// too (benchmarks/pd_gpu.md, seventh session); nccl watches the event from the host.
+// too (benchmarks/pd_gpu.md, seventh session); nccl, with its default host_gate, polls the
+// event from the host instead.
 // Thread-safe like Transport::post().
 #pragma once
 

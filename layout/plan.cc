@@ -47,13 +47,25 @@ struct TokenRange {
 };
 
 // Appends pieces in ascending destination order, joining each to the previous run when it
-// continues it on both sides. Runs the plan held before are left alone.
+// continues it on both sides. Entries the plan held before are left alone.
+//
+// With groups on, every piece goes to plan->groups instead (a lone piece is a group of one
+// row), and a piece or pattern that continues the last group's progression extends it: the
+// rows in order are exactly the runs the writer would have made, at a cost per group instead
+// of per run (a TP split's page is one pattern of 16 rows).
 class RunWriter {
  public:
-  explicit RunWriter(Plan* plan) : plan_(plan), first_(plan->runs.size()) {}
+  RunWriter(Plan* plan, bool groups)
+      : plan_(plan), groups_(groups), first_(groups ? plan->groups.size() : plan->runs.size()) {}
   void Add(int64_t src, int64_t dst, int64_t length) {
     plan_->bytes += static_cast<uint64_t>(length);
-    Join(static_cast<uint64_t>(src), static_cast<uint64_t>(dst), static_cast<uint64_t>(length));
+    const uint64_t s = static_cast<uint64_t>(src), d = static_cast<uint64_t>(dst);
+    const uint64_t n = static_cast<uint64_t>(length);
+    if (groups_) {
+      Append({s, d, n, 1, 0, 0});
+    } else {
+      Join(s, d, n);
+    }
   }
   // Appends `pattern` (runs relative to its first byte, already joined among themselves, of
   // `bytes` in all) shifted to (src, dst): only its first run can join the previous one.
@@ -64,6 +76,16 @@ class RunWriter {
     auto& runs = plan_->runs;
     for (const Run& r : pattern.subspan(1)) {
       runs.push_back({s + r.src_offset, d + r.dst_offset, r.length});
+    }
+  }
+  // The same for a pattern held as groups (GroupRuns of such runs), with groups on.
+  void AddPattern(std::span<const RunGroup> pattern, uint64_t bytes, int64_t src, int64_t dst) {
+    plan_->bytes += bytes;
+    const uint64_t s = static_cast<uint64_t>(src), d = static_cast<uint64_t>(dst);
+    for (RunGroup g : pattern) {
+      g.src_offset += s;
+      g.dst_offset += d;
+      Append(g);
     }
   }
 
@@ -80,7 +102,50 @@ class RunWriter {
     runs.push_back({src, dst, length});
   }
 
+  void Append(RunGroup g) {
+    auto& groups = plan_->groups;
+    if (groups.size() == first_) {
+      groups.push_back(g);
+      return;
+    }
+    RunGroup& last = groups.back();
+    const Run end = last.row(last.count - 1);
+    if (end.src_offset + end.length == g.src_offset &&
+        end.dst_offset + end.length == g.dst_offset) {
+      // g's first row continues the last row: they are one run, as Join makes it. The rows of
+      // a pattern after its first never continue the row before them (they are joined).
+      const RunGroup joined{end.src_offset, end.dst_offset, end.length + g.length, 1, 0, 0};
+      if (last.count == 1) {
+        last = joined;
+      } else {
+        --last.count;
+        groups.push_back(joined);
+      }
+      if (g.count > 1) {
+        const Run second = g.row(1);
+        groups.push_back({second.src_offset, second.dst_offset, g.length, g.count - 1, g.src_stride,
+                          g.dst_stride});
+      }
+      return;
+    }
+    if (g.length == last.length) {
+      const auto src_step = static_cast<int64_t>(g.src_offset - end.src_offset);
+      const auto dst_step = static_cast<int64_t>(g.dst_offset - end.dst_offset);
+      auto steps_as = [&](const RunGroup& o) {
+        return o.count == 1 || (o.src_stride == src_step && o.dst_stride == dst_step);
+      };
+      if (steps_as(last) && steps_as(g)) {
+        last.src_stride = src_step;
+        last.dst_stride = dst_step;
+        last.count += g.count;
+        return;
+      }
+    }
+    groups.push_back(g);
+  }
+
   Plan* plan_;
+  bool groups_;
   size_t first_;
 };
 
@@ -337,10 +402,9 @@ void ReservePieces(Plan* plan, std::span<const Loop> outer, std::span<const Loop
   runs.reserve(std::max<size_t>(runs.size() + pieces, 2 * runs.capacity()));
 }
 
-}  // namespace
-
-Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec,
-                    Plan* plan) {
+// PlanTransfer's runs appended to *plan, or with `groups` the same rows as groups (RunWriter).
+Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec, Plan* plan,
+                bool groups) {
   KV_RETURN_IF_ERROR(ValidateRequest(src, dst, spec));
   KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
                       DestinationOrder(spec, dst.size(Axis::kN), dst.size(Axis::kB) - 1));
@@ -379,13 +443,16 @@ Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec
   if (fold_tokens && !slot_outside_block) FoldContiguous(middle_rest, &block_bytes);
   const bool fold_blocks = middle_rest.size() < middle.size();
 
-  ReservePieces(plan, outer, middle, inner, ranges, fold_tokens);
+  // Groups are written as such only where ranges replicate a pattern (a TP split's page);
+  // elsewhere a range is one run, and LayerPlan groups them after if that pays.
+  const bool write_groups = groups && !fold_tokens;
+  if (!write_groups) ReservePieces(plan, outer, middle, inner, ranges, fold_tokens);
 
   const int64_t src_base =
       spec.layer_begin * src.stride(Axis::kL) + src.local_head(head_begin) * src.stride(Axis::kH);
   const int64_t dst_base =
       spec.layer_begin * dst.stride(Axis::kL) + dst.local_head(head_begin) * dst.stride(Axis::kH);
-  RunWriter writer(plan);
+  RunWriter writer(plan, write_groups);
   auto add_piece = [&](int64_t length) {
     return [&writer, length](int64_t s, int64_t d) { writer.Add(s, d, length); };
   };
@@ -393,6 +460,7 @@ Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec
   // A range's pieces relative to its first byte depend on its token count alone: most ranges
   // are one whole block, so their pieces are planned once and replicated by offset.
   Plan pattern;
+  std::vector<RunGroup> pattern_groups;
   int64_t pattern_count = -1;
   auto emit_range = [&](const TokenRange& r, int64_t s, int64_t d) {
     if (fold_tokens) {
@@ -401,14 +469,20 @@ Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec
     }
     if (r.count != pattern_count) {
       pattern = Plan{};
-      RunWriter relative(&pattern);
+      RunWriter relative(&pattern, /*groups=*/false);
       for (int64_t i = 0; i < r.count; ++i) {
         ForEach(inner, i * src_n, i * dst_n,
                 [&](int64_t ps, int64_t pd) { relative.Add(ps, pd, token_bytes); });
       }
       pattern_count = r.count;
+      pattern_groups.clear();
+      if (write_groups) GroupRuns(pattern.runs, &pattern_groups);
     }
-    writer.AddPattern(pattern.runs, pattern.bytes, s + r.src, d + r.dst);
+    if (write_groups) {
+      writer.AddPattern(pattern_groups, pattern.bytes, s + r.src, d + r.dst);
+    } else {
+      writer.AddPattern(pattern.runs, pattern.bytes, s + r.src, d + r.dst);
+    }
   };
   ForEach(outer, src_base, dst_base, [&](int64_t s, int64_t d) {
     if (middle.empty()) {
@@ -432,6 +506,13 @@ Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec
   return Status::Ok();
 }
 
+}  // namespace
+
+Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec,
+                    Plan* plan) {
+  return PlanInto(src, dst, spec, plan, /*groups=*/false);
+}
+
 Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
   Plan plan;
   KV_RETURN_IF_ERROR(PlanTransfer(src, dst, spec, &plan));
@@ -444,15 +525,23 @@ Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
   first.layer_begin = 0;
   first.layer_end = std::min<int64_t>(1, src.size(Axis::kL));
   LayerPlan plan;
-  KV_RETURN_IF_ERROR(PlanTransfer(src, dst, first, &plan.layer0_));
+  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &plan.layer0_, groups));
   Plan& layer0 = plan.layer0_;
   if (groups && !layer0.runs.empty()) {
-    std::vector<RunGroup> grouped;
-    GroupRuns(layer0.runs, &grouped);
-    if (grouped.size() * kMinRowsPerGroup <= layer0.runs.size()) {
+    GroupRuns(layer0.runs, &layer0.groups);
+    if (layer0.groups.size() * kMinRowsPerGroup <= layer0.runs.size()) {
       layer0.group_rows = layer0.runs.size();
-      layer0.groups = std::move(grouped);
       layer0.runs = {};
+    } else {
+      layer0.groups = {};
+    }
+  } else if (!layer0.groups.empty()) {
+    for (const RunGroup& g : layer0.groups) layer0.group_rows += g.count;
+    if (layer0.groups.size() * kMinRowsPerGroup > layer0.group_rows) {
+      layer0.runs.reserve(layer0.group_rows);
+      ExpandGroups(layer0.groups, &layer0.runs);
+      layer0.groups = {};
+      layer0.group_rows = 0;
     }
   }
   plan.layers_ = src.size(Axis::kL);

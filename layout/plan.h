@@ -109,7 +109,9 @@ class LayerPlan {
  public:
   // Plans layer 0 of `spec` (its layer range is ignored); the errors of PlanTransfer.
   // With `groups`, a layer whose runs compress kMinRowsPerGroup-fold or better into groups
-  // (GroupRuns) is appended as groups (to plan->groups); otherwise as runs.
+  // is appended as groups (to plan->groups); otherwise as runs. The groups are planned as
+  // such (a page's token pattern becomes a group once, not 16 runs regrouped), so a TP
+  // split's layer costs its pages, not its tokens.
   static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
                                   const TransferSpec& spec, bool groups = false);
   // Appends layer `layer`'s runs (or groups) to *plan (never joined to those already there)

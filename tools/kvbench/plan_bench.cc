@@ -207,6 +207,49 @@ void RequestPathCase(benchmark::State& state, int dst_tp, PathMode mode) {
   state.counters["ns_per_run"] = per_wave * 1e9 / static_cast<double>(runs);
 }
 
+// LayerPlan::Create with groups on, as cuda_ipc's kvd calls it once per request and decode
+// rank, against what it did before it planned groups directly (`regrouped`: PlanTransfer's runs
+// of layer 0, then GroupRuns). The ceiling is writing the resulting groups into a fresh vector.
+void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped) {
+  const KvRegion src = PathRegion(1, 0), dst = PathRegion(dst_tp, 0);
+  const auto src_ids = Blocks(kPathTokens / 16, true, 1),
+             dst_ids = Blocks(kPathTokens / 16, true, 2);
+  const TransferSpec spec{src_ids, dst_ids, kPathTokens, 0, 1};
+  auto reference = LayerPlan::Create(src, dst, spec, true);
+  if (!reference.ok()) {
+    state.SkipWithError(reference.status().ToString().c_str());
+    return;
+  }
+  Plan layer0;
+  if (!reference->AppendLayer(0, &layer0).ok()) state.SkipWithError("AppendLayer failed");
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (regrouped) {
+      auto runs = PlanTransfer(src, dst, spec);
+      std::vector<RunGroup> groups;
+      GroupRuns(runs->runs, &groups);
+      benchmark::DoNotOptimize(groups.data());
+    } else {
+      auto plan = LayerPlan::Create(src, dst, spec, true);
+      benchmark::DoNotOptimize(plan);
+    }
+  }
+  const double per_plan = SecondsSince(start) / static_cast<double>(state.iterations());
+  int reps = 0;
+  start = std::chrono::steady_clock::now();
+  do {
+    std::vector<RunGroup> copy(layer0.groups.begin(), layer0.groups.end());
+    benchmark::DoNotOptimize(copy.data());
+    ++reps;
+  } while (SecondsSince(start) < 0.05);
+  const double ceiling = SecondsSince(start) / reps;
+  state.counters["rows"] = static_cast<double>(reference->runs_per_layer());
+  state.counters["entries"] = static_cast<double>(reference->entries_per_layer());
+  state.counters["us_per_plan"] = per_plan * 1e6;
+  state.counters["ceiling_us"] = ceiling * 1e6;
+  state.counters["x_ceiling"] = per_plan / ceiling;
+}
+
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
       {"LBNHC/scattered", "LBNHC", "LBNHC"},
@@ -245,7 +288,10 @@ void PrintHelp() {
       "one LayerPlan per request shifted to every layer; gathering a wave's runs per layer and\n"
       "decode rank; checking and copying them as a post does (ipc_*: checking them and encoding\n"
       "the copy kernel's table as cuda_ipc does, from runs or from run groups). Counters:\n"
-      "us_per_request, runs_per_request, entries_per_request (runs + groups), ns_per_run.\n");
+      "us_per_request, runs_per_request, entries_per_request (runs + groups), ns_per_run.\n"
+      "\nlayer_plan/* time LayerPlan::Create with groups on for one such request and decode rank\n"
+      "(`groups`), against planning layer 0's runs and grouping them after (`runs_then_grouped`,\n"
+      "what it did before); ceiling_us writes the same groups into a fresh vector.\n");
 }
 
 int PlanBenchMain(int argc, char** argv) {
@@ -276,6 +322,15 @@ int PlanBenchMain(int argc, char** argv) {
       const std::string name =
           "kvd_request/LBNHC_tp1_to_tp" + std::to_string(tp) + "/" + std::string(mode_name);
       benchmark::RegisterBenchmark(name.c_str(), RequestPathCase, tp, mode)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (int tp : {1, 2}) {
+    for (bool regrouped : {false, true}) {
+      ++cases;
+      const std::string name = "layer_plan/LBNHC_tp1_to_tp" + std::to_string(tp) +
+                               (regrouped ? "/runs_then_grouped" : "/groups");
+      benchmark::RegisterBenchmark(name.c_str(), LayerPlanCase, tp, regrouped)
           ->Unit(benchmark::kMicrosecond);
     }
   }

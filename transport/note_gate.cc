@@ -22,6 +22,13 @@ void NoteGate::BatchDone(PeerId peer, uint64_t seq, bool landed) {
   if (it->second.failed.size() > kMaxFailures) it->second.failed.erase(it->second.failed.begin());
 }
 
+bool NoteGate::Finished(PeerId peer, const Ticket& ticket) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return true;
+  auto unfinished = it->second.unfinished.lower_bound(ticket.first);
+  return unfinished == it->second.unfinished.end() || *unfinished > ticket.last;
+}
+
 bool NoteGate::MayDeliver(PeerId peer, const Ticket& ticket) const {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return true;

@@ -37,6 +37,8 @@ class NoteGate {
   Ticket NotePosted(PeerId peer) const;
   // The batch finished: its data landed, or not.
   void BatchDone(PeerId peer, uint64_t seq, bool landed);
+  // Whether every batch the note waits on finished, landed or not.
+  bool Finished(PeerId peer, const Ticket& ticket) const;
   // Whether a note may go, once every batch before it finished: no batch it waits on failed.
   bool MayDeliver(PeerId peer, const Ticket& ticket) const;
   // The peer is gone: its notes go nowhere.

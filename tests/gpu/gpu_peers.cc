@@ -26,6 +26,49 @@ enum Verb : uint32_t { kTransfer = 1, kWaitNote, kDump, kExit, kNoteSnapshot };
 constexpr auto kBound = 60s;
 // How long post_after() may take with its event pending; it should return in microseconds.
 constexpr auto kPostBound = 10s;
+// The deadline of a batch whose event is never released (PostExpiring).
+constexpr auto kExpiry = 300ms;
+
+// An event recorded behind a host function that holds its stream until Release() (at most 60 s):
+// an engine's layer event whose layer is not done yet, or, never released, one whose engine died
+// mid-layer. Destroyed only once its stream is done.
+class HeldEvent {
+ public:
+  HeldEvent() = default;
+  HeldEvent(const HeldEvent&) = delete;
+  HeldEvent& operator=(const HeldEvent&) = delete;
+  ~HeldEvent() {
+    Release();
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  Status Create() {
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess) {
+      return Status::Internal("cannot create the held event");
+    }
+    cudaLaunchHostFunc(
+        stream_,
+        [](void* flag) {
+          const auto until = Clock::now() + 60s;
+          while (!static_cast<std::atomic<bool>*>(flag)->load() && Clock::now() < until) {
+            std::this_thread::sleep_for(1ms);
+          }
+        },
+        &released_);
+    return cudaEventRecord(event_, stream_) == cudaSuccess
+               ? Status::Ok()
+               : Status::Internal("cannot record the held event");
+  }
+  cudaEvent_t get() const { return event_; }
+  void Release() { released_ = true; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  std::atomic<bool> released_{false};
+};
 
 std::string EncodeStatus(const Status& s) {
   return ByteWriter().u32(static_cast<uint32_t>(s.code())).bytes(s.message()).take();
@@ -155,11 +198,11 @@ class PeerBody {
 
   Status DoTransfer(ByteReader& r) {
     uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0, expired = 0,
-             disconnect = 0;
+             disconnect = 0, never_fires = 0;
     std::string_view address, descriptor, runs_blob, note;
     if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.u32(&note_while_gated) ||
-        !r.u32(&expired) || !r.u32(&disconnect) || !r.bytes(&address) || !r.bytes(&descriptor) ||
-        !r.bytes(&runs_blob) || !r.bytes(&note)) {
+        !r.u32(&expired) || !r.u32(&disconnect) || !r.u32(&never_fires) || !r.bytes(&address) ||
+        !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
       return Status::Internal("bad transfer command");
     }
     auto known = peers_.find(std::string(address));
@@ -189,7 +232,14 @@ class PeerBody {
       if (!posted.ok()) futures.pop_back();
       return posted;
     };
-    if (gated > 0) {
+    if (never_fires) {
+      Batch held = batch;
+      held.deadline = Clock::now() + kExpiry;
+      const std::vector<kv::Run> half(runs.begin(), runs.begin() + (runs.size() + 1) / 2);
+      Batch alongside = batch;
+      alongside.runs = half;
+      KV_RETURN_IF_ERROR(PostExpiring(held, alongside));
+    } else if (gated > 0) {
       const std::string held_note = note_while_gated ? std::string(note) : std::string();
       if (disconnect) peers_.erase(std::string(address));  // the next transfer reconnects
       KV_RETURN_IF_ERROR(
@@ -223,23 +273,9 @@ class PeerBody {
                    bool disconnect, std::vector<std::future<Status>>& futures) {
     auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
     if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
-    cudaStream_t stream = nullptr;
-    cudaEvent_t gate = nullptr;
-    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&gate, cudaEventDisableTiming) != cudaSuccess) {
-      return Status::Internal("cannot create the gate");
-    }
-    std::atomic<bool> released{false};
-    cudaLaunchHostFunc(
-        stream,
-        [](void* flag) {
-          const auto until = Clock::now() + 60s;
-          while (!static_cast<std::atomic<bool>*>(flag)->load() && Clock::now() < until) {
-            std::this_thread::sleep_for(1ms);
-          }
-        },
-        &released);
-    cudaEventRecord(gate, stream);
+    HeldEvent held;
+    KV_RETURN_IF_ERROR(held.Create());
+    cudaEvent_t gate = held.get();
     std::vector<std::shared_ptr<std::promise<Status>>> promises;
     const size_t first = futures.size();
     for (int i = 0; i < count; ++i) {
@@ -275,32 +311,70 @@ class PeerBody {
       verdict = posted;
     } else {
       if (disconnect) {
-        // Only once the batches are on the device (cuda_ipc's poster launches them within
-        // microseconds): a batch still queued runs nothing and rightly fails at once.
         std::this_thread::sleep_for(100ms);
         transport_->disconnect(peer);
       }
       // Whatever the backend does, it cannot have moved the bytes yet: it had time to go wrong.
       std::this_thread::sleep_for(200ms);
       for (auto& future : futures) {
-        if (future.wait_for(0ms) == std::future_status::ready) {
+        const bool ready = future.wait_for(0ms) == std::future_status::ready;
+        if (!disconnect && ready) {
           verdict = Status::Internal("a batch completed before its event fired, with: " +
                                      future.get().ToString());
           break;
         }
+        // A backend that launches a batch only once its event fired has nothing of it running:
+        // disconnected, the batch fails at once (a batch already on the device would fail only
+        // once its copy stopped; none can be here).
+        if (disconnect && (!ready || future.get().code() != Code::kAborted)) {
+          verdict = Status::Internal("a batch held for its event did not fail at the disconnect");
+          break;
+        }
       }
     }
-    released = true;
+    held.Release();
     if (posting.valid()) (void)posting.get();  // returns once the gate opened
     // The batches name `batch`'s memory and the gate event until they complete (DeviceOrdered:
     // a backend may poll the event from the host until then), so neither goes before they do.
     for (auto& future : futures) {
       if (future.valid()) (void)future.wait_for(kBound);
     }
-    if (!verdict.ok()) futures.clear();
-    cudaStreamSynchronize(stream);
-    cudaEventDestroy(gate);
-    cudaStreamDestroy(stream);
+    if (!verdict.ok() || disconnect) futures.clear();
+    return verdict;
+  }
+
+  // Posts `held_batch` through post_after() behind an event held for the whole call, with a
+  // deadline kExpiry away, then `alongside` through post(): while the event is still held, the
+  // second must land and the first fail with kTimeout (an engine that died mid-layer must hold
+  // up no other batch, and its batch must not run later).
+  Status PostExpiring(const Batch& held_batch, const Batch& alongside) {
+    auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
+    if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
+    HeldEvent held;
+    KV_RETURN_IF_ERROR(held.Create());
+    auto expired = std::make_shared<std::promise<Status>>();
+    auto landed = std::make_shared<std::promise<Status>>();
+    auto expired_done = expired->get_future(), landed_done = landed->get_future();
+    KV_RETURN_IF_ERROR(ordered->post_after(held_batch, held.get(),
+                                           [expired](Status s) { expired->set_value(s); }));
+    Status verdict = transport_->post(alongside, [landed](Status s) { landed->set_value(s); });
+    if (verdict.ok()) {
+      if (landed_done.wait_for(10s) != std::future_status::ready) {
+        verdict =
+            Status::Internal("a batch posted beside one whose event never fires did not land");
+      } else if (Status s = landed_done.get(); !s.ok()) {
+        verdict = s.WithContext("the batch posted beside");
+      }
+    }
+    if (expired_done.wait_for(10s) != std::future_status::ready) {
+      if (verdict.ok()) verdict = Status::Internal("the batch whose event never fired lived on");
+    } else if (Status s = expired_done.get(); s.code() != Code::kTimeout && verdict.ok()) {
+      verdict =
+          Status::Internal("the batch whose event never fired completed with " + s.ToString());
+    }
+    held.Release();
+    // It names the event and the memory until it completes, so neither goes before it does.
+    if (expired_done.valid()) (void)expired_done.wait_for(kBound);
     return verdict;
   }
 
@@ -380,6 +454,7 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
                             .u32(options.note_while_gated ? 1 : 0)
                             .u32(options.expired ? 1 : 0)
                             .u32(options.disconnect_while_gated ? 1 : 0)
+                            .u32(options.never_fires ? 1 : 0)
                             .bytes(target.address)
                             .bytes(descriptor)
                             .bytes(EncodeRuns(runs))

@@ -61,9 +61,14 @@ struct TransferOptions {
   int gated_batches = 1;
   bool note_while_gated = false;
   bool expired = false;  // the batch's deadline passed before it is posted
-  // Gated only: the mover disconnects the target while the event is held. The batches then
-  // fail with kAborted, yet only after the event fired: their copies may run until then.
+  // Gated only: the mover disconnects the target while the event is held. The batches, held
+  // for their event and never launched, must fail with kAborted before it fires.
   bool disconnect_while_gated = false;
+  // Instead of the above: one batch of `runs` waits through post_after() for an event held past
+  // its deadline (an engine that died mid-layer), and the first half of `runs` (rounded up) is
+  // posted beside it; the second must land and the first fail with kTimeout while the event is
+  // held. Only the half is written.
+  bool never_fires = false;
 };
 
 inline constexpr auto kPromptPost = std::chrono::milliseconds(500);

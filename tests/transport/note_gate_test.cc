@@ -15,6 +15,25 @@ TEST(NoteGate, ANoteFollowsTheBatchesThatLanded) {
   EXPECT_TRUE(gate.MayDeliver(1, note));
 }
 
+// cuda_ipc holds a batch until its engine's event fired, so a note can reach the progress thread
+// before batches posted ahead of it: it asks the gate whether they all finished.
+TEST(NoteGate, ANoteIsFinishedOnlyOnceEveryBatchBeforeItIs) {
+  NoteGate gate;
+  const uint64_t a = gate.BatchPosted(1), b = gate.BatchPosted(1);
+  const NoteGate::Ticket note = gate.NotePosted(1);
+  const uint64_t later = gate.BatchPosted(1);  // after the note: not waited on
+  EXPECT_FALSE(gate.Finished(1, note));
+  gate.BatchDone(1, b, true);
+  EXPECT_FALSE(gate.Finished(1, note));
+  gate.BatchDone(1, a, false);
+  EXPECT_TRUE(gate.Finished(1, note));
+  EXPECT_FALSE(gate.MayDeliver(1, note));  // finished, but one of them failed
+  EXPECT_TRUE(gate.Finished(2, gate.NotePosted(2)));
+  EXPECT_FALSE(gate.Finished(1, gate.NotePosted(1)));  // `later` is still moving
+  gate.BatchDone(1, later, true);
+  EXPECT_TRUE(gate.Finished(1, gate.NotePosted(1)));
+}
+
 TEST(NoteGate, ANoteBehindAFailedBatchIsDropped) {
   NoteGate gate;
   const uint64_t a = gate.BatchPosted(1), b = gate.BatchPosted(1);

@@ -13,7 +13,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -465,7 +464,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     std::vector<CudaEvent> spare;
     {
       std::lock_guard lock(mu_);
-      std::set<PeerId> busy_peers;  // peers with an unfinished batch earlier in the queue
       // A channel runs its batches in queue order: behind an unfinished one, all of its later
       // ones are unfinished, and only deadlines need a look. Querying one event per channel and
       // pass instead of every one keeps mu_ free for post(): with ~50 batches queued, polling
@@ -475,13 +473,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       const auto now = Clock::now();
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->is_note) {
-          if (busy_peers.count(it->peer) != 0) {
+          // Its batches may be behind it here (the poster holds a batch until its event fired),
+          // and the batches ahead of it finish in this pass: ask the gate, which knows them all.
+          const NoteGate::Ticket ticket{it->first, it->seq};
+          if (!gate_.Finished(it->peer, ticket)) {
             ++it;
             continue;
           }
           // Dropped when a batch it waited on failed (note_gate.h).
           auto peer = peers_.find(it->peer);
-          if (peer != peers_.end() && gate_.MayDeliver(it->peer, {it->first, it->seq})) {
+          if (peer != peers_.end() && gate_.MayDeliver(it->peer, ticket)) {
             notes.emplace_back(peer->second, std::move(*it));
           }
           it = pending_.erase(it);
@@ -490,7 +491,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         Result<bool> done = stalled[it->channel] ? Result<bool>(false) : it->event.Query();
         if (done.ok() && !*done && now < it->deadline) {
           stalled[it->channel] = true;
-          busy_peers.insert(it->peer);
           ++it;
           continue;
         }

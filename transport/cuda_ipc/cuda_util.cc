@@ -93,7 +93,11 @@ Status CudaEvent::Record(cudaStream_t stream) const {
 }
 
 Result<bool> CudaEvent::Query() const {
-  cudaError_t err = cudaEventQuery(event_);
+  return QueryEvent(event_);
+}
+
+Result<bool> QueryEvent(cudaEvent_t event) {
+  cudaError_t err = cudaEventQuery(event);
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) return false;
   // Reported here, so it must not also stay this thread's last error, where the next kernel

@@ -67,6 +67,9 @@ class CudaEvent {
   int device_ = -1;
 };
 
+// CudaEvent::Query for an event this code does not own (an engine's, imported).
+Result<bool> QueryEvent(cudaEvent_t event);
+
 // cudaMalloc'ed device memory.
 class DeviceBuffer {
  public:

@@ -1,7 +1,7 @@
-// A capability of the GPU backends (cuda_ipc, nccl) beyond Transport: posting a batch whose
-// copies wait, on the device, for a CUDA event, so that kvd starts a layer's transfer exactly
-// when the engine's per-layer event (shared with ImportEvent, ipc_event.h) fires, with no host
-// synchronisation on either side.
+// A capability of the GPU backends (cuda_ipc, nccl, staged) beyond Transport: posting a batch
+// whose copies wait for a CUDA event, so that kvd starts a layer's transfer when the engine's
+// per-layer event (shared with ImportEvent, ipc_event.h) fires, with no host synchronisation in
+// the engine and none on kvd's posting path.
 //
 // Callers discover it at run time: dynamic_cast<DeviceOrdered*>(transport). The batch waits at
 // least for the event's most recent record at the time of the call (CUDA's cudaStreamWaitEvent
@@ -12,10 +12,11 @@
 // batch until that one fired too.
 //
 // An event whose recording process dies before its stream reached the record never fires: a
-// stream waiting on it stayed blocked (18 s and counting, on the H200s). cuda_ipc waits on the
-// device, so such a batch fails at its deadline and the batches behind it on its stream wait
-// too (benchmarks/pd_gpu.md, seventh session); nccl, with its default host_gate, polls the
-// event from the host instead.
+// stream waiting on it stayed blocked (18 s and counting, on the H200s; benchmarks/pd_gpu.md,
+// seventh session). So cuda_ipc and nccl (with its default host_gate) poll the event from the
+// host and enqueue nothing of the batch before it fired: such a batch fails at its deadline
+// having written nothing, and no stream of kvd's waits on it. staged (UCX out of GPU regions)
+// still waits on the device, and keeps that risk.
 // Thread-safe like Transport::post().
 #pragma once
 

@@ -1,11 +1,12 @@
-// Per-layer CUDA events an engine shares with kvd, so that kvd's copy of a saved layer waits on
-// the device for the engine's writes of that layer, with no host synchronisation in the engine.
+// Per-layer CUDA events an engine shares with kvd, so that kvd's copy of a saved layer waits for
+// the engine's writes of that layer, with no host synchronisation in the engine.
 //
 // The engine creates one interprocess event per layer (LayerEvents), sends their handles to kvd
 // once, and records a layer's event on its compute stream just before it tells kvd the layer is
 // saved. kvd imports them once (ImportedLayerEvents) and posts the layer's copy with
 // DeviceOrdered::post_after(event(layer)): the copy waits for the most recent record at the time
-// of the post. A record made later (the next request's forward) only delays the copy.
+// of the post (or, where the backend polls the event from the host, as cuda_ipc and nccl do, at
+// the time of its last poll). A record made later (the next request's forward) only delays it.
 //
 // The header is free of CUDA types (streams and events are void*), so the connector and kvd's
 // control plane use it in every build; without CUDA both Create and Import return kUnsupported.

@@ -1,6 +1,7 @@
 #include "transport/cuda_ipc/poster.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/prctl.h>
 
 #include <utility>
 
@@ -47,6 +48,8 @@ Poster::~Poster() {
     std::lock_guard lock(mu_);
     stop_ = true;
     left.swap(queue_);
+    for (PostJob& job : held_) left.push_back(std::move(job));
+    held_.clear();
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -69,13 +72,15 @@ void Poster::Submit(PostJob job) {
 
 void Poster::TakeQueued(PeerId peer, std::vector<Completion>* failed) {
   std::lock_guard lock(mu_);
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    if (it->peer != peer) {
-      ++it;
-      continue;
+  for (std::deque<PostJob>* jobs : {&queue_, &held_}) {
+    for (auto it = jobs->begin(); it != jobs->end();) {
+      if (it->peer != peer) {
+        ++it;
+        continue;
+      }
+      if (!it->is_note && it->done) failed->push_back(std::move(it->done));
+      it = jobs->erase(it);
     }
-    if (!it->is_note && it->done) failed->push_back(std::move(it->done));
-    it = queue_.erase(it);
   }
 }
 
@@ -98,25 +103,65 @@ Result<CudaEvent> Poster::TakeEvent() {
 
 void Poster::Loop() {
   DeviceGuard guard(device_);
+  // So that a wait of kGatePoll lasts about that, not the default 50 us of timer slack more.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  std::vector<PostJob> open;
   while (true) {
-    PostJob job;
+    std::optional<PostJob> next;
     {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      auto ready = [&] { return stop_ || !queue_.empty(); };
+      if (held_.empty()) {
+        wake_.wait(lock, ready);
+      } else {
+        wake_.wait_for(lock, kGatePoll, ready);
+      }
       if (stop_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      OpenGatesLocked(&open);
+      if (!queue_.empty()) {
+        next = std::move(queue_.front());
+        queue_.pop_front();
+      }
     }
-    Launch launch;
-    if (job.is_note) {
-      // nothing to launch: the note only keeps its place behind the batches before it
-    } else if (Clock::now() >= job.deadline) {
-      launch.status = Status::Timeout("cuda_ipc: batch passed its deadline before it was posted");
-    } else {
-      launch = LaunchBatch(job);
-    }
-    launched_(std::move(job), std::move(launch));
+    for (PostJob& job : open) Dispatch(std::move(job));
+    open.clear();
+    if (next) Dispatch(std::move(*next));
   }
+}
+
+void Poster::OpenGatesLocked(std::vector<PostJob>* open) {
+  const auto now = Clock::now();
+  for (auto it = held_.begin(); it != held_.end();) {
+    Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(it->wait_event));
+    if (fired.ok() && !*fired && now < it->deadline) {
+      ++it;
+      continue;
+    }
+    open->push_back(std::move(*it));
+    it = held_.erase(it);
+  }
+}
+
+void Poster::Dispatch(PostJob job) {
+  Launch launch;
+  if (job.is_note) {
+    // nothing to launch: the caller holds the note to the batches before it
+  } else if (Clock::now() >= job.deadline) {
+    launch.status = Status::Timeout(
+        "cuda_ipc: batch passed its deadline before it was launched (queued, or waiting for its "
+        "event)");
+  } else if (job.wait_event != nullptr) {
+    Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(job.wait_event));
+    if (fired.ok() && !*fired) {
+      std::lock_guard lock(mu_);
+      held_.push_back(std::move(job));
+      return;
+    }
+    launch = fired.ok() ? LaunchBatch(job) : Launch{-1, {}, fired.status()};
+  } else {
+    launch = LaunchBatch(job);
+  }
+  launched_(std::move(job), std::move(launch));
 }
 
 Launch Poster::LaunchBatch(const PostJob& job) {
@@ -130,12 +175,8 @@ Launch Poster::LaunchBatch(const PostJob& job) {
     launch.status = event.status();  // nothing enqueued yet
     return launch;
   }
-  Status s = Status::Ok();
-  if (job.wait_event != nullptr) {
-    s = CudaStatus(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(job.wait_event), 0),
-                   "cudaStreamWaitEvent");
-  }
-  bool enqueued = false;  // whether any copy may be on the stream
+  Status s = Status::Ok();  // the job's event, if any, fired: nothing waits for it here
+  bool enqueued = false;    // whether any copy may be on the stream
   if (s.ok() && !job.runs.empty()) {
     enqueued = true;
     s = channel.copier->Copy(job.src, job.dst, job.runs, kernels::CopyDirection::kPeer, stream);

@@ -8,15 +8,24 @@
 // and copies its run list; launches overlap with the caller's next work.
 //
 // Jobs run one at a time in submission order, round-robin over kChannels streams, each with its
-// own RunCopier; streams and copiers belong to the poster's thread alone. Every job is handed to
-// `launched` in submission order, notifications included, so a note submitted after a batch is
-// still behind it there. A batch is handed over with the channel it ran on, the event recorded
-// behind its copies, and the launch status. A launch that failed part-way still has an event
-// behind whatever it enqueued when one could be recorded: its completion has to wait for those
-// copies, which write into the peer's memory all the same.
+// own RunCopier; streams and copiers belong to the poster's thread alone. A batch is handed to
+// `launched` with the channel it ran on, the event recorded behind its copies, and the launch
+// status. A launch that failed part-way still has an event behind whatever it enqueued when one
+// could be recorded: its completion has to wait for those copies, which write into the peer's
+// memory all the same.
 //
-// A job whose deadline passed while it was queued is not launched: `launched` gets it with
-// kTimeout and no event.
+// A batch that waits for an event (wait_event: the engine's layer) is launched only once this
+// thread saw the event fire; until then it is held and later jobs go ahead of it. Nothing of
+// ours ever waits on another process's event on the device: an event whose process died before
+// its stream reached the record never fires, and a stream waiting on it (with the streams that
+// share its hardware queue) stays blocked for good (benchmarks/pd_gpu.md, seventh session).
+// Held, such a batch fails at its deadline, having written nothing, and blocks no other. So jobs
+// reach `launched` in submission order except held batches, which go once their event fired;
+// notifications are handed over at their turn and must be held to the batches before them by
+// the caller (NoteGate).
+//
+// A job whose deadline passes while it is queued or held is not launched: `launched` gets it
+// with kTimeout and no event. One whose event failed gets that error, and no event.
 //
 // Thread-safety: Submit, TakeQueued and Recycle from any thread. `launched` runs on the poster's
 // thread with no lock of the poster's held; it must not call Submit synchronously in a way that
@@ -82,14 +91,16 @@ class Poster {
   Poster& operator=(const Poster&) = delete;
 
   void Submit(PostJob job);
-  // Removes `peer`'s queued jobs and adds their batches' completions to *failed. A job of the
-  // peer already in hand still goes to `launched`.
+  // Removes `peer`'s queued and held jobs and adds their batches' completions to *failed. A
+  // job of the peer already in hand still goes to `launched`.
   void TakeQueued(PeerId peer, std::vector<Completion>* failed);
   // An event whose batch finished, for a later batch to record again: no cudaEventCreate on the
   // posting path.
   void Recycle(CudaEvent event);
 
   static constexpr auto kDrainTimeout = std::chrono::seconds(10);
+  // How often held batches' events are queried while nothing else is to do.
+  static constexpr auto kGatePoll = std::chrono::microseconds(10);
 
  private:
   struct Channel {
@@ -98,6 +109,11 @@ class Poster {
   };
   Poster(int device, Launched launched) : device_(device), launched_(std::move(launched)) {}
   void Loop();
+  // Moves the held batches whose event fired (or failed, or whose deadline passed) to *open,
+  // in order (caller holds mu_).
+  void OpenGatesLocked(std::vector<PostJob>* open);
+  // Launches `job`, or fails it, or holds it while its event has not fired.
+  void Dispatch(PostJob job);
   Launch LaunchBatch(const PostJob& job);
   Result<CudaEvent> TakeEvent();
 
@@ -109,6 +125,7 @@ class Poster {
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<PostJob> queue_;            // guarded by mu_
+  std::deque<PostJob> held_;             // guarded by mu_: batches whose event has not fired
   std::vector<CudaEvent> spare_events_;  // guarded by mu_
   bool stop_ = false;                    // guarded by mu_
   std::thread thread_;

@@ -178,7 +178,7 @@ class Connector {
   // both). kvd opens each cache through CUDA IPC (a VMM allocation: through its fd, passed over
   // kvd's socket) once and keeps it open until the engine leaves.
   // Also creates one interprocess CUDA event per layer and shares it with kvd, so kvd's copies of
-  // a saved layer wait on the device for the engine's writes (no host sync in the engine).
+  // a saved layer wait for the engine's writes (no host sync in the engine).
   // Returned KvCache.base is the engine's device pointer. Every cache must live on one device
   // and have the same layer count. kUnsupported in builds without CUDA, in embedded mode (CUDA
   // IPC cannot open memory of its own process), or when kvd's transport cannot reach GPU memory;
@@ -188,7 +188,7 @@ class Connector {
   // Prefill: `layer` of `request` is written in `block_ids`; kvd may send it now. For GPU caches
   // it first records the layer's event on `cuda_stream` (a cudaStream_t of the caches' device;
   // nullptr = the legacy default stream), after the work that writes the layer: kvd's copy waits
-  // for that record on the device (or, when the stream has already run everything it was
+  // for that record (or, when the stream has already run everything it was
   // given, there is nothing to wait for: no record, and kvd copies at once). In pull mode kvd
   // moves every layer at once after the last layer's event, so record the layers in order on one
   // stream (as a forward pass does). Host caches ignore the stream.

@@ -67,7 +67,8 @@ int kv_register_kv_caches(kv_connector* c, const kv_layout* layouts, size_t coun
 /* Once, instead of kv_register_kv_caches: registers `count` caches the engine allocated itself
  * on CUDA device `device` (cudaMalloc, or a VMM allocation created with the POSIX fd handle
  * type), bases[i] holding layouts[i]. kvd opens them through CUDA IPC or the VMM fd; per-layer
- * CUDA events are shared with kvd so its copies wait for the engine's writes on the device.
+ * CUDA events are shared with kvd so its copies wait for the engine's writes (no host sync in the
+ * engine).
  * KV_UNSUPPORTED (10) without CUDA, in embedded mode, or when kvd's transport cannot
  * reach GPU memory; KV_INVALID_ARGUMENT (1) for a pointer that is not device memory of device. */
 int kv_register_gpu_kv_caches(kv_connector* c, const kv_layout* layouts, void* const* bases,

@@ -74,7 +74,7 @@ struct Engine {
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;
   // GPU engines: the engine's per-layer events, opened here (RegisterLayerEvents). A copy of
-  // layer l out of this engine's regions waits on the device for event(l) (post_after).
+  // layer l out of this engine's regions waits for event(l) (post_after).
   std::shared_ptr<transport::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
 };
@@ -252,7 +252,7 @@ class Daemon::Core {
   Result<uint32_t> HandleRegisterGpu(Engine& engine, const proto::RegisterGpuRegion& reg);
   Status HandleLayerEvents(Engine& engine, const proto::RegisterLayerEvents& m);
   // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
-  // copies first wait on the device for its event of that layer (the last layer moved).
+  // copies first wait for its event of that layer (the last layer moved).
   Status PostFromEngine(const Engine& engine, int event_layer, const transport::Batch& batch,
                         transport::Completion done);
 

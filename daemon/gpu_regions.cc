@@ -1,6 +1,6 @@
 // GPU engines in kvd: their KV caches opened through CUDA IPC (cudaMalloc memory) or their VMM
 // allocations' fds, their per-layer events, and batches out of their regions ordered after those
-// events on the device.
+// events (post_after: device_ordered.h).
 #include <spdlog/spdlog.h>
 
 #include "daemon/core.h"

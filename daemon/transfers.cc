@@ -334,9 +334,9 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
           return layer_plan != nullptr ? layer_plan->AppendLayer(begin, plan)
                                        : PlanTransfer(src->layout, dst.layouts[i], spec, plan);
         };
-        // GPU sources wait on the device for the engine's event of the range's last layer (a
-        // pull range: the engine records its layers in order on one stream), unless no save of
-        // the range recorded it: the engine's stream had run everything when it saved.
+        // GPU sources wait for the engine's event of the range's last layer (a pull range: the
+        // engine records its layers in order on one stream), unless no save of the range
+        // recorded it: the engine's stream had run everything when it saved.
         const bool wait = std::any_of(rank.recorded.begin() + begin, rank.recorded.begin() + end,
                                       [](bool r) { return r; });
         KV_ASSIGN_OR_RETURN(Queued queued, QueueSend(*engine, src, dst.remotes[i], end - 1, wait,

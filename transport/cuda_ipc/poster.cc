@@ -157,11 +157,73 @@ void Poster::Dispatch(PostJob job) {
       held_.push_back(std::move(job));
       return;
     }
-    launch = fired.ok() ? LaunchBatch(job) : Launch{-1, {}, fired.status()};
+    if (!fired.ok()) {
+      launched_(std::move(job), Launch{-1, {}, fired.status()});
+      return;
+    }
+    LaunchCoalesced(std::move(job));
+    return;
   } else {
-    launch = LaunchBatch(job);
+    LaunchCoalesced(std::move(job));
+    return;
   }
   launched_(std::move(job), std::move(launch));
+}
+
+void Poster::LaunchCoalesced(PostJob job) {
+  std::vector<PostJob> jobs;
+  jobs.push_back(std::move(job));
+  {
+    std::lock_guard lock(mu_);
+    const auto now = Clock::now();
+    for (auto it = queue_.begin(); it != queue_.end() && jobs.size() < kMaxCoalesced;) {
+      if (it->is_note) break;  // launches may pass each other, but not beyond a note
+      bool ready = it->src == jobs[0].src && it->dst == jobs[0].dst && now < it->deadline;
+      if (ready && it->wait_event != nullptr) {
+        Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(it->wait_event));
+        ready = fired.ok() && *fired;
+      }
+      if (!ready) {
+        ++it;
+        continue;
+      }
+      jobs.push_back(std::move(*it));
+      it = queue_.erase(it);
+    }
+  }
+  if (jobs.size() == 1) {
+    Launch launch = LaunchBatch(jobs[0]);
+    launched_(std::move(jobs[0]), std::move(launch));
+    return;
+  }
+  PostJob merged;
+  merged.src = jobs[0].src;
+  merged.dst = jobs[0].dst;
+  for (const PostJob& j : jobs) {
+    merged.runs.insert(merged.runs.end(), j.runs.begin(), j.runs.end());
+    merged.groups.insert(merged.groups.end(), j.groups.begin(), j.groups.end());
+  }
+  Launch first = LaunchBatch(merged);
+  std::vector<Launch> launches;
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    Launch follower{first.channel, {}, first.status};
+    if (first.event.get() != nullptr) {
+      cudaStream_t stream = channels_[first.channel].stream.get();
+      auto event = TakeEvent();
+      Status recorded = event.ok() ? event->Record(stream) : event.status();
+      if (recorded.ok()) {
+        follower.event = std::move(event).value();
+      } else {
+        // No event behind copies that may still run: wait for them here, bounded.
+        DrainStream(stream, kDrainTimeout);
+        if (follower.status.ok()) follower.status = recorded;
+      }
+    }
+    launches.push_back(std::move(follower));
+  }
+  launched_(std::move(jobs[0]), std::move(first));
+  for (size_t i = 1; i < jobs.size(); ++i)
+    launched_(std::move(jobs[i]), std::move(launches[i - 1]));
 }
 
 Launch Poster::LaunchBatch(const PostJob& job) {

@@ -101,6 +101,7 @@ class Poster {
   static constexpr auto kDrainTimeout = std::chrono::seconds(10);
   // How often held batches' events are queried while nothing else is to do.
   static constexpr auto kGatePoll = std::chrono::microseconds(10);
+  static constexpr size_t kMaxCoalesced = 8;
 
  private:
   struct Channel {
@@ -114,6 +115,9 @@ class Poster {
   void OpenGatesLocked(std::vector<PostJob>* open);
   // Launches `job`, or fails it, or holds it while its event has not fired.
   void Dispatch(PostJob job);
+  // Launches `job` with the batches queued behind it (before any note) between the same two
+  // regions that are ready to run too, up to kMaxCoalesced, as one copy; each gets an event.
+  void LaunchCoalesced(PostJob job);
   Launch LaunchBatch(const PostJob& job);
   Result<CudaEvent> TakeEvent();
 

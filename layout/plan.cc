@@ -49,23 +49,17 @@ struct TokenRange {
 // Appends pieces in ascending destination order, joining each to the previous run when it
 // continues it on both sides. Entries the plan held before are left alone.
 //
-// With groups on, every piece goes to plan->groups instead (a lone piece is a group of one
-// row), and a piece or pattern that continues the last group's progression extends it: the
-// rows in order are exactly the runs the writer would have made, at a cost per group instead
-// of per run (a TP split's page is one pattern of 16 rows).
+// A pattern may also be appended as groups (to plan->groups), extending the last group where it
+// continues that group's progression: the rows in order are exactly the runs the writer would
+// have made, at a cost per group instead of per run (a TP split's page is one pattern of 16
+// rows). A plan is written one way or the other, never both.
 class RunWriter {
  public:
-  RunWriter(Plan* plan, bool groups)
-      : plan_(plan), groups_(groups), first_(groups ? plan->groups.size() : plan->runs.size()) {}
+  explicit RunWriter(Plan* plan)
+      : plan_(plan), first_run_(plan->runs.size()), first_group_(plan->groups.size()) {}
   void Add(int64_t src, int64_t dst, int64_t length) {
     plan_->bytes += static_cast<uint64_t>(length);
-    const uint64_t s = static_cast<uint64_t>(src), d = static_cast<uint64_t>(dst);
-    const uint64_t n = static_cast<uint64_t>(length);
-    if (groups_) {
-      Append({s, d, n, 1, 0, 0});
-    } else {
-      Join(s, d, n);
-    }
+    Join(static_cast<uint64_t>(src), static_cast<uint64_t>(dst), static_cast<uint64_t>(length));
   }
   // Appends `pattern` (runs relative to its first byte, already joined among themselves, of
   // `bytes` in all) shifted to (src, dst): only its first run can join the previous one.
@@ -78,7 +72,7 @@ class RunWriter {
       runs.push_back({s + r.src_offset, d + r.dst_offset, r.length});
     }
   }
-  // The same for a pattern held as groups (GroupRuns of such runs), with groups on.
+  // The same for a pattern held as groups (GroupRuns of such runs).
   void AddPattern(std::span<const RunGroup> pattern, uint64_t bytes, int64_t src, int64_t dst) {
     plan_->bytes += bytes;
     const uint64_t s = static_cast<uint64_t>(src), d = static_cast<uint64_t>(dst);
@@ -92,7 +86,7 @@ class RunWriter {
  private:
   void Join(uint64_t src, uint64_t dst, uint64_t length) {
     auto& runs = plan_->runs;
-    if (runs.size() > first_) {
+    if (runs.size() > first_run_) {
       Run& last = runs.back();
       if (last.src_offset + last.length == src && last.dst_offset + last.length == dst) {
         last.length += length;
@@ -104,7 +98,7 @@ class RunWriter {
 
   void Append(RunGroup g) {
     auto& groups = plan_->groups;
-    if (groups.size() == first_) {
+    if (groups.size() == first_group_) {
       groups.push_back(g);
       return;
     }
@@ -145,8 +139,7 @@ class RunWriter {
   }
 
   Plan* plan_;
-  bool groups_;
-  size_t first_;
+  size_t first_run_, first_group_;  // entries held before, never joined to
 };
 
 template <typename Fn>
@@ -452,7 +445,7 @@ Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& sp
       spec.layer_begin * src.stride(Axis::kL) + src.local_head(head_begin) * src.stride(Axis::kH);
   const int64_t dst_base =
       spec.layer_begin * dst.stride(Axis::kL) + dst.local_head(head_begin) * dst.stride(Axis::kH);
-  RunWriter writer(plan, write_groups);
+  RunWriter writer(plan);
   auto add_piece = [&](int64_t length) {
     return [&writer, length](int64_t s, int64_t d) { writer.Add(s, d, length); };
   };
@@ -469,7 +462,7 @@ Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& sp
     }
     if (r.count != pattern_count) {
       pattern = Plan{};
-      RunWriter relative(&pattern, /*groups=*/false);
+      RunWriter relative(&pattern);
       for (int64_t i = 0; i < r.count; ++i) {
         ForEach(inner, i * src_n, i * dst_n,
                 [&](int64_t ps, int64_t pd) { relative.Add(ps, pd, token_bytes); });

@@ -339,6 +339,7 @@ class PeerBody {
     for (auto& future : futures) {
       if (future.valid()) (void)future.wait_for(kBound);
     }
+    // Disconnected, their outcomes were taken above (kAborted): none is left for the caller.
     if (!verdict.ok() || disconnect) futures.clear();
     return verdict;
   }

@@ -62,6 +62,18 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(peer.ok()) << peer.status().ToString();
     return peer.ok() ? std::move(*peer) : Peer{};
   }
+  // `receiver` holds nothing written yet; then `p`'s runs, posted in time, land (a peer that was
+  // disconnected connects again).
+  void ExpectUntouchedThenLanding(Peer& sender, Peer& receiver, const Planned& p) {
+    auto bytes = Dump(receiver);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_TRUE(
+        std::all_of(bytes->begin(), bytes->end(), [](uint8_t b) { return b == kUntouched; }));
+    ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());
+    bytes = Dump(receiver);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  }
 };
 
 TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
@@ -148,14 +160,7 @@ TEST_P(GpuTransferTest, BatchPastItsDeadlineWritesNothing) {
   TransferOptions late;
   late.expired = true;
   EXPECT_EQ(Code::kTimeout, Transfer(sender, receiver, Op::kPut, p.runs, late).code());
-  auto bytes = Dump(receiver);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(std::all_of(bytes->begin(), bytes->end(), [](uint8_t b) { return b == kUntouched; }));
-  // The same runs in time still land.
-  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());
-  bytes = Dump(receiver);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  ExpectUntouchedThenLanding(sender, receiver, p);
   EXPECT_TRUE(Stop(sender).ok());
   EXPECT_TRUE(Stop(receiver).ok());
 }
@@ -175,14 +180,7 @@ TEST_P(GpuTransferTest, DisconnectFailsHeldBatchesThatThenNeverWrite) {
   cut.disconnect_while_gated = true;
   Status s = Transfer(sender, receiver, Op::kPut, p.runs, cut);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  auto bytes = Dump(receiver);  // the event fired before Transfer returned
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(std::all_of(bytes->begin(), bytes->end(), [](uint8_t b) { return b == kUntouched; }));
-  // The peer connects again and the same runs land.
-  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, p.runs).ok());
-  bytes = Dump(receiver);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  ExpectUntouchedThenLanding(sender, receiver, p);  // the event fired before Transfer returned
   EXPECT_TRUE(Stop(sender).ok());
   EXPECT_TRUE(Stop(receiver).ok());
 }

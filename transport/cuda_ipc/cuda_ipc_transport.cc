@@ -268,7 +268,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     Socket socket;
     bool dead = false;  // guarded by mu_
   };
-  // A batch on the stream, or a notification waiting for the batches before it.
+  // A batch on the stream, or a notification waiting for the batches posted before it (the gate
+  // knows them; some may still be held by the poster).
   struct Pending {
     PeerId peer = 0;
     bool is_note = false;
@@ -288,8 +289,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     return Status::Ok();
   }
 
-  // On the poster's thread, in submission order: the batch's copies are enqueued (or failed),
-  // or the note's turn came; either now waits in pending_ for the progress thread.
+  // On the poster's thread, in launch order (submission order, except that a batch held for its
+  // event, or taken into another's launch, goes when launched): the batch's copies are enqueued
+  // (or failed), or the note's turn came; either now waits in pending_ for the progress thread.
   void OnLaunched(gpu::PostJob job, gpu::Launch launch) {
     Status failed = Status::Ok();  // a batch that completes here, with this
     {

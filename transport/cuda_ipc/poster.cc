@@ -103,9 +103,11 @@ Result<CudaEvent> Poster::TakeEvent() {
 
 void Poster::Loop() {
   DeviceGuard guard(device_);
-  // So that a wait of kGatePoll lasts about that, not the default 50 us of timer slack more.
+  // So that a wait of kGatePoll lasts about that, not the default 50 us of timer slack more
+  // (best effort: without it the gate opens up to 50 us later).
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   std::vector<PostJob> open;
+  auto last_opened = Clock::now();
   while (true) {
     std::optional<PostJob> next;
     {
@@ -114,10 +116,11 @@ void Poster::Loop() {
       if (held_.empty()) {
         wake_.wait(lock, ready);
       } else {
-        wake_.wait_for(lock, kGatePoll, ready);
+        const bool spinning = Clock::now() - last_opened < kGateSpin;
+        wake_.wait_for(lock, spinning ? kGatePoll : kGateBackoff, ready);
       }
       if (stop_) return;
-      OpenGatesLocked(&open);
+      if (OpenGatesLocked(&open) || held_.empty()) last_opened = Clock::now();
       if (!queue_.empty()) {
         next = std::move(queue_.front());
         queue_.pop_front();
@@ -129,7 +132,8 @@ void Poster::Loop() {
   }
 }
 
-void Poster::OpenGatesLocked(std::vector<PostJob>* open) {
+bool Poster::OpenGatesLocked(std::vector<PostJob>* open) {
+  const size_t before = open->size();
   const auto now = Clock::now();
   for (auto it = held_.begin(); it != held_.end();) {
     Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(it->wait_event));
@@ -140,38 +144,40 @@ void Poster::OpenGatesLocked(std::vector<PostJob>* open) {
     open->push_back(std::move(*it));
     it = held_.erase(it);
   }
+  return open->size() > before;
 }
 
 void Poster::Dispatch(PostJob job) {
-  Launch launch;
   if (job.is_note) {
-    // nothing to launch: the caller holds the note to the batches before it
-  } else if (Clock::now() >= job.deadline) {
-    launch.status = Status::Timeout(
-        "cuda_ipc: batch passed its deadline before it was launched (queued, or waiting for its "
-        "event)");
-  } else if (job.wait_event != nullptr) {
+    launched_(std::move(job), Launch{});  // the caller holds it to the batches before it
+    return;
+  }
+  if (Clock::now() >= job.deadline) {
+    launched_(std::move(job),
+              Launch{-1,
+                     {},
+                     Status::Timeout("cuda_ipc: batch passed its deadline before it was launched "
+                                     "(queued, or waiting for its event)")});
+    return;
+  }
+  if (job.wait_event != nullptr) {
     Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(job.wait_event));
-    if (fired.ok() && !*fired) {
-      std::lock_guard lock(mu_);
-      held_.push_back(std::move(job));
-      return;
-    }
     if (!fired.ok()) {
       launched_(std::move(job), Launch{-1, {}, fired.status()});
       return;
     }
-    LaunchCoalesced(std::move(job));
-    return;
-  } else {
-    LaunchCoalesced(std::move(job));
-    return;
+    if (!*fired) {
+      std::lock_guard lock(mu_);
+      held_.push_back(std::move(job));
+      return;
+    }
   }
-  launched_(std::move(job), std::move(launch));
+  LaunchCoalesced(std::move(job));
 }
 
 void Poster::LaunchCoalesced(PostJob job) {
-  std::vector<PostJob> jobs;
+  std::vector<PostJob>& jobs = coalesced_;
+  jobs.clear();
   jobs.push_back(std::move(job));
   {
     std::lock_guard lock(mu_);
@@ -196,50 +202,52 @@ void Poster::LaunchCoalesced(PostJob job) {
     launched_(std::move(jobs[0]), std::move(launch));
     return;
   }
-  PostJob merged;
-  merged.src = jobs[0].src;
-  merged.dst = jobs[0].dst;
+  merged_.src = jobs[0].src;
+  merged_.dst = jobs[0].dst;
+  merged_.runs.clear();
+  merged_.groups.clear();
   for (const PostJob& j : jobs) {
-    merged.runs.insert(merged.runs.end(), j.runs.begin(), j.runs.end());
-    merged.groups.insert(merged.groups.end(), j.groups.begin(), j.groups.end());
+    merged_.runs.insert(merged_.runs.end(), j.runs.begin(), j.runs.end());
+    merged_.groups.insert(merged_.groups.end(), j.groups.begin(), j.groups.end());
   }
-  Launch first = LaunchBatch(merged);
+  // The first batch's event is the merged copy's; each follower's is recorded right behind it.
   std::vector<Launch> launches;
+  launches.reserve(jobs.size());  // `first` below stays valid
+  launches.push_back(LaunchBatch(merged_));
+  const Launch& first = launches.front();
   for (size_t i = 1; i < jobs.size(); ++i) {
-    Launch follower{first.channel, {}, first.status};
-    if (first.event.get() != nullptr) {
-      cudaStream_t stream = channels_[first.channel].stream.get();
-      auto event = TakeEvent();
-      Status recorded = event.ok() ? event->Record(stream) : event.status();
-      if (recorded.ok()) {
-        follower.event = std::move(event).value();
-      } else {
-        // No event behind copies that may still run: wait for them here, bounded.
-        DrainStream(stream, kDrainTimeout);
-        if (follower.status.ok()) follower.status = recorded;
-      }
-    }
-    launches.push_back(std::move(follower));
+    launches.push_back(first.event.get() != nullptr ? RecordBehind(first.channel, first.status)
+                                                    : Launch{first.channel, {}, first.status});
   }
-  launched_(std::move(jobs[0]), std::move(first));
-  for (size_t i = 1; i < jobs.size(); ++i)
-    launched_(std::move(jobs[i]), std::move(launches[i - 1]));
+  for (size_t i = 0; i < jobs.size(); ++i) launched_(std::move(jobs[i]), std::move(launches[i]));
+}
+
+Launch Poster::RecordBehind(int channel, Status status) {
+  cudaStream_t stream = channels_[channel].stream.get();
+  Launch launch{channel, {}, std::move(status)};
+  auto event = TakeEvent();
+  Status recorded = event.ok() ? event->Record(stream) : event.status();
+  if (recorded.ok()) {
+    launch.event = std::move(event).value();
+    return launch;
+  }
+  if (launch.status.ok()) launch.status = recorded;
+  if (!DrainStream(stream, kDrainTimeout)) {
+    launch.status = launch.status.WithContext("copies still ran after " +
+                                              std::to_string(kDrainTimeout.count()) + " s");
+  }
+  return launch;
 }
 
 Launch Poster::LaunchBatch(const PostJob& job) {
-  Launch launch;
-  launch.channel = next_channel_;
+  const int index = next_channel_;
   next_channel_ = (next_channel_ + 1) % kChannels;
-  Channel& channel = channels_[launch.channel];
+  Channel& channel = channels_[index];
   cudaStream_t stream = channel.stream.get();
-  auto event = TakeEvent();
-  if (!event.ok()) {
-    launch.status = event.status();  // nothing enqueued yet
-    return launch;
-  }
-  Status s = Status::Ok();  // the job's event, if any, fired: nothing waits for it here
-  bool enqueued = false;    // whether any copy may be on the stream
-  if (s.ok() && !job.runs.empty()) {
+  // The job's event, if any, fired: nothing on the stream waits for it.
+  Status s = Status::Ok();
+  bool enqueued = false;  // whether any copy may be on the stream
+  if (!job.runs.empty()) {
     enqueued = true;
     s = channel.copier->Copy(job.src, job.dst, job.runs, kernels::CopyDirection::kPeer, stream);
   }
@@ -248,25 +256,10 @@ Launch Poster::LaunchBatch(const PostJob& job) {
     s = channel.copier->CopyGroups(job.src, job.dst, job.groups, kernels::CopyDirection::kPeer,
                                    stream);
   }
-  launch.status = s;
-  // Behind every successful launch, and behind a failed one that may have enqueued copies:
-  // the batch completes only once they stopped writing.
-  if (s.ok() || enqueued) {
-    Status recorded = event->Record(stream);
-    if (recorded.ok()) {
-      launch.event = std::move(event).value();
-    } else if (s.ok()) {
-      launch.status = recorded;
-    }
-  }
-  if (!launch.status.ok() && enqueued && launch.event.get() == nullptr) {
-    // No event behind copies that may still run: wait for the channel here, bounded.
-    if (!DrainStream(stream, kDrainTimeout)) {
-      launch.status = launch.status.WithContext("copies of the failed batch still ran after " +
-                                                std::to_string(kDrainTimeout.count()) + " s");
-    }
-  }
-  return launch;
+  // Behind every successful launch, and behind a failed one that may have enqueued copies: the
+  // batch completes only once they stopped writing.
+  if (s.ok() || enqueued) return RecordBehind(index, std::move(s));
+  return Launch{index, {}, std::move(s)};  // nothing enqueued
 }
 
 }  // namespace kv::transport::gpu

@@ -103,8 +103,12 @@ class Poster {
   void Recycle(CudaEvent event);
 
   static constexpr auto kDrainTimeout = std::chrono::seconds(10);
-  // How often held batches' events are queried while nothing else is to do.
+  // How often held batches' events are queried while nothing else is to do: kGatePoll, or
+  // kGateBackoff once none has fired for kGateSpin (an engine far behind, or one that died
+  // mid-layer and whose batch waits out its deadline, costs no core).
   static constexpr auto kGatePoll = std::chrono::microseconds(10);
+  static constexpr auto kGateSpin = std::chrono::milliseconds(10);
+  static constexpr auto kGateBackoff = std::chrono::microseconds(100);
   static constexpr size_t kMaxCoalesced = 8;
 
  private:
@@ -115,20 +119,25 @@ class Poster {
   Poster(int device, Launched launched) : device_(device), launched_(std::move(launched)) {}
   void Loop();
   // Moves the held batches whose event fired (or failed, or whose deadline passed) to *open,
-  // in order (caller holds mu_).
-  void OpenGatesLocked(std::vector<PostJob>* open);
+  // in order (caller holds mu_). Returns whether it moved any.
+  bool OpenGatesLocked(std::vector<PostJob>* open);
   // Launches `job`, or fails it, or holds it while its event has not fired.
   void Dispatch(PostJob job);
   // Launches `job` with the batches queued behind it (before any note) between the same two
   // regions that are ready to run too, up to kMaxCoalesced, as one copy; each gets an event.
   void LaunchCoalesced(PostJob job);
   Launch LaunchBatch(const PostJob& job);
+  // An event recorded on `channel` behind what is on it; a failure waits for the channel
+  // (bounded) instead, since copies may still run with nothing to watch them by.
+  Launch RecordBehind(int channel, Status status);
   Result<CudaEvent> TakeEvent();
 
   const int device_;
   const Launched launched_;
-  std::vector<Channel> channels_;  // the poster's thread only (and Start / the destructor)
-  int next_channel_ = 0;           // likewise
+  std::vector<Channel> channels_;   // the poster's thread only (and Start / the destructor)
+  int next_channel_ = 0;            // likewise
+  std::vector<PostJob> coalesced_;  // LaunchCoalesced's, reused: likewise
+  PostJob merged_;                  // likewise
 
   std::mutex mu_;
   std::condition_variable wake_;

@@ -13,15 +13,44 @@ namespace {
 constexpr int kCopyThreads = 1024;
 constexpr uint64_t kOffsetMask = kPlanCopyMaxOffset - 1;
 
+// A launch of fewer chunks than the grid has warps would leave most SMs idle: a layer of one
+// TP 1 -> 2 request is 256 chunks, 8 CTAs' worth, and 32 MiB launches of such pages over four
+// streams ran at 0.918 of the peer copy against 0.934 for one launch of them all (H200 pair,
+// benchmarks/pd_gpu.md, ninth session). So such a launch gives each chunk 2^log2_parts warps,
+// each copying a slice of its vectors; the slices are cut at 512-byte steps, a warp's width of
+// 16-byte vectors, so every warp's accesses stay aligned and coalesced.
+constexpr int kMaxLog2Parts = 4;
+
+__device__ __forceinline__ unsigned SliceStart(unsigned units, unsigned part, unsigned parts) {
+  return part == parts ? units : (units * part / parts) & ~31u;
+}
+
 // Warp w copies chunks [C·w / W, C·(w + 1) / W): balanced to one chunk, and the warp reads the
 // descriptors of 32 chunks with one 16-byte load per lane, then hands them round by shuffles, so
-// between two chunks it waits on no memory.
+// between two chunks it waits on no memory. With parts, it copies slices of chunks instead.
 __global__ void __launch_bounds__(kCopyThreads)
     PlanCopyKernel(const unsigned char* src, unsigned char* dst, const uint4* chunks,
-                   uint64_t num_chunks) {
+                   uint64_t num_chunks, int log2_parts) {
   const int lane = threadIdx.x & 31;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
   const uint64_t warp = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (log2_parts > 0) {
+    const unsigned parts = 1u << log2_parts;
+    const uint64_t items = num_chunks << log2_parts, end = items * (warp + 1) / warps;
+    for (uint64_t item = items * warp / warps; item < end; ++item) {
+      const uint4 c = chunks[item >> log2_parts];
+      const uint64_t s = c.x | uint64_t{c.y} << 32, d = c.z | uint64_t{c.w} << 32;
+      // In 16-byte units: a slice starts on a 512-byte step from the chunk's start.
+      const unsigned length = static_cast<unsigned>(d >> 48) + 1, units = (length + 15) / 16;
+      const unsigned part = static_cast<unsigned>(item) & (parts - 1);
+      const unsigned from = SliceStart(units, part, parts) * 16;
+      const unsigned to = min(length, SliceStart(units, part + 1, parts) * 16);
+      if (from < to) {
+        detail::WarpCopy(src + s + from, dst + (d & kOffsetMask) + from, to - from, lane);
+      }
+    }
+    return;
+  }
   const uint64_t end = num_chunks * (warp + 1) / warps;
   for (uint64_t base = num_chunks * warp / warps; base < end; base += 32) {
     const uint4 mine = base + lane < end ? chunks[base + lane] : make_uint4(0, 0, 0, 0);
@@ -36,17 +65,66 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// Slice `part` of `parts` of one group chunk. A chunk whose rows are all 16-byte aligned on both
+// sides is copied as one flat range of vectors over its rows, kUnroll loads in flight per lane
+// (a 2 KiB row alone gives a lane 4); any other chunk row by row, by its first slice alone.
+__device__ __forceinline__ void CopyGroupChunk(const unsigned char* src, unsigned char* dst,
+                                               uint64_t sw, uint64_t dw, uint64_t ss, uint64_t ds,
+                                               unsigned part, unsigned parts, int lane) {
+  constexpr int kUnroll = 8;
+  const unsigned rows = static_cast<unsigned>(sw >> 48) + 1;
+  const unsigned length = static_cast<unsigned>(dw >> 48) + 1;
+  const unsigned char* s = src + (sw & kOffsetMask);
+  unsigned char* d = dst + (dw & kOffsetMask);
+  const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) |
+                          length | (rows > 1 ? (ss | ds) : 0);
+  if ((align & 15) != 0) {
+    if (part != 0) return;
+    for (unsigned r = 0; r < rows; ++r) detail::WarpCopy(s + r * ss, d + r * ds, length, lane);
+    return;
+  }
+  const unsigned per_row = length / 16, vectors = rows * per_row;
+  const unsigned end = SliceStart(vectors, part + 1, parts);
+  unsigned v = SliceStart(vectors, part, parts) + lane;
+  for (; v + 32 * (kUnroll - 1) < end; v += 32 * kUnroll) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const unsigned at = v + 32 * u, row = at / per_row, col = at - row * per_row;
+      r[u] = reinterpret_cast<const uint4*>(s + row * ss)[col];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const unsigned at = v + 32 * u, row = at / per_row, col = at - row * per_row;
+      reinterpret_cast<uint4*>(d + row * ds)[col] = r[u];
+    }
+  }
+  for (; v < end; v += 32) {
+    const unsigned row = v / per_row, col = v - row * per_row;
+    reinterpret_cast<uint4*>(d + row * ds)[col] = reinterpret_cast<const uint4*>(s + row * ss)[col];
+  }
+}
+
 // The group kernel: warps split the chunk table as above, two 16-byte loads per lane for 32
-// descriptors. A chunk whose rows are all 16-byte aligned on both sides is copied as one flat
-// range of vectors over its rows, kUnroll loads in flight per lane (a 2 KiB row alone gives a
-// lane 4); any other chunk row by row.
+// descriptors; with parts, slices of chunks as PlanCopyKernel.
 __global__ void __launch_bounds__(kCopyThreads)
     PlanCopyGroupKernel(const unsigned char* src, unsigned char* dst, const uint4* chunks,
-                        uint64_t num_chunks) {
-  constexpr int kUnroll = 8;
+                        uint64_t num_chunks, int log2_parts) {
   const int lane = threadIdx.x & 31;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
   const uint64_t warp = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (log2_parts > 0) {
+    const unsigned parts = 1u << log2_parts;
+    const uint64_t items = num_chunks << log2_parts, end = items * (warp + 1) / warps;
+    for (uint64_t item = items * warp / warps; item < end; ++item) {
+      const uint64_t c = item >> log2_parts;
+      const uint4 a = chunks[2 * c], b = chunks[2 * c + 1];
+      CopyGroupChunk(src, dst, a.x | uint64_t{a.y} << 32, a.z | uint64_t{a.w} << 32,
+                     b.x | uint64_t{b.y} << 32, b.z | uint64_t{b.w} << 32,
+                     static_cast<unsigned>(item) & (parts - 1), parts, lane);
+    }
+    return;
+  }
   const uint64_t end = num_chunks * (warp + 1) / warps;
   for (uint64_t base = num_chunks * warp / warps; base < end; base += 32) {
     const bool have = base + lane < end;
@@ -56,46 +134,23 @@ __global__ void __launch_bounds__(kCopyThreads)
     const uint64_t src_step = b.x | uint64_t{b.y} << 32, dst_step = b.z | uint64_t{b.w} << 32;
     const int count = static_cast<int>(min(uint64_t{32}, end - base));
     for (int i = 0; i < count; ++i) {
-      const uint64_t sw = __shfl_sync(0xffffffffu, src_word, i);
-      const uint64_t dw = __shfl_sync(0xffffffffu, dst_word, i);
-      const uint64_t ss = __shfl_sync(0xffffffffu, src_step, i);
-      const uint64_t ds = __shfl_sync(0xffffffffu, dst_step, i);
-      const unsigned rows = static_cast<unsigned>(sw >> 48) + 1;
-      const unsigned length = static_cast<unsigned>(dw >> 48) + 1;
-      const unsigned char* s = src + (sw & kOffsetMask);
-      unsigned char* d = dst + (dw & kOffsetMask);
-      const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) |
-                              length | (rows > 1 ? (ss | ds) : 0);
-      if ((align & 15) != 0) {
-        for (unsigned r = 0; r < rows; ++r) detail::WarpCopy(s + r * ss, d + r * ds, length, lane);
-        continue;
-      }
-      const unsigned per_row = length / 16, vectors = rows * per_row;
-      unsigned v = lane;
-      for (; v + 32 * (kUnroll - 1) < vectors; v += 32 * kUnroll) {
-        uint4 r[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const unsigned at = v + 32 * u, row = at / per_row, col = at - row * per_row;
-          r[u] = reinterpret_cast<const uint4*>(s + row * ss)[col];
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const unsigned at = v + 32 * u, row = at / per_row, col = at - row * per_row;
-          reinterpret_cast<uint4*>(d + row * ds)[col] = r[u];
-        }
-      }
-      for (; v < vectors; v += 32) {
-        const unsigned row = v / per_row, col = v - row * per_row;
-        reinterpret_cast<uint4*>(d + row * ds)[col] =
-            reinterpret_cast<const uint4*>(s + row * ss)[col];
-      }
+      CopyGroupChunk(src, dst, __shfl_sync(0xffffffffu, src_word, i),
+                     __shfl_sync(0xffffffffu, dst_word, i), __shfl_sync(0xffffffffu, src_step, i),
+                     __shfl_sync(0xffffffffu, dst_step, i), 0, 1, lane);
     }
   }
 }
 
-int CtasFor(uint64_t num_chunks, int max_ctas) {
-  const uint64_t ctas_needed = (num_chunks + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
+// Warps per chunk (as a power of two): the fewest that give the grid's warps work.
+int Log2PartsFor(uint64_t num_chunks, int max_ctas) {
+  const uint64_t warps = static_cast<uint64_t>(max_ctas) * (kCopyThreads / 32);
+  int log2_parts = 0;
+  while (log2_parts < kMaxLog2Parts && (num_chunks << (log2_parts + 1)) <= warps) ++log2_parts;
+  return log2_parts;
+}
+
+int CtasFor(uint64_t items, int max_ctas) {
+  const uint64_t ctas_needed = (items + kCopyThreads / 32 - 1) / (kCopyThreads / 32);
   return static_cast<int>(std::min<uint64_t>(max_ctas, ctas_needed));
 }
 
@@ -108,10 +163,11 @@ Status LaunchPlanCopyGroups(const void* src_base, void* dst_base, const void* de
   if (max_ctas <= 0) {
     KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
   }
-  PlanCopyGroupKernel<<<CtasFor(num_chunks, max_ctas), kCopyThreads, 0,
+  const int log2_parts = Log2PartsFor(num_chunks, max_ctas);
+  PlanCopyGroupKernel<<<CtasFor(num_chunks << log2_parts, max_ctas), kCopyThreads, 0,
                         static_cast<cudaStream_t>(stream)>>>(
       static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
-      static_cast<const uint4*>(device_table), num_chunks);
+      static_cast<const uint4*>(device_table), num_chunks, log2_parts);
   return detail::LaunchStatus("plan copy group kernel");
 }
 
@@ -123,10 +179,11 @@ Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_t
   if (max_ctas <= 0) {
     KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
   }
-  PlanCopyKernel<<<CtasFor(num_chunks, max_ctas), kCopyThreads, 0,
+  const int log2_parts = Log2PartsFor(num_chunks, max_ctas);
+  PlanCopyKernel<<<CtasFor(num_chunks << log2_parts, max_ctas), kCopyThreads, 0,
                    static_cast<cudaStream_t>(stream)>>>(
       static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
-      static_cast<const uint4*>(device_table), num_chunks);
+      static_cast<const uint4*>(device_table), num_chunks, log2_parts);
   return detail::LaunchStatus("plan copy kernel");
 }
 

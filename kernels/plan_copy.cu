@@ -76,8 +76,8 @@ __device__ __forceinline__ void CopyGroupChunk(const unsigned char* src, unsigne
   const unsigned length = static_cast<unsigned>(dw >> 48) + 1;
   const unsigned char* s = src + (sw & kOffsetMask);
   unsigned char* d = dst + (dw & kOffsetMask);
-  const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) |
-                          length | (rows > 1 ? (ss | ds) : 0);
+  const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) | length |
+                          (rows > 1 ? (ss | ds) : 0);
   if ((align & 15) != 0) {
     if (part != 0) return;
     for (unsigned r = 0; r < rows; ++r) detail::WarpCopy(s + r * ss, d + r * ds, length, lane);

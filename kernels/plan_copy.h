@@ -7,8 +7,10 @@
 //  - The copy kernel: the whole run table in one launch. Runs are cut into chunks of at most
 //    kPlanCopyChunkBytes; each warp copies one contiguous range of the chunk table, so megabyte
 //    runs and one-byte runs balance, and reads the descriptors of 32 chunks with one load; 16-byte
-//    vectors where source, destination and length allow, narrower accesses otherwise. The grid
-//    is capped (PlanCopyOptions::max_ctas) so it can run beside model kernels.
+//    vectors where source, destination and length allow, narrower accesses otherwise. A table of
+//    fewer chunks than the grid has warps gives each chunk up to 16 warps, a slice each, so a
+//    small launch still spreads over the SMs. The grid is capped (PlanCopyOptions::max_ctas) so
+//    it can run beside model kernels.
 //  - The copy engine: cudaMemcpyBatchAsync, best for few large runs and for pinned-host copies
 //    that should leave the SMs alone.
 // ChooseCopyPath picks between the last two by run size and direction.

@@ -244,6 +244,51 @@ TEST(GpuPlanCopy, LaunchOverCallerTable) {
   EXPECT_EQ(dst.Download<unsigned char>(bytes), want);
 }
 
+// A launch of fewer chunks than the grid has warps splits each chunk into slices, one warp
+// each (plan_copy.cu): tables of 1 to 40 runs and a few groups, lengths from 1 byte to several
+// chunks, odd offsets and unaligned rows included, against the references; a grid of one CTA
+// copies the same tables whole.
+TEST(GpuPlanCopy, AFewChunksAreSlicedAcrossTheGrid) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(31);
+  const uint64_t bytes = 1 << 20;
+  const auto host = RandomBytes(rng, bytes);
+  DeviceBuffer src(bytes), dst(bytes);
+  src.Upload(host);
+  Stream stream;
+  for (int trial = 0; trial < 24; ++trial) {
+    const int ctas = trial % 4 == 3 ? 1 : 0;
+    std::vector<unsigned char> want(bytes, 0);
+    KV_CUDA_OK(cudaMemset(dst.get(), 0, bytes));
+    KV_CUDA_OK(cudaDeviceSynchronize());  // the legacy-stream memset before the copy
+    if (trial % 2 == 0) {
+      auto runs = RandomRuns(rng, bytes, bytes, trial % 3 == 0 ? 17 : 100000);
+      runs.resize(std::min<size_t>(runs.size(), 1 + trial % 40));
+      const uint64_t chunks = PlanCopyChunks(runs);
+      std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), chunks));
+      ASSERT_TRUE(EncodePlanCopyTable(runs, table.data(), table.size()).ok());
+      DeviceBuffer device_table(table.size());
+      device_table.Upload(table);
+      ASSERT_TRUE(LaunchPlanCopy(src.get(), dst.get(), device_table.get(), runs.size(), chunks,
+                                 PlanCopyOptions{ctas}, stream.opaque())
+                      .ok());
+      KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+      CopyRunsHost(host.data(), want.data(), runs);
+      ASSERT_EQ(dst.Download<unsigned char>(bytes), want) << "trial " << trial;
+    } else {
+      auto groups =
+          kv::testing::RandomGroups(rng, bytes, bytes, trial % 3 == 0 ? 50 : 40000, trial % 4 == 1);
+      groups.resize(std::min<size_t>(groups.size(), 1 + trial % 7));
+      auto copier = PlanCopier::Create(PlanCopyOptions{ctas});
+      ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+      ASSERT_TRUE((*copier)->CopyGroups(src.get(), dst.get(), groups, stream.opaque()).ok());
+      KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+      CopyGroupsHost(host.data(), want.data(), groups);
+      ASSERT_EQ(dst.Download<unsigned char>(bytes), want) << "trial " << trial;
+    }
+  }
+}
+
 TEST(GpuPlanCopy, IntoPeerGpu) {
   KV_SKIP_WITHOUT_CUDA();
   int count = 0, can = 0;

@@ -198,6 +198,19 @@ double DeviceCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions
             "plan copy kernel");
     });
     report.Add("plan copy kernel, " + tag, GBs(2 * total, kernel), ceiling, "GB/s");
+    // The same table in launches of 1024 chunks back to back: kvd's most common launch at
+    // TP 1 -> 2 (four coalesced batches of 256 half pages), few chunks for the grid to share.
+    const uint64_t per_launch = 1024;
+    const double launches = timer.MedianSeconds([&] {
+      const auto* table = static_cast<const kernels::PlanCopyChunk*>(device_table.p);
+      for (uint64_t at = 0; at < chunks; at += per_launch) {
+        Check(kernels::LaunchPlanCopy(src.get(), dst.get(), table + at, 0,
+                                      std::min(per_launch, chunks - at), options, timer.stream),
+              "plan copy kernel");
+      }
+    });
+    report.Add("plan copy kernel, launches of 1024 chunks, " + tag, GBs(2 * total, launches),
+               ceiling, "GB/s");
     // What a pipeline of transfers sees: encode, upload and launch per copy.
     const double copier_seconds = timer.MedianSeconds(
         [&] { Check((*copier)->Copy(src.get(), dst.get(), runs, timer.stream), "plan copy"); });
@@ -332,8 +345,9 @@ int KernelsMain(int argc, char** argv) {
         "kvbench kernels — the GPU kernels of kvd on the current device, each figure beside a\n"
         "ceiling measured in the same run (see benchmarks/kernels.md for recorded figures).\n\n"
         "  plan copy d2d of random 64 KiB / 16 KiB pages vs one cudaMemcpyAsync d2d (read+write):\n"
-        "    the kernel over a table already on the device, and PlanCopier::Copy (table encoded\n"
-        "    and uploaded per copy, overlapping the previous copy), with the host encoding time\n"
+        "    the kernel over a table already on the device (in one launch, and in launches of\n"
+        "    1024 chunks), and PlanCopier::Copy (table encoded and uploaded per copy,\n"
+        "    overlapping the previous copy), with the host encoding time\n"
         "  d2h / h2d pinned pages vs one large pinned cudaMemcpyAsync, and vs one memcpy a page\n"
         "  decode attention (bf16, 32 q heads / 8 kv heads, head_dim 128) K/V bytes read per\n"
         "  second vs the d2d copy bandwidth\n\nflags:\n%s",

@@ -247,7 +247,7 @@ TEST(GpuPlanCopy, LaunchOverCallerTable) {
 // A launch of fewer chunks than the grid has warps splits each chunk into slices, one warp
 // each (plan_copy.cu): tables of 1 to 40 runs and a few groups, lengths from 1 byte to several
 // chunks, odd offsets and unaligned rows included, against the references; a grid of one CTA
-// copies the same tables whole.
+// copies such tables in fewer slices, or none.
 TEST(GpuPlanCopy, AFewChunksAreSlicedAcrossTheGrid) {
   KV_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(31);

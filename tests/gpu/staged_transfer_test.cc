@@ -2,8 +2,8 @@
 // sender's GPU into pinned slots, UCX moves the slots, the receiver scatters on its GPU. Two
 // processes on one GPU are enough (the path crosses host memory either way): a layout
 // conversion (LBNHC → BLHNC, random block ids, a partial last block) put and verified byte for
-// byte after the sender's notification, a put gated on an engine's event (post_after), the
-// mirror get, and a killed receiver failing the next batch.
+// byte after the sender's notification, a put gated on an engine's event (post_after), one whose
+// event never fires, the mirror get, and a killed receiver failing the next batch.
 #include <gtest/gtest.h>
 
 #include "layout/kv_region.h"
@@ -61,7 +61,7 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
-// kvd orders a layer's transfer after the engine's event: the gathers wait on the device.
+// kvd orders a layer's transfer after the engine's event: the gathers start once it fired.
 TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("BLHNC", 32), 160);
   Peer sender = Start(p.src_bytes, kSrcSeed);
@@ -76,6 +76,30 @@ TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
   auto bytes = Dump(receiver);
   ASSERT_TRUE(bytes.ok());
   EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+}
+
+// An engine killed mid-layer leaves that layer's event unfired for good. The batch waiting for
+// it fails alone at its deadline having copied nothing, and a batch posted beside it lands
+// meanwhile (gathers that waited for the event on the device would have held that one too).
+TEST_F(StagedGpuTest, ABatchWhoseEventNeverFiresExpiresAndHoldsUpNoOther) {
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("LBNHC", 32), 256);
+  ASSERT_GT(p.runs.size(), 1u);
+  Peer sender = Start(p.src_bytes, kSrcSeed);
+  Peer receiver = Start(p.dst_bytes, -1);
+  ASSERT_TRUE(sender.process && receiver.process);
+  // The link and the copy kernels first: their set-up must not meet the held stream.
+  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, {p.runs.front()}).ok());
+  TransferOptions stuck;
+  stuck.never_fires = true;
+  Status s = Transfer(sender, receiver, Op::kPut, p.runs, stuck);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  // Only the batch posted beside it wrote, though the event fired before Transfer returned.
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok());
+  const std::vector<kv::Run> half(p.runs.begin(), p.runs.begin() + (p.runs.size() + 1) / 2);
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, half));
+  EXPECT_TRUE(Stop(sender).ok());
+  EXPECT_TRUE(Stop(receiver).ok());
 }
 
 TEST_F(StagedGpuTest, GetPullsIntoTheCallersLayout) {

@@ -13,10 +13,9 @@
 //
 // An event whose recording process dies before its stream reached the record never fires: a
 // stream waiting on it stayed blocked (18 s and counting, on the H200s; benchmarks/pd_gpu.md,
-// seventh session). So cuda_ipc and nccl (with its default host_gate) poll the event from the
-// host and enqueue nothing of the batch before it fired: such a batch fails at its deadline
-// having written nothing, and no stream of kvd's waits on it. staged (UCX out of GPU regions)
-// still waits on the device, and keeps that risk.
+// seventh session). So cuda_ipc, staged and nccl (with its default host_gate) poll the event
+// from the host and enqueue nothing of the batch before it fired: such a batch fails at its
+// deadline having written nothing, and no stream of kvd's waits on it.
 // Thread-safe like Transport::post().
 #pragma once
 

@@ -87,8 +87,10 @@ struct Job {
   std::vector<Chunk> chunks;
   Clock::time_point deadline;
   Completion done;
-  std::shared_ptr<const CapturedEvent> wait;  // post_after: gathers start after it, on the device
-  size_t started = 0;                         // chunks whose gather began
+  // post_after: the engine's event, not yet fired when posted. The job's gathers start only once
+  // the worker saw it fire (Pump); until then later jobs go ahead of it.
+  void* gate = nullptr;
+  size_t started = 0;   // chunks whose gather began
   size_t issued = 0;    // chunks handed to the inner transport (put, and kData when staged)
   size_t finished = 0;  // chunks in place at the destination
   int copying = 0;      // gathers still reading the user's memory
@@ -147,8 +149,8 @@ struct Region {
   MemoryLocation location;
 };
 
-// DeviceOrdered: a staged put out of a GPU region may wait for an engine's event on the device
-// (the gathers wait; nothing blocks on the host).
+// DeviceOrdered: a staged put out of a GPU region may wait for an engine's event (its gathers
+// start once the worker saw the event fire; nothing blocks the caller).
 class Core final : public Transport, public DeviceOrdered {
  public:
   Core(std::unique_ptr<Transport> inner, const Config& config);
@@ -180,7 +182,7 @@ class Core final : public Transport, public DeviceOrdered {
 
  private:
   // ---- worker plumbing (staged_transport.cc) ----
-  Status PostStaged(const Batch& batch, Completion done, std::shared_ptr<const CapturedEvent> wait);
+  Status PostStaged(const Batch& batch, Completion done, void* gate);
   void Enqueue(std::function<void()> task);
   void WorkerLoop();
   Stager& stager();
@@ -204,8 +206,10 @@ class Core final : public Transport, public DeviceOrdered {
   void FailLink(OutLink& link, const Status& why, const Job* culprit);
   void MaybeComplete(OutLink& link, const std::shared_ptr<Job>& job);
   void CheckDeadlines();
-  bool Busy() const;    // any copy or inner put still in flight
-  bool Active() const;  // any staged batch not yet complete
+  bool Busy() const;               // any copy or inner put still in flight
+  bool Active() const;             // any staged batch not yet complete
+  bool Gated() const;              // any staged batch still waiting for its engine's event
+  Clock::time_point gate_opened_;  // when a batch last began to wait, or stopped waiting
 
   // ---- gets (getter.cc); worker thread only, but PostGet on the caller's ----
   Status PostGet(const Batch& batch, const StagedRemote& remote, Completion done);
@@ -242,7 +246,6 @@ class Core final : public Transport, public DeviceOrdered {
   std::set<PeerId> connected_;
   std::set<PeerId> staged_peers_;  // peers that got a staged batch: notes go through the worker
   std::shared_ptr<const NotificationHandler> handler_;
-  EventFence fence_;
 
   // Inbound queue: the inner's progress thread and the worker.
   std::mutex in_mu_;

@@ -116,7 +116,7 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
     DeliverInbound();
   };
   Status copying = stager().Copy(*link.slots[m.slot], region.base, region.location, true, runs,
-                                 nullptr, [this, finished](Status status) mutable {
+                                 [this, finished](Status status) mutable {
                                    Enqueue([finished, status]() mutable { finished(status); });
                                  });
   if (!copying.ok()) {

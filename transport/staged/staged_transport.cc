@@ -2,6 +2,7 @@
 // its worker loop, shutdown and factory. The protocol: staged_transport.h; threading: core.h.
 #include "transport/staged/staged_transport.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <utility>
@@ -15,6 +16,12 @@ namespace staged {
 namespace {
 
 constexpr auto kShutdownBound = std::chrono::seconds(10);
+// How often the worker polls the events of batches waiting for their engine: kGatePoll, or
+// kGateBackoff once none has fired for kGateSpin (an engine far behind, or one that died
+// mid-layer and whose batch waits out its deadline, costs no core).
+constexpr auto kGatePoll = std::chrono::microseconds(20);
+constexpr auto kGateSpin = std::chrono::milliseconds(10);
+constexpr auto kGateBackoff = std::chrono::milliseconds(1);
 
 uint64_t RandomInstance() {
   std::random_device device;
@@ -86,7 +93,10 @@ void Core::WorkerLoop() {
       // Deadlines are checked at least this often while batches are in flight; an idle worker
       // sleeps until there is work.
       auto ready = [&] { return !tasks_.empty() || stop_; };
-      if (Active() || Busy())
+      if (Gated())
+        queue_cv_.wait_for(lock, Clock::now() - gate_opened_ < kGateSpin ? kGatePoll : kGateBackoff,
+                           ready);
+      else if (Active() || Busy())
         queue_cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
       else
         queue_cv_.wait(lock, ready);
@@ -94,6 +104,11 @@ void Core::WorkerLoop() {
       if (stop_ && stop_by == Clock::time_point::max()) stop_by = Clock::now() + kShutdownBound;
     }
     for (auto& task : batch) task();
+    for (auto& [peer, link] : out_) {
+      if (std::any_of(link.jobs.begin(), link.jobs.end(), [](const auto& j) { return j->gate; })) {
+        Pump(link);
+      }
+    }
     CheckDeadlines();
     if (stop_by != Clock::time_point::max() && (!Busy() || Clock::now() > stop_by)) {
       std::lock_guard lock(queue_mu_);
@@ -196,16 +211,19 @@ Status Core::post_after(const Batch& batch, void* cuda_event, Completion done) {
   if (batch.op != Op::kPut || local == nullptr || local->owner() != this ||
       local->location().kind != MemoryKind::kCuda)
     return Status::Unsupported(
-        "post_after orders staged puts out of GPU regions only (the gathers wait on the device)");
+        "post_after orders staged puts out of GPU regions only (their gathers wait for the event)");
   if (auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
       remote != nullptr && remote->owner() != this)
     return Status::InvalidArgument("batch names memory of another transport");
-  KV_ASSIGN_OR_RETURN(auto wait, fence_.Capture(cuda_event, local->location().device));
-  return PostStaged(batch, std::move(done), std::move(wait));
+  // One that fired already is not watched. DeviceOrdered lets the worker poll the caller's event
+  // itself (the caller keeps it valid until the batch completes): nothing of ours waits for
+  // another process on the device, where an event whose engine died never fires and the stream
+  // waiting on it stays blocked for good (benchmarks/pd_gpu.md, seventh session).
+  KV_ASSIGN_OR_RETURN(const bool fired, EventFired(cuda_event));
+  return PostStaged(batch, std::move(done), fired ? nullptr : cuda_event);
 }
 
-Status Core::PostStaged(const Batch& batch, Completion done,
-                        std::shared_ptr<const CapturedEvent> wait) {
+Status Core::PostStaged(const Batch& batch, Completion done, void* gate) {
   auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
   const PeerId peer = batch.remote->peer();
   {
@@ -223,7 +241,7 @@ Status Core::PostStaged(const Batch& batch, Completion done,
   job->chunks = PlanChunks(batch.runs, config_.slot_bytes, job->remote_staged);
   job->deadline = batch.deadline;
   job->done = std::move(done);
-  job->wait = std::move(wait);
+  job->gate = gate;
   Enqueue([this, peer, job = std::move(job)]() mutable { AddJob(peer, std::move(job)); });
   return Status::Ok();
 }

@@ -16,8 +16,10 @@
 //    chunk i-1 overlap the wire of chunk i. A staged source and a direct (inner) destination
 //    skip the receiver: gather, then an inner put straight into the destination.
 //  post_after (DeviceOrdered, for kvd's GPU engines): a put out of a GPU region whose gathers
-//    wait, on the device, for the engine's layer event as recorded at the call; nothing blocks
-//    on the host (the event's record is captured on a fence stream, stager.h).
+//    start once the engine's layer event fired. The worker polls the event from the host and
+//    enqueues nothing of the batch before; meanwhile later batches go ahead of it. One whose
+//    event never fires (its engine died mid-layer) fails alone at its deadline with kTimeout,
+//    having copied nothing. Nothing blocks the caller.
 //  links: the first staged put to a peer opens a link: kHello carries the sender's address, the
 //    receiver connects back (acks travel that way), allocates the receive slots and answers
 //    kWelcome with their descriptors.
@@ -32,7 +34,8 @@
 // User and control notifications are told apart by a tag byte (wire.h); both ends must be
 // staged transports (a "ucx" transport always is, see transport.h).
 //
-// Failure: a staged batch past its deadline, an inner error or a refused chunk fails its link:
+// Failure: a staged batch past its deadline (other than one still waiting for its event, above),
+// an inner error or a refused chunk fails its link:
 // every batch on it completes (kTimeout for the late one, the error for the refused one,
 // kUnavailable for the others) once no copy still touches its memory, and later batches to that
 // peer complete with kUnavailable; connect() again for a new link. A peer whose control message

@@ -115,7 +115,7 @@ void Stager::Warm(int device) {
 }
 
 Status Stager::Copy(Slot& slot, char* region_base, MemoryLocation region, bool to_region,
-                    std::span<const Run> runs, void* wait_event, CopyDone done) {
+                    std::span<const Run> runs, CopyDone done) {
   const char* src = to_region ? slot.data() : region_base;
   char* dst = to_region ? region_base : slot.data();
   if (region.kind == MemoryKind::kHost) {
@@ -131,11 +131,6 @@ Status Stager::Copy(Slot& slot, char* region_base, MemoryLocation region, bool t
   }
   KV_ASSIGN_OR_RETURN(Cuda::Lane * lane, cuda_->LaneFor(region.device, to_region));
   gpu::DeviceGuard guard(region.device);
-  if (wait_event != nullptr) {
-    KV_RETURN_IF_ERROR(gpu::CudaStatus(
-        cudaStreamWaitEvent(lane->stream.get(), static_cast<cudaEvent_t>(wait_event), 0),
-        "cudaStreamWaitEvent before a staging copy"));
-  }
   KV_RETURN_IF_ERROR(lane->copier->Copy(
       src, dst, runs,
       to_region ? kernels::CopyDirection::kHostToDevice : kernels::CopyDirection::kDeviceToHost,
@@ -147,56 +142,17 @@ Status Stager::Copy(Slot& slot, char* region_base, MemoryLocation region, bool t
   if (!launched.ok()) delete heap_done;
   return launched;
 #else
-  (void)wait_event;
   return Status::Unsupported("this build has no CUDA to stage GPU memory");
 #endif
 }
 
+Result<bool> EventFired(void* cuda_event) {
 #if KV_STAGED_HAVE_CUDA
-
-namespace {
-class OwnedEvent final : public CapturedEvent {
- public:
-  explicit OwnedEvent(gpu::CudaEvent event) : event_(std::move(event)) {}
-  void* get() const override { return event_.get(); }
-
- private:
-  gpu::CudaEvent event_;
-};
-}  // namespace
-
-struct EventFence::Impl {
-  std::mutex mu;
-  std::map<int, gpu::CudaStream> streams;  // guarded by mu
-};
-
-Result<std::shared_ptr<const CapturedEvent>> EventFence::Capture(void* cuda_event, int device) {
-  std::lock_guard lock(impl_->mu);
-  auto it = impl_->streams.find(device);
-  if (it == impl_->streams.end()) {
-    KV_ASSIGN_OR_RETURN(gpu::CudaStream stream, gpu::CudaStream::Create(device));
-    it = impl_->streams.emplace(device, std::move(stream)).first;
-  }
-  gpu::DeviceGuard guard(device);
-  KV_RETURN_IF_ERROR(gpu::CudaStatus(
-      cudaStreamWaitEvent(it->second.get(), static_cast<cudaEvent_t>(cuda_event), 0),
-      "cudaStreamWaitEvent on the caller's event"));
-  KV_ASSIGN_OR_RETURN(gpu::CudaEvent captured, gpu::CudaEvent::Create(device));
-  KV_RETURN_IF_ERROR(captured.Record(it->second.get()));
-  return std::shared_ptr<const CapturedEvent>(new OwnedEvent(std::move(captured)));
-}
-
+  return gpu::QueryEvent(static_cast<cudaEvent_t>(cuda_event));
 #else
-
-struct EventFence::Impl {};
-
-Result<std::shared_ptr<const CapturedEvent>> EventFence::Capture(void*, int) {
-  return Status::Unsupported("this build has no CUDA: no events to order copies after");
+  (void)cuda_event;
+  return Status::Unsupported("this build has no CUDA: no events to wait for");
+#endif
 }
-
-#endif  // KV_STAGED_HAVE_CUDA
-
-EventFence::EventFence() : impl_(std::make_unique<Impl>()) {}
-EventFence::~EventFence() = default;
 
 }  // namespace kv::transport::staged

@@ -49,28 +49,10 @@ class Slot {
 
 using CopyDone = std::function<void(Status)>;
 
-// A CUDA event's record as of one moment, for copies that start later: a private event recorded
-// on a fence stream behind a wait on the caller's event, so that the caller may record its
-// event again (the next layer) or destroy it at once. DeviceOrdered::post_after's semantics.
-class CapturedEvent {
- public:
-  virtual ~CapturedEvent() = default;
-  virtual void* get() const = 0;  // a cudaEvent_t
-};
-
-// Captures events; one fence stream per device. Thread-safe. kUnsupported without CUDA.
-class EventFence {
- public:
-  EventFence();
-  ~EventFence();
-  EventFence(const EventFence&) = delete;
-  EventFence& operator=(const EventFence&) = delete;
-  Result<std::shared_ptr<const CapturedEvent>> Capture(void* cuda_event, int device);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+// Whether `cuda_event` (a cudaEvent_t, or another process's through IPC) fired: a
+// cudaEventQuery, which never waits. The CUDA error when the event's work failed; kUnsupported
+// without CUDA.
+Result<bool> EventFired(void* cuda_event);
 
 class Stager {
  public:
@@ -90,13 +72,12 @@ class Stager {
   // runs exactly once when the bytes are in place: before Copy returns for host regions, on a
   // CUDA callback thread for GPU ones (it must not block or call CUDA). An error return means
   // the copy was not started and `done` will not run.
-  // `wait_event` (a cudaEvent_t, or null): a GPU copy starts only after it, on the device.
   Status Copy(Slot& slot, char* region_base, MemoryLocation region, bool to_region,
-              std::span<const Run> runs, void* wait_event, CopyDone done);
+              std::span<const Run> runs, CopyDone done);
 
   // Creates the streams and copiers for a device now, so that the first copy does not load
-  // the copy kernel (which may wait for the whole device, including a copy gated on an engine's
-  // event) on the worker thread at the worst moment.
+  // the copy kernel (which may wait for the whole device) on the worker thread at the worst
+  // moment.
   void Warm(int device);
 
  private:

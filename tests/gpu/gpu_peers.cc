@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/gpu/held_stream.h"
 #include "transport/codec.h"
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/transport.h"
@@ -32,6 +33,9 @@ constexpr auto kExpiry = 300ms;
 // An event recorded behind a host function that holds its stream until Release() (at most 60 s):
 // an engine's layer event whose layer is not done yet, or, never released, one whose engine died
 // mid-layer. Destroyed only once its stream is done.
+// An event recorded behind a stream held until Release(): by a host function (the default), or
+// on the device by a kernel waiting for a mapped flag (`on_device`), for a mover whose own
+// completions run as CUDA host functions, which the held one would block as well.
 class HeldEvent {
  public:
   HeldEvent() = default;
@@ -42,32 +46,47 @@ class HeldEvent {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (event_ != nullptr) cudaEventDestroy(event_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (flag_ != nullptr) cudaFreeHost(flag_);
   }
-  Status Create() {
+  Status Create(bool on_device = false) {
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess) {
       return Status::Internal("cannot create the held event");
     }
-    cudaLaunchHostFunc(
-        stream_,
-        [](void* flag) {
-          const auto until = Clock::now() + 60s;
-          while (!static_cast<std::atomic<bool>*>(flag)->load() && Clock::now() < until) {
-            std::this_thread::sleep_for(1ms);
-          }
-        },
-        &released_);
+    if (on_device) {
+      void* device_flag = nullptr;
+      if (cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(int), cudaHostAllocMapped) !=
+              cudaSuccess ||
+          cudaHostGetDevicePointer(&device_flag, flag_, 0) != cudaSuccess ||
+          LaunchHold(static_cast<const volatile int*>(device_flag), stream_) != cudaSuccess) {
+        return Status::Internal("cannot hold the event's stream on the device");
+      }
+    } else {
+      cudaLaunchHostFunc(
+          stream_,
+          [](void* flag) {
+            const auto until = Clock::now() + 60s;
+            while (!static_cast<std::atomic<bool>*>(flag)->load() && Clock::now() < until) {
+              std::this_thread::sleep_for(1ms);
+            }
+          },
+          &released_);
+    }
     return cudaEventRecord(event_, stream_) == cudaSuccess
                ? Status::Ok()
                : Status::Internal("cannot record the held event");
   }
   cudaEvent_t get() const { return event_; }
-  void Release() { released_ = true; }
+  void Release() {
+    released_ = true;
+    if (flag_ != nullptr) __atomic_store_n(flag_, 1, __ATOMIC_RELEASE);
+  }
 
  private:
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
   std::atomic<bool> released_{false};
+  int* flag_ = nullptr;  // on_device: mapped pinned memory the hold kernel reads
 };
 
 std::string EncodeStatus(const Status& s) {
@@ -352,7 +371,8 @@ class PeerBody {
     auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
     if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
     HeldEvent held;
-    KV_RETURN_IF_ERROR(held.Create());
+    // staged ("ucx") learns of its gathers through CUDA host functions.
+    KV_RETURN_IF_ERROR(held.Create(spec_.backend == "ucx"));
     auto expired = std::make_shared<std::promise<Status>>();
     auto landed = std::make_shared<std::promise<Status>>();
     auto expired_done = expired->get_future(), landed_done = landed->get_future();

@@ -545,4 +545,21 @@ Planned PlanRandomBlocks(const LayoutSpec& src_spec, const LayoutSpec& dst_spec,
   return {src->span_bytes(), dst->span_bytes(), plan.ok() ? plan->runs : std::vector<Run>{}};
 }
 
+void ExpectTheHeldBatchWritesNothing(Peer& sender, Peer& receiver, const Planned& p, int seed) {
+  ASSERT_GT(p.runs.size(), 1u);
+  // The link and the copy kernels first, with the runs the batch beside rewrites: NCCL's first
+  // use synchronises the device, and the held stream lives in the mover's own process here (an
+  // engine's is in another), so a set-up meeting it would wait until it is released.
+  const std::vector<Run> half(p.runs.begin(), p.runs.begin() + (p.runs.size() + 1) / 2);
+  ASSERT_TRUE(Transfer(sender, receiver, Op::kPut, half).ok());
+  TransferOptions stuck;
+  stuck.never_fires = true;
+  Status s = Transfer(sender, receiver, Op::kPut, p.runs, stuck);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  // The held batch wrote nothing, though its event fired before Transfer returned.
+  auto bytes = Dump(receiver);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, seed, half));
+}
+
 }  // namespace kv::transport::gputest

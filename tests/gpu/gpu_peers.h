@@ -107,4 +107,10 @@ struct Planned {
 };
 Planned PlanRandomBlocks(const LayoutSpec& src, const LayoutSpec& dst, int64_t tokens);
 
+// What an engine killed mid-layer must leave: the link warmed with the first half of p.runs,
+// then all of them posted behind an event that fires only past their deadline, beside that half
+// posted plainly (TransferOptions::never_fires): the half lands, the held batch fails with
+// kTimeout, and afterwards the receiver holds the half alone. gtest assertions.
+void ExpectTheHeldBatchWritesNothing(Peer& sender, Peer& receiver, const Planned& p, int seed);
+
 }  // namespace kv::transport::gputest

@@ -219,6 +219,21 @@ TEST(GpuPlanCopy, IdleStreamCopiesInPieces) {
   EXPECT_TRUE(dst.Download<unsigned char>(bytes) == want);
 }
 
+// Encodes `runs`, uploads the table and launches the kernel over it, as kvbench times the kernel
+// alone; returns once the copy finished.
+void CopyOverUploadedTable(const unsigned char* src, unsigned char* dst,
+                           const std::vector<kv::Run>& runs, int max_ctas, Stream& stream) {
+  const uint64_t chunks = PlanCopyChunks(runs);
+  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), chunks));
+  ASSERT_TRUE(EncodePlanCopyTable(runs, table.data(), table.size()).ok());
+  DeviceBuffer device_table(table.size());
+  device_table.Upload(table);
+  const Status s = LaunchPlanCopy(src, dst, device_table.get(), runs.size(), chunks,
+                                  PlanCopyOptions{max_ctas}, stream.opaque());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+}
+
 // A table encoded and uploaded by the caller, as kvbench times the kernel alone.
 TEST(GpuPlanCopy, LaunchOverCallerTable) {
   KV_SKIP_WITHOUT_CUDA();
@@ -229,16 +244,8 @@ TEST(GpuPlanCopy, LaunchOverCallerTable) {
   src.Upload(host);
   KV_CUDA_OK(cudaMemset(dst.get(), 0, bytes));
   const auto runs = RandomRuns(rng, bytes, bytes, 100000);
-  const uint64_t chunks = PlanCopyChunks(runs);
-  std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), chunks));
-  ASSERT_TRUE(EncodePlanCopyTable(runs, table.data(), table.size()).ok());
-  DeviceBuffer device_table(table.size());
-  device_table.Upload(table);
   Stream stream;
-  const Status s = LaunchPlanCopy(src.get(), dst.get(), device_table.get(), runs.size(), chunks,
-                                  PlanCopyOptions{5}, stream.opaque());
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+  ASSERT_NO_FATAL_FAILURE(CopyOverUploadedTable(src.get(), dst.get(), runs, 5, stream));
   std::vector<unsigned char> want(bytes, 0);
   CopyRunsHost(host.data(), want.data(), runs);
   EXPECT_EQ(dst.Download<unsigned char>(bytes), want);
@@ -264,15 +271,7 @@ TEST(GpuPlanCopy, AFewChunksAreSlicedAcrossTheGrid) {
     if (trial % 2 == 0) {
       auto runs = RandomRuns(rng, bytes, bytes, trial % 3 == 0 ? 17 : 100000);
       runs.resize(std::min<size_t>(runs.size(), 1 + trial % 40));
-      const uint64_t chunks = PlanCopyChunks(runs);
-      std::vector<unsigned char> table(PlanCopyTableBytes(runs.size(), chunks));
-      ASSERT_TRUE(EncodePlanCopyTable(runs, table.data(), table.size()).ok());
-      DeviceBuffer device_table(table.size());
-      device_table.Upload(table);
-      ASSERT_TRUE(LaunchPlanCopy(src.get(), dst.get(), device_table.get(), runs.size(), chunks,
-                                 PlanCopyOptions{ctas}, stream.opaque())
-                      .ok());
-      KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+      ASSERT_NO_FATAL_FAILURE(CopyOverUploadedTable(src.get(), dst.get(), runs, ctas, stream));
       CopyRunsHost(host.data(), want.data(), runs);
       ASSERT_EQ(dst.Download<unsigned char>(bytes), want) << "trial " << trial;
     } else {

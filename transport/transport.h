@@ -130,8 +130,9 @@ class Transport {
   // Fails the peer's batches in flight with kAborted; later calls naming it get kNotFound. A
   // batch whose copies already run completes only once they stopped touching either side's
   // memory, or once its deadline passed: only a kTimeout completion may come while a copy still
-  // runs (cuda_ipc: one stuck behind an engine event that never fired; device_ordered.h),
-  // besides the kAborted of a transport destroyed after its bounded wait for them.
+  // runs (one still copying at its deadline), besides the kAborted of a transport destroyed
+  // after its bounded wait for them. A batch still waiting for its event (device_ordered.h) has
+  // nothing running and fails at once.
   virtual void disconnect(PeerId peer) = 0;
 
   virtual Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,

@@ -221,11 +221,18 @@ void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped) {
     return;
   }
   Plan layer0;
-  if (!reference->AppendLayer(0, &layer0).ok()) state.SkipWithError("AppendLayer failed");
+  if (Status s = reference->AppendLayer(0, &layer0); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
   auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     if (regrouped) {
       auto runs = PlanTransfer(src, dst, spec);
+      if (!runs.ok()) {
+        state.SkipWithError(runs.status().ToString().c_str());
+        return;
+      }
       std::vector<RunGroup> groups;
       GroupRuns(runs->runs, &groups);
       benchmark::DoNotOptimize(groups.data());

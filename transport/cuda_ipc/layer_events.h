@@ -5,8 +5,9 @@
 // once, and records a layer's event on its compute stream just before it tells kvd the layer is
 // saved. kvd imports them once (ImportedLayerEvents) and posts the layer's copy with
 // DeviceOrdered::post_after(event(layer)): the copy waits for the most recent record at the time
-// of the post (or, where the backend polls the event from the host, as cuda_ipc and nccl do, at
-// the time of its last poll). A record made later (the next request's forward) only delays it.
+// of the post (or, where the backend polls the event from the host, as cuda_ipc, staged and nccl
+// do, at the time of its last poll). A record made later (the next request's forward) only
+// delays it.
 //
 // The header is free of CUDA types (streams and events are void*), so the connector and kvd's
 // control plane use it in every build; without CUDA both Create and Import return kUnsupported.

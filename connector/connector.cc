@@ -64,6 +64,7 @@ void ToWire(const LoadSpec& load, proto::StartLoad* out) {
   out->set_peer_address(load.params.peer_address);
   out->set_tokens(load.params.tokens);
   out->set_mode(load.params.mode == Mode::kPull ? proto::MODE_PULL : proto::MODE_PUSH);
+  out->set_transfer_token(load.params.transfer_token);  // security issue 19
   out->mutable_block_ids()->Add(load.block_ids.begin(), load.block_ids.end());
 }
 
@@ -237,6 +238,7 @@ Result<TransferParams> Connector::RequestFinished(const std::string& request) {
   params.peer_name = reply->params().peer_name();
   params.peer_address = reply->params().peer_address();
   params.request_id = reply->params().request_id();
+  params.transfer_token = reply->params().transfer_token();  // security issue 19
   params.remote_block_ids.assign(reply->params().remote_block_ids().begin(),
                                  reply->params().remote_block_ids().end());
   return params;

@@ -54,6 +54,8 @@ struct TransferParams {
   std::vector<int64_t> remote_block_ids;  // prefill rank 0's blocks (informational)
   int64_t tokens = 0;  // prompt tokens to move; the decode side knows its prompt length
   Mode mode = Mode::kPush;
+  // The request's capability from the prefill kvd (security issue 19): pass it on unchanged.
+  std::string transfer_token;
 };
 
 // The most loads one Connector::StartLoads may carry: kvd's bound, the engine protocol's

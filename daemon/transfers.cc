@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 
 #include "daemon/core.h"
+#include "daemon/peer_auth.h"
 #include "daemon/wire_layout.h"
 #include "layout/plan.h"
 
@@ -40,6 +41,20 @@ Status CheckBlocks(const Ids& ids, const std::vector<const KvRegion*>& regions, 
   return Status::Ok();
 }
 
+// Destination block ids are written to: one named twice would take two source blocks' bytes
+// (a peer's doing, or an engine's bug), so both are refused.
+template <typename Ids>
+Status CheckDistinct(const Ids& ids) {
+  std::vector<int64_t> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end()) {
+    return Status::InvalidArgument("destination block id " + std::to_string(*dup) +
+                                   " is named twice");
+  }
+  return Status::Ok();
+}
+
 std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
   std::vector<const KvRegion*> out;
   for (const auto& r : engine.regions) out.push_back(&r->layout);
@@ -55,6 +70,20 @@ bool SharesHead(const KvRegion& src, const KvRegion& dst) {
 }
 
 }  // namespace
+
+Status Daemon::Core::NewToken(std::string* out) {
+  KV_ASSIGN_OR_RETURN(*out, auth::RandomBytes(auth::kTransferTokenBytes));
+  return Status::Ok();
+}
+
+Status Daemon::Core::CheckSourceRoom(const std::string& request_id) const {
+  if (sources_.size() >= static_cast<size_t>(options_.max_source_requests)) {
+    return Status::ResourceExhausted(
+        "request " + request_id + ": " + std::to_string(sources_.size()) +
+        " requests held as a source, limit " + std::to_string(options_.max_source_requests));
+  }
+  return Status::Ok();
+}
 
 void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes) {
   if (!spdlog::should_log(spdlog::level::debug)) return;
@@ -98,11 +127,17 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
                               std::to_string(layers) + ")");
   }
   KV_RETURN_IF_ERROR(CheckBlocks(save.block_ids(), LayoutsOf(engine), 0));
+  KV_RETURN_IF_ERROR(CheckSourceRoom(save.request_id()));
   auto [it, created] = sources_.try_emplace(save.request_id());
   SourceRequest& request = it->second;
   if (created) {
     request.id = save.request_id();
     request.deadline = Clock::now() + options_.lease;
+    Status s = NewToken(&request.token);
+    if (!s.ok()) {
+      sources_.erase(it);
+      return s;
+    }
   }
   // A request the destination asked for first has no owner yet: the first saving engine's
   // instance takes it.
@@ -163,6 +198,7 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   params.set_peer_name(options_.name);
   params.set_peer_address(listen_address_);
   params.set_request_id(m.request_id());
+  params.set_transfer_token(it->second.token);
   for (int64_t b : rank.blocks) params.add_remote_block_ids(b);
   if (it->second.releasable()) {
     FinishSource(m.request_id(), Status::Ok(), /*tell_peer=*/false);
@@ -215,11 +251,36 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
     }
     for (const auto& l : rank.layouts) layouts.push_back(&l);
     KV_RETURN_IF_ERROR(CheckBlocks(wire.block_ids(), layouts, want.tokens()));
+    KV_RETURN_IF_ERROR(CheckDistinct(wire.block_ids()));
     rank.blocks.assign(wire.block_ids().begin(), wire.block_ids().end());
     destination.push_back(std::move(rank));
   }
+  // Capabilities, not ids (SECURITY.md): where tokens are required (daemon.h), only a Want that
+  // presents the request's token may bind it to a destination; a token presented must match.
+  // Compared in constant time; a refusal names no token.
+  auto existing = sources_.find(want.request_id());
+  const bool needs_token =
+      options_.require_transfer_token.value_or(!options_.auth_secret.empty()) ||
+      !want.transfer_token().empty();
+  if (needs_token &&
+      (existing == sources_.end() || !auth::Equal(existing->second.token, want.transfer_token()))) {
+    return Status::InvalidArgument("request " + want.request_id() +
+                                   ": the transfer token is missing or does not match");
+  }
+  if (want.notice_token().size() > 64) {
+    return Status::InvalidArgument("notice token of " + std::to_string(want.notice_token().size()) +
+                                   " bytes");
+  }
+  if (existing == sources_.end()) KV_RETURN_IF_ERROR(CheckSourceRoom(want.request_id()));
   auto [it, created] = sources_.try_emplace(want.request_id());
   SourceRequest& request = it->second;
+  if (created) {
+    Status s = NewToken(&request.token);
+    if (!s.ok()) {
+      sources_.erase(it);
+      return s;
+    }
+  }
   // The destination's lease bounds how long this side holds the blocks, within our own limit.
   auto lease = options_.lease;
   if (want.lease_ms() > 0) lease = std::min(lease, std::chrono::milliseconds(want.lease_ms()));
@@ -234,6 +295,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   request.peer_id = peer.id;
   request.mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   request.tokens = want.tokens();
+  request.notice_token = want.notice_token();
   request.destination = std::move(destination);
   PumpSource(request);
   return Status::Ok();
@@ -358,6 +420,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
     notice.set_source(options_.name);
     notice.set_request_id(request.id);
     notice.set_layer(layer);
+    notice.set_notice_token(request.notice_token);
     if (layer == end - 1) {
       notice.set_bytes(range_bytes);
       notice.set_runs(range_runs);
@@ -428,6 +491,7 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
     return Status::InvalidArgument("start_load needs the source kvd's address");
   }
   KV_RETURN_IF_ERROR(CheckBlocks(load.block_ids(), LayoutsOf(engine), load.tokens()));
+  KV_RETURN_IF_ERROR(CheckDistinct(load.block_ids()));
   const auto mode = load.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   auto [it, created] = loads_.try_emplace(load.request_id());
   DestRequest& request = it->second;
@@ -441,6 +505,7 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
     request.tokens = load.tokens();
     request.ready.assign(request.layers, false);
     request.deadline = Clock::now() + options_.lease;
+    request.transfer_token = load.transfer_token().substr(0, 64);
   } else if (request.instance != engine.instance || request.peer_address != load.peer_address() ||
              request.tokens != load.tokens() || request.mode != mode) {
     return Status::InvalidArgument("request " + request.id +
@@ -464,6 +529,10 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
     return;
   }
   request.peer_id = *peer_id;
+  if (Status s = NewToken(&request.notice_token); !s.ok()) {
+    FinishDest(request.id, s, false);
+    return;
+  }
   request.state = DestRequest::State::kRequested;
   Trace("request", request.id, -1);
   proto::PeerMessage message;
@@ -472,6 +541,8 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
   want->set_mode(request.mode);
   want->set_tokens(request.tokens);
   want->set_lease_ms(static_cast<uint32_t>(options_.lease.count()));
+  want->set_transfer_token(request.transfer_token);
+  want->set_notice_token(request.notice_token);
   for (const auto& [r, rank] : request.ranks) {
     proto::DestinationRank* wire = want->add_ranks();
     wire->set_tp_rank(r);
@@ -496,6 +567,13 @@ void Daemon::Core::OnNotification(const std::string& message) {
   Peer* peer = FindPeer(request.peer_id);
   if (peer == nullptr || peer->name != notice.source() || notice.layer() < 0 ||
       notice.layer() >= request.layers || request.ready[notice.layer()]) {
+    return;
+  }
+  // Only the request's own source knows the token (it rode our WantRequest over the
+  // authenticated control connection): a notice forged by another peer is ignored.
+  if (!auth::Equal(request.notice_token, notice.notice_token())) {
+    spdlog::warn("kvd {}: ignored a layer notice for {} without its token", options_.name,
+                 request.id);
     return;
   }
   request.ready[notice.layer()] = true;

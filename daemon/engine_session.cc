@@ -235,6 +235,17 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
     close(fd);
     return layout.status();
   }
+  // Security issue 19: kvd populates what it maps (SharedMemory::Adopt), so a 1 KiB layout that
+  // registered 1 GiB of sparse memfd cost kvd 1 GiB of RSS. No more than the layout spans.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t most = (static_cast<uint64_t>(layout->span_bytes()) + page - 1) / page * page;
+  if (reg.bytes() > most) {
+    close(fd);
+    return Status::OutOfRange("region of " + std::to_string(reg.bytes()) +
+                              " bytes for a layout that spans " +
+                              std::to_string(layout->span_bytes()) + " (at most " +
+                              std::to_string(most) + " with page rounding)");
+  }
   KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Adopt(fd, reg.bytes()));
   auto region = std::make_shared<Region>();
   region->layout = *layout;

@@ -1,5 +1,6 @@
 #include "daemon/shared_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,9 @@
 #include <utility>
 
 namespace kv::daemon {
+
+static_assert(SharedMemory::kRequiredSeals == (F_SEAL_SHRINK | F_SEAL_GROW));
+
 namespace {
 
 Status Errno(const std::string& what) {
@@ -19,10 +23,17 @@ Status Errno(const std::string& what) {
 
 Result<SharedMemory> SharedMemory::Create(uint64_t bytes, const std::string& name) {
   if (bytes == 0) return Status::InvalidArgument("shared memory of 0 bytes");
-  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     Status s = Errno("ftruncate to " + std::to_string(bytes) + " bytes");
+    close(fd);
+    return s;
+  }
+  // Sealed at its size (kRequiredSeals): kvd refuses an object that could shrink under its
+  // mapping, and keeps the engine from doing so by accident.
+  if (fcntl(fd, F_ADD_SEALS, kRequiredSeals) != 0) {
+    Status s = Errno("sealing the memfd (F_ADD_SEALS)");
     close(fd);
     return s;
   }
@@ -41,6 +52,15 @@ Result<SharedMemory> SharedMemory::Adopt(int fd, uint64_t expected_bytes) {
     Status s = Errno("fstat of a received memory fd");
     close(fd);
     return s;
+  }
+  // Security issue 19: an engine that shrank its memfd after registering killed kvd with SIGBUS
+  // on the next access. Only an object sealed against shrinking (and growing) is mapped.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
+    close(fd);
+    return Status::InvalidArgument(
+        "received memory object is not sealed against resizing (create it with "
+        "memfd_create(MFD_ALLOW_SEALING) and fcntl(F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW))");
   }
   if (!S_ISREG(st.st_mode) || st.st_size < 0 ||
       static_cast<uint64_t>(st.st_size) < expected_bytes || expected_bytes == 0) {

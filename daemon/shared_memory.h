@@ -15,10 +15,14 @@ namespace kv::daemon {
 
 class SharedMemory {
  public:
-  // A new zero-filled object of `bytes`, mapped read-write.
+  // The seals Create() puts on an object and Adopt() requires of it (F_SEAL_SHRINK | F_SEAL_GROW
+  // of <fcntl.h>): its size is fixed while anyone maps it.
+  static constexpr int kRequiredSeals = 0x0002 | 0x0004;
+  // A new zero-filled object of `bytes`, mapped read-write, sealed at that size.
   static Result<SharedMemory> Create(uint64_t bytes, const std::string& name);
   // Maps an fd received from an engine. Takes ownership of `fd` on every path. kOutOfRange when
-  // the object is smaller than `expected_bytes` (a sender cannot make kvd read past its end).
+  // the object is smaller than `expected_bytes` (a sender cannot make kvd read past its end);
+  // kInvalidArgument when it is not sealed with kRequiredSeals (it could shrink under kvd).
   static Result<SharedMemory> Adopt(int fd, uint64_t expected_bytes);
 
   SharedMemory() = default;

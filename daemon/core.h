@@ -412,6 +412,7 @@ class Daemon::Core {
   uint64_t auth_failures_ = 0;
   // EMFILE / ENFILE on accept: the acceptor waits this long before trying again.
   boost::asio::steady_timer accept_backoff_{io_};
+  bool accept_starved_ = false;  // in an EMFILE episode: logged once
 };
 
 // Limits of the engine protocol, shared by validation in several files.

@@ -210,14 +210,23 @@ void Daemon::Core::AcceptPeers() {
         ec.value() == ENOMEM) {
       // Out of fds: accepting again at once would spin on the same error while the backlog
       // waits. Back off; the sweep closes silent connections meanwhile.
-      spdlog::warn("kvd {}: accept: {}; pausing peer accepts for 100 ms", options_.name,
-                   ec.message());
+      if (!accept_starved_) {  // once per episode, not ten lines a second
+        spdlog::warn(
+            "kvd {}: accept: {}; pausing peer accepts 100 ms at a time until "
+            "descriptors are free",
+            options_.name, ec.message());
+      }
+      accept_starved_ = true;
       ++peers_refused_;
       accept_backoff_.expires_after(std::chrono::milliseconds(100));
       accept_backoff_.async_wait([this](const boost::system::error_code& wait_ec) {
         if (!wait_ec && peer_acceptor_->is_open()) AcceptPeers();
       });
       return;
+    }
+    if (!ec && accept_starved_) {
+      accept_starved_ = false;
+      spdlog::info("kvd {}: accepting peers again", options_.name);
     }
     if (!ec) {
       boost::system::error_code peer_ec;

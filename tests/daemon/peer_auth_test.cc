@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -174,6 +175,23 @@ TEST_F(SecretFile, ShorterThan32BytesIsRefused) {
   ASSERT_FALSE(secret.ok());
   EXPECT_NE(secret.status().message().find("31 bytes"), std::string::npos)
       << secret.status().ToString();
+}
+
+// The kvd executable refuses a secret file others can read, before it serves anything.
+TEST_F(SecretFile, KvdRefusesAFileOthersCanReadWithAClearError) {
+  Write(kSecret, 0640);
+  const auto kvd = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvd";
+  const std::string command = "'" + kvd.string() + "' --socket '" + path_.string() +
+                              ".sock' --auth-secret-file '" + path_.string() + "' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) output.append(buf, n);
+  const int status = pclose(pipe);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << output;
+  EXPECT_NE(output.find("must be 0600"), std::string::npos) << output;
+  EXPECT_EQ(output.find("ready"), std::string::npos) << output;
 }
 
 TEST(PeerAuthOptions, AShortSecretInTheOptionsIsRefusedAtStart) {

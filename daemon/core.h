@@ -92,6 +92,7 @@ struct Peer {
   bool dialed = false;      // this side dialed the connection (the role inside the proofs)
   std::string our_nonce;    // sent in our challenge
   std::string their_nonce;  // from theirs; empty until it came
+  int requests = 0;         // source requests bound to it (max_requests_per_peer)
   bool ready = false;       // hello exchanged and transport connected
   transport::PeerId transport_peer = 0;
   uint64_t transport_endpoint = 0;  // open_endpoint()'s, until connect_endpoint() takes it

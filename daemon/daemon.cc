@@ -100,8 +100,9 @@ ConnectionLimits Daemon::Core::PeerLimits() const {
 Status Daemon::Core::Start() {
   if (!options_.auth_secret.empty()) KV_RETURN_IF_ERROR(auth::CheckSecret(options_.auth_secret));
   if (options_.max_peer_connections < 1 || options_.max_unauthenticated_peers < 1 ||
-      options_.max_peer_connections_per_address < 1) {
-    return Status::InvalidArgument("peer connection limits must be at least 1");
+      options_.max_peer_connections_per_address < 1 || options_.max_source_requests < 1 ||
+      options_.max_requests_per_peer < 1) {
+    return Status::InvalidArgument("peer connection and request limits must be at least 1");
   }
   if (options_.transport) {
     transport_ = std::move(options_.transport);

@@ -64,8 +64,10 @@ struct DaemonOptions {
   int max_peer_connections = 256;
   int max_unauthenticated_peers = 32;
   int max_peer_connections_per_address = 32;
-  // Requests held as a source at once (saved by engines or wanted by peers, until released).
+  // Requests held as a source at once (saved by engines or wanted by peers, until released), and
+  // of them, bound to one destination peer: a peer's Want flood holds no more than that.
   int max_source_requests = 65536;
+  int max_requests_per_peer = 16384;
 };
 
 class Daemon {

@@ -29,6 +29,7 @@ constexpr const char* kUsage =
     "           [--auth-secret-file PATH | --insecure] [--transfer-token auto|required|optional]\n"
     "           [--max-peer-connections N] [--max-unauthenticated-peers N]\n"
     "           [--max-peer-connections-per-address N] [--max-source-requests N]\n"
+    "           [--max-requests-per-peer N]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -55,7 +56,8 @@ constexpr const char* kUsage =
     "  request_finished returned (required: no layer streaming to a decode that asks first);\n"
     "  auto: required with --auth-secret-file, optional without.\n"
     "--max-peer-connections (256), --max-unauthenticated-peers (32),\n"
-    "  --max-peer-connections-per-address (32), --max-source-requests (65536): limits; see\n"
+    "  --max-peer-connections-per-address (32), --max-source-requests (65536),\n"
+    "  --max-requests-per-peer (16384): limits; see\n"
     "  SECURITY.md and the counters in `kvctl status`.\n";
 
 // Peer security flags (SECURITY.md) and their defaults; --insecure is a switch.
@@ -66,7 +68,8 @@ const std::map<std::string, std::string> kSecurityFlags = {
     {"max-peer-connections", "256"},
     {"max-unauthenticated-peers", "32"},
     {"max-peer-connections-per-address", "32"},
-    {"max-source-requests", "65536"}};
+    {"max-source-requests", "65536"},
+    {"max-requests-per-peer", "16384"}};
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvd: %s\n", message.c_str());
@@ -205,7 +208,8 @@ int main(int argc, char** argv) {
        {std::pair{"max-peer-connections", &options.max_peer_connections},
         {"max-unauthenticated-peers", &options.max_unauthenticated_peers},
         {"max-peer-connections-per-address", &options.max_peer_connections_per_address},
-        {"max-source-requests", &options.max_source_requests}}) {
+        {"max-source-requests", &options.max_source_requests},
+        {"max-requests-per-peer", &options.max_requests_per_peer}}) {
     char* end = nullptr;
     const long v = std::strtol(flags[flag].c_str(), &end, 10);
     if (flags[flag].empty() || *end != '\0' || v < 1 || v > 1000000) {

@@ -272,6 +272,10 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
                                    " bytes");
   }
   if (existing == sources_.end()) KV_RETURN_IF_ERROR(CheckSourceRoom(want.request_id()));
+  if (peer.requests >= options_.max_requests_per_peer) {
+    return Status::ResourceExhausted("peer " + peer.name + " has " + std::to_string(peer.requests) +
+                                     " requests in flight here, the limit");
+  }
   auto [it, created] = sources_.try_emplace(want.request_id());
   SourceRequest& request = it->second;
   if (created) {
@@ -293,6 +297,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   Trace("want", want.request_id(), -1);
   request.state = SourceRequest::State::kStreaming;
   request.peer_id = peer.id;
+  ++peer.requests;  // until FinishSource
   request.mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   request.tokens = want.tokens();
   request.notice_token = want.notice_token();
@@ -464,6 +469,9 @@ void Daemon::Core::FinishSource(std::string request_id, const Status& status, bo
   if (it == sources_.end()) return;
   SourceRequest request = std::move(it->second);
   sources_.erase(it);
+  if (request.state != SourceRequest::State::kCollecting) {
+    if (Peer* peer = FindPeer(request.peer_id); peer != nullptr) --peer->requests;
+  }
   if (tell_peer && !status.ok() && request.state != SourceRequest::State::kCollecting) {
     proto::PeerMessage fail;
     fail.mutable_fail()->set_request_id(request_id);

@@ -156,5 +156,39 @@ TEST(PeerLimits, ALoadNamingADestinationBlockTwiceIsRefused) {
   EXPECT_NE(s.message().find("named twice"), std::string::npos) << s.ToString();
 }
 
+// A peer's Want flood holds at most max_requests_per_peer requests on the source.
+TEST(PeerLimits, RequestsBoundToOnePeerAreCapped) {
+  daemon::DaemonOptions options;
+  options.name = "prefill";
+  options.max_requests_per_peer = 2;
+  auto prefill = Start(std::move(options));
+  daemon::DaemonOptions decode_options;
+  decode_options.name = "decode";
+  auto decode = Start(std::move(decode_options));
+  ASSERT_TRUE(prefill && decode);
+  auto engine =
+      connector::Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
+  ASSERT_TRUE(engine.ok());
+  LayoutSpec spec;
+  spec.layers = 2;
+  spec.blocks = 8;
+  spec.heads = 2;
+  spec.block_size = 16;
+  spec.content_bytes = 64;
+  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  connector::TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  // Three loads the prefill side has nothing of yet (layer streaming): two are held there.
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int64_t> blocks = {i};
+    ASSERT_TRUE((*engine)->StartLoad("r" + std::to_string(i), params, blocks).ok());
+  }
+  Status third = (*engine)->WaitLayer("r2", 0);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.code(), Code::kResourceExhausted) << third.ToString();
+  EXPECT_EQ(prefill->Snapshot().transfers_in_flight(), 2u);
+}
+
 }  // namespace
 }  // namespace kv

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -430,6 +431,9 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wi
 // steady clock, which every process on the host shares, so two kvds' lines merge into one
 // timeline (tools/pd_timeline.py reads them).
 void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes = 0);
+
+// Destination block ids named twice (transfer_support.cc): refused, each would take two sources.
+Status CheckDistinctBlocks(std::span<const int64_t> ids);
 
 // An engine's or a peer's request id (transfers and offload ops): 1 to kMaxRequestIdBytes bytes.
 Status CheckRequestId(const std::string& id);

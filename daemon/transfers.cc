@@ -41,20 +41,6 @@ Status CheckBlocks(const Ids& ids, const std::vector<const KvRegion*>& regions, 
   return Status::Ok();
 }
 
-// Destination block ids are written to: one named twice would take two source blocks' bytes
-// (a peer's doing, or an engine's bug), so both are refused.
-template <typename Ids>
-Status CheckDistinct(const Ids& ids) {
-  std::vector<int64_t> sorted(ids.begin(), ids.end());
-  std::sort(sorted.begin(), sorted.end());
-  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  if (dup != sorted.end()) {
-    return Status::InvalidArgument("destination block id " + std::to_string(*dup) +
-                                   " is named twice");
-  }
-  return Status::Ok();
-}
-
 std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
   std::vector<const KvRegion*> out;
   for (const auto& r : engine.regions) out.push_back(&r->layout);
@@ -70,48 +56,6 @@ bool SharesHead(const KvRegion& src, const KvRegion& dst) {
 }
 
 }  // namespace
-
-Status Daemon::Core::NewToken(std::string* out) {
-  KV_ASSIGN_OR_RETURN(*out, auth::RandomBytes(auth::kTransferTokenBytes));
-  return Status::Ok();
-}
-
-Status Daemon::Core::CheckSourceRoom(const std::string& request_id) const {
-  if (sources_.size() >= static_cast<size_t>(options_.max_source_requests)) {
-    return Status::ResourceExhausted(
-        "request " + request_id + ": " + std::to_string(sources_.size()) +
-        " requests held as a source, limit " + std::to_string(options_.max_source_requests));
-  }
-  return Status::Ok();
-}
-
-void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes) {
-  if (!spdlog::should_log(spdlog::level::debug)) return;
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
-          .count();
-  spdlog::debug("trace {} {} {} {} {}", us, event, request, layer, bytes);
-}
-
-Status CheckRequestId(const std::string& id) {
-  if (id.empty() || id.size() > kMaxRequestIdBytes) {
-    return Status::InvalidArgument("request id must have 1 to " +
-                                   std::to_string(kMaxRequestIdBytes) + " bytes");
-  }
-  return Status::Ok();
-}
-
-proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const Status& status,
-                                        uint64_t bytes, uint64_t runs) {
-  proto::DaemonMessage m;
-  auto* done = m.mutable_request_done();
-  done->set_request_id(id);
-  done->set_sent(sent);
-  done->set_bytes(bytes);
-  done->set_runs(runs);
-  if (!status.ok()) ToWire(status, done->mutable_error());
-  return m;
-}
 
 // ---- source side --------------------------------------------------------------------------------
 
@@ -251,7 +195,8 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
     }
     for (const auto& l : rank.layouts) layouts.push_back(&l);
     KV_RETURN_IF_ERROR(CheckBlocks(wire.block_ids(), layouts, want.tokens()));
-    KV_RETURN_IF_ERROR(CheckDistinct(wire.block_ids()));
+    KV_RETURN_IF_ERROR(CheckDistinctBlocks(
+        {wire.block_ids().data(), static_cast<size_t>(wire.block_ids().size())}));
     rank.blocks.assign(wire.block_ids().begin(), wire.block_ids().end());
     destination.push_back(std::move(rank));
   }
@@ -499,7 +444,8 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
     return Status::InvalidArgument("start_load needs the source kvd's address");
   }
   KV_RETURN_IF_ERROR(CheckBlocks(load.block_ids(), LayoutsOf(engine), load.tokens()));
-  KV_RETURN_IF_ERROR(CheckDistinct(load.block_ids()));
+  KV_RETURN_IF_ERROR(
+      CheckDistinctBlocks({load.block_ids().data(), static_cast<size_t>(load.block_ids().size())}));
   const auto mode = load.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   auto [it, created] = loads_.try_emplace(load.request_id());
   DestRequest& request = it->second;
@@ -627,55 +573,6 @@ void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool
   (status.ok() ? transfers_done_ : transfers_failed_)++;
   auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
-}
-
-// ---- failure fan-out ----------------------------------------------------------------------------
-
-void Daemon::Core::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) sources.push_back(id);
-    }
-  }
-  for (const auto& [id, r] : loads_) {
-    for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) loads.push_back(id);
-    }
-  }
-  for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true);
-  for (const auto& id : loads) FinishDest(id, why, /*tell_peer=*/true);
-}
-
-void Daemon::Core::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    if (r.state != SourceRequest::State::kCollecting && r.peer_id == peer_id) sources.push_back(id);
-  }
-  for (const auto& [id, r] : loads_) {
-    if (r.state == DestRequest::State::kRequested && r.peer_id == peer_id) loads.push_back(id);
-  }
-  for (const auto& id : sources) FinishSource(id, why, false);
-  for (const auto& id : loads) FinishDest(id, why, false);
-}
-
-void Daemon::Core::ExpireRequests(Clock::time_point now) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    if (r.deadline < now) sources.push_back(id);
-  }
-  for (const auto& [id, r] : loads_) {
-    if (r.deadline < now) loads.push_back(id);
-  }
-  const std::string lease = std::to_string(options_.lease.count()) + " ms";
-  for (const auto& id : sources) {
-    FinishSource(
-        id, Status::Timeout("request " + id + " not confirmed within its lease of " + lease), true);
-  }
-  for (const auto& id : loads) {
-    FinishDest(id, Status::Timeout("request " + id + " not complete within " + lease), true);
-  }
-  std::erase_if(retired_, [now](const Retired& r) { return r.until < now; });
 }
 
 }  // namespace kv::daemon

@@ -18,6 +18,10 @@ Status CheckPackedRkey(std::string_view packed) {
   if (packed.size() < sizeof(uint64_t) + 1) return bad("shorter than its header");
   uint64_t md_map = 0;
   std::memcpy(&md_map, packed.data(), sizeof md_map);
+  // A key that names no memory domain makes UCX emulate RMA in software: the target's UCX then
+  // reads or writes whatever address it is given (issue 19 read kvd's ELF header that way).
+  // Every key UCX packs for registered memory names at least one (tcp alone: md 0).
+  if (md_map == 0) return bad("it names no memory domain (UCX would emulate RMA)");
   const auto mem_type = static_cast<uint8_t>(packed[sizeof md_map]);
   if (mem_type >= UCS_MEMORY_TYPE_LAST)
     return bad("unknown memory type " + std::to_string(mem_type));

@@ -5,7 +5,8 @@
 // be checked from outside is checked here, for the layouts of UCX 1.13 (Debian 12's):
 //  * a remote key is [md_map u64 | mem_type u8 | per MD in md_map: size u8, that many bytes]
 //    and optionally [sys_dev u8 | 3 bytes per device distance]: walked exactly, every length
-//    inside the buffer, mem_type a known memory type;
+//    inside the buffer, mem_type a known memory type, at least one memory domain (a key with
+//    none makes UCX emulate RMA: kvd never posts to one);
 //  * a worker address is [header u8 | uuid u64 | ...]: bounded in size, its header byte the one
 //    this UCX build packs (same address version and flags), its worker id readable through
 //    ucp_worker_address_query and not one of this process's own workers (an endpoint to itself

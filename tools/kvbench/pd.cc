@@ -202,6 +202,9 @@ int PdMain(int argc, char** argv) {
        "the forward pass of one layer on the prefill side before it is written, in "
        "microseconds (default 0)"},
       {"no-ceiling", "skip the kvbench transport comparison", true},
+      {"auth-secret-file",
+       "the kvds started here authenticate each other with this secret (SECURITY.md); their "
+       "transfer tokens are optional, as the decode engines ask before the prefill finished"},
       {"keep-going",
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
@@ -339,6 +342,15 @@ int PdMain(int argc, char** argv) {
       if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
     }
   } dir_guard{&dir};
+  // Issue 19: the kvds started here authenticate each other with the secret when given one. The
+  // decode engines here ask before the prefill finished (layer streaming), without the request's
+  // transfer token, which a kvd with a secret requires by default: they allow it.
+  std::vector<std::string> security_args;
+  if (flags.has("auth-secret-file")) {
+    if (!prefill_socket.empty()) return Fail("--auth-secret-file is for the kvds started here");
+    security_args = {"--auth-secret-file", flags.str("auth-secret-file"), "--transfer-token",
+                     "optional"};
+  }
   if (prefill_socket.empty()) {
     char tmpl[] = "/tmp/kvbench-pd-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return Fail("cannot create a temporary directory");
@@ -350,12 +362,14 @@ int PdMain(int argc, char** argv) {
     o.name = "prefill";
     o.socket_path = (dir / "prefill.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", "0"};
+    o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     auto p = daemon::KvdProcess::Start(o);
     if (!p.ok()) return Fail("starting " + o.binary + ": " + p.status().ToString());
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
+    o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     auto d = daemon::KvdProcess::Start(o);
     if (!d.ok()) return Fail("starting " + o.binary + ": " + d.status().ToString());
     decode_kvd = std::move(*d);

@@ -265,7 +265,8 @@ Status Daemon::Core::AdmitPeerConnection(const asio::ip::address& ip) {
   for (const auto& [id, peer] : peers_) {
     if (!peer.conn) continue;
     ++total;
-    if (!peer.authenticated) ++unauthenticated;
+    // Of those others opened: this kvd's own dials still authenticating must not lock peers out.
+    if (!peer.authenticated && !peer.dialed) ++unauthenticated;
     if (!peer.remote_ip.empty() && peer.remote_ip == address) ++same_address;
   }
   if (total >= options_.max_peer_connections) {

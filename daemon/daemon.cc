@@ -118,6 +118,9 @@ Status Daemon::Core::Start() {
     // setting.
     const bool on_gpu = backend == "cuda_ipc" || backend == "nccl";
     if (on_gpu) settings.settings.emplace_back("device", std::to_string(options_.device));
+    if (backend == "ucx" && !options_.ucx_net_devices.empty()) {
+      settings.settings.emplace_back("UCX_NET_DEVICES", options_.ucx_net_devices);
+    }
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend, settings));
     if (on_gpu) WarnWithoutMps();
   }

@@ -51,6 +51,10 @@ struct DaemonOptions {
   // dials peers on loopback addresses only, unless insecure_peers.
   std::string auth_secret;
   bool insecure_peers = false;  // no secret, and peers from anywhere: a trusted network only
+  // The ucx backend's UCX_NET_DEVICES: the network interfaces UCX may listen and send on. UCX's
+  // tcp interface otherwise listens on every interface, whatever `listen` says. Empty: UCX's own
+  // choice (its environment, else every device). `kvd` sets "lo" in loopback-only mode.
+  std::string ucx_net_devices;
   // Whether a peer's WantRequest must carry the request's transfer token (TransferParams, from
   // the prefill engine's RequestFinished). A token that is present must always match. Required,
   // a decode kvd can only load a request its engine got the params of (vLLM's flow); optional,

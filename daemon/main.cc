@@ -29,7 +29,7 @@ constexpr const char* kUsage =
     "           [--auth-secret-file PATH | --insecure] [--transfer-token auto|required|optional]\n"
     "           [--max-peer-connections N] [--max-unauthenticated-peers N]\n"
     "           [--max-peer-connections-per-address N] [--max-source-requests N]\n"
-    "           [--max-requests-per-peer N]\n"
+    "           [--max-requests-per-peer N] [--ucx-net-devices LIST]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -58,7 +58,10 @@ constexpr const char* kUsage =
     "--max-peer-connections (256), --max-unauthenticated-peers (32),\n"
     "  --max-peer-connections-per-address (32), --max-source-requests (65536),\n"
     "  --max-requests-per-peer (16384): limits; see\n"
-    "  SECURITY.md and the counters in `kvctl status`.\n";
+    "  SECURITY.md and the counters in `kvctl status`.\n"
+    "--ucx-net-devices: UCX_NET_DEVICES for --transport ucx (e.g. eth1 or mlx5_0:1): where UCX\n"
+    "  listens and sends. Default: lo without --auth-secret-file (and without --insecure), else\n"
+    "  UCX's choice (every interface).\n";
 
 // Peer security flags (SECURITY.md) and their defaults; --insecure is a switch.
 const std::map<std::string, std::string> kSecurityFlags = {
@@ -69,7 +72,8 @@ const std::map<std::string, std::string> kSecurityFlags = {
     {"max-unauthenticated-peers", "32"},
     {"max-peer-connections-per-address", "32"},
     {"max-source-requests", "65536"},
-    {"max-requests-per-peer", "16384"}};
+    {"max-requests-per-peer", "16384"},
+    {"ucx-net-devices", ""}};
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvd: %s\n", message.c_str());
@@ -199,6 +203,13 @@ int main(int argc, char** argv) {
     options.auth_secret = std::move(secret).value();
   }
   options.insecure_peers = flags["insecure"] == "true";
+  // UCX's tcp interface listens on every interface unless told otherwise: loopback-only kvd
+  // keeps it on lo, unless the flag or UCX's own environment variable chose.
+  options.ucx_net_devices = flags["ucx-net-devices"];
+  if (options.ucx_net_devices.empty() && options.auth_secret.empty() && !options.insecure_peers &&
+      std::getenv("UCX_NET_DEVICES") == nullptr) {
+    options.ucx_net_devices = "lo";
+  }
   if (flags["transfer-token"] == "required" || flags["transfer-token"] == "optional") {
     options.require_transfer_token = flags["transfer-token"] == "required";
   } else if (flags["transfer-token"] != "auto") {

@@ -52,6 +52,52 @@ std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
   return std::string(reinterpret_cast<const char*>(mac), length);
 }
 
+namespace {
+
+std::string Hmac(std::string_view key, std::string_view message) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
+           &length) == nullptr) {
+    return std::string();
+  }
+  return std::string(reinterpret_cast<const char*>(mac), length);
+}
+
+}  // namespace
+
+SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::string_view our_name,
+                              std::string_view their_name, std::string_view our_nonce,
+                              std::string_view their_nonce) {
+  // Written from the dialer's side, so that both ends derive the same two keys.
+  const std::string_view dialer = we_dialed ? our_name : their_name;
+  const std::string_view acceptor = we_dialed ? their_name : our_name;
+  const std::string_view dialer_nonce = we_dialed ? our_nonce : their_nonce;
+  const std::string_view acceptor_nonce = we_dialed ? their_nonce : our_nonce;
+  auto key = [&](std::string_view direction) {
+    std::string message;
+    AppendField(&message, "kvd peer session v1");
+    AppendField(&message, direction);
+    AppendField(&message, dialer);
+    AppendField(&message, acceptor);
+    AppendField(&message, dialer_nonce);
+    AppendField(&message, acceptor_nonce);
+    return Hmac(secret, message);
+  };
+  std::string from_dialer = key("dialer to acceptor");
+  std::string from_acceptor = key("acceptor to dialer");
+  if (we_dialed) return {std::move(from_dialer), std::move(from_acceptor)};
+  return {std::move(from_acceptor), std::move(from_dialer)};
+}
+
+std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body) {
+  std::string message;
+  for (int i = 0; i < 8; ++i) message.push_back(static_cast<char>((seq >> (8 * i)) & 0xff));
+  message.append(body);
+  return Hmac(key, message);
+}
+
 bool Equal(std::string_view a, std::string_view b) {
   return a.size() == b.size() && !a.empty() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

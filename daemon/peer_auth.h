@@ -33,6 +33,19 @@ std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
                   std::string_view prover_name, std::string_view verifier_name,
                   std::string_view prover_nonce, std::string_view verifier_nonce);
 
+// The keys that MAC every later frame of an authenticated connection, one per direction
+// (Connection::EnableMac): derived from the secret, both nonces, both names and the roles, so a
+// connection relayed between two kvds stays a pipe the relay can neither write into nor reorder.
+struct SessionKeys {
+  std::string send;
+  std::string receive;
+};
+SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::string_view our_name,
+                              std::string_view their_name, std::string_view our_nonce,
+                              std::string_view their_nonce);
+// HMAC-SHA256 of `body` under `key`, for the frame numbered `seq` in its direction.
+std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body);
+
 // Constant-time equality of two byte strings (their lengths are not secret).
 bool Equal(std::string_view a, std::string_view b);
 

@@ -146,6 +146,12 @@ Status Daemon::Core::OnAuthMessage(Peer& peer, const proto::PeerMessage& m) {
       }
       peer.authenticated = true;
       spdlog::info("kvd {}: {} authenticated as {}", options_.name, peer.conn->label(), peer.name);
+      // Every later frame both ways is MAC'd: the peer's next one is its hello, sent after it
+      // checked our proof, which precedes everything we send from here on.
+      auth::SessionKeys keys =
+          auth::DeriveSessionKeys(options_.auth_secret, peer.dialed, options_.name, peer.name,
+                                  peer.our_nonce, peer.their_nonce);
+      peer.conn->EnableMac(std::move(keys.send), std::move(keys.receive));
       SendHello(peer);
       return Status::Ok();
     }

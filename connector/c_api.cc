@@ -258,6 +258,8 @@ int kv_daemon_start(const kv_daemon_options* options, kv_daemon** out, kv_error*
     if (o.listen != nullptr) d.listen = o.listen;
     if (o.transport != nullptr) d.transport = o.transport;
     d.offload_bytes = o.offload_bytes;
+    if (o.auth_secret_file != nullptr) d.auth_secret_file = o.auth_secret_file;
+    d.insecure_peers = o.insecure_peers != 0;
     KV_ASSIGN_OR_RETURN(auto daemon, kv::connector::StartEmbeddedDaemon(d));
     const std::string address = kv::connector::EmbeddedDaemonAddress(*daemon);
     *out = new kv_daemon{std::move(daemon), address};

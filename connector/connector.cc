@@ -4,6 +4,7 @@
 
 #include "connector/connector_core.h"
 #include "daemon/daemon.h"
+#include "daemon/peer_auth.h"
 #include "daemon/proto/kvd.pb.h"
 
 namespace kv::connector {
@@ -44,6 +45,10 @@ Result<std::shared_ptr<daemon::Daemon>> StartEmbeddedDaemon(const EmbeddedDaemon
   o.listen = options.listen;
   o.transport_name = options.transport;
   o.offload_bytes = options.offload_bytes;
+  if (!options.auth_secret_file.empty()) {
+    KV_ASSIGN_OR_RETURN(o.auth_secret, daemon::auth::ReadSecretFile(options.auth_secret_file));
+  }
+  o.insecure_peers = options.insecure_peers;
   return daemon::Daemon::Start(std::move(o));
 }
 

@@ -71,6 +71,7 @@ void ToWire(const LoadSpec& load, proto::StartLoad* out) {
   out->set_peer_address(load.params.peer_address);
   out->set_tokens(load.params.tokens);
   out->set_mode(load.params.mode == Mode::kPull ? proto::MODE_PULL : proto::MODE_PUSH);
+  out->set_transfer_token(load.params.transfer_token);
   out->mutable_block_ids()->Add(load.block_ids.begin(), load.block_ids.end());
 }
 
@@ -289,6 +290,7 @@ Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request
   params.peer_name = reply->params().peer_name();
   params.peer_address = reply->params().peer_address();
   params.request_id = reply->params().request_id();
+  params.transfer_token = reply->params().transfer_token();
   params.remote_block_ids.assign(reply->params().remote_block_ids().begin(),
                                  reply->params().remote_block_ids().end());
   return params;

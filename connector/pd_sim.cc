@@ -278,6 +278,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     for (Engine& e : prefill) {
       // A source kvd that is gone releases nothing and writes nothing more.
       if (any_failed && !DaemonStatusOf(*e.connector).ok()) continue;
+      if (any_failed && c.stop_at_failed_wave) continue;  // no next wave reuses them
       std::set<std::string> released;
       while (static_cast<int>(released.size()) < count && Clock::now() < deadline) {
         for (auto& id : e.connector->GetFinished().sent) released.insert(id);
@@ -316,6 +317,12 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       result.stream_ms.push_back(static_cast<double>(in_place_ns[j] - outcome.saved_ns[j]) / 1e6);
     }
     if (progress) progress(result.requests, c.requests);
+    // Issue 19: kvbench pd stops at the first failed wave unless --keep-going.
+    if (c.stop_at_failed_wave && std::any_of(failed.begin(), failed.end(),
+                                             [](const std::atomic<bool>& f) { return f.load(); })) {
+      result.stopped_early = true;
+      break;
+    }
   }
   result.seconds = seconds;
   const auto sent_after = sent();

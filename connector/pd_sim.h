@@ -58,6 +58,10 @@ struct PdConfig {
   // The forward pass of one layer on the prefill ranks, before they write it (0: none).
   std::chrono::microseconds layer_time{0};
   std::chrono::milliseconds timeout{20000};
+  // Security issue 19: end the run after the first wave with a failed request (kvbench pd
+  // without --keep-going) instead of starting more waves against a dead kvd; that wave does not
+  // wait for the sources to release its requests.
+  bool stop_at_failed_wave = false;
 };
 
 struct PdResult {
@@ -76,6 +80,7 @@ struct PdResult {
   uint64_t runs = 0;   // byte runs the prefill kvd posted for the counted waves (its runs_sent)
   uint64_t posts = 0;  // transport posts they went out in (its batches_posted)
   std::string first_error;
+  bool stopped_early = false;  // stop_at_failed_wave ended the run before every request ran
 };
 
 // Opens one engine's connector: (instance, tp_rank, tp_size) → connector.

@@ -1,5 +1,7 @@
 #include "daemon/connection.h"
 
+#include "daemon/peer_auth.h"
+
 #include <google/protobuf/message_lite.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -133,6 +135,20 @@ Connection::Delivery Connection::DeliverFrames(size_t most) {
     }
     if (!frame->has_value()) return Delivery::kDrained;
     ++frames_received_;
+    if (!receive_key_.empty()) {
+      std::string& body = **frame;
+      const size_t n = auth::kProofBytes;
+      if (body.size() < n ||
+          !auth::Equal(auth::FrameMac(receive_key_, receive_seq_,
+                                      std::string_view(body).substr(0, body.size() - n)),
+                       std::string_view(body).substr(body.size() - n))) {
+        Close(Status::InvalidArgument(label_ + ": a frame failed its message authentication "
+                                               "(altered, replayed or injected)"));
+        return Delivery::kClosed;
+      }
+      body.resize(body.size() - n);
+      ++receive_seq_;
+    }
     on_message_(std::move(**frame));
     if (!open_) return Delivery::kClosed;
   }
@@ -164,6 +180,7 @@ Status Connection::Send(const google::protobuf::MessageLite& message) {
   if (!message.SerializeToString(&body)) {
     return Status::Internal(label_ + ": could not serialise " + message.GetTypeName());
   }
+  if (!send_key_.empty()) body += auth::FrameMac(send_key_, send_seq_++, body);
   std::string frame;
   Status s = AppendFrame(body, &frame, limits_.max_frame_bytes);
   if (!s.ok()) return s.WithContext(label_);
@@ -225,6 +242,11 @@ void Connection::Close(const Status& why) {
     auto handler = std::move(on_close_);
     handler(why);
   }
+}
+
+void Connection::EnableMac(std::string send_key, std::string receive_key) {
+  send_key_ = std::move(send_key);
+  receive_key_ = std::move(receive_key);
 }
 
 int Connection::TakeFd() {

@@ -60,6 +60,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closes now; the close handler runs (once) with `why`.
   void Close(const Status& why);
 
+  // From now on every frame sent carries an HMAC-SHA256 under `send_key` over its number and
+  // body, and every frame received must carry one under `receive_key` (peer_auth.h, session
+  // keys): a frame that does not closes the connection. Frames already queued are not changed.
+  void EnableMac(std::string send_key, std::string receive_key);
+
   // The oldest fd received and not yet claimed, or -1. The caller owns it.
   int TakeFd();
   bool open() const { return open_; }
@@ -93,6 +98,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool open_ = true;
   bool partial_timer_armed_ = false;
   uint64_t frames_received_ = 0;
+  // EnableMac: keys and the numbers of the next frame each way.
+  std::string send_key_, receive_key_;
+  uint64_t send_seq_ = 0, receive_seq_ = 0;
   MessageHandler on_message_;
   CloseHandler on_close_;
 };

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -85,7 +86,15 @@ struct Peer {
   std::shared_ptr<boost::asio::ip::tcp::socket> connecting;  // until the dial completes
   std::string dialed_address;                                // set when we dialed it
   std::string name;                                          // from its hello
-  bool ready = false;  // hello exchanged and transport connected
+  std::string remote_ip;  // of an accepted connection, for the per-address limit
+  // Peer authentication (peer_auth.h): authenticated once the peer's proof matched (or at once
+  // without a secret). `name` is bound to the proof: its hello must carry the same.
+  bool authenticated = false;
+  bool dialed = false;      // this side dialed the connection (the role inside the proofs)
+  std::string our_nonce;    // sent in our challenge
+  std::string their_nonce;  // from theirs; empty until it came
+  int requests = 0;         // source requests bound to it (max_requests_per_peer)
+  bool ready = false;       // hello exchanged and transport connected
   transport::PeerId transport_peer = 0;
   uint64_t transport_endpoint = 0;  // open_endpoint()'s, until connect_endpoint() takes it
   Clock::time_point last_heard;
@@ -139,6 +148,10 @@ struct SourceRequest {
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
+  // The request's capability (peer_auth.h): issued to the engine by RequestFinished, presented
+  // by the destination's WantRequest (transfers.cc, OnWant).
+  std::string token;
+  std::string notice_token;  // the destination's, echoed in every LayerNotice
 
   // Released only once confirmed and every rank called request_finished: the engine must not
   // hear "sent" for a request it has not finished, however fast the push was.
@@ -200,6 +213,8 @@ struct DestRequest {
   int64_t tokens = 0;
   std::map<int, LoadRank> ranks;  // by decode TP rank
   std::vector<bool> ready;        // per layer
+  std::string transfer_token;     // from the engine's StartLoad, into the WantRequest
+  std::string notice_token;       // ours, random: a LayerNotice must echo it
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
@@ -257,16 +272,28 @@ class Daemon::Core {
                         transport::Completion done);
 
   // ---- peer_session.cc ----
-  void ServePeer(int fd, std::string dialed_address);
+  // remote_ip: of an accepted connection (the per-address limit), empty for one we dialed.
+  void ServePeer(int fd, std::string dialed_address, std::string remote_ip = {});
   Result<uint64_t> PeerFor(const std::string& address);
   void OnPeerMessage(uint64_t peer_id, const std::string& body);
   void OnPeerClosed(uint64_t peer_id, const Status& why);
   Status HandlePeerHello(Peer& peer, const proto::PeerHello& hello);
   void SendToPeer(uint64_t peer_id, proto::PeerMessage message);
   proto::PeerHello BuildHello() const;
+  // The peer's transport end and our hello: only once the peer is authenticated.
+  void SendHello(Peer& peer);
+  // Authentication messages before `peer.authenticated` (peer_session.cc); errors close.
+  Status OnAuthMessage(Peer& peer, const proto::PeerMessage& m);
+  // Sends PeerRefused with `why` (so the other side can tell its operator) and closes.
+  void RefusePeer(Peer& peer, const Status& why);
+  // Whether a new connection from `ip` fits the limits; counts the refusal if not.
+  Status AdmitPeerConnection(const boost::asio::ip::address& ip);
   Peer* FindPeer(uint64_t id);
 
   // ---- transfers.cc ----
+  Status NewToken(std::string* out);  // a random 128-bit capability
+  // A new source request fits max_source_requests (a Want flood holds no more than that).
+  Status CheckSourceRoom(const std::string& request_id) const;
   Status SaveLayer(Engine& engine, const proto::SaveLayer& save);
   // A one-way save kvd refused: fails the request if it is the engine's instance's (every rank
   // and the destination hear it), and tells the engine with RequestDone(sent) in any case.
@@ -383,6 +410,11 @@ class Daemon::Core {
   uint64_t bytes_received_ = 0;
   uint64_t runs_sent_ = 0;
   uint64_t batches_posted_ = 0;
+  uint64_t peers_refused_ = 0;
+  uint64_t auth_failures_ = 0;
+  // EMFILE / ENFILE on accept: the acceptor waits this long before trying again.
+  boost::asio::steady_timer accept_backoff_{io_};
+  bool accept_starved_ = false;  // in an EMFILE episode: logged once
 };
 
 // Limits of the engine protocol, shared by validation in several files.
@@ -399,6 +431,9 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wi
 // steady clock, which every process on the host shares, so two kvds' lines merge into one
 // timeline (tools/pd_timeline.py reads them).
 void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes = 0);
+
+// Destination block ids named twice (transfer_support.cc): refused, each would take two sources.
+Status CheckDistinctBlocks(std::span<const int64_t> ids);
 
 // An engine's or a peer's request id (transfers and offload ops): 1 to kMaxRequestIdBytes bytes.
 Status CheckRequestId(const std::string& id);

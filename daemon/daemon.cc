@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <cerrno>
 #include <fstream>
 #include <future>
 
 #include "daemon/core.h"
+#include "daemon/peer_auth.h"
 
 namespace kv::daemon {
 
@@ -96,6 +98,12 @@ ConnectionLimits Daemon::Core::PeerLimits() const {
 }
 
 Status Daemon::Core::Start() {
+  if (!options_.auth_secret.empty()) KV_RETURN_IF_ERROR(auth::CheckSecret(options_.auth_secret));
+  if (options_.max_peer_connections < 1 || options_.max_unauthenticated_peers < 1 ||
+      options_.max_peer_connections_per_address < 1 || options_.max_source_requests < 1 ||
+      options_.max_requests_per_peer < 1) {
+    return Status::InvalidArgument("peer connection and request limits must be at least 1");
+  }
   if (options_.transport) {
     transport_ = std::move(options_.transport);
   } else {
@@ -110,6 +118,9 @@ Status Daemon::Core::Start() {
     // setting.
     const bool on_gpu = backend == "cuda_ipc" || backend == "nccl";
     if (on_gpu) settings.settings.emplace_back("device", std::to_string(options_.device));
+    if (backend == "ucx" && !options_.ucx_net_devices.empty()) {
+      settings.settings.emplace_back("UCX_NET_DEVICES", options_.ucx_net_devices);
+    }
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend, settings));
     if (on_gpu) WarnWithoutMps();
   }
@@ -154,6 +165,20 @@ Status Daemon::Core::Start() {
   spdlog::info("kvd {}: peers on {}, engines on {}, transport {}", options_.name,
                listen_address_.empty() ? "-" : listen_address_,
                options_.socket_path.empty() ? "-" : options_.socket_path, transport_->name());
+  if (!options_.auth_secret.empty()) {
+    spdlog::info("kvd {}: peers must prove the shared secret (HMAC-SHA256 challenge-response)",
+                 options_.name);
+  } else if (options_.insecure_peers) {
+    spdlog::warn(
+        "kvd {}: INSECURE: no peer secret and --insecure: any host that reaches {} can read and "
+        "write the engines' KV caches through this kvd. Use --auth-secret-file outside a test.",
+        options_.name, listen_address_.empty() ? "the peer port" : listen_address_);
+  } else {
+    spdlog::info(
+        "kvd {}: no --auth-secret-file: peers are accepted and dialed on loopback addresses "
+        "only",
+        options_.name);
+  }
   return Status::Ok();
 }
 
@@ -185,12 +210,86 @@ void Daemon::Core::AcceptEngines() {
 void Daemon::Core::AcceptPeers() {
   peer_acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted || !peer_acceptor_->is_open()) return;
+    if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec.value() == ENOBUFS ||
+        ec.value() == ENOMEM) {
+      // Out of fds: accepting again at once would spin on the same error while the backlog
+      // waits. Back off; the sweep closes silent connections meanwhile.
+      if (!accept_starved_) {  // once per episode, not ten lines a second
+        spdlog::warn(
+            "kvd {}: accept: {}; pausing peer accepts 100 ms at a time until "
+            "descriptors are free",
+            options_.name, ec.message());
+      }
+      accept_starved_ = true;
+      ++peers_refused_;
+      accept_backoff_.expires_after(std::chrono::milliseconds(100));
+      accept_backoff_.async_wait([this](const boost::system::error_code& wait_ec) {
+        if (!wait_ec && peer_acceptor_->is_open()) AcceptPeers();
+      });
+      return;
+    }
+    if (!ec && accept_starved_) {
+      accept_starved_ = false;
+      spdlog::info("kvd {}: accepting peers again", options_.name);
+    }
     if (!ec) {
-      s.set_option(tcp::no_delay(true));
-      ServePeer(s.release(), "");
+      boost::system::error_code peer_ec;
+      const tcp::endpoint remote = s.remote_endpoint(peer_ec);
+      Status admitted = peer_ec ? Status::IoError("remote_endpoint: " + peer_ec.message())
+                                : AdmitPeerConnection(remote.address());
+      if (!admitted.ok()) {
+        spdlog::warn("kvd {}: refused a peer connection: {}", options_.name, admitted.ToString());
+        boost::system::error_code ignored;
+        s.close(ignored);
+      } else {
+        s.set_option(tcp::no_delay(true));
+        ServePeer(s.release(), "", remote.address().to_string());
+      }
     }
     AcceptPeers();
   });
+}
+
+Status Daemon::Core::AdmitPeerConnection(const asio::ip::address& ip) {
+  auto refuse = [this](Status why) {
+    ++peers_refused_;
+    return why;
+  };
+  const bool loopback = ip.is_loopback() ||
+                        (ip.is_v6() && ip.to_v6().is_v4_mapped() &&
+                         asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6()).is_loopback());
+  if (options_.auth_secret.empty() && !options_.insecure_peers && !loopback) {
+    return refuse(Status::Unavailable(
+        "from " + ip.to_string() +
+        ": without --auth-secret-file only loopback peers are accepted (--insecure opens it)"));
+  }
+  const std::string address = ip.to_string();
+  int total = 0, unauthenticated = 0, same_address = 0;
+  for (const auto& [id, peer] : peers_) {
+    if (!peer.conn) continue;
+    ++total;
+    // Of those others opened: this kvd's own dials still authenticating must not lock peers out.
+    if (!peer.authenticated && !peer.dialed) ++unauthenticated;
+    if (!peer.remote_ip.empty() && peer.remote_ip == address) ++same_address;
+  }
+  if (total >= options_.max_peer_connections) {
+    return refuse(Status::ResourceExhausted(
+        "from " + address + ": " + std::to_string(total) + " peer connections open, limit " +
+        std::to_string(options_.max_peer_connections) + " (--max-peer-connections)"));
+  }
+  if (unauthenticated >= options_.max_unauthenticated_peers) {
+    return refuse(Status::ResourceExhausted(
+        "from " + address + ": " + std::to_string(unauthenticated) +
+        " connections still authenticating, limit " +
+        std::to_string(options_.max_unauthenticated_peers) + " (--max-unauthenticated-peers)"));
+  }
+  if (same_address >= options_.max_peer_connections_per_address) {
+    return refuse(Status::ResourceExhausted(
+        "from " + address + ": " + std::to_string(same_address) + " connections, limit " +
+        std::to_string(options_.max_peer_connections_per_address) +
+        " per address (--max-peer-connections-per-address)"));
+  }
+  return Status::Ok();
 }
 
 // Deadlines and heartbeats, a few times per heartbeat interval: idle kvd wakes rarely.
@@ -280,6 +379,19 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_bytes_received(bytes_received_);
   s.set_runs_sent(runs_sent_);
   s.set_batches_posted(batches_posted_);
+  s.set_peer_auth(!options_.auth_secret.empty() ? "secret"
+                  : options_.insecure_peers     ? "insecure"
+                                                : "loopback-only");
+  uint32_t connections = 0, unauthenticated = 0;
+  for (const auto& [id, peer] : peers_) {
+    if (!peer.conn) continue;
+    ++connections;
+    if (!peer.authenticated) ++unauthenticated;
+  }
+  s.set_peer_connections(connections);
+  s.set_unauthenticated_connections(unauthenticated);
+  s.set_peers_refused(peers_refused_);
+  s.set_auth_failures(auth_failures_);
   if (offload_) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "daemon/proto/kvd.pb.h"
@@ -42,6 +43,35 @@ struct DaemonOptions {
   // CPU offload pool (daemon/offload_service.h): 0 for none. Allocated at Start.
   uint64_t offload_bytes = 0;
   std::string offload_copy = "auto";  // GPU pages: "auto", "kernel" or "copy-engine"
+
+  // ---- Peer security (SECURITY.md) ----
+  // The peers' shared secret, its bytes (32 to 4096; `kvd --auth-secret-file`): every peer
+  // connection starts with a mutual HMAC challenge-response over it (daemon/peer_auth.h), and
+  // nothing else is sent or accepted before the other side proved it. Empty: kvd accepts and
+  // dials peers on loopback addresses only, unless insecure_peers.
+  std::string auth_secret;
+  bool insecure_peers = false;  // no secret, and peers from anywhere: a trusted network only
+  // The ucx backend's UCX_NET_DEVICES: the network interfaces UCX may listen and send on. UCX's
+  // tcp interface otherwise listens on every interface, whatever `listen` says. Empty: UCX's own
+  // choice (its environment, else every device). `kvd` sets "lo" in loopback-only mode.
+  std::string ucx_net_devices;
+  // Whether a peer's WantRequest must carry the request's transfer token (TransferParams, from
+  // the prefill engine's RequestFinished). A token that is present must always match. Required,
+  // a decode kvd can only load a request its engine got the params of (vLLM's flow); optional,
+  // a decode may also ask before the prefill finished (layer streaming, kvbench pd), and the
+  // first authenticated peer to ask binds the request. Unset: required with an auth_secret
+  // (peers on other hosts), optional without (loopback only).
+  std::optional<bool> require_transfer_token;
+  // Peer connections open at once; of them, not yet authenticated (the handshake timeout bounds
+  // how long each may stay so); from one source address. A connection above a limit is closed
+  // as it is accepted.
+  int max_peer_connections = 256;
+  int max_unauthenticated_peers = 32;
+  int max_peer_connections_per_address = 32;
+  // Requests held as a source at once (saved by engines or wanted by peers, until released), and
+  // of them, bound to one destination peer: a peer's Want flood holds no more than that.
+  int max_source_requests = 65536;
+  int max_requests_per_peer = 16384;
 };
 
 class Daemon {

@@ -242,11 +242,14 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
     close(fd);
     return layout.status();
   }
-  KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Adopt(fd, reg.bytes()));
+  // kvd populates what it maps, so it maps the layout's span alone: a 1 KiB layout that names a
+  // 1 GiB memfd (sparse, or other caches of the engine sharing it) costs kvd 1 KiB of pages.
+  KV_ASSIGN_OR_RETURN(SharedMemory memory,
+                      SharedMemory::Adopt(fd, layout->span_bytes(), reg.offset()));
   auto region = std::make_shared<Region>();
   region->layout = *layout;
-  region->base = static_cast<uint8_t*>(memory.data()) + reg.offset();
-  region->bytes = memory.size() - reg.offset();
+  region->base = memory.data();
+  region->bytes = memory.size();
   region->where = MemoryLocation::Host();
   region->host = std::move(memory);
   KV_ASSIGN_OR_RETURN(region->registration,

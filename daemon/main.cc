@@ -15,6 +15,7 @@
 #include <string>
 
 #include "daemon/daemon.h"
+#include "daemon/peer_auth.h"
 
 namespace {
 
@@ -25,6 +26,10 @@ constexpr const char* kUsage =
     "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
     "           [--log-level trace|debug|info|warn|error]\n"
     "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
+    "           [--auth-secret-file PATH | --insecure] [--transfer-token auto|required|optional]\n"
+    "           [--max-peer-connections N] [--max-unauthenticated-peers N]\n"
+    "           [--max-peer-connections-per-address N] [--max-source-requests N]\n"
+    "           [--max-requests-per-peer N] [--ucx-net-devices LIST]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -43,7 +48,32 @@ constexpr const char* kUsage =
     "  `kvctl --daemon PATH offload` show its figures.\n"
     "--offload-copy: how GPU pages reach the pool: auto (the copy engine, cudaMemcpyBatchAsync,\n"
     "  which leaves the SMs to the model; the plan-copy kernel for runs under 16 KiB), kernel or\n"
-    "  copy-engine (always that one).\n";
+    "  copy-engine (always that one).\n"
+    "--auth-secret-file: the peers' shared secret (32+ bytes, mode 0600): every peer connection\n"
+    "  starts with a mutual HMAC-SHA256 challenge-response over it. Without it kvd accepts and\n"
+    "  dials peers on loopback only; --insecure opens that to any address (trusted networks).\n"
+    "--transfer-token: whether a peer's WantRequest must present the token the prefill engine's\n"
+    "  request_finished returned (required: no layer streaming to a decode that asks first);\n"
+    "  auto: required with --auth-secret-file, optional without.\n"
+    "--max-peer-connections (256), --max-unauthenticated-peers (32),\n"
+    "  --max-peer-connections-per-address (32), --max-source-requests (65536),\n"
+    "  --max-requests-per-peer (16384): limits; see\n"
+    "  SECURITY.md and the counters in `kvctl status`.\n"
+    "--ucx-net-devices: UCX_NET_DEVICES for --transport ucx (e.g. eth1 or mlx5_0:1): where UCX\n"
+    "  listens and sends. Default: lo without --auth-secret-file (and without --insecure), else\n"
+    "  UCX's choice (every interface).\n";
+
+// Peer security flags (SECURITY.md) and their defaults; --insecure is a switch.
+const std::map<std::string, std::string> kSecurityFlags = {
+    {"auth-secret-file", ""},
+    {"insecure", "false"},
+    {"transfer-token", "auto"},
+    {"max-peer-connections", "256"},
+    {"max-unauthenticated-peers", "32"},
+    {"max-peer-connections-per-address", "32"},
+    {"max-source-requests", "65536"},
+    {"max-requests-per-peer", "16384"},
+    {"ucx-net-devices", ""}};
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvd: %s\n", message.c_str());
@@ -103,6 +133,7 @@ int main(int argc, char** argv) {
       {"drain-ms", "5000"},   {"offload-copy", "auto"},
       {"device", "0"}};
   flags = known;
+  flags.insert(kSecurityFlags.begin(), kSecurityFlags.end());
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -111,6 +142,10 @@ int main(int argc, char** argv) {
     }
     if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "' (see --help)");
     std::string name = arg.substr(2), value;
+    if (name == "insecure") {  // a switch: no value
+      flags[name] = "true";
+      continue;
+    }
     if (size_t eq = name.find('='); eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
@@ -119,7 +154,7 @@ int main(int argc, char** argv) {
     } else {
       return Fail("--" + name + " needs a value");
     }
-    if (!known.count(name)) return Fail("unknown flag --" + name + " (see --help)");
+    if (!flags.count(name)) return Fail("unknown flag --" + name + " (see --help)");
     flags[name] = value;
   }
   if (flags["socket"].empty()) return Fail("--socket PATH is required (see --help)");
@@ -157,6 +192,41 @@ int main(int argc, char** argv) {
       return Fail("--device '" + flags["device"] + "' is not a CUDA ordinal in [0, 1023]");
     }
     options.device = static_cast<int>(device);
+  }
+
+  // Peer security (SECURITY.md): the secret is read here, the library takes its bytes.
+  if (!flags["auth-secret-file"].empty()) {
+    if (flags["insecure"] == "true")
+      return Fail("--insecure and --auth-secret-file exclude each other");
+    auto secret = kv::daemon::auth::ReadSecretFile(flags["auth-secret-file"]);
+    if (!secret.ok()) return Fail(secret.status().message());
+    options.auth_secret = std::move(secret).value();
+  }
+  options.insecure_peers = flags["insecure"] == "true";
+  // UCX's tcp interface listens on every interface unless told otherwise: loopback-only kvd
+  // keeps it on lo, unless the flag or UCX's own environment variable chose.
+  options.ucx_net_devices = flags["ucx-net-devices"];
+  if (options.ucx_net_devices.empty() && options.auth_secret.empty() && !options.insecure_peers &&
+      std::getenv("UCX_NET_DEVICES") == nullptr) {
+    options.ucx_net_devices = "lo";
+  }
+  if (flags["transfer-token"] == "required" || flags["transfer-token"] == "optional") {
+    options.require_transfer_token = flags["transfer-token"] == "required";
+  } else if (flags["transfer-token"] != "auto") {
+    return Fail("--transfer-token is auto, required or optional");
+  }
+  for (auto [flag, out] :
+       {std::pair{"max-peer-connections", &options.max_peer_connections},
+        {"max-unauthenticated-peers", &options.max_unauthenticated_peers},
+        {"max-peer-connections-per-address", &options.max_peer_connections_per_address},
+        {"max-source-requests", &options.max_source_requests},
+        {"max-requests-per-peer", &options.max_requests_per_peer}}) {
+    char* end = nullptr;
+    const long v = std::strtol(flags[flag].c_str(), &end, 10);
+    if (flags[flag].empty() || *end != '\0' || v < 1 || v > 1000000) {
+      return Fail(std::string("--") + flag + " must be in [1, 1000000]");
+    }
+    *out = static_cast<int>(v);
   }
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.

@@ -1,6 +1,7 @@
 // OffloadService, and the engine protocol's offload messages (Daemon::Core, see core.h).
 #include "daemon/offload_service.h"
 
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
@@ -26,6 +27,43 @@ OffloadService::OffloadService(const OffloadOptions& options, offload::HostBuffe
     : options_(options), memory_(std::move(memory)) {}
 
 OffloadService::~OffloadService() = default;
+
+std::vector<BlockKey> OffloadService::Namespaced(const std::string& instance,
+                                                 const std::vector<BlockKey>& keys, bool record) {
+  std::vector<BlockKey> out;
+  out.reserve(keys.size());
+  for (const BlockKey& key : keys) {
+    std::string message;
+    const uint32_t n = static_cast<uint32_t>(instance.size());
+    message.append(reinterpret_cast<const char*>(&n), sizeof n);
+    message.append(instance);
+    message.append(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size());
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_Digest(message.data(), message.size(), digest, &length, EVP_sha256(), nullptr);
+    auto pool_key = BlockKey::FromBytes({digest, BlockKey::kMaxBytes});
+    out.push_back(*pool_key);  // 32 bytes: always a valid key
+    if (record) {
+      origins_.insert_or_assign(
+          std::string(reinterpret_cast<const char*>(digest), BlockKey::kMaxBytes),
+          std::pair{instance, key});
+    }
+  }
+  return out;
+}
+
+std::vector<BlockKey> OffloadService::EvictedOf(const std::string& instance,
+                                                const std::vector<BlockKey>& evicted) {
+  std::vector<BlockKey> out;
+  for (const BlockKey& key : evicted) {
+    auto it = origins_.find(
+        std::string(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size()));
+    if (it == origins_.end()) continue;
+    if (it->second.first == instance) out.push_back(it->second.second);
+    origins_.erase(it);
+  }
+  return out;
+}
 
 Result<OffloadPool*> OffloadService::PoolFor(const KvRegion& region) {
   if (pool_) return pool_.get();
@@ -110,7 +148,8 @@ Status CheckOffloadsInFlight(const Engine& engine) {
 // bytes are (the pool picks its copy path by it), the event the copy waits for, and the pool,
 // created on first use.
 struct OffloadCopy {
-  std::vector<BlockKey> keys;
+  std::vector<BlockKey> keys;         // the pool's (OffloadService::Namespaced)
+  std::vector<BlockKey> engine_keys;  // as the engine named them
   std::vector<int64_t> blocks;
   std::shared_ptr<Region> region;
   KvRegion layout;
@@ -133,6 +172,9 @@ Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Messag
   KV_ASSIGN_OR_RETURN(copy.keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(copy.blocks, ParseBlocks(m.block_ids(), copy.keys.size()));
   KV_ASSIGN_OR_RETURN(copy.region, core.OffloadRegion(engine, m.region_id()));
+  copy.engine_keys = copy.keys;
+  copy.keys = core.offload_->Namespaced(engine.instance, copy.keys,
+                                        std::is_same_v<Message, proto::OffloadStore>);
   KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
   const Region& region = *copy.region;
   if (region.where.kind == MemoryKind::kHost) {
@@ -148,6 +190,21 @@ Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Messag
   }
   KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.layout));
   return copy;
+}
+
+// The pool's errors name its keys; the engine knows its own (same order).
+Status InEngineTerms(const Status& s, const std::vector<BlockKey>& pool_keys,
+                     const std::vector<BlockKey>& engine_keys) {
+  std::string message = s.message();
+  for (size_t i = 0; i < pool_keys.size() && i < engine_keys.size(); ++i) {
+    const std::string from = pool_keys[i].ToHex();
+    for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at)) {
+      const std::string to = engine_keys[i].ToHex();
+      message.replace(at, from.size(), to);
+      at += to.size();
+    }
+  }
+  return Status(s.code(), std::move(message));
 }
 
 proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer) {
@@ -206,7 +263,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
   proto::OffloadResult result;
   result.set_stored(ticket->stored);
   result.set_already_present(ticket->already_present);
-  for (const BlockKey& key : ticket->evicted) {
+  for (const BlockKey& key : offload_->EvictedOf(engine.instance, ticket->evicted)) {
     result.add_evicted(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size());
   }
   result.set_bytes(ticket->bytes);
@@ -218,6 +275,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
                                                          const proto::OffloadLookup& m) {
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
+  keys = offload_->Namespaced(engine.instance, keys, /*record=*/false);
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   proto::OffloadResult result;
   if (!m.per_key()) {
@@ -263,7 +321,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
     });
   };
   auto ticket = copy.pool->Load(transfer, std::move(on_layer), std::move(on_done));
-  if (!ticket.ok()) return ticket.status();
+  if (!ticket.ok()) return InEngineTerms(ticket.status(), copy.keys, copy.engine_keys);
   *figures = {ticket->bytes, ticket->runs};
   ++engine.offload_in_flight;
   proto::OffloadResult result;

@@ -23,6 +23,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "daemon/offload/offload_pool.h"
 #include "daemon/proto/kvd.pb.h"
@@ -51,6 +54,18 @@ class OffloadService {
 
   proto::OffloadStatus Snapshot() const;
 
+  // Security issue 19: the pool answered any engine's lookups and loads, so tenant B loaded
+  // tenant A's block by its hash. Keys are namespaced per engine instance: the pool holds
+  // SHA-256(instance, key), so one instance can neither look up nor load another's keys (an
+  // engine that restarts under its instance name still finds its own). `record` (stores)
+  // remembers each pool key's instance and key, to report evictions back in the engine's terms.
+  std::vector<offload::BlockKey> Namespaced(const std::string& instance,
+                                            const std::vector<offload::BlockKey>& keys,
+                                            bool record);
+  // Of a store's evicted pool keys, the engine keys of `instance` (others' stay unnamed).
+  std::vector<offload::BlockKey> EvictedOf(const std::string& instance,
+                                           const std::vector<offload::BlockKey>& evicted);
+
  private:
   OffloadService(const OffloadOptions& options, offload::HostBuffer memory);
 
@@ -58,6 +73,8 @@ class OffloadService {
   offload::HostBuffer memory_;  // empty once the pool took it
   std::string shape_;
   std::unique_ptr<offload::OffloadPool> pool_;
+  // Pool key bytes -> (instance, engine key), for keys stored and not yet evicted (io thread).
+  std::unordered_map<std::string, std::pair<std::string, offload::BlockKey>> origins_;
 };
 
 // Limits of the offload messages.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "daemon/core.h"
+#include "daemon/peer_auth.h"
 #include "daemon/wire_layout.h"
 
 namespace kv::daemon {
@@ -35,7 +36,7 @@ proto::PeerHello Daemon::Core::BuildHello() const {
   return hello;
 }
 
-void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
+void Daemon::Core::ServePeer(int fd, std::string dialed_address, std::string remote_ip) {
   uint64_t id = 0;
   for (auto& [pid, peer] : peers_) {
     if (!dialed_address.empty() && peer.dialed_address == dialed_address && !peer.conn) id = pid;
@@ -46,10 +47,12 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
   }
   Peer& peer = peers_[id];
   peer.connecting.reset();
+  peer.dialed = !dialed_address.empty();
   peer.dialed_address = std::move(dialed_address);
   peer.last_heard = Clock::now();
   std::string label =
       "peer " + (peer.dialed_address.empty() ? "#" + std::to_string(id) : peer.dialed_address);
+  peer.remote_ip = std::move(remote_ip);
   peer.conn = Connection::Adopt(io_, fd, PeerLimits(), std::move(label));
   peer.conn->Start(
       [this, id](std::string body) {
@@ -57,6 +60,27 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
         FlushSendsIfDue();
       },
       [this, id](const Status& why) { OnPeerClosed(id, why); });
+  if (options_.auth_secret.empty()) {
+    // Loopback only (AcceptPeers, PeerFor) or --insecure: the hello goes out at once.
+    peer.authenticated = true;
+    SendHello(peer);
+    return;
+  }
+  // Nothing about this kvd but its name and a nonce before the peer proved the secret.
+  auto nonce = auth::RandomBytes(auth::kNonceBytes);
+  if (!nonce.ok()) {
+    peer.conn->Close(nonce.status());
+    return;
+  }
+  peer.our_nonce = *nonce;
+  proto::PeerMessage challenge;
+  challenge.mutable_challenge()->set_protocol_version(proto::PEER_PROTOCOL);
+  challenge.mutable_challenge()->set_node_name(options_.name);
+  challenge.mutable_challenge()->set_nonce(peer.our_nonce);
+  (void)peer.conn->Send(challenge);
+}
+
+void Daemon::Core::SendHello(Peer& peer) {
   proto::PeerMessage hello;
   *hello.mutable_hello() = BuildHello();
   // The peer gets a transport end of its own where the backend has one, so that its failure
@@ -70,6 +94,78 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address) {
                  peer.conn->label(), endpoint.status().ToString());
   }
   (void)peer.conn->Send(hello);
+}
+
+void Daemon::Core::RefusePeer(Peer& peer, const Status& why) {
+  proto::PeerMessage refused;
+  refused.mutable_refused()->set_reason(why.message().substr(0, 512));
+  // Written at once where the socket takes it (Connection::Send tries before it queues).
+  (void)peer.conn->Send(refused);
+  peer.conn->Close(why.WithContext(peer.conn->label()));
+}
+
+Status Daemon::Core::OnAuthMessage(Peer& peer, const proto::PeerMessage& m) {
+  switch (m.body_case()) {
+    case proto::PeerMessage::kChallenge: {
+      const proto::PeerChallenge& c = m.challenge();
+      if (!peer.their_nonce.empty()) return Status::InvalidArgument("challenge sent twice");
+      if (c.protocol_version() != proto::PEER_PROTOCOL) {
+        return Status::Incompatible("peer speaks protocol " + std::to_string(c.protocol_version()) +
+                                    ", this kvd " + std::to_string(proto::PEER_PROTOCOL));
+      }
+      if (c.node_name().empty() || c.node_name().size() > kMaxRequestIdBytes) {
+        return Status::InvalidArgument("peer node name must have 1 to 256 bytes");
+      }
+      // Two kvds of one name could not tell their proofs apart (and names address requests).
+      if (c.node_name() == options_.name) {
+        return Status::InvalidArgument("peer claims this kvd's own name '" + options_.name + "'");
+      }
+      if (c.nonce().size() != auth::kNonceBytes) {
+        return Status::InvalidArgument("challenge nonce of " + std::to_string(c.nonce().size()) +
+                                       " bytes");
+      }
+      peer.name = c.node_name();
+      peer.their_nonce = c.nonce();
+      proto::PeerMessage proof;
+      proof.mutable_proof()->set_mac(auth::Proof(options_.auth_secret, proto::PEER_PROTOCOL,
+                                                 peer.dialed, options_.name, peer.name,
+                                                 peer.our_nonce, peer.their_nonce));
+      (void)peer.conn->Send(proof);
+      return Status::Ok();
+    }
+    case proto::PeerMessage::kProof: {
+      if (peer.their_nonce.empty()) return Status::InvalidArgument("proof before challenge");
+      const std::string expected =
+          auth::Proof(options_.auth_secret, proto::PEER_PROTOCOL, !peer.dialed, peer.name,
+                      options_.name, peer.their_nonce, peer.our_nonce);
+      if (!auth::Equal(expected, m.proof().mac())) {
+        ++auth_failures_;
+        return Status::Incompatible("authentication failed: peer '" + peer.name.substr(0, 64) +
+                                    "' does not hold this kvd's secret (--auth-secret-file "
+                                    "differs)");
+      }
+      peer.authenticated = true;
+      spdlog::info("kvd {}: {} authenticated as {}", options_.name, peer.conn->label(), peer.name);
+      // Every later frame both ways is MAC'd: the peer's next one is its hello, sent after it
+      // checked our proof, which precedes everything we send from here on.
+      auth::SessionKeys keys =
+          auth::DeriveSessionKeys(options_.auth_secret, peer.dialed, options_.name, peer.name,
+                                  peer.our_nonce, peer.their_nonce);
+      peer.conn->EnableMac(std::move(keys.send), std::move(keys.receive));
+      SendHello(peer);
+      return Status::Ok();
+    }
+    case proto::PeerMessage::kRefused:
+      ++auth_failures_;
+      return Status::Incompatible("refused by the peer: " + m.refused().reason().substr(0, 512));
+    case proto::PeerMessage::kHello:
+      ++auth_failures_;
+      return Status::Incompatible(
+          "peer sent its hello without authenticating: it runs without --auth-secret-file, this "
+          "kvd with one");
+    default:
+      return Status::InvalidArgument("message before authentication");
+  }
 }
 
 Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
@@ -91,6 +187,11 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
   }
   if (ec || port <= 0 || port > 65535) {
     return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
+  }
+  if (options_.auth_secret.empty() && !options_.insecure_peers && !ip.is_loopback()) {
+    return Status::Unavailable("peer address '" + address +
+                               "' is not on loopback: without --auth-secret-file this kvd dials "
+                               "loopback peers only (--insecure opens it)");
   }
   const uint64_t id = next_id_++;
   Peer& peer = peers_[id];
@@ -132,6 +233,23 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
   proto::PeerMessage m;
   if (!m.ParseFromString(body)) {
     peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": malformed message"));
+    return;
+  }
+  if (!peer->authenticated) {
+    Status s = OnAuthMessage(*peer, m);
+    if (!s.ok()) RefusePeer(*peer, s);
+    return;
+  }
+  if (m.body_case() == proto::PeerMessage::kChallenge) {
+    // A kvd with a secret talking to one without: say so on both sides.
+    RefusePeer(*peer, Status::Incompatible("peer wants to authenticate but this kvd has no "
+                                           "--auth-secret-file"));
+    return;
+  }
+  if (m.body_case() == proto::PeerMessage::kRefused) {
+    ++auth_failures_;
+    peer->conn->Close(Status::Incompatible(
+        peer->conn->label() + ": refused by the peer: " + m.refused().reason().substr(0, 512)));
     return;
   }
   if (m.body_case() == proto::PeerMessage::kHello) {
@@ -179,11 +297,22 @@ Status CheckPeerLayouts(const std::string& our_name, const proto::PeerHello& min
                         const proto::PeerHello& theirs) {
   const std::string& peer = theirs.node_name();
   std::vector<KvRegion> their_first;
+  // Ranks inside a sane TP size: a hello of 20,000 ranks was accepted before. (Ranks may repeat:
+  // a kvd serving two instances announces the engines of both.)
+  if (theirs.tp_size() < 0 || theirs.tp_size() > kMaxTpSize || theirs.ranks_size() > kMaxTpSize) {
+    return Status::InvalidArgument("peer " + peer + " announces " +
+                                   std::to_string(theirs.ranks_size()) + " ranks of TP size " +
+                                   std::to_string(theirs.tp_size()));
+  }
   for (const proto::RankInfo& rank : theirs.ranks()) {
     if (rank.tp_rank() < 0 || rank.tp_rank() >= std::max(theirs.tp_size(), 1)) {
       return Status::InvalidArgument("peer " + peer + " announces TP rank " +
                                      std::to_string(rank.tp_rank()) + " of " +
                                      std::to_string(theirs.tp_size()));
+    }
+    if (rank.regions_size() > kMaxRegionsPerEngine) {
+      return Status::InvalidArgument("peer " + peer + " announces " +
+                                     std::to_string(rank.regions_size()) + " regions on a rank");
     }
     for (int i = 0; i < rank.regions_size(); ++i) {
       auto region = FromWire(rank.regions(i));
@@ -231,6 +360,11 @@ Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) 
   }
   if (hello.node_name().empty() || hello.node_name().size() > kMaxRequestIdBytes) {
     return Status::InvalidArgument("peer node name must have 1 to 256 bytes");
+  }
+  // The name was bound to the proof: an authenticated peer cannot speak as another.
+  if (!options_.auth_secret.empty() && hello.node_name() != peer.name) {
+    return Status::InvalidArgument("peer authenticated as '" + peer.name + "' says hello as '" +
+                                   hello.node_name().substr(0, 64) + "'");
   }
   if (hello.transport() != transport_->name()) {
     return Status::Incompatible("peer " + hello.node_name() + " uses transport '" +

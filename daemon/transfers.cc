@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 
 #include "daemon/core.h"
+#include "daemon/peer_auth.h"
 #include "daemon/wire_layout.h"
 #include "layout/plan.h"
 
@@ -56,34 +57,6 @@ bool SharesHead(const KvRegion& src, const KvRegion& dst) {
 
 }  // namespace
 
-void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes) {
-  if (!spdlog::should_log(spdlog::level::debug)) return;
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
-          .count();
-  spdlog::debug("trace {} {} {} {} {}", us, event, request, layer, bytes);
-}
-
-Status CheckRequestId(const std::string& id) {
-  if (id.empty() || id.size() > kMaxRequestIdBytes) {
-    return Status::InvalidArgument("request id must have 1 to " +
-                                   std::to_string(kMaxRequestIdBytes) + " bytes");
-  }
-  return Status::Ok();
-}
-
-proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const Status& status,
-                                        uint64_t bytes, uint64_t runs) {
-  proto::DaemonMessage m;
-  auto* done = m.mutable_request_done();
-  done->set_request_id(id);
-  done->set_sent(sent);
-  done->set_bytes(bytes);
-  done->set_runs(runs);
-  if (!status.ok()) ToWire(status, done->mutable_error());
-  return m;
-}
-
 // ---- source side --------------------------------------------------------------------------------
 
 Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
@@ -98,11 +71,17 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
                               std::to_string(layers) + ")");
   }
   KV_RETURN_IF_ERROR(CheckBlocks(save.block_ids(), LayoutsOf(engine), 0));
+  KV_RETURN_IF_ERROR(CheckSourceRoom(save.request_id()));
   auto [it, created] = sources_.try_emplace(save.request_id());
   SourceRequest& request = it->second;
   if (created) {
     request.id = save.request_id();
     request.deadline = Clock::now() + options_.lease;
+    Status s = NewToken(&request.token);
+    if (!s.ok()) {
+      sources_.erase(it);
+      return s;
+    }
   }
   // A request the destination asked for first has no owner yet: the first saving engine's
   // instance takes it.
@@ -163,6 +142,7 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   params.set_peer_name(options_.name);
   params.set_peer_address(listen_address_);
   params.set_request_id(m.request_id());
+  params.set_transfer_token(it->second.token);
   for (int64_t b : rank.blocks) params.add_remote_block_ids(b);
   if (it->second.releasable()) {
     FinishSource(m.request_id(), Status::Ok(), /*tell_peer=*/false);
@@ -215,11 +195,41 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
     }
     for (const auto& l : rank.layouts) layouts.push_back(&l);
     KV_RETURN_IF_ERROR(CheckBlocks(wire.block_ids(), layouts, want.tokens()));
+    KV_RETURN_IF_ERROR(CheckDistinctBlocks(
+        {wire.block_ids().data(), static_cast<size_t>(wire.block_ids().size())}));
     rank.blocks.assign(wire.block_ids().begin(), wire.block_ids().end());
     destination.push_back(std::move(rank));
   }
+  // Capabilities, not ids (SECURITY.md): where tokens are required (daemon.h), only a Want that
+  // presents the request's token may bind it to a destination; a token presented must match.
+  // Compared in constant time; a refusal names no token.
+  auto existing = sources_.find(want.request_id());
+  const bool needs_token =
+      options_.require_transfer_token.value_or(!options_.auth_secret.empty()) ||
+      !want.transfer_token().empty();
+  if (needs_token &&
+      (existing == sources_.end() || !auth::Equal(existing->second.token, want.transfer_token()))) {
+    return Status::InvalidArgument("request " + want.request_id() +
+                                   ": the transfer token is missing or does not match");
+  }
+  if (want.notice_token().size() > 64) {
+    return Status::InvalidArgument("notice token of " + std::to_string(want.notice_token().size()) +
+                                   " bytes");
+  }
+  if (existing == sources_.end()) KV_RETURN_IF_ERROR(CheckSourceRoom(want.request_id()));
+  if (peer.requests >= options_.max_requests_per_peer) {
+    return Status::ResourceExhausted("peer " + peer.name + " has " + std::to_string(peer.requests) +
+                                     " requests in flight here, the limit");
+  }
   auto [it, created] = sources_.try_emplace(want.request_id());
   SourceRequest& request = it->second;
+  if (created) {
+    Status s = NewToken(&request.token);
+    if (!s.ok()) {
+      sources_.erase(it);
+      return s;
+    }
+  }
   // The destination's lease bounds how long this side holds the blocks, within our own limit.
   auto lease = options_.lease;
   if (want.lease_ms() > 0) lease = std::min(lease, std::chrono::milliseconds(want.lease_ms()));
@@ -232,8 +242,10 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   Trace("want", want.request_id(), -1);
   request.state = SourceRequest::State::kStreaming;
   request.peer_id = peer.id;
+  ++peer.requests;  // until FinishSource
   request.mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   request.tokens = want.tokens();
+  request.notice_token = want.notice_token();
   request.destination = std::move(destination);
   PumpSource(request);
   return Status::Ok();
@@ -358,6 +370,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
     notice.set_source(options_.name);
     notice.set_request_id(request.id);
     notice.set_layer(layer);
+    notice.set_notice_token(request.notice_token);
     if (layer == end - 1) {
       notice.set_bytes(range_bytes);
       notice.set_runs(range_runs);
@@ -401,6 +414,9 @@ void Daemon::Core::FinishSource(std::string request_id, const Status& status, bo
   if (it == sources_.end()) return;
   SourceRequest request = std::move(it->second);
   sources_.erase(it);
+  if (request.state != SourceRequest::State::kCollecting) {
+    if (Peer* peer = FindPeer(request.peer_id); peer != nullptr) --peer->requests;
+  }
   if (tell_peer && !status.ok() && request.state != SourceRequest::State::kCollecting) {
     proto::PeerMessage fail;
     fail.mutable_fail()->set_request_id(request_id);
@@ -428,6 +444,8 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
     return Status::InvalidArgument("start_load needs the source kvd's address");
   }
   KV_RETURN_IF_ERROR(CheckBlocks(load.block_ids(), LayoutsOf(engine), load.tokens()));
+  KV_RETURN_IF_ERROR(
+      CheckDistinctBlocks({load.block_ids().data(), static_cast<size_t>(load.block_ids().size())}));
   const auto mode = load.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   auto [it, created] = loads_.try_emplace(load.request_id());
   DestRequest& request = it->second;
@@ -441,6 +459,7 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
     request.tokens = load.tokens();
     request.ready.assign(request.layers, false);
     request.deadline = Clock::now() + options_.lease;
+    request.transfer_token = load.transfer_token().substr(0, 64);
   } else if (request.instance != engine.instance || request.peer_address != load.peer_address() ||
              request.tokens != load.tokens() || request.mode != mode) {
     return Status::InvalidArgument("request " + request.id +
@@ -464,6 +483,10 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
     return;
   }
   request.peer_id = *peer_id;
+  if (Status s = NewToken(&request.notice_token); !s.ok()) {
+    FinishDest(request.id, s, false);
+    return;
+  }
   request.state = DestRequest::State::kRequested;
   Trace("request", request.id, -1);
   proto::PeerMessage message;
@@ -472,6 +495,8 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
   want->set_mode(request.mode);
   want->set_tokens(request.tokens);
   want->set_lease_ms(static_cast<uint32_t>(options_.lease.count()));
+  want->set_transfer_token(request.transfer_token);
+  want->set_notice_token(request.notice_token);
   for (const auto& [r, rank] : request.ranks) {
     proto::DestinationRank* wire = want->add_ranks();
     wire->set_tp_rank(r);
@@ -496,6 +521,13 @@ void Daemon::Core::OnNotification(const std::string& message) {
   Peer* peer = FindPeer(request.peer_id);
   if (peer == nullptr || peer->name != notice.source() || notice.layer() < 0 ||
       notice.layer() >= request.layers || request.ready[notice.layer()]) {
+    return;
+  }
+  // Only the request's own source knows the token (it rode our WantRequest over the
+  // authenticated control connection): a notice forged by another peer is ignored.
+  if (!auth::Equal(request.notice_token, notice.notice_token())) {
+    spdlog::warn("kvd {}: ignored a layer notice for {} without its token", options_.name,
+                 request.id);
     return;
   }
   request.ready[notice.layer()] = true;
@@ -541,55 +573,6 @@ void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool
   (status.ok() ? transfers_done_ : transfers_failed_)++;
   auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
-}
-
-// ---- failure fan-out ----------------------------------------------------------------------------
-
-void Daemon::Core::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) sources.push_back(id);
-    }
-  }
-  for (const auto& [id, r] : loads_) {
-    for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) loads.push_back(id);
-    }
-  }
-  for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true);
-  for (const auto& id : loads) FinishDest(id, why, /*tell_peer=*/true);
-}
-
-void Daemon::Core::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    if (r.state != SourceRequest::State::kCollecting && r.peer_id == peer_id) sources.push_back(id);
-  }
-  for (const auto& [id, r] : loads_) {
-    if (r.state == DestRequest::State::kRequested && r.peer_id == peer_id) loads.push_back(id);
-  }
-  for (const auto& id : sources) FinishSource(id, why, false);
-  for (const auto& id : loads) FinishDest(id, why, false);
-}
-
-void Daemon::Core::ExpireRequests(Clock::time_point now) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    if (r.deadline < now) sources.push_back(id);
-  }
-  for (const auto& [id, r] : loads_) {
-    if (r.deadline < now) loads.push_back(id);
-  }
-  const std::string lease = std::to_string(options_.lease.count()) + " ms";
-  for (const auto& id : sources) {
-    FinishSource(
-        id, Status::Timeout("request " + id + " not confirmed within its lease of " + lease), true);
-  }
-  for (const auto& id : loads) {
-    FinishDest(id, Status::Timeout("request " + id + " not complete within " + lease), true);
-  }
-  std::erase_if(retired_, [now](const Retired& r) { return r.until < now; });
 }
 
 }  // namespace kv::daemon

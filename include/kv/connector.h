@@ -179,6 +179,10 @@ struct EmbeddedDaemonOptions {
   std::string listen = "127.0.0.1:0";  // peers' TCP address; port 0 picks a free one
   std::string transport = "auto";      // "auto", "ucx" or "local"
   uint64_t offload_bytes = 0;          // CPU offload pool; 0: none
+  // Peers prove this secret file (0600, 32+ bytes; kvd --auth-secret-file) before anything else.
+  // Empty: peers on loopback only, unless insecure_peers (kvd --insecure). See SECURITY.md.
+  std::string auth_secret_file;
+  bool insecure_peers = false;
 };
 
 // Starts a kvd core inside this process, for OpenEmbedded. It stops when the last shared_ptr to

@@ -88,6 +88,10 @@ typedef struct {
   const char* listen;     /* peers' TCP address; NULL: "127.0.0.1:0" (a free port) */
   const char* transport;  /* "auto", "ucx" or "local"; NULL: "auto" */
   uint64_t offload_bytes; /* CPU offload pool (kvd --offload-bytes); 0: none */
+  /* Peers prove this secret (a 0600 file of 32+ bytes; kvd --auth-secret-file) first. NULL:
+   * peers on loopback only, unless insecure_peers != 0 (kvd --insecure). See SECURITY.md. */
+  const char* auth_secret_file;
+  int insecure_peers;
 } kv_daemon_options;
 
 /* A kvd core inside this process (embedded mode), for kv_connector_open_embedded. */

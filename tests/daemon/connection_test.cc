@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "daemon/framing.h"
+#include "daemon/peer_auth.h"
 
 namespace kv::daemon {
 namespace {
@@ -96,6 +97,56 @@ TEST_F(ConnectionTest, EveryFrameReadBeforeTheOtherSideClosedIsDeliveredFirst) {
   EXPECT_EQ(kFrames, frames);
   EXPECT_EQ(kFrames, frames_at_close);
   EXPECT_TRUE(why.ok()) << why.ToString();
+}
+
+// Security issue 19: after authentication every frame carries a MAC over its number and body.
+// Frames with the right MAC in order are delivered without it; an altered frame, or a replay of
+// an earlier one, closes the connection with nothing more delivered.
+TEST_F(ConnectionTest, MacdFramesAreCheckedAndAReplayOrAlterationCloses) {
+  const std::string key(32, 'k');
+  for (const bool replay : {false, true}) {
+    Pair p;
+    auto conn = Connection::Adopt(io, p.ours, ConnectionLimits{}, "mac");
+    conn->EnableMac("send-key", key);
+    std::string bytes;
+    for (uint64_t seq = 0; seq < 2; ++seq) {
+      const std::string body = "frame " + std::to_string(seq);
+      ASSERT_TRUE(AppendFrame(body + auth::FrameMac(key, seq, body), &bytes).ok());
+    }
+    std::string bad = "frame 2";
+    if (replay) {
+      bad = "frame 0" + auth::FrameMac(key, 0, "frame 0");  // an earlier frame, sent again
+    } else {
+      bad += auth::FrameMac(key, 2, bad);
+      bad[0] = 'F';  // altered after it was MAC'd
+    }
+    ASSERT_TRUE(AppendFrame(bad, &bytes).ok());
+    ASSERT_TRUE(AppendFrame("frame 3" + auth::FrameMac(key, 3, "frame 3"), &bytes).ok());
+    ASSERT_EQ(static_cast<ssize_t>(bytes.size()), send(p.theirs, bytes.data(), bytes.size(), 0));
+    std::vector<std::string> got;
+    Status why = Status::Ok();
+    bool closed = false;
+    conn->Start([&](std::string body) { got.push_back(std::move(body)); },
+                [&](const Status& s) {
+                  closed = true;
+                  why = s;
+                });
+    io.restart();
+    io.run_for(1s);
+    EXPECT_TRUE(closed);
+    EXPECT_NE(why.message().find("message authentication"), std::string::npos) << why.ToString();
+    EXPECT_EQ(got, (std::vector<std::string>{"frame 0", "frame 1"}));
+  }
+}
+
+TEST(SessionKeys, BothEndsDeriveTheSameKeysCrossed) {
+  const std::string secret(32, 's'), a(32, 'a'), b(32, 'b');
+  auto dialer = auth::DeriveSessionKeys(secret, true, "p", "d", a, b);
+  auto acceptor = auth::DeriveSessionKeys(secret, false, "d", "p", b, a);
+  EXPECT_EQ(dialer.send, acceptor.receive);
+  EXPECT_EQ(dialer.receive, acceptor.send);
+  EXPECT_NE(dialer.send, dialer.receive);
+  EXPECT_EQ(dialer.send.size(), 32u);
 }
 
 }  // namespace

@@ -237,6 +237,30 @@ TEST_P(OffloadWire, RestartedEngineFindsItsPages) {
   EXPECT_EQ(Mismatches(cache, 9, 42), 0);
 }
 
+// Security issue 19: keys are namespaced per engine instance. Tenant B loaded tenant A's block by
+// its hash before; now it can neither look it up nor load it.
+TEST_P(OffloadWire, AnotherInstanceCannotLookUpOrLoadItsKeys) {
+  ASSERT_NO_FATAL_FAILURE(StartKvd(16));
+  KvCache a_cache, b_cache;
+  auto a = Engine("tenant-a", Shape("LBNHC"), &a_cache);
+  auto b = Engine("tenant-b", Shape("LBNHC"), &b_cache);
+  ASSERT_TRUE(a && b);
+  Fill(a_cache, 0, 7);
+  auto keys = Keys(7, 1);
+  auto stored = a->OffloadStore(keys, std::vector<int64_t>{0});
+  ASSERT_TRUE(stored.ok() && stored->op.Wait().ok());
+  auto theirs = b->OffloadLookup(keys);
+  ASSERT_TRUE(theirs.ok()) << theirs.status().ToString();
+  EXPECT_EQ(*theirs, 0u);
+  auto loaded = b->OffloadLoad(keys, std::vector<int64_t>{3});
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), Code::kNotFound);
+  EXPECT_GT(Mismatches(b_cache, 3, 7), 0) << "tenant A's bytes reached tenant B";
+  auto mine = a->OffloadLookup(keys);
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ(*mine, 1u);
+}
+
 // Copies in flight when their engine goes away still land, and their completions (for an
 // engine kvd no longer knows) are dropped quietly.
 TEST_P(OffloadWire, EngineLeavingWithStoresInFlight) {
@@ -268,7 +292,8 @@ TEST_P(OffloadWire, EngineLeavingWithStoresInFlight) {
     ASSERT_TRUE(last.ok()) << last.status().ToString();
   }
   KvCache cache;
-  auto next = Engine("next", Shape("LBNHC"), &cache);
+  // The same instance, restarted: keys are namespaced per instance (security issue 19).
+  auto next = Engine("leaver", Shape("LBNHC"), &cache);
   ASSERT_TRUE(next);
   // The in-flight store lands on the pool's copy thread; poll its keys, bounded.
   auto in_flight = Keys(5000, 16);

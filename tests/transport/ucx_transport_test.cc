@@ -3,9 +3,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
+#include <string_view>
 #include <thread>
 
 #include "tests/transport/test_support.h"
+#include "transport/codec.h"
 #include "transport/transport.h"
 
 namespace kv::transport {
@@ -288,10 +291,67 @@ TEST_P(UcxPair, APutMessageIntoMemoryTheTargetNeverRegisteredIsRefused) {
   std::memcpy(forged.data() + 8, &address, sizeof address);  // after the magic and the version
   auto r = initiator->import_remote(peer, forged);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, **r, {{0, 0, 4096}});
-  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  // Security issue 19: the target does not answer a refused write (a "refused" answer was an
+  // address oracle); the batch fails at its deadline, the peer with it.
+  Status s = PostAndWait(*initiator, Op::kPut, *src_reg, **r, {{0, 0, 4096}}, 2s);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.code(), Code::kInvalidArgument) << "answered: " << s.ToString();
   EXPECT_EQ(unregistered, std::vector<uint8_t>(4096, 0x5A));
-  // The refusal fails that batch only: the peer keeps working.
+}
+
+// Security issue 19: what a peer hands the backend is checked before UCX parses it. 8 random
+// bytes as a remote key segfaulted kvd in ucp_ep_rkey_unpack; a malformed worker address aborted
+// it on an assertion in ucp_ep_create; an endpoint to one of its own workers let a peer aim UCX
+// at kvd's own memory.
+TEST_P(UcxPair, MalformedRkeysAndWorkerAddressesAreRefusedBeforeUcxParsesThem) {
+  std::mt19937_64 rng(19);
+  auto random_bytes = [&](size_t n) {
+    std::string out(n, '\0');
+    for (auto& c : out) c = static_cast<char>(rng());
+    return out;
+  };
+  // The descriptor with its rkey replaced.
+  auto with_rkey = [&](const std::string& rkey) {
+    const std::string descriptor = dst_reg->packed_descriptor();
+    ByteReader in(descriptor);
+    uint32_t magic = 0, version = 0;
+    uint64_t address = 0, length = 0;
+    std::string_view old_rkey;
+    EXPECT_TRUE(in.u32(&magic) && in.u32(&version) && in.u64(&address) && in.u64(&length) &&
+                in.bytes(&old_rkey));
+    return ByteWriter().u32(magic).u32(version).u64(address).u64(length).bytes(rkey).take();
+  };
+  std::string all_mds(9, '\xff');  // every memory domain named, none present
+  all_mds[8] = 0;
+  const std::string no_md(9, '\0');  // names no memory domain: UCX would emulate RMA
+  for (const std::string& rkey : {random_bytes(8), all_mds, random_bytes(300), no_md}) {
+    auto r = initiator->import_remote(peer, with_rkey(rkey));
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().ToString();
+  }
+  // The address with its worker part replaced.
+  auto with_worker = [&](const std::string& wrapped, const std::string& worker) {
+    ByteReader in(wrapped);
+    uint32_t magic = 0, version = 0;
+    std::string_view old_worker;
+    EXPECT_TRUE(in.u32(&magic) && in.u32(&version) && in.bytes(&old_worker));
+    return ByteWriter().u32(magic).u32(version).bytes(worker).take();
+  };
+  std::string garbage = random_bytes(200);
+  const std::string target_address = target->address();
+  {
+    ByteReader in(target_address);
+    uint32_t magic = 0, version = 0;
+    std::string_view worker;
+    ASSERT_TRUE(in.u32(&magic) && in.u32(&version) && in.bytes(&worker));
+    garbage[0] = static_cast<char>(worker[0] ^ 0x5a);  // not this build's header
+  }
+  EXPECT_FALSE(initiator->connect(with_worker(target->address(), garbage)).ok());
+  EXPECT_FALSE(initiator->connect(with_worker(target->address(), random_bytes(5))).ok());
+  auto own = initiator->connect(initiator->address());
+  ASSERT_FALSE(own.ok());
+  EXPECT_NE(own.status().message().find("worker of this"), std::string::npos)
+      << own.status().ToString();
+  // Nothing was harmed: the real descriptor and peer still work.
   auto runs = SpreadRuns(4, 1 << 20, 4096);
   ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs).ok());
   ExpectCopied(src, dst, runs, 0xEE);

@@ -35,6 +35,20 @@ GpuCeilingFn& GpuCeilingSlot() {
 
 namespace {
 
+// "; the prefill kvd (SOCKET) does not answer: ..." for each kvd that does not answer a status
+// query within 2 s, or "" when both do.
+std::string DaemonsGone(const std::string& prefill_socket, const std::string& decode_socket) {
+  std::string out;
+  for (auto [role, socket] : {std::pair{"prefill", &prefill_socket}, {"decode", &decode_socket}}) {
+    auto status = connector::QueryDaemonStatus(*socket, std::chrono::milliseconds(2000));
+    if (!status.ok()) {
+      out += std::string("; the ") + role + " kvd (" + *socket +
+             ") does not answer: " + status.status().ToString();
+    }
+  }
+  return out;
+}
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvbench pd: %s\n", message.c_str());
   return 2;
@@ -188,6 +202,13 @@ int PdMain(int argc, char** argv) {
        "the forward pass of one layer on the prefill side before it is written, in "
        "microseconds (default 0)"},
       {"no-ceiling", "skip the kvbench transport comparison", true},
+      {"auth-secret-file",
+       "the kvds started here authenticate each other with this secret (SECURITY.md); their "
+       "transfer tokens are optional, as the decode engines ask before the prefill finished"},
+      {"keep-going",
+       "run every wave even after one failed (default: stop at the first failed wave, name the "
+       "kvd that is gone, exit 1)",
+       true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
   });
@@ -274,6 +295,7 @@ int PdMain(int argc, char** argv) {
   const std::string mode = flags.str("mode", "push");
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
+  c.stop_at_failed_wave = !flags.has("keep-going");
   for (bool prefill : {true, false}) {
     auto spec = connector::PdLayout(c, prefill, 0);
     if (!spec.ok()) return Fail(spec.status().message());
@@ -320,6 +342,15 @@ int PdMain(int argc, char** argv) {
       if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
     }
   } dir_guard{&dir};
+  // Issue 19: the kvds started here authenticate each other with the secret when given one. The
+  // decode engines here ask before the prefill finished (layer streaming), without the request's
+  // transfer token, which a kvd with a secret requires by default: they allow it.
+  std::vector<std::string> security_args;
+  if (flags.has("auth-secret-file")) {
+    if (!prefill_socket.empty()) return Fail("--auth-secret-file is for the kvds started here");
+    security_args = {"--auth-secret-file", flags.str("auth-secret-file"), "--transfer-token",
+                     "optional"};
+  }
   if (prefill_socket.empty()) {
     char tmpl[] = "/tmp/kvbench-pd-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return Fail("cannot create a temporary directory");
@@ -331,12 +362,14 @@ int PdMain(int argc, char** argv) {
     o.name = "prefill";
     o.socket_path = (dir / "prefill.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", "0"};
+    o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     auto p = daemon::KvdProcess::Start(o);
     if (!p.ok()) return Fail("starting " + o.binary + ": " + p.status().ToString());
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
+    o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     auto d = daemon::KvdProcess::Start(o);
     if (!d.ok()) return Fail("starting " + o.binary + ": " + d.status().ToString());
     decode_kvd = std::move(*d);
@@ -375,7 +408,18 @@ int PdMain(int argc, char** argv) {
       [&](const ConnectorOptions& o) { return Connector::Open(decode_socket, o); }, progress,
       gpu.get());
   if (!json) std::fprintf(stderr, "\n");
-  if (!result.ok()) return Fail(result.status().ToString());
+  if (!result.ok())
+    return Fail(result.status().ToString() + DaemonsGone(prefill_socket, decode_socket));
+  if (result->stopped_early) {
+    // Issue 19: a dead kvd made every later wave fail (at once or at the lease): say which one
+    // and stop, before any figure is printed.
+    std::fprintf(stderr,
+                 "kvbench pd: stopped after the first failed wave (%d of %d requests run, %d "
+                 "failed; --keep-going runs on): %s%s\n",
+                 result->requests, c.requests, result->failed, result->first_error.c_str(),
+                 DaemonsGone(prefill_socket, decode_socket).c_str());
+    return 1;  // our kvds, if any, are stopped by their guards
+  }
 
   auto status = connector::QueryDaemonStatus(prefill_socket, std::chrono::milliseconds(5000));
   transport = status.ok() ? status->transport() : transport;

@@ -58,6 +58,8 @@ int StatusMain(int argc, char** argv) {
         "\"regions\": %u, \"region_bytes\": %llu, \"transfers_in_flight\": %u, "
         "\"transfers_done\": %llu, \"transfers_failed\": %llu, \"bytes_sent\": %llu, "
         "\"bytes_received\": %llu, \"runs_sent\": %llu, \"batches_posted\": %llu, "
+        "\"peer_auth\": %s, \"peer_connections\": %u, \"unauthenticated_connections\": %u, "
+        "\"peers_refused\": %llu, \"auth_failures\": %llu, "
         "\"offload\": %s}\n",
         JsonQuoted(s->name()).c_str(), s->uptime_seconds(),
         static_cast<unsigned long long>(s->resident_bytes()), JsonQuoted(s->transport()).c_str(),
@@ -68,7 +70,10 @@ int StatusMain(int argc, char** argv) {
         static_cast<unsigned long long>(s->bytes_sent()),
         static_cast<unsigned long long>(s->bytes_received()),
         static_cast<unsigned long long>(s->runs_sent()),
-        static_cast<unsigned long long>(s->batches_posted()),
+        static_cast<unsigned long long>(s->batches_posted()), JsonQuoted(s->peer_auth()).c_str(),
+        s->peer_connections(), s->unauthenticated_connections(),
+        static_cast<unsigned long long>(s->peers_refused()),
+        static_cast<unsigned long long>(s->auth_failures()),
         tools::PoolStatusJson(s->offload()).c_str());
     return 0;
   }
@@ -86,6 +91,13 @@ int StatusMain(int argc, char** argv) {
               static_cast<unsigned long long>(s->runs_sent()),
               static_cast<unsigned long long>(s->batches_posted()));
   std::printf("%s", tools::PoolStatusText(s->offload()).c_str());
+  // Security issue 19: the peer port's authentication mode and limits' counters (SECURITY.md).
+  std::printf(
+      "peer auth %s   connections %u (%u not authenticated)   refused %llu   auth "
+      "failures %llu\n",
+      s->peer_auth().c_str(), s->peer_connections(), s->unauthenticated_connections(),
+      static_cast<unsigned long long>(s->peers_refused()),
+      static_cast<unsigned long long>(s->auth_failures()));
   std::printf("peers %d\n", s->peers_size());
   for (const auto& p : s->peers()) {
     std::printf("  %-20s %-24s %s\n", p.name().empty() ? "?" : p.name().c_str(),

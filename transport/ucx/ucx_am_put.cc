@@ -208,8 +208,11 @@ ucs_status_t Engine::OnPutEnd(void* arg, const void* header, size_t header_lengt
 void Engine::MaybeAck(WorkerSlot* slot, uint64_t seq, ucp_ep_h reply_ep) {
   auto it = slot->incoming.find({reinterpret_cast<uintptr_t>(reply_ep), seq});
   if (it == slot->incoming.end() || it->second.bytes != it->second.expected) return;
-  acks_.push_back(Ack{slot->weak_from_this(), slot->owner != nullptr, reply_ep,
-                      PutHeader{seq, it->second.refused ? 1u : 0u}});
+  // A refused write is never answered (security issue 19): a "refused" ack told a prober which
+  // addresses are registered (2,756 zero-length probes located a 256 MiB region). Its sender's
+  // endpoint is closed instead, after progress returns (SendAcks); its batch fails there.
+  acks_.push_back(Ack{slot->weak_from_this(), slot->owner != nullptr, reply_ep, PutHeader{seq, 0},
+                      it->second.refused});
   slot->incoming.erase(it);
 }
 
@@ -222,6 +225,24 @@ void Engine::SendAcks() {
     ucp_ep_h ep =
         ack.via_owner ? (slot->owner != nullptr ? slot->owner->ep : nullptr) : ack.reply_ep;
     if (ep == nullptr) continue;  // the sender failed meanwhile: nobody waits for this ack
+    if (ack.refused) {
+      // Our peer on that endpoint, if we have one (its own worker, or an endpoint of ours that
+      // UCX answers on); an unknown sender on the shared worker just never hears back.
+      PeerId offender = 0;
+      if (ack.via_owner) {
+        offender = slot->owner->id;
+      } else {
+        for (const auto& [id, peer] : peers_) {
+          if (peer->ep == ack.reply_ep) offender = id;
+        }
+      }
+      if (offender != 0) {
+        FailPeer(offender, Status::InvalidArgument(
+                               "peer " + std::to_string(offender) +
+                               " wrote outside the memory registered here; endpoint closed"));
+      }
+      continue;
+    }
     auto* header = new PutHeader(ack.header);
     ucp_request_param_t param{};
     param.op_attr_mask =

@@ -336,6 +336,7 @@ class Engine {
     bool via_owner;     // on the slot owner's endpoint (gone with it), else on reply_ep
     ucp_ep_h reply_ep;  // the worker is shared: UCX's endpoint back to the sender
     PutHeader header;
+    bool refused = false;  // not an ack: the sender's endpoint is closed (ucx_am_put.cc)
   };
   std::vector<Ack> acks_;          // sent after progress returns: never from inside UCX's handler
   std::vector<Ack> sending_acks_;  // SendAcks' batch, swapped with acks_

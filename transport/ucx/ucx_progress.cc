@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "transport/ucx/ucx_engine.h"
+#include "transport/ucx/ucx_validate.h"
 
 namespace kv::transport::ucx {
 
@@ -173,6 +174,15 @@ void Engine::Sleep(bool work_in_flight) {
 }
 
 Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uint64_t endpoint) {
+  // Before UCX parses it (ucx_validate.h): a malformed address aborted kvd inside ucp_ep_create.
+  std::vector<uint64_t> own_uids;
+  for (const WorkerSlot* slot : workers_) {
+    if (auto uid = WorkerUid(slot->address); uid.ok()) own_uids.push_back(*uid);
+  }
+  if (Status s = CheckWorkerAddress(worker_address, shared_address_, own_uids); !s.ok()) {
+    if (endpoint != 0) endpoints_.erase(endpoint);  // consumed either way
+    return s;
+  }
   auto peer = std::make_unique<Peer>();
   peer->engine = this;
   peer->id = id;
@@ -208,6 +218,7 @@ Status Engine::Disconnect(PeerId id) {
 Result<std::shared_ptr<RemoteKey>> Engine::UnpackRkey(PeerId id, const std::string& packed) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return Status::Unavailable("peer " + std::to_string(id) + " has failed");
+  KV_RETURN_IF_ERROR(CheckPackedRkey(packed));  // before UCX reads it (ucx_validate.h)
   ucp_rkey_h rkey = nullptr;
   if (ucs_status_t s = ucp_ep_rkey_unpack(it->second->ep, packed.data(), &rkey); s != UCS_OK)
     return FromUcs(s, "ucp_ep_rkey_unpack");

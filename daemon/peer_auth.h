@@ -1,0 +1,60 @@
+// Peer authentication: the challenge-response every peer connection starts with when kvd has a
+// shared secret (DaemonOptions::auth_secret, `kvd --auth-secret-file`), and the secret's checks.
+//
+// Both sides send a PeerChallenge (protocol version, node name, a fresh 32-byte nonce) at once.
+// On the other's challenge each answers with a PeerProof: HMAC-SHA256 under the secret over a
+// domain label, the version, its role on the connection (dialer or acceptor), both node names
+// and both nonces, each length-prefixed. The role and the refusal of a peer named like us keep a
+// proof from being reflected back on a second connection; the nonces keep it from being
+// replayed; the names bind the node name the peer later uses to the proof. Nothing else (hello,
+// layouts, transport addresses) is sent or accepted before the other side's proof checked out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "layout/status.h"
+
+namespace kv::daemon::auth {
+
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kProofBytes = 32;  // SHA-256
+inline constexpr size_t kMinSecretBytes = 32;
+inline constexpr size_t kMaxSecretBytes = 4096;
+inline constexpr size_t kTransferTokenBytes = 16;  // 128-bit capabilities (transfers.cc)
+
+// `n` bytes from OpenSSL's CSPRNG; kInternal when it cannot deliver (never silently weak).
+Result<std::string> RandomBytes(size_t n);
+
+// What the peer that `prover_dialed` (or accepted) the connection proves.
+std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
+                  std::string_view prover_name, std::string_view verifier_name,
+                  std::string_view prover_nonce, std::string_view verifier_nonce);
+
+// The keys that MAC every later frame of an authenticated connection, one per direction
+// (Connection::EnableMac): derived from the secret, both nonces, both names and the roles, so a
+// connection relayed between two kvds stays a pipe the relay can neither write into nor reorder.
+struct SessionKeys {
+  std::string send;
+  std::string receive;
+};
+SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::string_view our_name,
+                              std::string_view their_name, std::string_view our_nonce,
+                              std::string_view their_nonce);
+// HMAC-SHA256 of `body` under `key`, for the frame numbered `seq` in its direction.
+std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body);
+
+// Constant-time equality of two byte strings (their lengths are not secret).
+bool Equal(std::string_view a, std::string_view b);
+
+// A secret's size bounds.
+Status CheckSecret(std::string_view secret);
+
+// Reads a secret file: a regular file owned by no one else's access (no group or other
+// permission bits: mode 0600 or 0400), 32 to 4096 bytes, used byte for byte (a trailing newline
+// included: both sides read the same file). Errors name the path and what to do.
+Result<std::string> ReadSecretFile(const std::string& path);
+
+}  // namespace kv::daemon::auth

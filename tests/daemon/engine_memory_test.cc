@@ -1,0 +1,159 @@
+// Issue 19, a local engine must not hurt kvd or the other engines through the memory it
+// registers: a memfd that is not sealed against resizing (shrinking it after registering killed
+// kvd with SIGBUS) are refused, and kvd maps only the layout's span of an object (it populated 1 GiB of sparse memfd
+// behind a 1 KiB layout), over the real unix socket.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "daemon/daemon.h"
+#include "daemon/framing.h"
+#include "daemon/proto/kvd.pb.h"
+#include "daemon/shared_memory.h"
+#include "daemon/wire_layout.h"
+#include "transport/fd_passing.h"
+
+namespace kv {
+namespace {
+
+TEST(SharedMemorySeals, CreatedObjectsAreSealedAgainstResizing) {
+  auto memory = daemon::SharedMemory::Create(8192, "sealed");
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  EXPECT_NE(ftruncate(memory->fd(), 4096), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(memory->fd(), 1 << 20), 0);
+  auto adopted = daemon::SharedMemory::Adopt(dup(memory->fd()), 8192);
+  EXPECT_TRUE(adopted.ok()) << adopted.status().ToString();
+}
+
+TEST(SharedMemorySeals, AnUnsealedObjectIsRefused) {
+  const int fd = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  auto adopted = daemon::SharedMemory::Adopt(fd, 8192);  // takes fd
+  ASSERT_FALSE(adopted.ok());
+  EXPECT_EQ(adopted.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(adopted.status().message().find("sealed"), std::string::npos);
+}
+
+class EngineMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvd-engine-memory-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    daemon::DaemonOptions options;
+    options.name = "victim";
+    options.socket_path = (dir_ / "kvd.sock").string();
+    options.transport_name = "local";
+    auto d = daemon::Daemon::Start(std::move(options));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = *d;
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = (dir_ / "kvd.sock").string();
+    std::memcpy(addr.sun_path, path.c_str(), path.size());
+    ASSERT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    proto::EngineMessage hello;
+    hello.set_seq(1);
+    hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION);
+    hello.mutable_hello()->set_instance("tenant");
+    hello.mutable_hello()->set_tp_size(1);
+    ASSERT_TRUE(Call(hello, -1).ok());
+  }
+  void TearDown() override {
+    if (fd_ >= 0) close(fd_);
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Sends `m` (with `memory_fd` beside it when >= 0) and returns the reply's status.
+  Status Call(const proto::EngineMessage& m, int memory_fd) {
+    std::string frame;
+    KV_RETURN_IF_ERROR(daemon::AppendFrame(m.SerializeAsString(), &frame));
+    const ssize_t n = memory_fd >= 0
+                          ? transport::SendWithFd(fd_, frame.data(), frame.size(), memory_fd)
+                          : send(fd_, frame.data(), frame.size(), MSG_NOSIGNAL);
+    if (n != static_cast<ssize_t>(frame.size())) return Status::IoError("short send");
+    daemon::FrameDecoder decoder;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < until) {
+      auto next = decoder.Next();
+      if (!next.ok()) return next.status();
+      if (next->has_value()) {
+        proto::DaemonMessage reply;
+        if (!reply.ParseFromString(**next)) return Status::InvalidArgument("bad reply");
+        if (reply.seq() != m.seq()) continue;
+        return daemon::FromWire(reply.reply().error());
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t got = recv(fd_, buf, sizeof buf, 0);
+      if (got <= 0) return Status::Unavailable("kvd closed the connection");
+      decoder.Append(buf, static_cast<size_t>(got));
+    }
+    return Status::Timeout("no reply");
+  }
+
+  Status Register(uint64_t bytes, bool seal) {
+    LayoutSpec spec;
+    spec.layers = 1;
+    spec.blocks = 1;
+    spec.heads = 1;
+    spec.block_size = 16;
+    spec.content_bytes = 64;  // a 1 KiB layout
+    const int memfd = memfd_create("engine", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0 || ftruncate(memfd, static_cast<off_t>(bytes)) != 0) {
+      return Status::IoError("memfd");
+    }
+    if (seal && fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+      return Status::IoError("seal");
+    }
+    proto::EngineMessage m;
+    m.set_seq(++seq_);
+    daemon::ToWire(spec, m.mutable_register_region()->mutable_layout());
+    m.mutable_register_region()->set_bytes(bytes);
+    Status s = Call(m, memfd);
+    close(memfd);
+    return s;
+  }
+
+  std::filesystem::path dir_;
+  std::shared_ptr<daemon::Daemon> daemon_;
+  int fd_ = -1;
+  uint64_t seq_ = 1;
+};
+
+TEST_F(EngineMemory, AnUnsealedMemfdIsRefusedAndKvdKeepsServing) {
+  Status s = Register(4096, /*seal=*/false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sealed"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(Register(4096, /*seal=*/true).ok());
+  EXPECT_EQ(daemon_->Snapshot().regions(), 1u);
+}
+
+// kvd maps (and populates) only the layout's span of the object, wherever it lies in it: a
+// 1 KiB layout naming a 1 GiB memfd (sparse, or shared with the engine's other caches) costs kvd
+// one page, not 1 GiB of RSS.
+TEST_F(EngineMemory, KvdMapsOnlyTheLayoutsSpanOfALargeObject) {
+  const uint64_t before = daemon_->Snapshot().resident_bytes();
+  Status s = Register(uint64_t{1} << 30, /*seal=*/true);  // sparse: costs nothing until mapped
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(daemon_->Snapshot().regions(), 1u);
+  EXPECT_LT(daemon_->Snapshot().resident_bytes(), before + (uint64_t{64} << 20));
+}
+
+}  // namespace
+}  // namespace kv

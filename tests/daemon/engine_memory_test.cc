@@ -1,7 +1,7 @@
 // Issue 19, a local engine must not hurt kvd or the other engines through the memory it
-// registers: a memfd that is not sealed against resizing (shrinking it after registering killed
-// kvd with SIGBUS) are refused, and kvd maps only the layout's span of an object (it populated 1 GiB of sparse memfd
-// behind a 1 KiB layout), over the real unix socket.
+// registers, over the real unix socket: a memfd that is not sealed against resizing is refused
+// (shrinking it after registering killed kvd with SIGBUS), and kvd maps only the layout's span of
+// an object (it populated 1 GiB of sparse memfd behind a 1 KiB layout).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>

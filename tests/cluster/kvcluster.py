@@ -173,6 +173,11 @@ class Cluster:
         """Takes host's link up or down at the switch: the host's eth0 loses its carrier."""
         run(["ip", "-n", self.switch, "link", "set", f"p{host}", "up" if up else "down"])
 
+    def rx_bytes(self, host):
+        """Bytes host's eth0 has received: what crossed its veth from the switch."""
+        r = run(self.ns(host) + ["cat", "/sys/class/net/eth0/statistics/rx_bytes"])
+        return int(r.stdout)
+
     def netem(self, host, spec):
         """Applies `tc qdisc ... netem SPEC` to both directions of host's link. Skip if the kernel
         lacks sch_netem (some VM kernels ship without it)."""
@@ -202,8 +207,7 @@ class Cluster:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=e)
         log.close()
         self.children.append(proc)
-        line = _read_line(proc, ready_timeout)
-        m = re.search(r"ready listen=(\S+) socket=(\S+)", line or "")
+        m, line = wait_ready(proc, ready_timeout)
         if not m:
             proc.kill()
             raise RuntimeError(f"kvd {name} did not get ready: {line!r}; log: {self.log(label)}")
@@ -243,6 +247,21 @@ class Cluster:
             _kill_namespace_pids(ns)
             run(["ip", "netns", "del", ns], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_ready(proc, timeout):
+    """(match, last line) of kvd's ready line. UCX prints its own warnings on stdout before it
+    (e.g. about settings of transports UCX_TLS left out): those lines are skipped."""
+    deadline = time.monotonic() + timeout
+    line = None
+    while time.monotonic() < deadline:
+        line = _read_line(proc, max(0.0, deadline - time.monotonic()))
+        if line is None:
+            break
+        m = re.search(r"ready listen=(\S+) socket=(\S+)", line)
+        if m:
+            return m, line
+    return None, line
 
 
 def _read_line(proc, timeout):

@@ -70,9 +70,13 @@ def case_pd(build):
         d = c.start_kvd(1, "decode")
         assert p.listen.startswith(c.address(0) + ":"), p.listen
         for mode in ("push", "pull"):
+            rx = c.rx_bytes(1)
             r = kvbench_pd(build, p, d, SMALL + ["--mode", mode])
             expect_all_verified(r, mode)
             report(mode, r)
+            # The K/V crossed the decode host's veth (UCX tcp), not a same-host shortcut.
+            crossed = c.rx_bytes(1) - rx
+            assert crossed >= r["bytes"], f"{mode}: {crossed} bytes reached eth0, {r['bytes']} moved"
         # The bytes crossed the veth: the decode kvd dialed the prefill host's address.
         peers = counters(build, d).get("peers", [])
         assert any(x["address"].startswith(c.address(0)) for x in peers), peers

@@ -38,6 +38,8 @@
 
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics/http_server.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
@@ -139,6 +141,7 @@ struct SourceRequest {
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
+  Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
   // Released only once confirmed and every rank called request_finished: the engine must not
   // hear "sent" for a request it has not finished, however fast the push was.
@@ -168,6 +171,7 @@ struct SendGroup {
     std::string request_id;
     int layer = 0;  // the last layer of the part's range
     uint64_t bytes = 0;
+    Clock::time_point queued = Clock::now();  // for kvd_layer_seconds (metrics_hooks.cc)
   };
   std::vector<Part> parts;
   Clock::time_point deadline = Clock::time_point::max();
@@ -203,6 +207,7 @@ struct DestRequest {
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
+  Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 };
 
 // Decode-side memory a failed request may still receive writes into until its lease ends.
@@ -342,6 +347,13 @@ class Daemon::Core {
   // it is still connected.
   void OffloadCompleted(uint64_t engine_id, const std::vector<proto::DaemonMessage>& events);
 
+  // ---- metrics_hooks.cc ----
+  Status StartMetrics();  // with options_.metrics_listen: /metrics on its own thread
+  std::string RenderMetrics();  // the metrics thread: a snapshot from the io thread, bounded
+  void CountRequest(const SourceRequest& request, const Status& status);
+  void CountRequest(const DestRequest& request, const Status& status);
+  void CountLayer(const SendGroup::Part& part, const Status& status);
+
   DaemonOptions options_;
   boost::asio::io_context io_;
   std::unique_ptr<transport::Transport> transport_;
@@ -383,6 +395,9 @@ class Daemon::Core {
   uint64_t bytes_received_ = 0;
   uint64_t runs_sent_ = 0;
   uint64_t batches_posted_ = 0;
+  metrics::Metrics metrics_;
+  // Declared last, so destroyed first: its thread renders from the members above.
+  std::unique_ptr<metrics::HttpServer> metrics_server_;
 };
 
 // Limits of the engine protocol, shared by validation in several files.

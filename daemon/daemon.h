@@ -42,6 +42,8 @@ struct DaemonOptions {
   // CPU offload pool (daemon/offload_service.h): 0 for none. Allocated at Start.
   uint64_t offload_bytes = 0;
   std::string offload_copy = "auto";  // GPU pages: "auto", "kernel" or "copy-engine"
+  // "HOST:PORT": serve Prometheus metrics at http://HOST:PORT/metrics (daemon/metrics/).
+  std::string metrics_listen;
 };
 
 class Daemon {

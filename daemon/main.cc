@@ -25,6 +25,7 @@ constexpr const char* kUsage =
     "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
     "           [--log-level trace|debug|info|warn|error]\n"
     "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
+    "           [--metrics-listen HOST:PORT]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -37,6 +38,7 @@ constexpr const char* kUsage =
     "--lease-ms: how long a source holds a request's blocks waiting for the destination (30000).\n"
     "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
     "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n"
+    "--metrics-listen: serve Prometheus metrics at http://HOST:PORT/metrics (none by default).\n"
     "--offload-bytes: host memory for the CPU offload pool (0: none). Allocated at start (huge\n"
     "  pages where reserved, pinned with a GPU); the first engine to store, look up or load fixes\n"
     "  the block shape, and the pool keeps its blocks across engine restarts. `kvctl status` and\n"
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
       {"offload-bytes", "0"}, {"log-level", "info"},
       {"lease-ms", "30000"},  {"heartbeat-ms", "1000"},
       {"drain-ms", "5000"},   {"offload-copy", "auto"},
-      {"device", "0"}};
+      {"device", "0"},        {"metrics-listen", ""}};
   flags = known;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -149,6 +151,7 @@ int main(int argc, char** argv) {
                 "' is not a byte count like 65536, 512M or 64G (at most 1 PiB)");
   }
   options.offload_copy = flags["offload-copy"];
+  options.metrics_listen = flags["metrics-listen"];
   {
     char* end = nullptr;
     errno = 0;

@@ -120,6 +120,7 @@ void Daemon::Core::FlushSends() {
         }
         // Called exactly once (transport.h): the parts move on to the io thread, uncopied.
         boost::asio::post(io_, [this, parts = std::move(parts), s = std::move(s)] {
+          for (const SendGroup::Part& part : parts) CountLayer(part, s);
           for (const SendGroup::Part& part : parts) OnBatchDone(part.request_id, s, part.bytes);
           if (s.ok()) return;
           std::lock_guard lock(failed_sends_mu_);  // ended above: sources_ no longer has them

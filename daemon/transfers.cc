@@ -411,6 +411,7 @@ void Daemon::Core::FinishSource(std::string request_id, const Status& status, bo
     spdlog::warn("kvd {}: request {} failed: {}", options_.name, request_id, status.ToString());
   }
   (status.ok() ? transfers_done_ : transfers_failed_)++;
+  CountRequest(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }
@@ -539,6 +540,7 @@ void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool
     }
   }
   (status.ok() ? transfers_done_ : transfers_failed_)++;
+  CountRequest(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SKIP_CODE = 77  # ctest SKIP_RETURN_CODE of every cluster test
@@ -144,7 +145,13 @@ class Cluster:
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, value, tb):
+        if kind is not None:  # the test failed: what the daemons said, before it is deleted
+            for k in self.kvds:
+                print(f"--- {os.path.basename(k.log)} (last lines) ---")
+                with open(k.log, errors="replace") as f:
+                    print("".join(f.readlines()[-25:]), end="")
+                shutil.copy(k.log, "/tmp/last-" + os.path.basename(k.log))
         self.close()
         return False
 
@@ -197,7 +204,9 @@ class Cluster:
         socket = os.path.join(self.dir, f"{label}.sock")
         log = open(os.path.join(self.dir, f"{label}.log"), "ab")
         e = dict(os.environ)
-        e.update({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_WARN_UNUSED_ENV_VARS": "n"})
+        # UCX logs to stdout, buffered: a fatal error's message would die in the buffer with the process.
+        e.update({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_WARN_UNUSED_ENV_VARS": "n",
+                  "UCX_LOG_FILE": "stderr"})
         if env:
             e.update(env)
         cmd = self.ns(host) + [
@@ -207,10 +216,13 @@ class Cluster:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=e)
         log.close()
         self.children.append(proc)
-        m, line = wait_ready(proc, ready_timeout)
+        m, lines = wait_ready(proc, ready_timeout)
+        with open(os.path.join(self.dir, f"{label}.log"), "a") as f:
+            f.write("".join(x + "\n" for x in lines))
         if not m:
             proc.kill()
-            raise RuntimeError(f"kvd {name} did not get ready: {line!r}; log: {self.log(label)}")
+            raise RuntimeError(f"kvd {name} did not get ready: {lines}; log: {self.log(label)}")
+        drain_to(proc, os.path.join(self.dir, f"{label}.log"))
         kvd = Kvd(proc, name, m.group(1), m.group(2), os.path.join(self.dir, f"{label}.log"))
         self.kvds.append(kvd)
         return kvd
@@ -249,19 +261,31 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def drain_to(proc, path):
+    """Copies the rest of proc's stdout into `path` on a thread. spdlog and UCX write there too,
+    and a pipe nobody reads fills up and blocks kvd mid-transfer."""
+    def copy():
+        with open(path, "ab") as f:
+            for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b""):
+                f.write(chunk)
+                f.flush()
+    threading.Thread(target=copy, daemon=True).start()
+
+
 def wait_ready(proc, timeout):
-    """(match, last line) of kvd's ready line. UCX prints its own warnings on stdout before it
-    (e.g. about settings of transports UCX_TLS left out): those lines are skipped."""
+    """(match of kvd's ready line, every line read). spdlog and UCX write to stdout too, so
+    other lines may come first: they are returned for the caller's log."""
     deadline = time.monotonic() + timeout
-    line = None
+    lines = []
     while time.monotonic() < deadline:
         line = _read_line(proc, max(0.0, deadline - time.monotonic()))
         if line is None:
             break
+        lines.append(line)
         m = re.search(r"ready listen=(\S+) socket=(\S+)", line)
         if m:
-            return m, line
-    return None, line
+            return m, lines
+    return None, lines
 
 
 def _read_line(proc, timeout):

@@ -35,15 +35,16 @@ def start_local_kvd(build, directory, name):
          "--log-level", "info", "--metrics-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=log)
     log.close()
-    m, line = wait_ready(proc, 20)
+    m, lines = wait_ready(proc, 20)
     if not m:
         proc.kill()
-        raise AssertionError(f"kvd {name} did not start: {line!r}")
-    with open(log_path, errors="replace") as f:
-        url = re.search(r"metrics on (http://\S+/metrics)", f.read())
-    assert url, f"kvd {name} logged no metrics address"
+        raise AssertionError(f"kvd {name} did not start: {lines}")
+    kvcluster.drain_to(proc, log_path)
+    # kvd logs (to stdout, before its ready line) where /metrics is: port 0 picked it.
+    url = next((u for x in lines for u in re.findall(r"metrics on (http://\S+/metrics)", x)), None)
+    assert url, f"kvd {name} logged no metrics address: {lines}"
     kvd = Kvd(proc, name, m.group(1), m.group(2), log_path)
-    kvd.metrics_url = url.group(1)
+    kvd.metrics_url = url
     return kvd
 
 
@@ -82,15 +83,15 @@ def promtool(text):
     assert r.returncode == 0, f"promtool check metrics: {r.stdout}{r.stderr}"
 
 
-def value(samples, name, **labels):
+def value(samples, metric, **labels):
     total, found = 0.0, False
     for (n, l), v in samples.items():
-        if n != name:
+        if n != metric:
             continue
         if all(f'{k}="{want}"' in l for k, want in labels.items()):
             total += v
             found = True
-    assert found, f"no sample {name} {labels}"
+    assert found, f"no sample {metric} {labels}"
     return total
 
 

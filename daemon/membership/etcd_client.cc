@@ -7,6 +7,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
+#include <optional>
 #include <sstream>
 
 namespace kv::daemon::membership {

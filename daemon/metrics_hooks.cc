@@ -53,8 +53,9 @@ std::string Daemon::Core::RenderMetrics() {
 void Daemon::Core::CountRequest(const SourceRequest& request, const Status& status) {
   // A request that never learnt its destination (kCollecting) has no peer to count it under.
   const Peer* peer = FindPeer(request.peer_id);
-  const std::string name =
-      request.state == SourceRequest::State::kCollecting ? "" : peer ? peer->name : "gone";
+  const std::string name = request.state == SourceRequest::State::kCollecting ? ""
+                           : peer                                             ? peer->name
+                                                                              : "gone";
   metrics_.RequestDone(metrics::Role::kSource, name, transport_name(), status.ok(), request.bytes,
                        Clock::now() - request.started);
 }

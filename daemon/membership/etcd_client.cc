@@ -53,7 +53,8 @@ std::string Base64Encode(const std::string& bytes) {
   out.reserve((bytes.size() + 2) / 3 * 4);
   size_t i = 0;
   for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
+    const uint32_t v =
+        (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
     for (int s : {18, 12, 6, 0}) out += kAlphabet[(v >> s) & 63];
   }
   if (i < bytes.size()) {
@@ -145,25 +146,27 @@ Result<std::string> EtcdClient::Post(const std::string& target, const std::strin
   // The whole exchange under one deadline: the stream's timer covers connect, write and read;
   // io.run_for bounds name resolution too.
   stream.expires_after(timeout_);
-  resolver.async_resolve(host_, port_, [&](const boost::system::error_code& ec,
-                                           tcp::resolver::results_type results) {
-    if (ec) return fail("resolve", ec);
-    stream.async_connect(results, [&](const boost::system::error_code& ec, const tcp::endpoint&) {
-      if (ec) return fail("connect", ec);
-      http::async_write(stream, req, [&](const boost::system::error_code& ec, size_t) {
-        if (ec) return fail("write", ec);
-        http::async_read(stream, buffer, parser, [&](const boost::system::error_code& ec, size_t) {
-          if (ec) return fail("read", ec);
-          body = parser.get().body();
-          const unsigned code = parser.get().result_int();
-          if (code != 200) {
-            failure = Status::Unavailable(where + ": HTTP " + std::to_string(code) + ": " +
-                                          body.substr(0, 300));
-          }
-        });
+  resolver.async_resolve(
+      host_, port_, [&](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+        if (ec) return fail("resolve", ec);
+        stream.async_connect(
+            results, [&](const boost::system::error_code& ec, const tcp::endpoint&) {
+              if (ec) return fail("connect", ec);
+              http::async_write(stream, req, [&](const boost::system::error_code& ec, size_t) {
+                if (ec) return fail("write", ec);
+                http::async_read(
+                    stream, buffer, parser, [&](const boost::system::error_code& ec, size_t) {
+                      if (ec) return fail("read", ec);
+                      body = parser.get().body();
+                      const unsigned code = parser.get().result_int();
+                      if (code != 200) {
+                        failure = Status::Unavailable(where + ": HTTP " + std::to_string(code) +
+                                                      ": " + body.substr(0, 300));
+                      }
+                    });
+              });
+            });
       });
-    });
-  });
   io.run_for(timeout_ + std::chrono::milliseconds(100));
   if (!io.stopped()) {
     return Status::Timeout(where + ": no answer within " + std::to_string(timeout_.count()) +
@@ -199,8 +202,8 @@ Status EtcdClient::Revoke(int64_t lease) const {
 }
 
 Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) const {
-  std::string json = "{\"key\": \"" + Base64Encode(key) + "\", \"value\": \"" +
-                     Base64Encode(value) + "\"";
+  std::string json =
+      "{\"key\": \"" + Base64Encode(key) + "\", \"value\": \"" + Base64Encode(value) + "\"";
   if (lease != 0) json += ", \"lease\": \"" + std::to_string(lease) + "\"";
   return Post("/v3/kv/put", json + "}").status();
 }
@@ -212,10 +215,9 @@ Result<std::vector<std::pair<std::string, std::string>>> EtcdClient::Prefix(
   while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
   if (!end.empty()) end.back() = static_cast<char>(end.back() + 1);
   const std::string range_end = end.empty() ? std::string(1, '\0') : end;
-  KV_ASSIGN_OR_RETURN(std::string body,
-                      Post("/v3/kv/range", "{\"key\": \"" + Base64Encode(prefix) +
-                                               "\", \"range_end\": \"" + Base64Encode(range_end) +
-                                               "\"}"));
+  KV_ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/range", "{\"key\": \"" + Base64Encode(prefix) +
+                                                                 "\", \"range_end\": \"" +
+                                                                 Base64Encode(range_end) + "\"}"));
   KV_ASSIGN_OR_RETURN(pt::ptree tree, ParseJson(body));
   std::vector<std::pair<std::string, std::string>> out;
   if (auto kvs = tree.get_child_optional("kvs")) {

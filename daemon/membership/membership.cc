@@ -111,9 +111,10 @@ void Membership::Run() {
                      client_.url(), key_, options_.ttl.count());
         reported_down = false;
       } else if (!reported_down) {
-        spdlog::warn("kvd {}: etcd {} unreachable or refusing; serving static peers, retrying "
-                     "every second",
-                     options_.name, client_.url());
+        spdlog::warn(
+            "kvd {}: etcd {} unreachable or refusing; serving static peers, retrying "
+            "every second",
+            options_.name, client_.url());
         reported_down = true;
       }
     } else {

@@ -122,9 +122,8 @@ class HttpServer::Impl {
     }
     if (x->request.method() != http::verb::head) res.prepare_payload();
     x->stream.expires_after(kDeadline);
-    http::async_write(x->stream, res, [this, x](const boost::system::error_code&, size_t) {
-      Done(x);
-    });
+    http::async_write(x->stream, res,
+                      [this, x](const boost::system::error_code&, size_t) { Done(x); });
   }
 
   // Closes the exchange and takes the next connection: one at a time (see the header).
@@ -154,6 +153,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() = default;
 
-std::string HttpServer::address() const { return impl_->address(); }
+std::string HttpServer::address() const {
+  return impl_->address();
+}
 
 }  // namespace kv::daemon::metrics

@@ -8,7 +8,9 @@
 namespace kv::daemon::metrics {
 namespace {
 
-const char* RoleName(Role r) { return r == Role::kSource ? "source" : "destination"; }
+const char* RoleName(Role r) {
+  return r == Role::kSource ? "source" : "destination";
+}
 
 // HELP and TYPE lines: promtool wants exactly one of each before a family's samples.
 void Family(std::string* out, const char* name, const char* type, const char* help) {
@@ -66,8 +68,7 @@ void Histogram::Observe(std::chrono::nanoseconds d) {
                     std::memory_order_relaxed);
 }
 
-void Histogram::Render(const std::string& name, const std::string& labels,
-                       std::string* out) const {
+void Histogram::Render(const std::string& name, const std::string& labels, std::string* out) const {
   // Read each bucket once; cumulative counts are built from that one reading, so a bucket never
   // shows less than the one below it even while the io thread observes.
   uint64_t cumulative = 0;
@@ -86,8 +87,8 @@ void Histogram::Render(const std::string& name, const std::string& labels,
   Sample(out, name + "_count", labels, cumulative);
 }
 
-void Metrics::RequestDone(Role role, const std::string& peer, const std::string& transport,
-                          bool ok, uint64_t bytes, std::chrono::nanoseconds elapsed) {
+void Metrics::RequestDone(Role role, const std::string& peer, const std::string& transport, bool ok,
+                          uint64_t bytes, std::chrono::nanoseconds elapsed) {
   std::shared_ptr<PeerCounters> c;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -77,8 +77,8 @@ int ClusterMain(int argc, char** argv) {
   return 0;
 }
 
-const bool registered = cli::Register(
-    {"cluster", "the live kvds registered in etcd (--etcd URL)", &ClusterMain});
+const bool registered =
+    cli::Register({"cluster", "the live kvds registered in etcd (--etcd URL)", &ClusterMain});
 
 }  // namespace
 }  // namespace kv

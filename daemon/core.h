@@ -348,7 +348,7 @@ class Daemon::Core {
   void OffloadCompleted(uint64_t engine_id, const std::vector<proto::DaemonMessage>& events);
 
   // ---- metrics_hooks.cc ----
-  Status StartMetrics();  // with options_.metrics_listen: /metrics on its own thread
+  Status StartMetrics();        // with options_.metrics_listen: /metrics on its own thread
   std::string RenderMetrics();  // the metrics thread: a snapshot from the io thread, bounded
   void CountRequest(const SourceRequest& request, const Status& status);
   void CountRequest(const DestRequest& request, const Status& status);

@@ -115,9 +115,19 @@ struct DestinationRank {
   std::vector<int64_t> blocks;
 };
 
+// Tells apart two requests that had the same id one after the other (a router retrying a failed
+// transfer under its id; kvbench pd's "req-N" run after run): a batch of the failed one can still
+// complete seconds later, when the transport gives up on a dead peer's endpoint, and must not end
+// its successor (tests/cluster: the first wave after a link outage failed at its lease).
+inline uint64_t NextRequestGeneration() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 struct SourceRequest {
   enum class State { kCollecting, kStreaming, kAwaitingConfirm };
   std::string id;
+  uint64_t generation = NextRequestGeneration();
   State state = State::kCollecting;
   std::string instance;
   int tp_size = 1;
@@ -172,6 +182,7 @@ struct SendGroup {
     int layer = 0;  // the last layer of the part's range
     uint64_t bytes = 0;
     Clock::time_point queued = Clock::now();  // for kvd_layer_seconds (metrics_hooks.cc)
+    uint64_t generation = 0;                  // of the SourceRequest it belongs to
   };
   std::vector<Part> parts;
   Clock::time_point deadline = Clock::time_point::max();
@@ -288,7 +299,8 @@ class Daemon::Core {
   // Plans and posts layers [begin, end) for every (source rank, destination rank) pair sharing
   // a head, then announces each layer to the destination.
   Status SendLayers(SourceRequest& request, int begin, int end);
-  void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
+  void OnBatchDone(const std::string& request_id, uint64_t generation, const Status& status,
+                   uint64_t bytes);
 
   // ---- send_queue.cc ----
   // Queues runs of `request_id` in the group it shares everything with: `append` plans them

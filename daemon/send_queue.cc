@@ -55,6 +55,9 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     return queued;
   }
   group->parts.push_back(SendGroup::Part{request_id, layer, queued.bytes});
+  if (auto s = sources_.find(request_id); s != sources_.end()) {
+    group->parts.back().generation = s->second.generation;
+  }
   group->deadline = std::min(group->deadline, deadline);
   ScheduleFlush();
   return queued;
@@ -121,7 +124,9 @@ void Daemon::Core::FlushSends() {
         // Called exactly once (transport.h): the parts move on to the io thread, uncopied.
         boost::asio::post(io_, [this, parts = std::move(parts), s = std::move(s)] {
           for (const SendGroup::Part& part : parts) CountLayer(part, s);
-          for (const SendGroup::Part& part : parts) OnBatchDone(part.request_id, s, part.bytes);
+          for (const SendGroup::Part& part : parts) {
+            OnBatchDone(part.request_id, part.generation, s, part.bytes);
+          }
           if (s.ok()) return;
           std::lock_guard lock(failed_sends_mu_);  // ended above: sources_ no longer has them
           for (const SendGroup::Part& part : parts) failed_sends_.erase(part.request_id);

@@ -367,11 +367,12 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
   return Status::Ok();
 }
 
-void Daemon::Core::OnBatchDone(const std::string& request_id, const Status& status,
-                               uint64_t bytes) {
+void Daemon::Core::OnBatchDone(const std::string& request_id, uint64_t generation,
+                               const Status& status, uint64_t bytes) {
   if (status.ok()) bytes_sent_ += bytes;
   auto it = sources_.find(request_id);
-  if (it == sources_.end()) return;
+  // Gone, or a later request under the same id (NextRequestGeneration): not this batch's.
+  if (it == sources_.end() || it->second.generation != generation) return;
   --it->second.batches_in_flight;
   if (!status.ok()) FinishSource(request_id, status, /*tell_peer=*/true);
 }

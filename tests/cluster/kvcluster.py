@@ -151,7 +151,6 @@ class Cluster:
                 print(f"--- {os.path.basename(k.log)} (last lines) ---")
                 with open(k.log, errors="replace") as f:
                     print("".join(f.readlines()[-25:]), end="")
-                shutil.copy(k.log, "/tmp/last-" + os.path.basename(k.log))
         self.close()
         return False
 

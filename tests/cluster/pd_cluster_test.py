@@ -113,10 +113,25 @@ def idle(build, *kvds):
     return all(counters(build, k).get("transfers_in_flight", 1) == 0 for k in kvds)
 
 
+def metric(c, host, name, **labels):
+    """Sum of the samples of `name` with `labels` on host's kvd /metrics (port 9464 there)."""
+    r = kvcluster.run(c.ns(host) + ["curl", "-sS", "--max-time", "5",
+                                    f"http://{c.address(host)}:9464/metrics"])
+    total = 0.0
+    for line in r.stdout.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def case_link_down(build, down_s=7.0):
     with Cluster(2, build) as c:
-        p = c.start_kvd(0, "prefill", args=FAULT_KVD_ARGS)
-        d = c.start_kvd(1, "decode", args=FAULT_KVD_ARGS)
+        # /metrics on each host's own address: every namespace has its own port space.
+        p = c.start_kvd(0, "prefill",
+                        args=FAULT_KVD_ARGS + ["--metrics-listen", f"{c.address(0)}:9464"])
+        d = c.start_kvd(1, "decode",
+                        args=FAULT_KVD_ARGS + ["--metrics-listen", f"{c.address(1)}:9464"])
         expect_all_verified(kvbench_pd(build, p, d, SMALL), "before the fault")
         failed_before = counters(build, d)["transfers_failed"]
 
@@ -133,9 +148,15 @@ def case_link_down(build, down_s=7.0):
         assert fail_s <= LEASE_S + 1, f"requests failed {fail_s:.2f} s after link down"
         r = finish(bench, 60)
         print(f"  link down -> every decode request failed: {fail_s * 1000:.0f} ms; kvbench: "
-              f"{r['failed']} failed, {r['verified']} verified; first error: {r['stderr'][-300:]}")
+              f"{r['failed']} failed, {r['verified']} verified")
         assert r["failed"] > 0 and r["failed"] + r["verified"] == r["requests"], r
         assert r["guard_bytes_written"] == 0, f"bytes written outside the blocks: {r}"
+        # The metrics tell an operator what happened: heartbeats missed, failures by peer.
+        assert metric(c, 1, "kvd_heartbeat_timeouts_total") >= 1
+        assert metric(c, 1, "kvd_transfers_total", peer="prefill", role="destination",
+                      outcome="failed") >= 8
+        assert metric(c, 1, "kvd_transfers_total", peer="prefill", role="destination",
+                      outcome="done") >= 16
 
         # Down for DOWN_S in all: a flap shorter than the UCX backend's endpoint close (5 s) is
         # the link_flap case.

@@ -84,7 +84,16 @@ def check_capable():
     r = run(["ip", "netns", "add", probe], check=False)
     if r.returncode != 0:
         raise Skip(f"this machine forbids network namespaces: {r.stderr.strip()}")
-    run(["ip", "netns", "del", probe], check=False)
+    try:
+        # Namespaces alone are not enough: some sandboxes refuse veths or bridges in them.
+        for what in (["type", "veth"], ["type", "bridge"]):
+            r = run(["ip", "-n", probe, "link", "add", "probe0"] + what, check=False)
+            if r.returncode != 0:
+                raise Skip(f"this machine forbids `ip link add {what[1]}` in a namespace: "
+                           f"{r.stderr.strip()}")
+            run(["ip", "-n", probe, "link", "del", "probe0"], check=False)
+    finally:
+        run(["ip", "netns", "del", probe], check=False)
 
 
 def _interrupt(signum, frame):

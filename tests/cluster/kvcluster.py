@@ -138,7 +138,7 @@ class Cluster:
         self.tag = f"kvc{os.getpid()}x{secrets.token_hex(3)}"
         self.switch = f"{self.tag}-sw"
         self.hosts = [f"{self.tag}-h{i + 1}" for i in range(hosts)]
-        self.dir = tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/tmp")
+        self.dir = None  # made in __enter__, once the machine is known to allow namespaces
         self.kvds = []
         self.children = []  # other processes we started (kvbench, etcd, ...)
         self._made = []
@@ -151,6 +151,7 @@ class Cluster:
     def __enter__(self):
         check_capable()
         reap_stale()
+        self.dir = tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/tmp")
         # Teardown also on SIGTERM/SIGINT (ctest --stop-on-failure, ^C): raise into the finally.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _interrupt)
@@ -273,7 +274,8 @@ class Cluster:
         for ns in reversed(self._made):
             _kill_namespace_pids(ns)
             run(["ip", "netns", "del", ns], check=False)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def drain_to(proc, path):

@@ -35,14 +35,18 @@ def start_local_kvd(build, directory, name):
          "--log-level", "info", "--metrics-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=log)
     log.close()
-    m, lines = wait_ready(proc, 20)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"kvd {name} did not start: {lines}")
-    kvcluster.drain_to(proc, log_path)
-    # kvd logs (to stdout, before its ready line) where /metrics is: port 0 picked it.
-    url = next((u for x in lines for u in re.findall(r"metrics on (http://\S+/metrics)", x)), None)
-    assert url, f"kvd {name} logged no metrics address: {lines}"
+    try:
+        m, lines = wait_ready(proc, 20)
+        assert m, f"kvd {name} did not start: {lines}"
+        kvcluster.drain_to(proc, log_path)
+        # kvd logs (to stdout, before its ready line) where /metrics is: port 0 picked it.
+        url = next((u for x in lines for u in re.findall(r"metrics on (http://\S+/metrics)", x)),
+                   None)
+        assert url, f"kvd {name} logged no metrics address: {lines}"
+    except BaseException:
+        proc.kill()  # not yet in the caller's list: it would outlive the test
+        proc.wait(timeout=10)
+        raise
     kvd = Kvd(proc, name, m.group(1), m.group(2), log_path)
     kvd.metrics_url = url
     return kvd

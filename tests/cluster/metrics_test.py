@@ -140,7 +140,9 @@ def case_metrics(build):
         result = parse_pd(bench.returncode, out, err)
         assert result["exit"] == 0 and result["verified"] == requests, result
         assert len(during) >= 4, "the run ended before two rounds of scrapes"
-        assert slowest < 1.0, f"a scrape during the run took {slowest:.3f} s"
+        # Bounded: kvd waits at most 1 s for the io thread's snapshot (metrics_hooks.cc); the
+        # rest is slack for curl on a loaded 2-core machine.
+        assert slowest < 2.0, f"a scrape during the run took {slowest:.3f} s"
         promtool(scrape(p)[0])
         promtool(scrape(d)[0])
 

@@ -4,6 +4,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -18,7 +19,7 @@ using tcp = asio::ip::tcp;
 
 class HttpServer::Impl {
  public:
-  explicit Impl(Route route) : route_(std::move(route)), acceptor_(io_) {}
+  explicit Impl(Route route) : route_(std::move(route)), acceptor_(io_), retry_(io_) {}
 
   Status Listen(const std::string& listen) {
     const size_t colon = listen.rfind(':');
@@ -74,8 +75,12 @@ class HttpServer::Impl {
     acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
       if (ec) {
+        // Out of file descriptors, say: retry a little later rather than spin on the error.
         spdlog::warn("metrics: accept: {}", ec.message());
-        Accept();
+        retry_.expires_after(std::chrono::milliseconds(100));
+        retry_.async_wait([this](const boost::system::error_code& e) {
+          if (!e) Accept();
+        });
         return;
       }
       Serve(std::make_shared<Exchange>(std::move(socket)));
@@ -140,6 +145,7 @@ class HttpServer::Impl {
   Route route_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
   std::string address_;
   std::thread thread_;
 };

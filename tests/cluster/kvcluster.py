@@ -196,6 +196,12 @@ class Cluster:
         """Takes host's link up or down at the switch: the host's eth0 loses its carrier."""
         run(["ip", "-n", self.switch, "link", "set", f"p{host}", "up" if up else "down"])
 
+    def rate_limit(self, host, rate):
+        """Limits both directions of host's link to `rate` (tc tbf, e.g. "16mbit")."""
+        for ns, dev in ((self.hosts[host], "eth0"), (self.switch, f"p{host}")):
+            run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+                 "rate", rate, "burst", "64kb", "latency", "50ms"])
+
     def rx_bytes(self, host):
         """Bytes host's eth0 has received: what crossed its veth from the switch."""
         r = run(self.ns(host) + ["cat", "/sys/class/net/eth0/statistics/rx_bytes"])

@@ -6,6 +6,7 @@ checked to stay zero) against a prefill kvd on host 1 and a decode kvd on host 2
 
   pd         push, pull, and TP 1 -> 2 with a layout change, between the hosts
   netem      5 ms delay and 1 % loss on the prefill host's link: every request completes, exact
+  slow_link  that link limited to 16 Mbit/s: every request completes, no heartbeat is missed
   link_down  the link taken down mid-run for 7 s: requests fail within the lease, nothing is
              written outside their blocks; the link back up, new requests succeed, nothing
              restarted
@@ -92,14 +93,38 @@ def case_pd(build):
         assert any(x["address"].startswith(c.address(0)) for x in peers), peers
 
 
+# 1 MiB requests: TCP with 10 ms RTT and 1 % loss moves a few MB/s (Mathis: ~1.8 MB/s per
+# connection), and a wave must end well inside kvd's 30 s lease. 8 MiB in all: ~5 s.
+SLOW = ["--requests", "8", "--window", "4", "--tokens", "64", "--layers", "4",
+        "--timeout-ms", "60000"]
+
+
 def case_netem(build):
     with Cluster(2, build) as c:
         c.netem(0, "delay 5ms loss 1%")  # both directions of the prefill host's link
         p = c.start_kvd(0, "prefill")
         d = c.start_kvd(1, "decode")
-        r = kvbench_pd(build, p, d, SMALL + ["--timeout-ms", "60000"], timeout=240)
+        r = kvbench_pd(build, p, d, SLOW, timeout=240)
         expect_all_verified(r, "netem delay 5ms loss 1%")
         report("netem 5ms 1%", r)
+
+
+def case_slow_link(build):
+    """The prefill host's link limited to 16 Mbit/s both ways (tbf, which kernels without netem
+    have): the bulk data saturates it, yet the control connection's heartbeats (200 ms, 5 missed
+    declare a peer dead) still get through, and every request completes exact."""
+    with Cluster(2, build) as c:
+        c.rate_limit(0, "16mbit")
+        args = FAULT_KVD_ARGS + ["--lease-ms", "30000"]
+        p = c.start_kvd(0, "prefill", args=args + ["--metrics-listen", f"{c.address(0)}:9464"])
+        d = c.start_kvd(1, "decode", args=args + ["--metrics-listen", f"{c.address(1)}:9464"])
+        r = kvbench_pd(build, p, d, SLOW, timeout=240)
+        expect_all_verified(r, "16 Mbit/s link")
+        report("16 Mbit/s", r)
+        assert r["gbps"] < 0.003, f"the rate limit did not apply: {r['gbps']} GB/s"
+        for host in (0, 1):
+            missed = metric(c, host, "kvd_heartbeat_timeouts_total")
+            assert missed == 0, f"host {host + 1}: {missed} peers lost on a slow, live link"
 
 
 def start_slow_wave(build, c, p, d):
@@ -228,7 +253,8 @@ def case_restart(build):
         report("after restart", after)
 
 
-CASES = {"pd": case_pd, "netem": case_netem, "link_down": case_link_down,
+CASES = {"pd": case_pd, "netem": case_netem, "slow_link": case_slow_link,
+         "link_down": case_link_down,
          "link_flap": case_link_flap, "restart": case_restart}
 
 if __name__ == "__main__":

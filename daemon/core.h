@@ -395,7 +395,7 @@ class Daemon::Core {
   uint64_t bytes_posted_ = 0;
   std::atomic<uint64_t> bytes_landed_{0};
   // Requests a batch of which completed with an error, from the transport's thread until the io
-  // thread has ended them (send_queue.cc).
+  // thread has ended them (send_queue.cc), by id and generation (FailedSendKey).
   std::mutex failed_sends_mu_;
   std::unordered_set<std::string> failed_sends_;
   // Outlives every engine session; destroyed before the transport (its copies hold regions).

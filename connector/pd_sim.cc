@@ -317,9 +317,11 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       result.stream_ms.push_back(static_cast<double>(in_place_ns[j] - outcome.saved_ns[j]) / 1e6);
     }
     if (progress) progress(result.requests, c.requests);
-    // Issue 19: kvbench pd stops at the first failed wave unless --keep-going.
-    if (c.stop_at_failed_wave && std::any_of(failed.begin(), failed.end(),
-                                             [](const std::atomic<bool>& f) { return f.load(); })) {
+    // kvbench pd stops at the first failed wave unless --keep-going: a dead kvd fails every
+    // later wave too. A failed last wave ends the run as any other would.
+    if (c.stop_at_failed_wave && first + c.window < c.requests &&
+        std::any_of(failed.begin(), failed.end(),
+                    [](const std::atomic<bool>& f) { return f.load(); })) {
       result.stopped_early = true;
       break;
     }

@@ -39,6 +39,8 @@
 
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics/http_server.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
 #include "daemon/shared_memory.h"
 #include "layout/kv_region.h"
@@ -122,9 +124,19 @@ struct DestinationRank {
   std::vector<int64_t> blocks;
 };
 
+// Tells apart two requests that had the same id one after the other (a router retrying a failed
+// transfer under its id; kvbench pd's "req-N" run after run): a batch of the failed one can still
+// complete seconds later, when the transport gives up on a dead peer's endpoint, and must not end
+// its successor (tests/cluster: the first wave after a link outage failed at its lease).
+inline uint64_t NextRequestGeneration() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 struct SourceRequest {
   enum class State { kCollecting, kStreaming, kAwaitingConfirm };
   std::string id;
+  uint64_t generation = NextRequestGeneration();
   State state = State::kCollecting;
   std::string instance;
   int tp_size = 1;
@@ -152,6 +164,7 @@ struct SourceRequest {
   // by the destination's WantRequest (transfers.cc, OnWant).
   std::string token;
   std::string notice_token;  // the destination's, echoed in every LayerNotice
+  Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
   // Released only once confirmed and every rank called request_finished: the engine must not
   // hear "sent" for a request it has not finished, however fast the push was.
@@ -181,6 +194,8 @@ struct SendGroup {
     std::string request_id;
     int layer = 0;  // the last layer of the part's range
     uint64_t bytes = 0;
+    Clock::time_point queued = Clock::now();  // for kvd_layer_seconds (metrics_hooks.cc)
+    uint64_t generation = 0;                  // of the SourceRequest it belongs to
   };
   std::vector<Part> parts;
   Clock::time_point deadline = Clock::time_point::max();
@@ -218,6 +233,7 @@ struct DestRequest {
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
+  Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 };
 
 // Decode-side memory a failed request may still receive writes into until its lease ends.
@@ -310,7 +326,8 @@ class Daemon::Core {
   // Plans and posts layers [begin, end) for every (source rank, destination rank) pair sharing
   // a head, then announces each layer to the destination.
   Status SendLayers(SourceRequest& request, int begin, int end);
-  void OnBatchDone(const std::string& request_id, const Status& status, uint64_t bytes);
+  void OnBatchDone(const std::string& request_id, uint64_t generation, const Status& status,
+                   uint64_t bytes);
 
   // ---- send_queue.cc ----
   // Queues runs of `request_id` in the group it shares everything with: `append` plans them
@@ -369,6 +386,13 @@ class Daemon::Core {
   // it is still connected.
   void OffloadCompleted(uint64_t engine_id, const std::vector<proto::DaemonMessage>& events);
 
+  // ---- metrics_hooks.cc ----
+  Status StartMetrics();        // with options_.metrics_listen: /metrics on its own thread
+  std::string RenderMetrics();  // the metrics thread: a snapshot from the io thread, bounded
+  void CountRequest(const SourceRequest& request, const Status& status);
+  void CountRequest(const DestRequest& request, const Status& status);
+  void CountLayer(const SendGroup::Part& part, const Status& status);
+
   DaemonOptions options_;
   boost::asio::io_context io_;
   std::unique_ptr<transport::Transport> transport_;
@@ -398,7 +422,7 @@ class Daemon::Core {
   uint64_t bytes_posted_ = 0;
   std::atomic<uint64_t> bytes_landed_{0};
   // Requests a batch of which completed with an error, from the transport's thread until the io
-  // thread has ended them (send_queue.cc).
+  // thread has ended them (send_queue.cc), by id and generation (FailedSendKey).
   std::mutex failed_sends_mu_;
   std::unordered_set<std::string> failed_sends_;
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
@@ -415,6 +439,9 @@ class Daemon::Core {
   // EMFILE / ENFILE on accept: the acceptor waits this long before trying again.
   boost::asio::steady_timer accept_backoff_{io_};
   bool accept_starved_ = false;  // in an EMFILE episode: logged once
+  metrics::Metrics metrics_;
+  // Declared last, so destroyed first: its thread renders from the members above.
+  std::unique_ptr<metrics::HttpServer> metrics_server_;
 };
 
 // Limits of the engine protocol, shared by validation in several files.

@@ -161,6 +161,7 @@ Status Daemon::Core::Start() {
   if (peer_acceptor_) AcceptPeers();
   if (engine_acceptor_) AcceptEngines();
   Sweep();
+  if (!options_.metrics_listen.empty()) KV_RETURN_IF_ERROR(StartMetrics());
   io_thread_ = std::thread([this] { io_.run(); });
   spdlog::info("kvd {}: peers on {}, engines on {}, transport {}", options_.name,
                listen_address_.empty() ? "-" : listen_address_,
@@ -310,6 +311,7 @@ void Daemon::Core::Sweep() {
   for (uint64_t id : dead) {
     Peer* peer = FindPeer(id);
     if (peer == nullptr) continue;
+    if (peer->ready) metrics_.HeartbeatTimeout();
     if (!peer->conn) {
       boost::system::error_code ignored;
       peer->connecting->close(ignored);  // the dial's handler reports the failure

@@ -72,6 +72,8 @@ struct DaemonOptions {
   // of them, bound to one destination peer: a peer's Want flood holds no more than that.
   int max_source_requests = 65536;
   int max_requests_per_peer = 16384;
+  // "HOST:PORT": serve Prometheus metrics at http://HOST:PORT/metrics (daemon/metrics/).
+  std::string metrics_listen;
 };
 
 class Daemon {

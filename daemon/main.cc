@@ -16,6 +16,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/peer_auth.h"
+#include "daemon/membership/membership.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ constexpr const char* kUsage =
     "           [--max-peer-connections N] [--max-unauthenticated-peers N]\n"
     "           [--max-peer-connections-per-address N] [--max-source-requests N]\n"
     "           [--max-requests-per-peer N] [--ucx-net-devices LIST]\n"
+    "           [--metrics-listen HOST:PORT] [--etcd http://HOST:PORT [--etcd-lease-s S]]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -42,6 +44,11 @@ constexpr const char* kUsage =
     "--lease-ms: how long a source holds a request's blocks waiting for the destination (30000).\n"
     "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
     "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n"
+    "--metrics-listen: serve Prometheus metrics at http://HOST:PORT/metrics (none by default).\n"
+    "--etcd: register this daemon (name, peer address, transport, version) in etcd under\n"
+    "  /kvd/members/NAME, on a lease of --etcd-lease-s seconds (10) kept alive; removed on a\n"
+    "  clean exit. `kvctl cluster --etcd URL` lists the live daemons. Optional: static peers\n"
+    "  work without it, and an unreachable etcd is logged and retried, never waited for.\n"
     "--offload-bytes: host memory for the CPU offload pool (0: none). Allocated at start (huge\n"
     "  pages where reserved, pinned with a GPU); the first engine to store, look up or load fixes\n"
     "  the block shape, and the pool keeps its blocks across engine restarts. `kvctl status` and\n"
@@ -131,7 +138,8 @@ int main(int argc, char** argv) {
       {"offload-bytes", "0"}, {"log-level", "info"},
       {"lease-ms", "30000"},  {"heartbeat-ms", "1000"},
       {"drain-ms", "5000"},   {"offload-copy", "auto"},
-      {"device", "0"}};
+      {"device", "0"},        {"metrics-listen", ""},
+      {"etcd", ""},           {"etcd-lease-s", "10"}};
   flags = known;
   flags.insert(kSecurityFlags.begin(), kSecurityFlags.end());
   for (int i = 1; i < argc; ++i) {
@@ -184,6 +192,7 @@ int main(int argc, char** argv) {
                 "' is not a byte count like 65536, 512M or 64G (at most 1 PiB)");
   }
   options.offload_copy = flags["offload-copy"];
+  options.metrics_listen = flags["metrics-listen"];
   {
     char* end = nullptr;
     errno = 0;
@@ -239,6 +248,9 @@ int main(int argc, char** argv) {
 
   auto daemon = kv::daemon::Daemon::Start(std::move(options));
   if (!daemon.ok()) return Fail(daemon.status().ToString());
+  auto membership =
+      kv::daemon::membership::JoinIfAsked(flags["etcd"], flags["etcd-lease-s"], **daemon);
+  if (!membership.ok()) return Fail(membership.status().ToString());
   std::printf("kvd %s ready listen=%s socket=%s transport=%s\n", (*daemon)->name().c_str(),
               (*daemon)->listen_address().c_str(), flags["socket"].c_str(),
               (*daemon)->transport_name().c_str());
@@ -248,6 +260,7 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &signo);
   spdlog::info("kvd {}: {} received, draining for up to {} ms", (*daemon)->name(), strsignal(signo),
                drain.count());
+  membership->reset();  // revokes the lease: the record leaves etcd now, not one lease later
   (*daemon)->Shutdown(drain);
   return 0;
 }

@@ -13,6 +13,15 @@ namespace {
 // for two decode ranks (64 groups of 32768 runs, 48 MiB), the shape kvbench pd measures.
 constexpr size_t kMaxSpareRunBytes = size_t{128} << 20;
 
+// failed_sends_ holds requests by id and generation: a late failure of an ended request's batch
+// must not drop the notices of a later request under the same id (NextRequestGeneration).
+std::string FailedSendKey(const std::string& request_id, uint64_t generation) {
+  return request_id + '\0' + std::to_string(generation);
+}
+std::string FailedSendKey(const SendGroup::Part& part) {
+  return FailedSendKey(part.request_id, part.generation);
+}
+
 }  // namespace
 
 Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
@@ -55,6 +64,9 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     return queued;
   }
   group->parts.push_back(SendGroup::Part{request_id, layer, queued.bytes});
+  if (auto s = sources_.find(request_id); s != sources_.end()) {
+    group->parts.back().generation = s->second.generation;
+  }
   group->deadline = std::min(group->deadline, deadline);
   ScheduleFlush();
   return queued;
@@ -116,14 +128,17 @@ void Daemon::Core::FlushSends() {
         bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
         if (!s.ok()) {
           std::lock_guard lock(failed_sends_mu_);
-          for (const SendGroup::Part& part : parts) failed_sends_.insert(part.request_id);
+          for (const SendGroup::Part& part : parts) failed_sends_.insert(FailedSendKey(part));
         }
         // Called exactly once (transport.h): the parts move on to the io thread, uncopied.
         boost::asio::post(io_, [this, parts = std::move(parts), s = std::move(s)] {
-          for (const SendGroup::Part& part : parts) OnBatchDone(part.request_id, s, part.bytes);
+          for (const SendGroup::Part& part : parts) CountLayer(part, s);
+          for (const SendGroup::Part& part : parts) {
+            OnBatchDone(part.request_id, part.generation, s, part.bytes);
+          }
           if (s.ok()) return;
           std::lock_guard lock(failed_sends_mu_);  // ended above: sources_ no longer has them
-          for (const SendGroup::Part& part : parts) failed_sends_.erase(part.request_id);
+          for (const SendGroup::Part& part : parts) failed_sends_.erase(FailedSendKey(part));
         });
       };
       posted = PostFromEngine(*engine, group.event_layer, batch, std::move(done));
@@ -150,7 +165,9 @@ void Daemon::Core::FlushSends() {
     std::lock_guard lock(failed_sends_mu_);
     if (!failed_sends_.empty()) {
       std::erase_if(notices, [&](const QueuedNotice& notice) {
-        return failed_sends_.count(notice.request_id) > 0;
+        auto it = sources_.find(notice.request_id);
+        return it != sources_.end() &&
+               failed_sends_.count(FailedSendKey(notice.request_id, it->second.generation)) > 0;
       });
     }
   }

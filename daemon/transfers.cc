@@ -380,11 +380,12 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
   return Status::Ok();
 }
 
-void Daemon::Core::OnBatchDone(const std::string& request_id, const Status& status,
-                               uint64_t bytes) {
+void Daemon::Core::OnBatchDone(const std::string& request_id, uint64_t generation,
+                               const Status& status, uint64_t bytes) {
   if (status.ok()) bytes_sent_ += bytes;
   auto it = sources_.find(request_id);
-  if (it == sources_.end()) return;
+  // Gone, or a later request under the same id (NextRequestGeneration): not this batch's.
+  if (it == sources_.end() || it->second.generation != generation) return;
   --it->second.batches_in_flight;
   if (!status.ok()) FinishSource(request_id, status, /*tell_peer=*/true);
 }
@@ -427,6 +428,7 @@ void Daemon::Core::FinishSource(std::string request_id, const Status& status, bo
     spdlog::warn("kvd {}: request {} failed: {}", options_.name, request_id, status.ToString());
   }
   (status.ok() ? transfers_done_ : transfers_failed_)++;
+  CountRequest(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }
@@ -571,6 +573,7 @@ void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool
     }
   }
   (status.ok() ? transfers_done_ : transfers_failed_)++;
+  CountRequest(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }

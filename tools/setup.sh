@@ -4,7 +4,9 @@
 set -euo pipefail
 
 pkgs=(cmake ninja-build g++ pkg-config libucx-dev ucx-utils libboost-dev libprotobuf-dev
-      protobuf-compiler libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev)
+      protobuf-compiler libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+      # tests/cluster: namespaces and tc, the harness, scrapes, promtool, a test etcd
+      iproute2 python3 curl prometheus etcd-server etcd-client)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -201,6 +201,9 @@ int PdMain(int argc, char** argv) {
       {"layer-us",
        "the forward pass of one layer on the prefill side before it is written, in "
        "microseconds (default 0)"},
+      {"timeout-ms",
+       "how long an engine waits for a layer or a release before the request fails (default "
+       "20000); the cluster tests shorten it to see faults fail in bounded time"},
       {"no-ceiling", "skip the kvbench transport comparison", true},
       {"auth-secret-file",
        "the kvds started here authenticate each other with this secret (SECURITY.md); their "
@@ -263,7 +266,7 @@ int PdMain(int argc, char** argv) {
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(*v);
     return Status::Ok();
   };
-  int64_t block_size = 16, layer_us = 0;
+  int64_t block_size = 16, layer_us = 0, timeout_ms = 20000;
   for (Status s :
        {integer("requests", 32, 1, 1 << 20, &c.requests),
         integer("tokens", 512, 1, 1 << 20, &c.tokens), integer("layers", 16, 1, 4096, &c.layers),
@@ -271,7 +274,8 @@ int PdMain(int argc, char** argv) {
         integer("block-size", 16, 1, 65536, &block_size),
         integer("prefill-tp", 1, 1, 64, &c.prefill_tp),
         integer("decode-tp", 1, 1, 64, &c.decode_tp), integer("window", 8, 1, 4096, &c.window),
-        integer("layer-us", 0, 0, 10000000, &layer_us)}) {
+        integer("layer-us", 0, 0, 10000000, &layer_us),
+        integer("timeout-ms", 20000, 1, 3600000, &timeout_ms)}) {
     if (!s.ok()) return Fail(s.message());
   }
   for (Status s : {integer("prefill-block-size", block_size, 1, 65536, &c.prefill_block_size),
@@ -286,6 +290,7 @@ int PdMain(int argc, char** argv) {
     return Fail(s.message());
   }
   c.layer_time = std::chrono::microseconds(layer_us);
+  c.timeout = std::chrono::milliseconds(timeout_ms);
   const std::string block_ids = flags.str("block-ids", "contiguous");
   if (block_ids != "contiguous" && block_ids != "random") {
     return Fail("--block-ids is contiguous or random, not " + block_ids);

@@ -1,0 +1,75 @@
+// Daemon::Core's side of the Prometheus metrics (daemon/metrics/): the counting hooks the request
+// state machines call as requests end and layers land (io thread), and the /metrics endpoint,
+// which renders on the metrics server's own thread.
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+#include <future>
+
+#include "daemon/core.h"
+
+#ifndef KVD_VERSION
+#define KVD_VERSION "unknown"
+#endif
+
+namespace kv::daemon {
+
+namespace {
+
+// How long a scrape waits for the io thread's snapshot. A busy io loop answers within
+// microseconds; one stuck for a second is worth seeing as missing gauges (and a counter), not as
+// a scrape that hangs until Prometheus gives up.
+constexpr auto kSnapshotWait = std::chrono::seconds(1);
+
+}  // namespace
+
+Status Daemon::Core::StartMetrics() {
+  metrics::HttpServer::Route route;
+  route.path = "/metrics";
+  route.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  route.render = [this] { return RenderMetrics(); };
+  auto server = metrics::HttpServer::Start(options_.metrics_listen, std::move(route));
+  if (!server.ok()) return server.status();
+  metrics_server_ = std::move(*server);
+  spdlog::info("kvd {}: metrics on http://{}/metrics", options_.name, metrics_server_->address());
+  return Status::Ok();
+}
+
+std::string Daemon::Core::RenderMetrics() {
+  // Shared with the posted handler, which may outlive this wait if the io thread is slow.
+  auto promise = std::make_shared<std::promise<proto::DaemonStatus>>();
+  auto future = promise->get_future();
+  if (!stopped_) {
+    boost::asio::post(io_, [this, promise] { promise->set_value(BuildStatus()); });
+  }
+  if (stopped_ || future.wait_for(kSnapshotWait) != std::future_status::ready) {
+    metrics_.SnapshotTimeout();
+    return metrics_.Render(nullptr, KVD_VERSION);
+  }
+  const proto::DaemonStatus status = future.get();
+  return metrics_.Render(&status, KVD_VERSION);
+}
+
+void Daemon::Core::CountRequest(const SourceRequest& request, const Status& status) {
+  // A request that never learnt its destination (kCollecting) has no peer to count it under.
+  const Peer* peer = FindPeer(request.peer_id);
+  const std::string name = request.state == SourceRequest::State::kCollecting ? ""
+                           : peer                                             ? peer->name
+                                                                              : "gone";
+  metrics_.RequestDone(metrics::Role::kSource, name, transport_name(), status.ok(), request.bytes,
+                       Clock::now() - request.started);
+}
+
+void Daemon::Core::CountRequest(const DestRequest& request, const Status& status) {
+  const Peer* peer = FindPeer(request.peer_id);
+  // Before its hello a peer has no name yet: its address stands in.
+  const std::string name = peer && !peer->name.empty() ? peer->name : request.peer_address;
+  metrics_.RequestDone(metrics::Role::kDestination, name, transport_name(), status.ok(),
+                       request.bytes, Clock::now() - request.started);
+}
+
+void Daemon::Core::CountLayer(const SendGroup::Part& part, const Status& status) {
+  if (status.ok()) metrics_.LayerLanded(Clock::now() - part.queued);
+}
+
+}  // namespace kv::daemon

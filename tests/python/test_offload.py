@@ -1,0 +1,80 @@
+"""CPU offload from Python: store, lookup, load round trip (per layer too), across an engine
+restart, and the refusals."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvd
+from kvd import testing as kt
+
+
+def _engine(d, seed=None):
+    c = kvd.Connector(daemon=d, instance="e", timeout=5)
+    raw = kvd.allocate_host_kv_cache(kt.kv_nbytes(layers=3, blocks=16))
+    views, _ = kt.vllm_kv_caches(raw, layers=3, blocks=16)
+    c.register_kv_caches(views)
+    if seed is not None:
+        kt.fill_random(raw, seed)
+    return c, views
+
+
+def test_round_trip_and_restart():
+    with kvd.Daemon(transport="local", offload_bytes=8 << 20) as d:
+        c, src = _engine(d, seed=1)
+        keys = [0x1234, 0x5678, -3]  # vLLM's 64-bit hashes, signed or not
+        with c.offload_store(keys, [4, 9, 2]) as op:
+            op.wait()
+            assert op.info["stored"] == 3 and op.info["bytes"] > 0
+        assert c.offload_lookup(keys) == 3
+        assert c.offload_lookup([0x1234, 0x9999, 0x5678]) == 1
+        expected = {k: {n: v[b].clone() for n, v in src.items()}
+                    for k, b in zip(keys, [4, 9, 2])}
+        c.close()
+        # The engine restarts: a new connector with a fresh (zeroed) cache finds its pages.
+        c, dst = _engine(d)
+        with c:
+            assert c.offload_lookup(np.array(keys, dtype=np.int64)) == 3
+            with c.offload_load(keys, torch.tensor([0, 1, 15]), per_layer=True) as op:
+                for layer in range(3):
+                    op.wait_layer(layer)
+                op.wait()
+            for k, b in zip(keys, [0, 1, 15]):
+                for n, v in dst.items():
+                    assert torch.equal(v[b].view(torch.int16), expected[k][n].view(torch.int16))
+            assert not dst["layers.0"][2:15].view(torch.int16).any()
+
+
+def test_bytes_keys_and_refusals():
+    with kvd.Daemon(transport="local", offload_bytes=4 << 20) as d:
+        c, _ = _engine(d, seed=2)
+        with c:
+            keys = [bytes([i]) * 16 for i in range(4)]
+            op = c.offload_store(keys, [0, 1, 2, 3])
+            op.wait()
+            op.free()
+            with pytest.raises(kvd.KvdError, match="freed"):
+                op.wait()
+            assert c.offload_lookup(keys) == 4
+            with pytest.raises(kvd.NotFoundError):
+                c.offload_load([b"\xff" * 16], [5])
+            with pytest.raises(kvd.InvalidArgumentError, match="8 to 32 bytes"):
+                c.offload_lookup([b"short"])
+            with pytest.raises(kvd.InvalidArgumentError, match="one length"):
+                c.offload_lookup([b"a" * 8, b"b" * 9])
+            with pytest.raises(kvd.InvalidArgumentError, match="2 keys for 1 block ids"):
+                c.offload_store([1, 2], [0])
+            with pytest.raises(kvd.KvdError):
+                c.offload_store([1], [99])  # no such block
+            with pytest.raises(kvd.KvdError):
+                c.offload_lookup([1], region=5)
+            pending = c.offload_store([77], [6])
+        with pytest.raises(kvd.KvdError, match="freed"):  # close() freed it
+            pending.wait()
+
+
+def test_without_a_pool():
+    with kvd.Daemon(transport="local") as d:
+        c, _ = _engine(d)
+        with c, pytest.raises(kvd.KvdError):
+            c.offload_lookup([1])

@@ -150,10 +150,12 @@ class Connector(OffloadMixin):
         self.layer_index: dict = {}  # layer name -> layer index (save_layer / wait_layer)
         self._ops = weakref.WeakSet()
         self._remote_ids = None
-        self._finished = ([], [])
+        # The callback holds the lists, not the connector: no reference cycle keeps an unclosed
+        # connector alive.
+        finished = self._finished = ([], [])
 
         def on_request(_ctx, request_id, sent):
-            self._finished[0 if sent else 1].append(request_id.decode())
+            finished[0 if sent else 1].append(request_id.decode())
         self._on_request = _lib.REQUEST_CALLBACK(on_request)
 
     # ---- plumbing ------------------------------------------------------------------------------
@@ -359,13 +361,17 @@ class Connector(OffloadMixin):
     def get_finished(self):
         """(sent, received): requests finished since the last call: sent on the source side
         (blocks released), received on the destination side (every layer in place)."""
-        self._finished = ([], [])
-        err = _lib.KvErrorStruct()
-        self._lib.check(self._lib.kv_get_finished(self._handle(), self._on_request, None,
-                                                  byref(err)), err, "get_finished")
         sent, received = self._finished
-        self._finished = ([], [])
-        return sent, received
+        sent.clear()
+        received.clear()
+        err = _lib.KvErrorStruct()
+        try:
+            self._lib.check(self._lib.kv_get_finished(self._handle(), self._on_request, None,
+                                                      byref(err)), err, "get_finished")
+            return list(sent), list(received)
+        finally:
+            sent.clear()
+            received.clear()
 
     def get_failed_blocks(self) -> list:
         """Local blocks of loads that failed since the last call (their content is undefined)."""

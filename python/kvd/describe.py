@@ -251,7 +251,8 @@ def describe_kv_caches(caches, kv_cache_config=None, *, dims=None, layout=None, 
                                     f"the layers before are {stride} bytes apart: views of one "
                                     "buffer need one layer stride (for KV-cache groups that "
                                     "alias one buffer, pass kv_cache_config)")
-        region = _region(group, stride, hint, tp)
+        region = _region(group, stride, hint if group[0].kind in ("attention", "mla") else None,
+                         tp)
         other = by_buffer.setdefault((group[0].key()[:4], region.kind), region)
         if other is not region:
             raise _fail(group[0].name, f"views of one buffer differ from '{other.layer_names[0]}'"

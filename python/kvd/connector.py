@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import threading
 import weakref
 from ctypes import byref, c_size_t, c_void_p, sizeof
 
@@ -153,6 +154,7 @@ class Connector(OffloadMixin):
         # The callback holds the lists, not the connector: no reference cycle keeps an unclosed
         # connector alive.
         finished = self._finished = ([], [])
+        self._finished_lock = threading.Lock()
 
         def on_request(_ctx, request_id, sent):
             finished[0 if sent else 1].append(request_id.decode())
@@ -362,16 +364,15 @@ class Connector(OffloadMixin):
         """(sent, received): requests finished since the last call: sent on the source side
         (blocks released), received on the destination side (every layer in place)."""
         sent, received = self._finished
-        sent.clear()
-        received.clear()
         err = _lib.KvErrorStruct()
-        try:
-            self._lib.check(self._lib.kv_get_finished(self._handle(), self._on_request, None,
-                                                      byref(err)), err, "get_finished")
-            return list(sent), list(received)
-        finally:
-            sent.clear()
-            received.clear()
+        with self._finished_lock:
+            try:
+                self._lib.check(self._lib.kv_get_finished(self._handle(), self._on_request,
+                                                          None, byref(err)), err, "get_finished")
+                return list(sent), list(received)
+            finally:
+                sent.clear()
+                received.clear()
 
     def get_failed_blocks(self) -> list:
         """Local blocks of loads that failed since the last call (their content is undefined)."""

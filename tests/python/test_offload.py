@@ -78,3 +78,49 @@ def test_without_a_pool():
         c, _ = _engine(d)
         with c, pytest.raises(kvd.KvdError):
             c.offload_lookup([1])
+
+
+ENGINE = r"""
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import torch, kvd
+from kvd import testing as kt
+role, socket = sys.argv[3], sys.argv[4]
+with kvd.Connector(socket=socket, instance="engine", timeout=10) as c:
+    raw = kvd.allocate_host_kv_cache(kt.kv_nbytes(layers=3, blocks=16))
+    views, _ = kt.vllm_kv_caches(raw, layers=3, blocks=16)
+    c.register_kv_caches(views)
+    expected = torch.zeros_like(raw)
+    kt.fill_random(expected, 42)
+    keys = [1001, 1002, 1003]
+    if role == "store":
+        raw.copy_(expected)
+        with c.offload_store(keys, [3, 4, 5]) as op:
+            op.wait()
+    else:
+        assert c.offload_lookup(keys) == 3, c.offload_lookup(keys)
+        with c.offload_load(keys, [3, 4, 5]) as op:
+            op.wait()
+        ref, _ = kt.vllm_kv_caches(expected, layers=3, blocks=16)
+        for name in views:
+            assert torch.equal(views[name][3:6].view(torch.int16),
+                               ref[name][3:6].view(torch.int16)), name
+            assert not views[name][:3].view(torch.int16).any()
+print(role, "ok")
+"""
+
+
+def test_engine_process_restart_finds_its_pages(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    from kvd.daemon import KvdProcess
+    here = Path(__file__).resolve().parent
+    pkg = Path(kvd.__file__).resolve().parent.parent
+    with KvdProcess("offload-node", str(tmp_path / "k.sock"), offload_bytes=8 << 20,
+                    transport="local") as k:
+        for role in ("store", "load"):
+            out = subprocess.run([sys.executable, "-c", ENGINE, str(pkg), str(here), role,
+                                  k.socket], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert f"{role} ok" in out.stdout

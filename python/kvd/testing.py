@@ -43,11 +43,12 @@ def vllm_kv_caches(raw, order="LBNHC", layers=2, blocks=8, heads=2, block_size=1
     need = offset_bytes + total * item
     assert raw.numel() >= need, f"raw has {raw.numel()} bytes, the caches need {need}"
     typed = raw.view(dtype)
-    views = {}
-    for l in range(layers):
-        views[f"{prefix}.{l}"] = typed.as_strided(
-            (blocks, heads, block_size, c), (strides["B"], strides["H"], strides["N"], 1),
-            typed.storage_offset() + offset_bytes // item + l * strides["L"])
+    # One 5-D [L, B, H, N, C] view, each layer its [l]: as vLLM's create_kv_cache_views.
+    view_5d = typed.as_strided(
+        (layers, blocks, heads, block_size, c),
+        (strides["L"], strides["B"], strides["H"], strides["N"], 1),
+        typed.storage_offset() + offset_bytes // item)
+    views = {f"{prefix}.{l}": view_5d[l] for l in range(layers)}
     tensor = SimpleNamespace(size=raw.numel(), layers=list(views), layer_stride=strides["L"] *
                              item, block_stride=strides["B"] * item, offset=offset_bytes)
     config = SimpleNamespace(kv_cache_tensors=[tensor], kv_cache_layout=order,

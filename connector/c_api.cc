@@ -1,5 +1,7 @@
-// The C API over Connector: conversions, and a catch-all at each entry so that nothing throws
-// across the boundary (std::bad_alloc included).
+// The C API (<kv/kv_connector.h>) over the C++ connector: argument checks, conversions, and a
+// catch-all at each entry so that nothing throws across the boundary (std::bad_alloc included).
+#include "kv/kv_connector.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -7,8 +9,7 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "connector/kv_connector.h"
-#include "daemon/daemon.h"
+#include "connector/connector_core.h"
 
 struct kv_connector {
   std::unique_ptr<kv::connector::Connector> impl;
@@ -23,9 +24,29 @@ struct kv_daemon {
   std::string address;
 };
 
+// The C codes are kv::Code's values; a new code must be added to both.
+static_assert(KV_OK == static_cast<int>(kv::Code::kOk));
+static_assert(KV_INVALID_ARGUMENT == static_cast<int>(kv::Code::kInvalidArgument));
+static_assert(KV_OUT_OF_RANGE == static_cast<int>(kv::Code::kOutOfRange));
+static_assert(KV_INCOMPATIBLE == static_cast<int>(kv::Code::kIncompatible));
+static_assert(KV_NOT_FOUND == static_cast<int>(kv::Code::kNotFound));
+static_assert(KV_ALREADY_EXISTS == static_cast<int>(kv::Code::kAlreadyExists));
+static_assert(KV_RESOURCE_EXHAUSTED == static_cast<int>(kv::Code::kResourceExhausted));
+static_assert(KV_TIMEOUT == static_cast<int>(kv::Code::kTimeout));
+static_assert(KV_UNAVAILABLE == static_cast<int>(kv::Code::kUnavailable));
+static_assert(KV_ABORTED == static_cast<int>(kv::Code::kAborted));
+static_assert(KV_UNSUPPORTED == static_cast<int>(kv::Code::kUnsupported));
+static_assert(KV_IO_ERROR == static_cast<int>(kv::Code::kIoError));
+static_assert(KV_INTERNAL == static_cast<int>(kv::Code::kInternal));
+static_assert(KV_MAX_ID_BYTES == kv::connector::kMaxIdBytes);
+static_assert(KV_MAX_LOADS_PER_CALL == kv::connector::kMaxLoadsPerCall);
+static_assert(KV_MAX_KEY_BYTES == kv::offload::BlockKey::kMaxBytes);
+
 namespace {
 
-int Report(const kv::Status& s, kv_error* err) {
+using kv::Status;
+
+int Report(const Status& s, kv_error* err) {
   if (err != nullptr) {
     err->code = static_cast<int>(s.code());
     std::snprintf(err->message, sizeof(err->message), "%s", s.ToString().c_str());
@@ -38,19 +59,86 @@ int Guarded(kv_error* err, F&& body) {
   try {
     return Report(body(), err);
   } catch (const std::exception& e) {
-    return Report(kv::Status::Internal(std::string("exception: ") + e.what()), err);
+    return Report(Status::Internal(std::string("exception: ") + e.what()), err);
   } catch (...) {
-    return Report(kv::Status::Internal("unknown exception"), err);
+    return Report(Status::Internal("unknown exception"), err);
   }
 }
 
-kv::Status NeedNonNull(const void* p, const char* what) {
-  return p != nullptr ? kv::Status::Ok()
-                      : kv::Status::InvalidArgument(std::string(what) + " is NULL");
+Status NeedNonNull(const void* p, const char* what) {
+  return p != nullptr ? Status::Ok() : Status::InvalidArgument(std::string(what) + " is NULL");
 }
 
-void Copy(const std::string& from, char (&to)[256]) {
-  std::snprintf(to, sizeof(to), "%s", from.c_str());
+// A NUL-terminated id of 1 to KV_MAX_ID_BYTES bytes; reads at most one byte past the limit.
+kv::Result<std::string> Id(const char* s, const char* what) {
+  KV_RETURN_IF_ERROR(NeedNonNull(s, what));
+  const size_t n = strnlen(s, KV_MAX_ID_BYTES + 1);
+  if (n == 0 || n > KV_MAX_ID_BYTES) {
+    return Status::InvalidArgument(std::string(what) + (n == 0 ? " is empty" : " is longer than ") +
+                                   (n == 0 ? "" : std::to_string(KV_MAX_ID_BYTES) + " bytes"));
+  }
+  return std::string(s, n);
+}
+
+// An option struct's size: known fields only are read, so a newer caller's larger struct is
+// refused rather than half-read, and an older caller's smaller one is read as far as it goes.
+template <typename T>
+Status CheckStructSize(size_t size, const char* what) {
+  if (size == 0 || size > sizeof(T)) {
+    return Status::InvalidArgument(std::string(what) + ".struct_size is " + std::to_string(size) +
+                                   "; set it to sizeof(" + what + ") (this library knows " +
+                                   std::to_string(sizeof(T)) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+// Copies the first `size` bytes of the caller's struct over a zeroed one.
+template <typename T>
+T Widen(const T* in) {
+  T out;
+  std::memset(&out, 0, sizeof(out));
+  std::memcpy(&out, in, std::min(in->struct_size, sizeof(T)));
+  return out;
+}
+
+Status CopyOut(const std::string& from, char* to, size_t capacity, const char* what) {
+  if (from.size() >= capacity) {
+    return Status::Internal(std::string(what) + " of " + std::to_string(from.size()) +
+                            " bytes does not fit kv_transfer_params");
+  }
+  std::memcpy(to, from.c_str(), from.size() + 1);
+  return Status::Ok();
+}
+
+std::string ToHex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : bytes) {
+    hex.push_back(kDigits[c >> 4]);
+    hex.push_back(kDigits[c & 0xf]);
+  }
+  return hex;
+}
+
+kv::Result<std::string> FromHex(const char* hex, size_t max_chars) {
+  const size_t n = strnlen(hex, max_chars + 1);
+  if (n > max_chars || n % 2 != 0) {
+    return Status::InvalidArgument("transfer_token is not an even number of hex digits, at most " +
+                                   std::to_string(max_chars));
+  }
+  std::string out;
+  for (size_t i = 0; i < n; i += 2) {
+    auto digit = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return Status::InvalidArgument("transfer_token holds a non-hex digit");
+    out.push_back(static_cast<char>(hi << 4 | lo));
+  }
+  return out;
 }
 
 kv::LayoutSpec Spec(const kv_layout& l) {
@@ -66,37 +154,66 @@ kv::LayoutSpec Spec(const kv_layout& l) {
   s.tp_size = l.tp_size;
   s.total_heads = l.total_heads;
   s.replicated = l.replicated != 0;
+  s.region_bytes = l.region_bytes;
   return s;
 }
 
+kv::Result<kv::connector::TransferParams> Params(const kv_transfer_params* in) {
+  KV_RETURN_IF_ERROR(NeedNonNull(in, "params"));
+  KV_RETURN_IF_ERROR(CheckStructSize<kv_transfer_params>(in->struct_size, "kv_transfer_params"));
+  const kv_transfer_params p = Widen(in);
+  kv::connector::TransferParams out;
+  out.peer_name = std::string(p.peer_name, strnlen(p.peer_name, sizeof(p.peer_name)));
+  KV_ASSIGN_OR_RETURN(out.peer_address, Id(p.peer_address, "params.peer_address"));
+  // The source's id of the request: informational (the decode side names the request itself).
+  out.request_id = std::string(p.request_id, strnlen(p.request_id, sizeof(p.request_id)));
+  KV_ASSIGN_OR_RETURN(out.transfer_token, FromHex(p.transfer_token, sizeof(p.transfer_token) - 1));
+  if (p.peer_name[sizeof(p.peer_name) - 1] != '\0' ||
+      p.peer_address[sizeof(p.peer_address) - 1] != '\0' ||
+      p.request_id[sizeof(p.request_id) - 1] != '\0') {
+    return Status::InvalidArgument("a kv_transfer_params string is not NUL-terminated");
+  }
+  if (p.mode != KV_MODE_PUSH && p.mode != KV_MODE_PULL) {
+    return Status::InvalidArgument("params.mode " + std::to_string(p.mode) +
+                                   " is neither KV_MODE_PUSH nor KV_MODE_PULL");
+  }
+  out.tokens = p.tokens;
+  out.mode = p.mode == KV_MODE_PULL ? kv::connector::Mode::kPull : kv::connector::Mode::kPush;
+  return out;
+}
+
 kv::Result<kv::connector::LoadSpec> Load(const kv_load& load) {
-  KV_RETURN_IF_ERROR(NeedNonNull(load.request, "request"));
-  KV_RETURN_IF_ERROR(NeedNonNull(load.params, "params"));
-  KV_RETURN_IF_ERROR(NeedNonNull(load.block_ids, "block_ids"));
-  const kv_transfer_params& params = *load.params;
   kv::connector::LoadSpec out;
-  out.request = load.request;
-  out.params.peer_name = std::string(params.peer_name, strnlen(params.peer_name, 256));
-  out.params.peer_address = std::string(params.peer_address, strnlen(params.peer_address, 256));
-  out.params.request_id = std::string(params.request_id, strnlen(params.request_id, 256));
-  out.params.tokens = params.tokens;
-  out.params.mode =
-      params.mode == KV_MODE_PULL ? kv::connector::Mode::kPull : kv::connector::Mode::kPush;
+  KV_ASSIGN_OR_RETURN(out.request, Id(load.request, "request"));
+  KV_ASSIGN_OR_RETURN(out.params, Params(load.params));
+  if (load.count == 0) return Status::InvalidArgument("a load names no blocks (count is 0)");
+  KV_RETURN_IF_ERROR(NeedNonNull(load.block_ids, "block_ids"));
   out.block_ids = {load.block_ids, load.count};
   return out;
 }
 
-kv::connector::ConnectorOptions Options(const char* instance, int rank, int size, int timeout_ms) {
-  kv::connector::ConnectorOptions o;
-  o.instance = instance;
-  o.tp_rank = rank;
-  o.tp_size = size;
-  o.timeout = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 30000);
-  return o;
+kv::Result<kv::connector::ConnectorOptions> Options(const kv_connector_options* in) {
+  KV_RETURN_IF_ERROR(NeedNonNull(in, "options"));
+  KV_RETURN_IF_ERROR(
+      CheckStructSize<kv_connector_options>(in->struct_size, "kv_connector_options"));
+  const kv_connector_options o = Widen(in);
+  kv::connector::ConnectorOptions out;
+  if (o.instance != nullptr) {
+    KV_ASSIGN_OR_RETURN(out.instance, Id(o.instance, "instance"));
+  }
+  out.tp_rank = o.tp_rank;
+  out.tp_size = o.tp_size == 0 ? 1 : o.tp_size;
+  if (o.timeout_ms < 0) {
+    return Status::InvalidArgument("timeout_ms " + std::to_string(o.timeout_ms) +
+                                   " is negative (0 means the default, 30000)");
+  }
+  out.timeout = std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : 30000);
+  return out;
 }
 
 kv::Result<std::vector<kv::offload::BlockKey>> Keys(const uint8_t* keys, size_t key_bytes,
                                                     size_t count) {
+  if (count == 0) return Status::InvalidArgument("no keys (count is 0)");
   KV_RETURN_IF_ERROR(NeedNonNull(keys, "keys"));
   std::vector<kv::offload::BlockKey> out;
   out.reserve(count);
@@ -108,27 +225,43 @@ kv::Result<std::vector<kv::offload::BlockKey>> Keys(const uint8_t* keys, size_t 
   return out;
 }
 
+kv::Result<kv::connector::Connector*> Live(kv_connector* c) {
+  KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+  return c->impl.get();
+}
+
 }  // namespace
 
 extern "C" {
 
-int kv_daemon_start(const char* name, const char* listen, const char* transport, kv_daemon** out,
-                    kv_error* err) {
-  return kv_daemon_start_with_offload(name, listen, transport, 0, out, err);
+const char* kv_strerror(int code) {
+  if (code < 0 || code > KV_INTERNAL) return "unknown";
+  return kv::CodeName(static_cast<kv::Code>(code)).data();  // static literals, NUL-terminated
 }
 
-int kv_daemon_start_with_offload(const char* name, const char* listen, const char* transport,
-                                 uint64_t offload_bytes, kv_daemon** out, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
+const char* kv_version(void) {
+  return kv::connector::Version();
+}
+
+int kv_daemon_start(const kv_daemon_options* options, kv_daemon** out, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
-    kv::daemon::DaemonOptions o;
-    if (name) o.name = name;
-    if (listen) o.listen = listen;
-    if (transport) o.transport_name = transport;
-    o.offload_bytes = offload_bytes;
-    KV_ASSIGN_OR_RETURN(auto d, kv::daemon::Daemon::Start(std::move(o)));
-    *out = new kv_daemon{d, d->listen_address()};
-    return kv::Status::Ok();
+    *out = nullptr;
+    KV_RETURN_IF_ERROR(NeedNonNull(options, "options"));
+    KV_RETURN_IF_ERROR(CheckStructSize<kv_daemon_options>(options->struct_size,
+                                                          "kv_daemon_options"));
+    const kv_daemon_options o = Widen(options);
+    kv::connector::EmbeddedDaemonOptions d;
+    if (o.name != nullptr) {
+      KV_ASSIGN_OR_RETURN(d.name, Id(o.name, "name"));
+    }
+    if (o.listen != nullptr) d.listen = o.listen;
+    if (o.transport != nullptr) d.transport = o.transport;
+    d.offload_bytes = o.offload_bytes;
+    KV_ASSIGN_OR_RETURN(auto daemon, kv::connector::StartEmbeddedDaemon(d));
+    const std::string address = kv::connector::EmbeddedDaemonAddress(*daemon);
+    *out = new kv_daemon{std::move(daemon), address};
+    return Status::Ok();
   });
 }
 
@@ -140,29 +273,29 @@ void kv_daemon_stop(kv_daemon* daemon) {
   delete daemon;
 }
 
-int kv_connector_open(const char* socket_path, const char* instance, int tp_rank, int tp_size,
-                      int timeout_ms, kv_connector** out, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
+int kv_connector_open(const char* socket_path, const kv_connector_options* options,
+                      kv_connector** out, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+    *out = nullptr;
     KV_RETURN_IF_ERROR(NeedNonNull(socket_path, "socket_path"));
-    KV_RETURN_IF_ERROR(NeedNonNull(instance, "instance"));
-    KV_ASSIGN_OR_RETURN(auto c, kv::connector::Connector::Open(
-                                    socket_path, Options(instance, tp_rank, tp_size, timeout_ms)));
+    KV_ASSIGN_OR_RETURN(auto o, Options(options));
+    KV_ASSIGN_OR_RETURN(auto c, kv::connector::Connector::Open(socket_path, std::move(o)));
     *out = new kv_connector{std::move(c)};
-    return kv::Status::Ok();
+    return Status::Ok();
   });
 }
 
-int kv_connector_open_embedded(kv_daemon* daemon, const char* instance, int tp_rank, int tp_size,
-                               int timeout_ms, kv_connector** out, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
+int kv_connector_open_embedded(kv_daemon* daemon, const kv_connector_options* options,
+                               kv_connector** out, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+    *out = nullptr;
     KV_RETURN_IF_ERROR(NeedNonNull(daemon, "daemon"));
-    KV_RETURN_IF_ERROR(NeedNonNull(instance, "instance"));
-    KV_ASSIGN_OR_RETURN(auto c, kv::connector::Connector::OpenEmbedded(
-                                    daemon->impl, Options(instance, tp_rank, tp_size, timeout_ms)));
+    KV_ASSIGN_OR_RETURN(auto o, Options(options));
+    KV_ASSIGN_OR_RETURN(auto c, kv::connector::Connector::OpenEmbedded(daemon->impl, std::move(o)));
     *out = new kv_connector{std::move(c)};
-    return kv::Status::Ok();
+    return Status::Ok();
   });
 }
 
@@ -170,189 +303,248 @@ void kv_connector_close(kv_connector* connector) {
   delete connector;
 }
 
-int kv_register_kv_caches(kv_connector* c, const kv_layout* layouts, size_t count, void** bases,
+int kv_register_kv_caches(kv_connector* c, const kv_cache_desc* caches, size_t count, void** bases,
                           kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(layouts, "layouts"));
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    if (count == 0) return Status::InvalidArgument("no KV caches to register (count is 0)");
+    KV_RETURN_IF_ERROR(NeedNonNull(caches, "caches"));
     KV_RETURN_IF_ERROR(NeedNonNull(bases, "bases"));
-    std::vector<kv::LayoutSpec> specs(count);
-    for (size_t i = 0; i < count; ++i) specs[i] = Spec(layouts[i]);
-    KV_ASSIGN_OR_RETURN(auto caches, c->impl->RegisterKvCaches(specs));
-    for (size_t i = 0; i < caches.size(); ++i) bases[i] = caches[i].base;
-    return kv::Status::Ok();
+    KV_RETURN_IF_ERROR(CheckStructSize<kv_cache_desc>(caches->struct_size, "kv_cache_desc"));
+    const size_t stride = caches->struct_size;  // the caller's sizeof, see the header
+    std::vector<kv::connector::KvCacheDesc> descs(count);
+    for (size_t i = 0; i < count; ++i) {
+      const auto* raw = reinterpret_cast<const kv_cache_desc*>(
+          reinterpret_cast<const char*>(caches) + i * stride);
+      if (raw->struct_size != stride) {
+        return Status::InvalidArgument("caches[" + std::to_string(i) + "].struct_size " +
+                                       std::to_string(raw->struct_size) + " differs from " +
+                                       "caches[0]'s " + std::to_string(stride));
+      }
+      const kv_cache_desc d = Widen(raw);
+      descs[i].layout = Spec(d.layout);
+      descs[i].base = d.base;
+      if (d.memory == KV_MEMORY_HOST) {
+        descs[i].location = kv::MemoryLocation::Host();
+      } else if (d.memory == KV_MEMORY_CUDA && d.device >= 0) {
+        descs[i].location = kv::MemoryLocation::Cuda(d.device);
+      } else {
+        return Status::InvalidArgument("caches[" + std::to_string(i) + "]: memory " +
+                                       std::to_string(d.memory) + ", device " +
+                                       std::to_string(d.device) +
+                                       " (KV_MEMORY_HOST, or KV_MEMORY_CUDA with device >= 0)");
+      }
+    }
+    KV_ASSIGN_OR_RETURN(auto registered, connector->RegisterKvCaches(descs));
+    for (size_t i = 0; i < registered.size(); ++i) bases[i] = registered[i].base;
+    return Status::Ok();
   });
 }
 
-int kv_register_gpu_kv_caches(kv_connector* c, const kv_layout* layouts, void* const* bases,
-                              int device, size_t count, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(layouts, "layouts"));
-    KV_RETURN_IF_ERROR(NeedNonNull(bases, "bases"));
-    std::vector<kv::connector::GpuKvCache> caches(count);
-    for (size_t i = 0; i < count; ++i) {
-      caches[i].base = bases[i];
-      caches[i].device = device;
-      caches[i].layout = Spec(layouts[i]);
-    }
-    return c->impl->RegisterGpuKvCaches(caches).status();
+int kv_host_memory_alloc(uint64_t bytes, void** out, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+    *out = nullptr;
+    KV_ASSIGN_OR_RETURN(*out, kv::connector::AllocateHostMemory(bytes));
+    return Status::Ok();
+  });
+}
+
+int kv_host_memory_free(void* base, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_RETURN_IF_ERROR(NeedNonNull(base, "base"));
+    return kv::connector::FreeHostMemory(base);
   });
 }
 
 int kv_save_layer(kv_connector* c, const char* request, int layer, const int64_t* block_ids,
-                  size_t count, kv_error* err) {
-  return kv_save_layer_on_stream(c, request, layer, block_ids, count, nullptr, err);
-}
-
-int kv_save_layer_on_stream(kv_connector* c, const char* request, int layer,
-                            const int64_t* block_ids, size_t count, void* cuda_stream,
-                            kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(request, "request"));
+                  size_t count, void* cuda_stream, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+    if (count == 0) return Status::InvalidArgument("save_layer names no blocks (count is 0)");
     KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
-    return c->impl->SaveLayer(request, layer, {block_ids, count}, cuda_stream);
-  });
-}
-
-int kv_request_finished_with_blocks(kv_connector* c, const char* request, kv_transfer_params* out,
-                                    int64_t* remote_block_ids, size_t capacity, size_t* count,
-                                    kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(request, "request"));
-    KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
-    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
-    KV_ASSIGN_OR_RETURN(auto params, c->impl->RequestFinished(request));
-    Copy(params.peer_name, out->peer_name);
-    Copy(params.peer_address, out->peer_address);
-    Copy(params.request_id, out->request_id);
-    out->tokens = 0;
-    out->mode = KV_MODE_PUSH;
-    const size_t n = std::min(capacity, params.remote_block_ids.size());
-    std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
-    if (count != nullptr) *count = params.remote_block_ids.size();
-    return kv::Status::Ok();
+    return connector->SaveLayer(id, layer, {block_ids, count}, cuda_stream);
   });
 }
 
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
-                        kv_error* err) {
-  return kv_request_finished_with_blocks(c, request, out, nullptr, 0, nullptr, err);
+                        int64_t* remote_block_ids, size_t capacity, size_t* count, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+    KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+    KV_RETURN_IF_ERROR(CheckStructSize<kv_transfer_params>(out->struct_size, "kv_transfer_params"));
+    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
+    KV_ASSIGN_OR_RETURN(auto params, connector->RequestFinished(id));
+    kv_transfer_params p;
+    std::memset(&p, 0, sizeof(p));
+    p.struct_size = out->struct_size;
+    KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
+    KV_RETURN_IF_ERROR(
+        CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
+    KV_RETURN_IF_ERROR(
+        CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
+    KV_RETURN_IF_ERROR(CopyOut(ToHex(params.transfer_token), p.transfer_token,
+                               sizeof(p.transfer_token), "transfer token"));
+    p.tokens = 0;
+    p.mode = KV_MODE_PUSH;
+    std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
+    const size_t n = std::min(capacity, params.remote_block_ids.size());
+    std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
+    if (count != nullptr) *count = params.remote_block_ids.size();
+    return Status::Ok();
+  });
 }
 
 int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,
                   const int64_t* block_ids, size_t count, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
     KV_ASSIGN_OR_RETURN(auto load, Load({request, params, block_ids, count}));
-    return c->impl->StartLoad(load.request, load.params, load.block_ids);
+    return connector->StartLoad(load.request, load.params, load.block_ids);
   });
 }
 
 int kv_start_loads(kv_connector* c, const kv_load* loads, size_t n, kv_error* results,
                    kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    if (n == 0 || n > KV_MAX_LOADS_PER_CALL) {
+      return Status::InvalidArgument("start_loads takes 1 to " +
+                                     std::to_string(KV_MAX_LOADS_PER_CALL) + " loads, not " +
+                                     std::to_string(n));
+    }
     KV_RETURN_IF_ERROR(NeedNonNull(loads, "loads"));
     KV_RETURN_IF_ERROR(NeedNonNull(results, "results"));
     std::vector<kv::connector::LoadSpec> specs;
+    specs.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       auto load = Load(loads[i]);
       if (!load.ok()) return load.status().WithContext("load " + std::to_string(i));
       specs.push_back(std::move(load).value());
     }
-    KV_ASSIGN_OR_RETURN(auto started, c->impl->StartLoads(specs));
+    KV_ASSIGN_OR_RETURN(auto started, connector->StartLoads(specs));
     for (size_t i = 0; i < n; ++i) Report(started[i], &results[i]);
-    return kv::Status::Ok();
+    return Status::Ok();
   });
 }
 
 int kv_wait_layer(kv_connector* c, const char* request, int layer, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(request, "request"));
-    return c->impl->WaitLayer(request, layer);
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+    return connector->WaitLayer(id, layer);
   });
 }
 
 int kv_get_finished(kv_connector* c, kv_request_callback on_request, void* ctx, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
     KV_RETURN_IF_ERROR(NeedNonNull(reinterpret_cast<void*>(on_request), "on_request"));
-    auto finished = c->impl->GetFinished();
+    auto finished = connector->GetFinished();
     for (const auto& id : finished.sent) on_request(ctx, id.c_str(), 1);
     for (const auto& id : finished.received) on_request(ctx, id.c_str(), 0);
-    return kv::Status::Ok();
+    return Status::Ok();
   });
 }
 
-int kv_get_failed_blocks(kv_connector* c, kv_blocks_callback on_blocks, void* ctx, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(reinterpret_cast<void*>(on_blocks), "on_blocks"));
-    auto blocks = c->impl->GetFailedBlocks();
-    on_blocks(ctx, blocks.data(), blocks.size());
-    return kv::Status::Ok();
+int kv_get_failed_blocks(kv_connector* c, int64_t* block_ids, size_t capacity, size_t* count,
+                         kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_RETURN_IF_ERROR(NeedNonNull(count, "count"));
+    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
+    return connector->core().TakeFailedBlocksInto({block_ids, capacity}, count);
+  });
+}
+
+int kv_daemon_status_json(kv_connector* c, char* buf, size_t capacity, size_t* length,
+                          kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(buf, "buf"));
+    KV_ASSIGN_OR_RETURN(std::string json, connector->DaemonStatusJson());
+    if (length != nullptr) *length = json.size();
+    if (json.size() >= capacity) {
+      return Status::ResourceExhausted("kvd's status is " + std::to_string(json.size() + 1) +
+                                       " bytes with its NUL; the buffer holds " +
+                                       std::to_string(capacity));
+    }
+    std::memcpy(buf, json.c_str(), json.size() + 1);
+    return Status::Ok();
   });
 }
 
 int kv_offload_store(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
-                     const int64_t* block_ids, size_t count, kv_offload_op** op,
-                     kv_offload_store_info* info, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
+                     const int64_t* block_ids, size_t count, void* cuda_stream, kv_offload_op** op,
+                     kv_offload_store_info* info, kv_block_key* evicted, size_t evicted_capacity,
+                     kv_error* err) {
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
     *op = nullptr;
-    KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
-    KV_ASSIGN_OR_RETURN(auto stored, c->impl->OffloadStore(parsed, {block_ids, count}, region));
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
+    if (evicted_capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(evicted, "evicted"));
     if (info != nullptr) {
-      *info = {stored.stored, stored.already_present, stored.evicted.size(), stored.bytes,
-               stored.runs};
+      KV_RETURN_IF_ERROR(
+          CheckStructSize<kv_offload_store_info>(info->struct_size, "kv_offload_store_info"));
+    }
+    KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
+    KV_ASSIGN_OR_RETURN(auto stored,
+                        connector->OffloadStore(parsed, {block_ids, count}, region, cuda_stream));
+    if (info != nullptr) {
+      kv_offload_store_info i{info->struct_size, stored.stored, stored.already_present,
+                              stored.evicted.size(), stored.bytes, stored.runs};
+      std::memcpy(info, &i, std::min(info->struct_size, sizeof(i)));
+    }
+    for (size_t k = 0; k < std::min(evicted_capacity, stored.evicted.size()); ++k) {
+      const auto bytes = stored.evicted[k].bytes();
+      std::memset(&evicted[k], 0, sizeof(evicted[k]));
+      std::memcpy(evicted[k].bytes, bytes.data(), bytes.size());
+      evicted[k].size = static_cast<uint32_t>(bytes.size());
     }
     *op = new kv_offload_op{std::move(stored.op)};
-    return kv::Status::Ok();
+    return Status::Ok();
   });
 }
 
 int kv_offload_lookup(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
                       size_t count, size_t* hits, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
     KV_RETURN_IF_ERROR(NeedNonNull(hits, "hits"));
     KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
-    KV_ASSIGN_OR_RETURN(*hits, c->impl->OffloadLookup(parsed, region));
-    return kv::Status::Ok();
+    KV_ASSIGN_OR_RETURN(*hits, connector->OffloadLookup(parsed, region));
+    return Status::Ok();
   });
 }
 
 int kv_offload_load(kv_connector* c, uint32_t region, const uint8_t* keys, size_t key_bytes,
                     const int64_t* block_ids, size_t count, int per_layer, kv_offload_op** op,
                     kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
-    KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
-    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
     *op = nullptr;
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
     KV_ASSIGN_OR_RETURN(auto parsed, Keys(keys, key_bytes, count));
     KV_ASSIGN_OR_RETURN(auto loaded,
-                        c->impl->OffloadLoad(parsed, {block_ids, count}, per_layer != 0, region));
+                        connector->OffloadLoad(parsed, {block_ids, count}, per_layer != 0, region));
     *op = new kv_offload_op{std::move(loaded.op)};
-    return kv::Status::Ok();
+    return Status::Ok();
   });
 }
 
 int kv_offload_wait(kv_offload_op* op, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
     return op->impl.Wait();
   });
 }
 
 int kv_offload_wait_layer(kv_offload_op* op, int layer, kv_error* err) {
-  return Guarded(err, [&]() -> kv::Status {
+  return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(op, "op"));
     return op->impl.WaitLayer(layer);
   });

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -12,7 +13,7 @@
 
 namespace kv::connector {
 
-Result<std::unique_ptr<Connector::Client>> Connector::Client::Create(
+Result<std::unique_ptr<ConnectorCore::Client>> ConnectorCore::Client::Create(
     int fd, std::chrono::milliseconds timeout) {
   // A kvd that stops reading cannot block a sender past the timeout.
   timeval tv{};
@@ -27,17 +28,17 @@ Result<std::unique_ptr<Connector::Client>> Connector::Client::Create(
   return std::unique_ptr<Client>(new Client(fd, timeout));
 }
 
-Connector::Client::Client(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {
+ConnectorCore::Client::Client(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {
   reader_ = std::thread([this] { ReadLoop(); });
 }
 
-Connector::Client::~Client() {
+ConnectorCore::Client::~Client() {
   shutdown(fd_, SHUT_RDWR);  // wakes the reader's recv
   reader_.join();
   close(fd_);
 }
 
-Status Connector::Client::SendFrame(const std::string& frame, int pass_fd) {
+Status ConnectorCore::Client::SendFrame(const std::string& frame, int pass_fd) {
   std::lock_guard<std::mutex> lock(send_mu_);
   size_t sent = 0;
   while (sent < frame.size()) {
@@ -56,7 +57,7 @@ Status Connector::Client::SendFrame(const std::string& frame, int pass_fd) {
   return Status::Ok();
 }
 
-Result<proto::Reply> Connector::Client::Call(proto::EngineMessage message, int pass_fd) {
+Result<proto::Reply> ConnectorCore::Client::Call(proto::EngineMessage message, int pass_fd) {
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -87,7 +88,7 @@ Result<proto::Reply> Connector::Client::Call(proto::EngineMessage message, int p
   return s;
 }
 
-Status Connector::Client::Send(proto::EngineMessage message) {
+Status ConnectorCore::Client::Send(proto::EngineMessage message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return closed_reason_;
@@ -98,13 +99,13 @@ Status Connector::Client::Send(proto::EngineMessage message) {
   return SendFrame(frame, -1);
 }
 
-Status Connector::Client::SaveError(const std::string& request) {
+Status ConnectorCore::Client::SaveError(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = save_errors_.find(request);
   return it == save_errors_.end() ? Status::Ok() : it->second;
 }
 
-Status Connector::Client::TakeSaveError(const std::string& request) {
+Status ConnectorCore::Client::TakeSaveError(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = save_errors_.find(request);
   if (it == save_errors_.end()) return Status::Ok();
@@ -114,7 +115,7 @@ Status Connector::Client::TakeSaveError(const std::string& request) {
   return error;
 }
 
-void Connector::Client::ReadLoop() {
+void ConnectorCore::Client::ReadLoop() {
   daemon::FrameDecoder decoder;
   char buf[64 * 1024];
   Status why = Status::Unavailable("kvd closed the connection");
@@ -149,13 +150,13 @@ void Connector::Client::ReadLoop() {
   cv_.notify_all();
 }
 
-void Connector::Client::FailLoad(Load& load, const Status& why) {
+void ConnectorCore::Client::FailLoad(Load& load, const Status& why) {
   if (!load.failed.ok()) return;
   load.failed = why;
   failed_blocks_.insert(failed_blocks_.end(), load.blocks.begin(), load.blocks.end());
 }
 
-void Connector::Client::Apply(proto::DaemonMessage message) {
+void ConnectorCore::Client::Apply(proto::DaemonMessage message) {
   switch (message.body_case()) {
     case proto::DaemonMessage::kReply: {
       auto it = replies_.find(message.seq());
@@ -195,18 +196,18 @@ void Connector::Client::Apply(proto::DaemonMessage message) {
   }
 }
 
-bool Connector::Client::ExpectLoad(const std::string& request, std::vector<int64_t> blocks) {
+bool ConnectorCore::Client::ExpectLoad(const std::string& request, std::vector<int64_t> blocks) {
   std::lock_guard<std::mutex> lock(mu_);
   return loads_.try_emplace(request, Load{{}, Status::Ok(), std::move(blocks)}).second;
 }
 
-void Connector::Client::ForgetLoad(const std::string& request) {
+void ConnectorCore::Client::ForgetLoad(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
   loads_.erase(request);
   cv_.notify_all();  // a waiter on it answers kNotFound now, not at its timeout
 }
 
-Status Connector::Client::WaitLayer(const std::string& request, int layer) {
+Status ConnectorCore::Client::WaitLayer(const std::string& request, int layer) {
   std::unique_lock<std::mutex> lock(mu_);
   // Looked up afresh on every wake-up: TakeFinished, TakeFailedBlocks or ForgetLoad on another
   // thread may erase the load while this one waits.
@@ -224,7 +225,7 @@ Status Connector::Client::WaitLayer(const std::string& request, int layer) {
                          " not in place within " + std::to_string(timeout_.count()) + " ms");
 }
 
-Finished Connector::Client::TakeFinished() {
+Finished ConnectorCore::Client::TakeFinished() {
   std::lock_guard<std::mutex> lock(mu_);
   Finished out = std::move(finished_);
   finished_ = {};
@@ -232,12 +233,26 @@ Finished Connector::Client::TakeFinished() {
   return out;
 }
 
-std::vector<int64_t> Connector::Client::TakeFailedBlocks() {
+std::vector<int64_t> ConnectorCore::Client::TakeFailedBlocks() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> out = std::move(failed_blocks_);
   failed_blocks_.clear();
   std::erase_if(loads_, [](const auto& entry) { return !entry.second.failed.ok(); });
   return out;
+}
+
+Status ConnectorCore::Client::TakeFailedBlocksInto(std::span<int64_t> out, size_t* count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *count = failed_blocks_.size();
+  if (failed_blocks_.size() > out.size()) {
+    return Status::ResourceExhausted(std::to_string(failed_blocks_.size()) +
+                                     " failed blocks do not fit a buffer of " +
+                                     std::to_string(out.size()) + "; none was taken");
+  }
+  std::copy(failed_blocks_.begin(), failed_blocks_.end(), out.begin());
+  failed_blocks_.clear();
+  std::erase_if(loads_, [](const auto& entry) { return !entry.second.failed.ok(); });
+  return Status::Ok();
 }
 
 }  // namespace kv::connector

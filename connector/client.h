@@ -1,4 +1,4 @@
-// Connector::Client: the connection to kvd behind a Connector — blocking request/reply calls
+// ConnectorCore::Client: the connection to kvd behind a Connector — blocking request/reply calls
 // matched by seq, and a reader thread that applies kvd's events (LayerReady, RequestDone) to
 // per-request state the waiting calls observe. Private to connector/.
 //
@@ -13,17 +13,18 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "connector/connector.h"
+#include "connector/connector_core.h"
 #include "daemon/proto/kvd.pb.h"
 #include "layout/status.h"
 
 namespace kv::connector {
 
-class Connector::Client {
+class ConnectorCore::Client {
  public:
   // Takes ownership of `fd`, a connected stream socket to kvd, on every path. Sends to kvd are
   // bounded by `timeout` (SO_SNDTIMEO); kIoError when the socket refuses that bound.
@@ -51,6 +52,9 @@ class Connector::Client {
   Finished TakeFinished();
   // Also forgets the failed loads: WaitLayer on them is kNotFound afterwards.
   std::vector<int64_t> TakeFailedBlocks();
+  // TakeFailedBlocks into `out`; *count is how many there are. kResourceExhausted, with nothing
+  // taken, when they do not fit.
+  Status TakeFailedBlocksInto(std::span<int64_t> out, size_t* count);
 
  private:
   Client(int fd, std::chrono::milliseconds timeout);

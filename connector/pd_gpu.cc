@@ -172,8 +172,8 @@ class Engines final : public CudaPdEngines {
     // for: the zeros must be in place before anything is queued there.
     KV_RETURN_IF_ERROR(Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
 
-    GpuKvCache gpu{r.cache.get(), r.device, spec};
-    KV_ASSIGN_OR_RETURN(auto caches, connector.RegisterGpuKvCaches({&gpu, 1}));
+    const KvCacheDesc gpu{spec, MemoryLocation::Cuda(r.device), r.cache.get()};
+    KV_ASSIGN_OR_RETURN(auto caches, connector.RegisterKvCaches({&gpu, 1}));
     (prefill ? prefill_ : decode_).push_back(std::move(rank));
     return caches.front();
   }

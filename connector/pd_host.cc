@@ -23,7 +23,7 @@ class HostEngines final : public PdEngines {
       : head_dim_(config.head_dim), tokens_(config.tokens), saved_ns_(config.window, 0) {}
 
   Result<KvCache> Register(Connector& connector, const LayoutSpec& spec, bool prefill) override {
-    KV_ASSIGN_OR_RETURN(auto caches, connector.RegisterKvCaches({&spec, 1}));
+    KV_ASSIGN_OR_RETURN(auto caches, connector.RegisterKvCaches(HostCaches({&spec, 1})));
     (prefill ? prefill_ : decode_).push_back(Rank{&connector, caches.front()});
     return caches.front();
   }
@@ -36,7 +36,7 @@ class HostEngines final : public PdEngines {
   Status Write(int rank, int, uint64_t seed, int64_t layer,
                std::span<const int64_t> blocks) override {
     const KvCache& cache = prefill_[rank].cache;
-    const KvRegion& region = cache.layout;
+    const KvRegion region = RegionOf(cache);
     const int64_t heads = region.size(Axis::kH);
     const int64_t n = region.size(Axis::kN);
     std::vector<uint16_t> k(tokens_ * heads * head_dim_), v(k.size());
@@ -79,7 +79,7 @@ class HostEngines final : public PdEngines {
   Status Check(int rank, int, const std::string& id, uint64_t seed, int64_t layer,
                std::span<const int64_t> blocks) override {
     const KvCache& cache = decode_[rank].cache;
-    const KvRegion& region = cache.layout;
+    const KvRegion region = RegionOf(cache);
     const int64_t n = region.size(Axis::kN);
     const auto* base = static_cast<const char*>(cache.base);
     for (int64_t t = 0; t < tokens_; ++t) {
@@ -114,7 +114,7 @@ class HostEngines final : public PdEngines {
   }
 
   Result<uint64_t> GuardBytes(int rank, int64_t first_block) override {
-    const KvRegion& region = decode_[rank].cache.layout;
+    const KvRegion region = RegionOf(decode_[rank].cache);
     const auto* base = static_cast<const unsigned char*>(decode_[rank].cache.base);
     uint64_t count = 0;
     for (int64_t l = 0; l < region.size(Axis::kL); ++l) {

@@ -112,14 +112,14 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
   };
   KV_ASSIGN_OR_RETURN(std::vector<Engine> prefill, open_side(true));
   KV_ASSIGN_OR_RETURN(std::vector<Engine> decode, open_side(false));
-  KV_ASSIGN_OR_RETURN(proto::DaemonStatus source, prefill.front().connector->DaemonStatus());
+  KV_ASSIGN_OR_RETURN(proto::DaemonStatus source, DaemonStatusOf(*prefill.front().connector));
 
   const int64_t np = BlocksFor(c.tokens, c.prefill_block_size);
   const int64_t nd = BlocksFor(c.tokens, c.decode_block_size);
   uint64_t bytes_per_request = 0;
   for (const Engine& e : decode) {
-    bytes_per_request += static_cast<uint64_t>(c.layers * c.tokens * e.cache.layout.size(Axis::kH) *
-                                               e.cache.layout.logical_content_bytes());
+    bytes_per_request += static_cast<uint64_t>(c.layers * c.tokens * RegionOf(e.cache).size(Axis::kH) *
+                                               RegionOf(e.cache).logical_content_bytes());
   }
 
   PdResult result;
@@ -130,7 +130,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
   };
   // The prefill kvd's (runs_sent, batches_posted).
   auto sent = [&]() -> std::pair<uint64_t, uint64_t> {
-    auto status = prefill.front().connector->DaemonStatus();
+    auto status = DaemonStatusOf(*prefill.front().connector);
     if (!status.ok()) return {0, 0};
     return {status->runs_sent(), status->batches_posted()};
   };
@@ -277,7 +277,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
                                         [](const std::atomic<bool>& f) { return f.load(); });
     for (Engine& e : prefill) {
       // A source kvd that is gone releases nothing and writes nothing more.
-      if (any_failed && !e.connector->DaemonStatus().ok()) continue;
+      if (any_failed && !DaemonStatusOf(*e.connector).ok()) continue;
       std::set<std::string> released;
       while (static_cast<int>(released.size()) < count && Clock::now() < deadline) {
         for (auto& id : e.connector->GetFinished().sent) released.insert(id);

@@ -230,7 +230,14 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
   // The fd arrived with this message's bytes; claim it first so that it is closed on every path.
   const int fd = engine.conn->TakeFd();
   if (fd < 0) return Status::InvalidArgument("RegisterRegion came without a memory fd");
-  auto layout = CheckRegistration(engine, reg.layout(), reg.bytes(), MemoryKind::kHost);
+  if (reg.offset() >= reg.bytes()) {
+    close(fd);
+    return Status::OutOfRange("RegisterRegion's offset " + std::to_string(reg.offset()) +
+                              " lies outside its " + std::to_string(reg.bytes()) +
+                              "-byte memory object");
+  }
+  auto layout =
+      CheckRegistration(engine, reg.layout(), reg.bytes() - reg.offset(), MemoryKind::kHost);
   if (!layout.ok()) {
     close(fd);
     return layout.status();
@@ -238,8 +245,8 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
   KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Adopt(fd, reg.bytes()));
   auto region = std::make_shared<Region>();
   region->layout = *layout;
-  region->base = memory.data();
-  region->bytes = memory.size();
+  region->base = static_cast<uint8_t*>(memory.data()) + reg.offset();
+  region->bytes = memory.size() - reg.offset();
   region->where = MemoryLocation::Host();
   region->host = std::move(memory);
   KV_ASSIGN_OR_RETURN(region->registration,

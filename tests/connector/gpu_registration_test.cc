@@ -1,4 +1,4 @@
-// RegisterGpuKvCaches where it cannot work: embedded mode, host memory, a build or machine without
+// RegisterKvCaches of GPU caches where it cannot work: embedded mode, host memory, a build or machine without
 // CUDA. Each is refused with a clear error, and the connector stays usable for host caches.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,15 +8,16 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "connector/kv_connector.h"
 #include "daemon/daemon.h"
+#include "kv/kv_connector.h"
+#include "tests/common/c_api_layout.h"
 #include "transport/cuda_ipc/ipc_memory.h"
 
 namespace kv {
 namespace {
 
 using connector::Connector;
-using connector::GpuKvCache;
+
 
 LayoutSpec SmallLayout() {
   LayoutSpec s;
@@ -42,8 +43,8 @@ TEST(GpuRegistration, EmbeddedModeIsUnsupported) {
   auto c = Connector::OpenEmbedded(*d, {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   std::vector<uint8_t> memory(1 << 16);
-  GpuKvCache cache{memory.data(), 0, SmallLayout()};
-  auto r = (*c)->RegisterGpuKvCaches({&cache, 1});
+  connector::KvCacheDesc cache = connector::GpuCache(memory.data(), 0, SmallLayout());
+  auto r = (*c)->RegisterKvCaches({&cache, 1});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(Code::kUnsupported, r.status().code());
   EXPECT_NE(std::string::npos, r.status().message().find("OpenEmbedded")) << r.status().ToString();
@@ -52,9 +53,10 @@ TEST(GpuRegistration, EmbeddedModeIsUnsupported) {
 TEST(GpuRegistration, CApiRefusesEmbeddedModeWithItsCode) {
   kv_error err{};
   kv_daemon* d = nullptr;
-  ASSERT_EQ(kv_daemon_start("gpu-c", "127.0.0.1:0", "local", &d, &err), 0) << err.message;
+  ASSERT_EQ(kv::c_api_test::StartDaemon("gpu-c", "127.0.0.1:0", "local", 0, &d, &err), 0)
+      << err.message;
   kv_connector* c = nullptr;
-  ASSERT_EQ(kv_connector_open_embedded(d, "engine", 0, 1, 5000, &c, &err), 0) << err.message;
+  ASSERT_EQ(kv::c_api_test::OpenEmbedded(d, "engine", &c, &err), 0) << err.message;
   const LayoutSpec spec = SmallLayout();
   kv_layout layout{};
   layout.order = spec.order.c_str();
@@ -65,17 +67,19 @@ TEST(GpuRegistration, CApiRefusesEmbeddedModeWithItsCode) {
   layout.content_bytes = spec.content_bytes;
   layout.tp_size = 1;
   std::vector<uint8_t> memory(1 << 16);
-  void* bases[] = {memory.data()};
-  EXPECT_EQ(static_cast<int>(Code::kUnsupported),
-            kv_register_gpu_kv_caches(c, &layout, bases, 0, 1, &err));
+  kv_cache_desc gpu = kv::c_api_test::HostDesc(layout, memory.data());
+  gpu.memory = KV_MEMORY_CUDA;
+  gpu.device = 0;
+  void* bases[1] = {};
+  EXPECT_EQ(static_cast<int>(Code::kUnsupported), kv_register_kv_caches(c, &gpu, 1, bases, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "OpenEmbedded")) << err.message;
   EXPECT_EQ(static_cast<int>(Code::kInvalidArgument),
-            kv_register_gpu_kv_caches(c, &layout, nullptr, 0, 1, &err));
-  // Host caches: the stream variant of save_layer ignores the stream.
+            kv_register_kv_caches(c, &gpu, 1, nullptr, &err));
+  // Host caches: save_layer ignores the stream.
   void* host_base = nullptr;
-  ASSERT_EQ(kv_register_kv_caches(c, &layout, 1, &host_base, &err), 0) << err.message;
+  ASSERT_EQ(kv::c_api_test::RegisterOne(c, layout, &host_base, &err), 0) << err.message;
   const int64_t blocks[] = {1};
-  EXPECT_EQ(0, kv_save_layer_on_stream(c, "r", 0, blocks, 1, nullptr, &err)) << err.message;
+  EXPECT_EQ(0, kv_save_layer(c, "r", 0, blocks, 1, nullptr, &err)) << err.message;
   kv_connector_close(c);
   kv_daemon_stop(d);
 }
@@ -89,10 +93,10 @@ TEST(GpuRegistration, HostMemoryIsRefusedAndHostCachesStillRegister) {
   auto c = Connector::Open((dir / "kvd.sock").string(), {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
 
-  EXPECT_EQ(Code::kInvalidArgument, (*c)->RegisterGpuKvCaches({}).status().code());
+  EXPECT_EQ(Code::kInvalidArgument, (*c)->RegisterKvCaches({}).status().code());
   std::vector<uint8_t> memory(1 << 16);
-  GpuKvCache cache{memory.data(), 0, SmallLayout()};
-  auto r = (*c)->RegisterGpuKvCaches({&cache, 1});
+  connector::KvCacheDesc cache = connector::GpuCache(memory.data(), 0, SmallLayout());
+  auto r = (*c)->RegisterKvCaches({&cache, 1});
   ASSERT_FALSE(r.ok());
   // Without CUDA (or without a device) the build or machine cannot serve GPU caches at all; with
   // one, host memory is the caller's mistake.
@@ -109,12 +113,12 @@ TEST(GpuRegistration, HostMemoryIsRefusedAndHostCachesStillRegister) {
 
   // Nothing was registered: host caches still can be, and SaveLayer ignores a stream for them.
   const LayoutSpec spec = SmallLayout();
-  auto host = (*c)->RegisterKvCaches({&spec, 1});
+  auto host = (*c)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
   ASSERT_TRUE(host.ok()) << host.status().ToString();
   const int64_t blocks[] = {1};
   int fake_stream = 0;
   EXPECT_TRUE((*c)->SaveLayer("r", 0, blocks, &fake_stream).ok());
-  EXPECT_EQ(Code::kAlreadyExists, (*c)->RegisterGpuKvCaches({&cache, 1}).status().code());
+  EXPECT_EQ(Code::kAlreadyExists, (*c)->RegisterKvCaches({&cache, 1}).status().code());
   c->reset();
   d->reset();
   std::filesystem::remove_all(dir);

@@ -107,8 +107,8 @@ TEST(FailedBatch, ItsLayerIsNeverReportedReady) {
   auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, kTimeout});
   ASSERT_TRUE(source.ok() && sink.ok());
   const LayoutSpec spec = Spec();
-  auto src = (*source)->RegisterKvCaches({&spec, 1});
-  auto dst = (*sink)->RegisterKvCaches({&spec, 1});
+  auto src = (*source)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
+  auto dst = (*sink)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
   ASSERT_TRUE(src.ok() && dst.ok());
 
   TransferParams params;

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "connector/kv_connector.h"
+#include "kv/kv_connector.h"
 #include "tests/common/c_api_layout.h"
 
 namespace {
@@ -15,13 +15,12 @@ constexpr auto Page = kv::c_api_test::SmallPage;
 TEST(OffloadCApi, StoreLookupLoadAndErrorsAsValues) {
   kv_error err{};
   kv_daemon* daemon = nullptr;
-  ASSERT_EQ(kv_daemon_start_with_offload("c", "", "local", 16 * 256, &daemon, &err), 0)
+  ASSERT_EQ(kv::c_api_test::StartDaemon("c", "", "local", 16 * 256, &daemon, &err), 0)
       << err.message;
   kv_connector* c = nullptr;
-  ASSERT_EQ(kv_connector_open_embedded(daemon, "engine", 0, 1, 5000, &c, &err), 0) << err.message;
-  kv_layout layout = Layout();
+  ASSERT_EQ(kv::c_api_test::OpenEmbedded(daemon, "engine", &c, &err), 0) << err.message;
   void* base = nullptr;
-  ASSERT_EQ(kv_register_kv_caches(c, &layout, 1, &base, &err), 0) << err.message;
+  ASSERT_EQ(kv::c_api_test::RegisterOne(c, Layout(), &base, &err), 0) << err.message;
   for (int l = 0; l < 2; ++l) {
     std::memset(Page(base, l, 1), 0x10 + l, 128);
     std::memset(Page(base, l, 2), 0x20 + l, 128);
@@ -32,8 +31,10 @@ TEST(OffloadCApi, StoreLookupLoadAndErrorsAsValues) {
   for (int i = 0; i < 32; ++i) keys[i] = static_cast<uint8_t>(i * 7 + 1);
   const int64_t src[2] = {1, 2};
   kv_offload_op* op = nullptr;
-  kv_offload_store_info info{};
-  ASSERT_EQ(kv_offload_store(c, 0, keys, 16, src, 2, &op, &info, &err), 0) << err.message;
+  kv_offload_store_info info;
+  KV_INIT(info);
+  ASSERT_EQ(kv_offload_store(c, 0, keys, 16, src, 2, nullptr, &op, &info, nullptr, 0, &err), 0)
+      << err.message;
   EXPECT_EQ(info.stored, 2u);
   EXPECT_EQ(info.evicted, 0u);
   ASSERT_EQ(kv_offload_wait(op, &err), 0) << err.message;
@@ -55,7 +56,7 @@ TEST(OffloadCApi, StoreLookupLoadAndErrorsAsValues) {
 
   // A key of 4 bytes, an unknown key, NULL arguments: codes and messages, nothing thrown.
   op = reinterpret_cast<kv_offload_op*>(&err);  // must come back NULL on error
-  EXPECT_EQ(kv_offload_store(c, 0, keys, 4, src, 1, &op, nullptr, &err), 1);
+  EXPECT_EQ(kv_offload_store(c, 0, keys, 4, src, 1, nullptr, &op, nullptr, nullptr, 0, &err), 1);
   EXPECT_EQ(op, nullptr);
   EXPECT_NE(std::strstr(err.message, "key 0"), nullptr) << err.message;
   uint8_t unknown[8] = {9, 9, 9, 9, 9, 9, 9, 9};

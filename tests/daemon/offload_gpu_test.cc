@@ -147,8 +147,8 @@ TEST(OffloadGpu, AnEngineThatRestartsLoadsItsGpuPagesBack) {
     Cache cache(region->span_bytes());
     auto engine = OpenEngine(o.socket_path, "engine-1");
     ASSERT_NE(engine, nullptr);
-    connector::GpuKvCache gpu{cache.ptr, 0, Spec()};
-    auto caches = engine->RegisterGpuKvCaches({&gpu, 1});
+    connector::KvCacheDesc gpu = connector::GpuCache(cache.ptr, 0, Spec());
+    auto caches = engine->RegisterKvCaches({&gpu, 1});
     ASSERT_TRUE(caches.ok()) << caches.status().ToString();
 
     // The "forward pass": the stream is held, then writes the cache. The store is issued behind
@@ -199,8 +199,8 @@ TEST(OffloadGpuChild, LoadsTheFirstEnginesPages) {
   Cache cache(region->span_bytes());
   auto engine = OpenEngine(socket, "engine-2");
   ASSERT_NE(engine, nullptr);
-  connector::GpuKvCache gpu{cache.ptr, 0, Spec()};
-  ASSERT_TRUE(engine->RegisterGpuKvCaches({&gpu, 1}).ok());
+  connector::KvCacheDesc gpu = connector::GpuCache(cache.ptr, 0, Spec());
+  ASSERT_TRUE(engine->RegisterKvCaches({&gpu, 1}).ok());
 
   const auto keys = Keys();
   auto hits = engine->OffloadLookup(keys);

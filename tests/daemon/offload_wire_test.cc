@@ -56,7 +56,7 @@ uint8_t Content(uint64_t key, int64_t l, int64_t h, int64_t n, int64_t c) {
 template <typename Fn>
 void ForEachByte(const KvCache& cache, int64_t block, uint64_t key, int64_t only_layer, Fn fn) {
   auto* base = static_cast<uint8_t*>(cache.base);
-  const KvRegion& r = cache.layout;
+  const KvRegion r = connector::RegionOf(cache);
   for (int64_t l = 0; l < r.size(Axis::kL); ++l) {
     if (only_layer >= 0 && l != only_layer) continue;
     for (int64_t h = 0; h < r.size(Axis::kH); ++h)
@@ -129,7 +129,7 @@ class OffloadWire : public ::testing::TestWithParam<Where> {
         daemon_ ? Connector::OpenEmbedded(daemon_, o) : Connector::Open(process_->socket_path(), o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return nullptr;
-    auto caches = (*c)->RegisterKvCaches(std::span<const LayoutSpec>(&shape, 1));
+    auto caches = (*c)->RegisterKvCaches(connector::HostCaches({&shape, 1}));
     EXPECT_TRUE(caches.ok()) << caches.status().ToString();
     if (!caches.ok()) return nullptr;
     *cache = caches->front();
@@ -137,7 +137,7 @@ class OffloadWire : public ::testing::TestWithParam<Where> {
   }
 
   proto::OffloadStatus PoolStatus(Connector& c) {
-    auto s = c.DaemonStatus();
+    auto s = connector::DaemonStatusOf(c);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? s->offload() : proto::OffloadStatus();
   }
@@ -438,9 +438,9 @@ TEST_P(OffloadWire, MalformedKeysOnTheWireAreRefusedOneByOne) {
     std::strncpy(addr.sun_path, process_->socket_path().c_str(), sizeof(addr.sun_path) - 1);
     ASSERT_EQ(connect(fds[0], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   }
-  auto client = Connector::Client::Create(fds[0], std::chrono::milliseconds(5000));
+  auto client = connector::ConnectorCore::Client::Create(fds[0], std::chrono::milliseconds(5000));
   ASSERT_TRUE(client.ok()) << client.status().ToString();
-  Connector::Client& raw = **client;
+  connector::ConnectorCore::Client& raw = **client;
   proto::EngineMessage hello;
   hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION);
   hello.mutable_hello()->set_instance("raw");

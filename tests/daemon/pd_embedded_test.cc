@@ -109,7 +109,7 @@ Result<std::unique_ptr<Connector>> OpenTinyPrefill(const std::shared_ptr<daemon:
   auto engine = Connector::OpenEmbedded(d, {"prefill", 0, 1, std::chrono::milliseconds(5000)});
   if (!engine.ok()) return engine.status();
   const LayoutSpec spec = TinySpec();
-  KV_RETURN_IF_ERROR((*engine)->RegisterKvCaches({&spec, 1}).status());
+  KV_RETURN_IF_ERROR((*engine)->RegisterKvCaches(connector::HostCaches({&spec, 1})).status());
   return engine;
 }
 
@@ -138,8 +138,8 @@ struct EnginePair {
         Connector::OpenEmbedded(pair.decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
     EXPECT_TRUE(source.ok() && sink.ok());
     if (!source.ok() || !sink.ok()) return pair;
-    EXPECT_TRUE((*source)->RegisterKvCaches({&source_cache, 1}).ok());
-    EXPECT_TRUE((*sink)->RegisterKvCaches({&sink_cache, 1}).ok());
+    EXPECT_TRUE((*source)->RegisterKvCaches(connector::HostCaches({&source_cache, 1})).ok());
+    EXPECT_TRUE((*sink)->RegisterKvCaches(connector::HostCaches({&sink_cache, 1})).ok());
     pair.source = std::move(*source);
     pair.sink = std::move(*sink);
     return pair;
@@ -242,7 +242,7 @@ TEST(PdEmbeddedFailure, LoadFromAnAddressWithNoKvdFailsInBoundedTime) {
   auto engine = Connector::OpenEmbedded(decode, {"decode", 0, 1, std::chrono::milliseconds(5000)});
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   const LayoutSpec spec = TinySpec();
-  ASSERT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  ASSERT_TRUE((*engine)->RegisterKvCaches(connector::HostCaches({&spec, 1})).ok());
   connector::TransferParams params;
   params.peer_address = "127.0.0.1:1";  // nothing listens on port 1
   params.tokens = 16;

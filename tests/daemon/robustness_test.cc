@@ -167,10 +167,10 @@ TEST_F(Robustness, GoodEnginesAreServedBesideBadOnes) {
   spec.heads = 1;
   spec.block_size = 16;
   spec.content_bytes = 64;
-  EXPECT_TRUE((*engine)->RegisterKvCaches({&spec, 1}).ok());
+  EXPECT_TRUE((*engine)->RegisterKvCaches(connector::HostCaches({&spec, 1})).ok());
   EXPECT_TRUE(ClosedByPeer(bad));
   close(bad);
-  auto status = (*engine)->DaemonStatus();
+  auto status = connector::DaemonStatusOf(**engine);
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->regions(), 1u);
 }

@@ -58,8 +58,8 @@ class StartLoadsTest : public ::testing::Test {
     ASSERT_TRUE(source.ok()) << source.status().ToString();
     ASSERT_TRUE(sink.ok()) << sink.status().ToString();
     const LayoutSpec spec = Spec();
-    auto src = (*source)->RegisterKvCaches({&spec, 1});
-    auto dst = (*sink)->RegisterKvCaches({&spec, 1});
+    auto src = (*source)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
+    auto dst = (*sink)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
     ASSERT_TRUE(src.ok() && dst.ok());
     source_cache_ = src->front();
     sink_cache_ = dst->front();
@@ -76,7 +76,7 @@ class StartLoadsTest : public ::testing::Test {
 
   // The prefill engine writes `request` into `block` (byte fill + layer) and finishes it.
   void Save(const std::string& request, int64_t block, char fill) {
-    const KvRegion& layout = source_cache_.layout;
+    const KvRegion layout = connector::RegionOf(source_cache_);
     for (int l = 0; l < kLayers; ++l) {
       std::memset(static_cast<char*>(source_cache_.base) + layout.page_offset(l, block), fill + l,
                   layout.page_bytes());
@@ -88,7 +88,7 @@ class StartLoadsTest : public ::testing::Test {
 
   // Every layer of `request` is in place in the decode engine's `block`.
   void ExpectLoaded(const std::string& request, int64_t block, char fill) {
-    const KvRegion& layout = sink_cache_.layout;
+    const KvRegion layout = connector::RegionOf(sink_cache_);
     for (int l = 0; l < kLayers; ++l) {
       Status s = sink_->WaitLayer(request, l);
       ASSERT_TRUE(s.ok()) << request << ": " << s.ToString();
@@ -209,14 +209,14 @@ TEST_F(StartLoadsTest, ASecondLoadOfOneRequestLeavesTheFirstIntact) {
 TEST(StartLoadsWire, KvdServesOlderEnginesAndChecksBatchesItself) {
   auto d = StartDaemon("d");
   ASSERT_TRUE(d);
-  auto raw_engine = [&](uint32_t version) -> std::unique_ptr<Connector::Client> {
+  auto raw_engine = [&](uint32_t version) -> std::unique_ptr<connector::ConnectorCore::Client> {
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return nullptr;
     if (!d->AttachEngine(fds[1]).ok()) {
       close(fds[0]);
       return nullptr;
     }
-    auto client = Connector::Client::Create(fds[0], kTimeout);
+    auto client = connector::ConnectorCore::Client::Create(fds[0], kTimeout);
     if (!client.ok()) return nullptr;
     proto::EngineMessage hello;
     hello.mutable_hello()->set_protocol_version(version);

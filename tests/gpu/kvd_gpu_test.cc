@@ -27,7 +27,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using connector::Connector;
-using connector::GpuKvCache;
+
 using connector::TransferParams;
 using Clock = std::chrono::steady_clock;
 
@@ -284,8 +284,8 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
       ASSERT_NE(nullptr, src_->get());
     }
     ASSERT_TRUE(src_->Upload(Filled(src_->bytes(), PatternA)));
-    GpuKvCache cache{src_->get(), 0, PrefillSpec()};
-    auto caches = prefill_->RegisterGpuKvCaches({&cache, 1});
+    connector::KvCacheDesc cache = connector::GpuCache(src_->get(), 0, PrefillSpec());
+    auto caches = prefill_->RegisterKvCaches({&cache, 1});
     ASSERT_TRUE(caches.ok()) << caches.status().ToString();
     EXPECT_EQ(src_->get(), caches->front().base);
   }
@@ -298,8 +298,8 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
       ASSERT_NE(nullptr, dst_[r]->get());
       decode_.push_back(OpenEngine(kvd, "decode", r, 2));
       ASSERT_NE(nullptr, decode_[r]);
-      GpuKvCache cache{dst_[r]->get(), 1, DecodeSpec(r)};
-      auto caches = decode_[r]->RegisterGpuKvCaches({&cache, 1});
+      connector::KvCacheDesc cache = connector::GpuCache(dst_[r]->get(), 1, DecodeSpec(r));
+      auto caches = decode_[r]->RegisterKvCaches({&cache, 1});
       ASSERT_TRUE(caches.ok()) << caches.status().ToString();
     }
     ResetDecode();
@@ -507,20 +507,20 @@ TEST(KvdGpuRegistration, RefusesVmmMemoryWithoutTheFdHandleType) {
   ASSERT_TRUE(LegacyIpcRefuses(private_vmm.get()));
   auto c = Connector::Open((*kvd)->socket_path(), options);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  GpuKvCache refused{private_vmm.get(), 0, spec};
-  auto r = (*c)->RegisterGpuKvCaches({&refused, 1});
+  connector::KvCacheDesc refused = connector::GpuCache(private_vmm.get(), 0, spec);
+  auto r = (*c)->RegisterKvCaches({&refused, 1});
   EXPECT_EQ(Code::kUnsupported, r.status().code()) << r.status().ToString();
   EXPECT_NE(std::string::npos,
             r.status().message().find("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"))
       << r.status().ToString();
-  auto status = (*c)->DaemonStatus();
+  auto status = connector::DaemonStatusOf(**c);
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_EQ(0u, status->regions());
 
-  GpuKvCache good{shareable.get(), 0, spec};
-  r = (*c)->RegisterGpuKvCaches({&good, 1});
+  connector::KvCacheDesc good = connector::GpuCache(shareable.get(), 0, spec);
+  r = (*c)->RegisterKvCaches({&good, 1});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  status = (*c)->DaemonStatus();
+  status = connector::DaemonStatusOf(**c);
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_EQ(1u, status->regions());
   EXPECT_EQ(span, status->region_bytes());
@@ -557,33 +557,33 @@ TEST(KvdGpuRegistration, RefusesMemoryItCannotShare) {
   {
     auto c = Connector::Open((*local)->socket_path(), options);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
-    GpuKvCache cache{memory.get(), 0, spec};
-    auto r = (*c)->RegisterGpuKvCaches({&cache, 1});
+    connector::KvCacheDesc cache = connector::GpuCache(memory.get(), 0, spec);
+    auto r = (*c)->RegisterKvCaches({&cache, 1});
     EXPECT_EQ(Code::kUnsupported, r.status().code()) << r.status().ToString();
     EXPECT_NE(std::string::npos, r.status().message().find("cannot reach GPU memory"))
         << r.status().ToString();
   }
   auto c = Connector::Open((*ipc)->socket_path(), options);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  GpuKvCache on_host{host.data(), 0, spec};
-  auto r = (*c)->RegisterGpuKvCaches({&on_host, 1});
+  connector::KvCacheDesc on_host = connector::GpuCache(host.data(), 0, spec);
+  auto r = (*c)->RegisterKvCaches({&on_host, 1});
   EXPECT_EQ(Code::kInvalidArgument, r.status().code()) << r.status().ToString();
   EXPECT_NE(std::string::npos, r.status().message().find("host memory")) << r.status().ToString();
-  GpuKvCache too_small{small.get(), 0, spec};
-  r = (*c)->RegisterGpuKvCaches({&too_small, 1});
+  connector::KvCacheDesc too_small = connector::GpuCache(small.get(), 0, spec);
+  r = (*c)->RegisterKvCaches({&too_small, 1});
   EXPECT_EQ(Code::kInvalidArgument, r.status().code()) << r.status().ToString();
   EXPECT_NE(std::string::npos, r.status().message().find("past the allocation"))
       << r.status().ToString();
-  GpuKvCache wrong_device{memory.get(), 1, spec};
-  r = (*c)->RegisterGpuKvCaches({&wrong_device, 1});
+  connector::KvCacheDesc wrong_device = connector::GpuCache(memory.get(), 1, spec);
+  r = (*c)->RegisterKvCaches({&wrong_device, 1});
   EXPECT_EQ(Code::kInvalidArgument, r.status().code()) << r.status().ToString();
 
-  GpuKvCache good{memory.get(), 0, spec};
-  r = (*c)->RegisterGpuKvCaches({&good, 1});
+  connector::KvCacheDesc good = connector::GpuCache(memory.get(), 0, spec);
+  r = (*c)->RegisterKvCaches({&good, 1});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(memory.get(), r->front().base);
   EXPECT_EQ(Code::kOutOfRange, (*c)->SaveLayer("r", kLayers, kSrcBlocks).code());
-  auto status = (*c)->DaemonStatus();
+  auto status = connector::DaemonStatusOf(**c);
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_EQ(1u, status->regions());
   EXPECT_EQ(span, status->region_bytes());

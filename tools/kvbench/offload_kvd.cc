@@ -73,11 +73,11 @@ Result<Figures> TimeThroughKvd(const OffloadBenchConfig& config, const LayoutSpe
   KV_ASSIGN_OR_RETURN(auto engine, embedded ? connector::Connector::OpenEmbedded(embedded, options)
                                             : connector::Connector::Open(socket, options));
   if (gpu_cache != nullptr) {
-    const connector::GpuKvCache cache{gpu_cache, 0, spec};
-    KV_RETURN_IF_ERROR(engine->RegisterGpuKvCaches({&cache, 1}).status());
+    const connector::KvCacheDesc cache{spec, MemoryLocation::Cuda(0), gpu_cache};
+    KV_RETURN_IF_ERROR(engine->RegisterKvCaches({&cache, 1}).status());
   } else {
     KV_ASSIGN_OR_RETURN(auto caches,
-                        engine->RegisterKvCaches(std::span<const LayoutSpec>(&spec, 1)));
+                        engine->RegisterKvCaches(connector::HostCaches({&spec, 1})));
     std::memset(caches[0].base, 1, caches[0].bytes);
   }
 

@@ -99,7 +99,9 @@ def run(prefill_address, p_conn, d_conn, requests, tokens, mode, timeout):
         return 1
     print(f"{requests} requests x {tokens} tokens, {mode}: {moved / 1e6:.1f} MB moved and "
           f"verified in {elapsed:.3f} s; every request released on the prefill side")
-    print(f"decode kvd status: {list(d_conn.status())}")
+    st = d_conn.status()
+    print(f"decode kvd: transfers_done {st.get('transfers_done')}, bytes_received "
+          f"{st.get('bytes_received')}, transport {st.get('transport')}")
     return 0
 
 

@@ -23,6 +23,8 @@ class Shape:
     mla: bool = False
     latent: int = 36
     legacy: bool = False  # (2, B, N, H, D) per layer
+    pad_bytes: int = 0  # padded pages: each block's stride grows by this
+    with_config: bool = False  # register with the vLLM-style KVCacheConfig
 
 
 @dataclass
@@ -62,7 +64,7 @@ def make_engine(connector: kvd.Connector, shape: Shape, seed=None) -> Engine:
         nbytes = s.layers * 2 * s.blocks * s.block_size * (s.heads // tp) * s.head_dim * item
     else:
         nbytes = kt.kv_nbytes(s.order, s.layers, s.blocks, s.heads // tp, s.block_size,
-                              s.head_dim, item)
+                              s.head_dim, item, pad_bytes=s.pad_bytes)
     raw = kvd.allocate_host_kv_cache(nbytes)
     assert raw.numel() == nbytes and not raw.any()
     if s.mla:
@@ -72,10 +74,10 @@ def make_engine(connector: kvd.Connector, shape: Shape, seed=None) -> Engine:
         views = kt.legacy_kv_caches(raw, True, s.layers, s.blocks, s.heads // tp, s.block_size,
                                     s.head_dim)
     else:
-        views, _ = kt.vllm_kv_caches(raw, s.order, s.layers, s.blocks, s.heads // tp,
-                                     s.block_size, s.head_dim)
+        views, config = kt.vllm_kv_caches(raw, s.order, s.layers, s.blocks, s.heads // tp,
+                                          s.block_size, s.head_dim, pad_bytes=s.pad_bytes)
     e = Engine(connector, shape, raw, views)
-    e.regions = connector.register_kv_caches(views)
+    e.regions = connector.register_kv_caches(views, config if s.with_config else None)
     if seed is not None:
         kt.fill_random(raw, seed)
     return e

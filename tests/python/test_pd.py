@@ -23,6 +23,9 @@ CASES = {
     "block16_to_32": (Shape(), Shape(block_size=32, blocks=12), 1, 1, "push"),
     "mla_tp1_to_2": (Shape(mla=True), Shape(mla=True, order="BLNHC"), 1, 2, "pull"),
     "legacy_to_lbnhc": (Shape(legacy=True), Shape(), 1, 1, "push"),
+    "padded_pages_with_config": (Shape(pad_bytes=64, with_config=True),
+                                 Shape(order="BLNHC", pad_bytes=128, with_config=True), 1, 2,
+                                 "push"),
     "everything": (Shape(order="LHBNC"), Shape(order="BHLNC", block_size=32, blocks=12), 2, 1,
                    "pull"),
 }

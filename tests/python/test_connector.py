@@ -204,3 +204,11 @@ def test_error_classes():
     assert isinstance(kvd.errors.error_for(8, "x"), kvd.UnavailableError)
     assert isinstance(kvd.errors.error_for(1, "x"), kvd.InvalidArgumentError)
     assert type(kvd.errors.error_for(99, "x")) is kvd.KvdError
+
+
+def test_python_m_kvd_daemon_runs_the_kvd_binary():
+    pkg = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(pkg))
+    out = subprocess.run([sys.executable, "-m", "kvd.daemon", "--help"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0 and "usage: kvd --name NAME" in out.stdout + out.stderr

@@ -12,7 +12,11 @@ decode engine starts the 64 loads with one start_loads and waits for every layer
   start_loads   kvd.Connector.start_loads of 64 loads, per call
   loads raw     kv_start_loads through ctypes with the load table prepared
 
-The difference binding - raw is what the Python layer adds per call.
+  ... python     the binding with the C function replaced by a Python stub returning 0: the
+                Python work alone (argument conversion, struct packing), without ctypes' call
+
+The difference binding - raw is what the Python layer adds per call; "python" measures it
+without the noise of kvd's round trip (two cores shared with the kvd threads).
 
     python3 benchmarks/python_overhead.py [--steps 20] [--requests 64] [--blocks 256]
 """
@@ -120,6 +124,25 @@ def main():
             sent.update(pc.get_finished()[0])
             dc.get_finished()
         assert len(sent) == len(names), "the prefill side did not release the step's requests"
+    # The Python work alone: the C calls stubbed out (kvd is not involved).
+    stub_save, stub_loads = [], []
+    real_save, real_loads = lib.kv_save_layer, lib.kv_start_loads
+    lib.kv_save_layer = lambda *args: 0
+    lib.kv_start_loads = lambda *args: 0
+    try:
+        batch = [(f"stub-{j}", kvd.TransferParams(peer_address=p.address, request_id=f"stub-{j}"),
+                  ids[j], tokens, "pull") for j in range(a.requests)]
+        for _ in range(a.steps * a.layers):
+            for j in range(a.requests):
+                t0 = clock()
+                pc.save_layer(batch[j][0], 0, ids[j])
+                stub_save.append((clock() - t0) / 1e3)
+        for _ in range(a.steps * 5):
+            t0 = clock()
+            dc.start_loads(batch)
+            stub_loads.append((clock() - t0) / 1e3)
+    finally:
+        lib.kv_save_layer, lib.kv_start_loads = real_save, real_loads
     print(f"kvd {kvd.version()} ({kvd.library_path()}), Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} CPUs")
     print(f"{a.requests} requests x {a.blocks} block ids, {a.layers} layers, {a.steps} steps "
@@ -128,8 +151,12 @@ def main():
     sr = report("save raw", save_raw)
     l = report("start_loads", loads)
     lr = report("loads raw", loads_raw)
-    print(f"  Python layer adds: save_layer {s - sr:.2f} us per call, start_loads {l - lr:.2f} "
-          f"us per call of {a.requests} ({(l - lr) / a.requests:.2f} us per load)")
+    ps = report("save python", stub_save)
+    pl = report("loads python", stub_loads)
+    print(f"  Python work per call (stubbed C): save_layer {ps:.2f} us, start_loads {pl:.2f} us "
+          f"for {a.requests} loads ({pl / a.requests:.2f} us per load)")
+    print(f"  binding - raw (medians, noisy): save_layer {s - sr:.2f} us, start_loads "
+          f"{l - lr:.2f} us")
     dc.close()
     pc.close()
     d.stop()

@@ -14,7 +14,11 @@ from .describe import KvCacheRegion, describe_kv_caches
 from .errors import InvalidArgumentError, KvdError, UnavailableError, RESOURCE_EXHAUSTED
 from .host_memory import allocate_host_kv_cache, host_allocation_of  # noqa: F401 (re-export)
 from .offload import OffloadOp, OffloadMixin
-from .params import TransferParams
+from .params import PARAMS_SIZE, TransferParams
+
+# kv_load: request, params, block_ids (pointers) and count.
+_LOAD_PACKER = __import__("struct").Struct("=QQQQ")
+assert _LOAD_PACKER.size == sizeof(_lib.KvLoadStruct)
 
 
 def version() -> str:
@@ -327,25 +331,47 @@ class Connector(OffloadMixin):
         if not 0 < n <= _lib.MAX_LOADS_PER_CALL:
             raise InvalidArgumentError(f"start_loads takes 1 to {_lib.MAX_LOADS_PER_CALL} "
                                        f"loads, got {n}")
-        arr = (_lib.KvLoadStruct * n)()
-        keep = []
+        # One buffer: n kv_load, n kv_transfer_params, n request ids (NUL-terminated), packed
+        # with struct rather than ctypes field by field (the per-load cost is what a scheduler
+        # step of many loads pays).
+        load_size, id_size = sizeof(_lib.KvLoadStruct), _lib.MAX_ID_BYTES + 1
+        p_at, r_at = n * load_size, n * (load_size + PARAMS_SIZE)
+        buf = bytearray(r_at + n * id_size)
+        view = (ctypes.c_char * len(buf)).from_buffer(buf)
+        base = ctypes.addressof(view)
+        keep = [view]
+        pack_load = _LOAD_PACKER.pack_into
         for i, load in enumerate(loads):
             if isinstance(load, dict):
                 request, params, ids = load["request"], load["params"], load["block_ids"]
                 tokens, mode = load.get("tokens"), load.get("mode")
             else:
                 request, params, ids, *rest = load
-                tokens, mode = (rest + [None, None])[:2]
-            s = self._params(params, tokens, mode)
-            ids = Int64Ids(ids)
+                tokens = rest[0] if rest else None
+                mode = rest[1] if len(rest) > 1 else None
+            if isinstance(params, dict):
+                params = TransferParams.from_dict(params)
+            if not isinstance(params, TransferParams):
+                raise InvalidArgumentError(f"loads[{i}]: params must be kvd.TransferParams or "
+                                           f"its dict, got {type(params).__name__}")
+            if params.pack_into(buf, p_at + i * PARAMS_SIZE, tokens, mode) <= 0:
+                raise InvalidArgumentError(
+                    f"loads[{i}] ({request!r}): the decode side sets the tokens to load "
+                    "(TransferParams.tokens or tokens=), got 0")
             req = _cstr(request, "request")
-            keep.append((s, ids, req))
-            a = arr[i]
-            a.request, a.params, a.block_ids, a.count = req, ctypes.pointer(s), ids.ptr, ids.count
+            if not 0 < len(req) <= _lib.MAX_ID_BYTES:
+                raise InvalidArgumentError(f"loads[{i}]: a request id of {len(req)} bytes "
+                                           f"(1 to {_lib.MAX_ID_BYTES})")
+            buf[r_at + i * id_size:r_at + i * id_size + len(req)] = req
+            ids = Int64Ids(ids)
+            keep.append(ids)
+            pack_load(buf, i * load_size, base + r_at + i * id_size,
+                      base + p_at + i * PARAMS_SIZE, ids.ptr, ids.count)
         results = (_lib.KvErrorStruct * n)()
         err = _lib.KvErrorStruct()
-        self._lib.check(self._lib.kv_start_loads(self._handle(), arr, n, results, byref(err)),
+        self._lib.check(self._lib.kv_start_loads(self._handle(), base, n, results, byref(err)),
                         err, "start_loads")
+        del keep
         return [None if r.code == 0 else self._lib.error(r.code, r, f"start_loads[{i}]")
                 for i, r in enumerate(results)]
 

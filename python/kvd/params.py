@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass, field
 
 from . import _lib
 from .errors import InvalidArgumentError
 
 _MODES = {"push": _lib.MODE_PUSH, "pull": _lib.MODE_PULL}
+
+
+def _packer():
+    """A struct.Struct writing a kv_transfer_params in one call (start_loads' hot path), its
+    padding taken from the ctypes declaration."""
+    S = _lib.KvTransferParamsStruct
+    fmt, at = "=", 0
+    for name, kind in S._fields_:
+        off, size = getattr(S, name).offset, ctypes.sizeof(kind)
+        fmt += "x" * (off - at)
+        fmt += {"struct_size": "Q", "tokens": "q", "mode": "i"}.get(name, f"{size}s")
+        at = off + size
+    fmt += "x" * (ctypes.sizeof(S) - at)
+    packer = struct.Struct(fmt)
+    assert packer.size == ctypes.sizeof(S)
+    return packer
+
+
+PARAMS_PACKER = _packer()
+PARAMS_SIZE = PARAMS_PACKER.size
 
 
 def _text(value, what, limit):
@@ -55,6 +76,23 @@ class TransferParams:
         p = cls(**d)
         p.to_c()  # validates
         return p
+
+    def pack_into(self, buf, offset, tokens=None, mode=None) -> int:
+        """Writes the C struct into buf at offset (what to_c builds, without ctypes); returns
+        the tokens it wrote."""
+        tokens = self.tokens if tokens is None else tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise InvalidArgumentError(f"TransferParams.tokens must be an int >= 0, got {tokens!r}")
+        m = _MODES.get(self.mode if mode is None else mode)
+        if m is None:
+            raise InvalidArgumentError(f"TransferParams.mode must be 'push' or 'pull', "
+                                       f"got {self.mode if mode is None else mode!r}")
+        PARAMS_PACKER.pack_into(
+            buf, offset, PARAMS_SIZE, _text(self.peer_name, "peer_name", _lib.MAX_ID_BYTES),
+            _text(self.peer_address, "peer_address", _lib.MAX_ID_BYTES),
+            _text(self.request_id, "request_id", _lib.MAX_ID_BYTES),
+            _text(self.transfer_token, "transfer_token", 64), tokens, m)
+        return tokens
 
     def to_c(self, tokens=None, mode=None) -> _lib.KvTransferParamsStruct:
         s = _lib.KvTransferParamsStruct()

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs kvd's build dependencies from Debian packages. Idempotent; silent when all is present.
-# CUDA (with NCCL) is optional and expected at /usr/local/cuda; it is never installed here.
+# The Python package's tests run with Debian's /usr/bin/python3 and its pytest, numpy and CPU
+# torch. CUDA (with NCCL) is optional and expected at /usr/local/cuda; it is never installed here.
 set -euo pipefail
 
 pkgs=(cmake ninja-build g++ pkg-config libucx-dev ucx-utils libboost-dev libprotobuf-dev
       protobuf-compiler libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
       # tests/cluster: namespaces and tc, the harness, scrapes, promtool, a test etcd
-      iproute2 python3 curl prometheus etcd-server etcd-client)
+      iproute2 python3 curl prometheus etcd-server etcd-client
+      # tests/python: the kvd package's tests (Debian's CPU torch)
+      python3-pytest python3-numpy python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

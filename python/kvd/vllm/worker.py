@@ -55,6 +55,8 @@ class WorkerSide:
         self._started = None   # the metadata whose work was started
         self._loads = {}       # req -> _Load
         self._owner = {}       # (group, block) -> req of a load in flight
+        # kvd names a load by the source's request id (the prefill's remote_request_id)
+        self._local = {}       # kvd load id -> vLLM request id
         self._sends = {}       # req -> kvd RequestDone(sent) still expected
         self._sending, self._recving, self._failed = set(), set(), set()
         self._load_errors = set()
@@ -231,6 +233,7 @@ class WorkerSide:
                     peer_name=p.get("kvd_peer_name", ""), peer_address=p["kvd_peer_address"],
                     request_id=self.key(remote_rid, g),
                     transfer_token=p.get("kvd_transfer_token", ""))
+                self._local[params.request_id] = spec.req_id
                 per_group[g].append((spec.req_id, params, blocks[g], spec.tokens))
                 load.pending.add(g)
                 for b in blocks[g]:
@@ -238,7 +241,7 @@ class WorkerSide:
         for g, loads in per_group.items():
             for i in range(0, len(loads), 1024):
                 chunk = loads[i:i + 1024]
-                batch = [(self.key(rid, g), params, ids, tokens, self.cfg.mode)
+                batch = [(params.request_id, params, ids, tokens, self.cfg.mode)
                          for rid, params, ids, tokens in chunk]
                 try:
                     results = self.conns[g].start_loads(batch)
@@ -256,6 +259,8 @@ class WorkerSide:
         if load is None or load.pending:
             return
         self._loads.pop(load.req_id, None)
+        for k in [k for k, v in self._local.items() if v == load.req_id]:
+            del self._local[k]
         for g, ids in load.blocks.items():
             for b in ids:
                 if self._owner.get((g, b)) == load.req_id:
@@ -369,6 +374,8 @@ class WorkerSide:
             except kvd.KvdError as e:
                 logger.error("kvd: polling group %s failed: %s", g, e)
                 sent, received, failed = [], [], []
+                # This rank's kvd is gone: nothing reads the held blocks any more.
+                sent = [self.key(rid, g) for rid in list(self._sends)]
                 for load in list(self._loads.values()):
                     if g in load.pending:
                         load.pending.discard(g)
@@ -381,7 +388,7 @@ class WorkerSide:
                         del self._sends[rid]
                         self._sending.add(rid)
             for k in received:
-                load = self._loads.get(self.unkey(k))
+                load = self._loads.get(self._local.get(k, ""))
                 if load is not None:
                     load.pending.discard(g)
             for b in failed:

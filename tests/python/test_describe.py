@@ -316,3 +316,11 @@ def test_refuses_what_it_cannot_read():
         kvd.describe_kv_caches({})
     with pytest.raises(kvd.InvalidArgumentError, match="layout 'XYZ'"):
         kvd.describe_kv_caches({"x": torch.zeros(2, 2, 2, 2)}, layout="XYZ")
+
+
+def test_refuses_views_of_one_buffer_that_differ_without_a_config():
+    views, _, _ = _views(layers=2)
+    views["layers.1"] = views["layers.1"].view(torch.bfloat16)
+    with pytest.raises(kvd.InvalidArgumentError, match="views of one buffer differ from "
+                                                       "'layers.0'"):
+        kvd.describe_kv_caches(views)

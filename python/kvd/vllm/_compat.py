@@ -45,7 +45,7 @@ def check_version(text: str) -> None:
 
 
 def _import_vllm():
-    if os.environ.get("KVD_VLLM_STANDIN"):
+    if os.environ.get("KVD_VLLM_STANDIN", "").lower() in ("1", "true", "yes"):
         return None
     try:
         import vllm  # noqa: F401

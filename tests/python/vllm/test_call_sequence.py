@@ -287,3 +287,20 @@ def test_class_declarations_and_version_gate():
     check_version("0.33.0")
     with pytest.raises(RuntimeError, match="needs vLLM >= 0.27.0"):
         check_version("0.20.1")
+
+
+def test_lease_frees_prefill_blocks_without_a_decode(tmp_path):
+    """Nobody loads a finished prefill request: the prefill kvd's lease ends, the worker
+    reports the request sent and vLLM gets the blocks back."""
+    with KvdProcess("short-lease", str(tmp_path / "p.sock"), args=["--lease-ms", "300"]) as p:
+        prefill = Engine("prefill", "kv_producer", {"kvd_socket": p.socket}, [Group()])
+        try:
+            prefill.add_request(Request("orphan", _prompt(8, 40),
+                                        kv_transfer_params={"do_remote_decode": True}))
+            start = time.monotonic()
+            drive([prefill], lambda: "orphan" in prefill.outputs and not prefill.busy(),
+                  "the lease to end", timeout=10)
+            assert time.monotonic() - start >= 0.2
+            prefill.assert_empty()
+        finally:
+            prefill.shutdown()

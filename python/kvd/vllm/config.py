@@ -4,7 +4,6 @@ the transfer params, and the offload keys derived from vLLM's block hashes."""
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from dataclasses import dataclass
 
@@ -191,20 +190,3 @@ def offload_key(h, group: int, region: int) -> bytes:
     so kvd's pool outlives engine restarts (vLLM's hashes are, with PYTHONHASHSEED set)."""
     return hashlib.blake2b(hash_bytes(h) + b"kvd" + group.to_bytes(2, "big") +
                            region.to_bytes(2, "big"), digest_size=16).digest()
-
-
-# ---- token ranges ----------------------------------------------------------------------------------
-
-def aligned_skip(skip_tokens: int, block_a: int, block_b: int) -> int:
-    """The largest number of leading tokens <= skip_tokens that is whole blocks on both sides."""
-    unit = block_a * block_b // math.gcd(block_a, block_b)
-    return (max(0, skip_tokens) // unit) * unit
-
-
-def leading_nulls(blocks, null_block: int = 0) -> int:
-    n = 0
-    for b in blocks:
-        if b != null_block:
-            break
-        n += 1
-    return n

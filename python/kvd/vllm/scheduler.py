@@ -36,6 +36,11 @@ class SchedulerSide:
                             for g in self.groups}
         self.fingerprint = kc.fingerprint(kv_cache_config, self.tp_size)
         self._daemons = daemons
+        if cfg.offload and len(self.groups) != 1:
+            # kvd's pool holds one block shape, and a hit must cover every group vLLM loads.
+            logger.warning("kvd: offload is off: it supports models with one transferred "
+                           "KV-cache group, this one has %d", len(self.groups))
+            cfg.offload = False
         self._prompt = {}    # req -> prompt tokens
         self._blocks = {}    # req -> [block ids per KV-cache group], as the workers see them
         self._to_save = set()  # prefill: do_remote_decode requests whose prompt is not done yet

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from . import config as kc
-from ._compat import (KVConnectorBase_V1, KVConnectorRole, KVConnectorTransferResults,
+from ._compat import (KVConnectorBase_V1, KVConnectorTransferResults,
                       SupportsHMA, VLLM_VERSION, logger)
 from .metadata import KvdConnectorMetadata
 from .scheduler import SchedulerSide

@@ -16,7 +16,10 @@ import time
 
 import pytest
 
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed (tools/test-vllm.sh)")
+# (tests/python/vllm itself can shadow the name "vllm" as a namespace package: ask for a module
+# only the real vLLM has.)
+pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.base",
+                    reason="vLLM is not installed (tools/test-vllm.sh makes a venv with it)")
 torch = pytest.importorskip("torch")
 
 import kvd  # noqa: E402
@@ -45,7 +48,7 @@ def _vllm_config(model, role, extra, engine_id):
                                max_model_len=512, seed=0)
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
     sched = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512,
-                            is_encoder_decoder=False)
+                            is_encoder_decoder=False, async_scheduling=False)
     ktc = KVTransferConfig(kv_connector="KvdConnector", kv_connector_module_path="kvd.vllm",
                            kv_role=role, engine_id=engine_id, kv_connector_extra_config=extra)
     return VllmConfig(model_config=model_config, cache_config=cache, scheduler_config=sched,

@@ -1,5 +1,7 @@
 # cmake --install: the binaries, libkvconnector.so with its public headers, a CMake package
 # (find_package(kvd) -> kvd::connector) and a pkg-config file (kvconnector.pc).
+# lib, not Debian's multiarch lib/x86_64-linux-gnu: kvconnector.pc finds its prefix as ../.. of itself.
+set(CMAKE_INSTALL_LIBDIR lib CACHE PATH "Where libkvconnector.so is installed, under the prefix")
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 

@@ -11,11 +11,11 @@ from .errors import (AbortedError, AlreadyExistsError, IncompatibleError, Intern
                      NotFoundError, OutOfRangeError, ResourceExhaustedError, TimeoutError,
                      UnavailableError, UnsupportedError)
 from .layout import VLLM_ORDERS, KvLayout
-from .connector import (Connector, Daemon, OffloadOp, TransferParams, allocate_host_kv_cache,
+from .connector import (ClosedError, Connector, Daemon, OffloadOp, TransferParams, allocate_host_kv_cache,
                         library_path, version)
 
 __all__ = [
-    "AbortedError", "AlreadyExistsError", "Connector", "Daemon", "IncompatibleError",
+    "AbortedError", "AlreadyExistsError", "ClosedError", "Connector", "Daemon", "IncompatibleError",
     "InternalError", "InvalidArgumentError", "IoError", "KvCacheRegion", "KvLayout", "KvdError",
     "LibraryNotFoundError", "NotFoundError", "OffloadOp", "OutOfRangeError",
     "ResourceExhaustedError", "TimeoutError", "TransferParams", "UnavailableError",

@@ -64,6 +64,8 @@ def _interface_info(obj, iface: dict, device: str) -> ArrayInfo:
             buffer = int(root.__array_interface__["data"][0])
         except (AttributeError, KeyError, TypeError):
             buffer = None
+    elif hasattr(obj, "base") and obj.base is None:  # a numpy array owning its memory
+        buffer = ptr
     return ArrayInfo(ptr, shape, tuple(int(s) for s in strides), itemsize, iface["typestr"],
                      device, 0, None if buffer is None else ptr - buffer, buffer)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import struct
 import threading
 import weakref
 from ctypes import byref, c_size_t, c_void_p, sizeof
@@ -17,7 +18,7 @@ from .offload import OffloadOp, OffloadMixin
 from .params import PARAMS_SIZE, TransferParams
 
 # kv_load: request, params, block_ids (pointers) and count.
-_LOAD_PACKER = __import__("struct").Struct("=QQQQ")
+_LOAD_PACKER = struct.Struct("=QQQQ")
 assert _LOAD_PACKER.size == sizeof(_lib.KvLoadStruct)
 
 

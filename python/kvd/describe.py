@@ -55,9 +55,10 @@ class _Entry:
     layers: int = 1  # > 1 for a cross-layer tensor (its L axis is in axes)
 
     def key(self):
+        # Views of one allocation group together; views whose allocation is unknown (objects
+        # with only __cuda_array_interface__) group by their structure alone.
         i = self.info
-        buffer = i.buffer if i.buffer is not None else i.ptr
-        return (self.kind, i.device, i.device_index, buffer, self.dtype, self.content_bytes,
+        return (self.kind, i.device, i.device_index, i.buffer, self.dtype, self.content_bytes,
                 tuple(sorted(self.axes.items())))
 
 
@@ -253,8 +254,8 @@ def describe_kv_caches(caches, kv_cache_config=None, *, dims=None, layout=None, 
                                     "alias one buffer, pass kv_cache_config)")
         region = _region(group, stride, hint if group[0].kind in ("attention", "mla") else None,
                          tp)
-        other = by_buffer.setdefault((group[0].key()[:4], region.kind), region)
-        if other is not region:
+        other = by_buffer.setdefault(group[0].key()[:4], region)
+        if other is not region and group[0].info.buffer is not None:
             raise _fail(group[0].name, f"views of one buffer differ from '{other.layer_names[0]}'"
                                        f" ({region.layout} vs {other.layout}): kvd makes one "
                                        "region of a buffer's layers (for several KV-cache "

@@ -212,3 +212,14 @@ def test_python_m_kvd_daemon_runs_the_kvd_binary():
     out = subprocess.run([sys.executable, "-m", "kvd.daemon", "--help"], capture_output=True,
                          text=True, env=env, timeout=60)
     assert out.returncode == 0 and "usage: kvd --name NAME" in out.stdout + out.stderr
+
+
+def test_without_torch_host_memory_is_a_numpy_array():
+    code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, 'python'); import kvd\n"
+            "a = kvd.allocate_host_kv_cache(8192)\n"
+            "print(type(a).__module__, a.dtype, a.size, a.ctypes.data % 4096)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["numpy", "uint8", "8192", "0"]

@@ -324,3 +324,21 @@ def test_refuses_views_of_one_buffer_that_differ_without_a_config():
     with pytest.raises(kvd.InvalidArgumentError, match="views of one buffer differ from "
                                                        "'layers.0'"):
         kvd.describe_kv_caches(views)
+
+
+class _FakeCudaArray:
+    """Only __cuda_array_interface__ (as CuPy or Numba arrays have): no memory behind it."""
+
+    def __init__(self, ptr, shape, strides, typestr="<f2"):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape,
+                                         "strides": strides, "typestr": typestr, "version": 3}
+
+
+def test_cuda_array_interface_objects():
+    page = 2 * 16 * 16 * 2
+    base = 0x7f0000000000
+    views = {f"l{l}": _FakeCudaArray(base + l * 64 * page, (64, 2, 16, 16),
+                                     (page, 16 * 16 * 2, 16 * 2, 2)) for l in range(3)}
+    (r,) = kvd.describe_kv_caches(views)
+    assert (r.memory, r.base, r.layout.order, r.layout.layers) == ("cuda", base, "LBHNC", 3)
+    assert r.layout.stride("L") == 64 * page

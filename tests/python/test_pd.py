@@ -154,3 +154,40 @@ def test_prefill_kvd_killed_mid_run(processes):
     finally:
         src.connector.close()
         dst.connector.close()
+
+
+def test_cross_layer_tensor_and_replicated_kv_heads(daemons):
+    """The decode side registers one cross-layer tensor [B, L, H, N, C] (dims="BLHNC") at TP 2
+    with one KV head replicated on both ranks (total_heads=1); the prefill side per-layer views
+    at TP 1 of that one head."""
+    p, d = daemons
+    shape = Shape(heads=1, layers=2)
+    src = make_engine(kvd.Connector(daemon=p, instance="prefill", timeout=10), shape, seed=8)
+    dst = []
+    for r in range(2):
+        c = kvd.Connector(daemon=d, instance="decode", tp_rank=r, tp_size=2, timeout=10)
+        raw = kvd.allocate_host_kv_cache(shape.blocks * 2 * 16 * 16 * 2)
+        t = raw.view(torch.float16).view(shape.blocks, 2, 1, 16, 16)
+        (region,) = c.register_kv_caches({"all": t}, dims="BLHNC", total_heads=1)
+        # H = 1: BLHNC and BLNHC are one layout; kvd names size-1 axes innermost
+        assert (region.layout.order, region.layout.total_heads) == ("BLNHC", 1)
+        dst.append((c, t))
+    try:
+        tokens, blocks = 40, [5, 9, 2]
+        for c, _ in dst:
+            c.start_load("x", kvd.TransferParams(peer_address=p.address, request_id="x"),
+                         blocks, tokens=tokens, mode="push")
+        for layer in range(2):
+            src.connector.save_layer("x", layer, [1, 0, 3])
+        src.connector.request_finished("x")
+        tt = torch.arange(tokens)
+        for c, t in dst:
+            for layer in range(2):
+                c.wait_layer("x", f"all[{layer}]")
+                got = t[torch.tensor(blocks)[tt // 16], layer, 0, tt % 16]
+                want = src.token_view(layer, [1, 0, 3], tokens)[:, 0]
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    finally:
+        src.connector.close()
+        for c, _ in dst:
+            c.close()

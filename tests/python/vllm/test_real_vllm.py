@@ -88,6 +88,7 @@ class Engine:
         self.worker.register_kv_caches(self.views)
         handshake = self.worker.get_handshake_metadata()
         # The scheduler builds its own (SCHEDULER role) connector through the same factory.
+        self.config.cache_config.num_gpu_blocks = NUM_BLOCKS
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK, log_stats=False)

@@ -96,6 +96,7 @@ class Engine:
         self.scheduler.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): handshake})
         self.blocks = {}
         self.finished = {}
+        self.computed_here = {}  # req -> tokens this engine's "model" computed
 
     def _write(self, rid, start, end):
         ids = self.blocks[rid]
@@ -131,6 +132,8 @@ class Engine:
         sending, recving = w.get_finished(so.finished_req_ids)
         errors = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
+        for rid, n in so.num_scheduled_tokens.items():
+            self.computed_here[rid] = self.computed_here.get(rid, 0) + n
         req_ids = list(so.num_scheduled_tokens)
         out = ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -211,6 +214,11 @@ def test_pd_through_vllm_schedulers(tmp_path, mode):
                 return not prefill.busy() and not decode.busy()
             drive([prefill, decode], check)
             assert loaded == ["d1"]
+            # The decode engine computed the last prompt token and 2 more, kvd brought the rest.
+            assert decode.computed_here["d1"] == 3, decode.computed_here
+            assert decode.worker.stats["loads"] == 1
+            assert decode.worker.stats["load_failures"] == 0
+            assert prefill.worker.stats["sends"] == 1
             assert "d1" in decode.finished
             assert prefill.free_blocks() == p_free and decode.free_blocks() == d_free
         finally:

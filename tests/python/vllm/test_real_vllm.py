@@ -165,12 +165,20 @@ def _value(layer, t):
     return torch.randint(-30000, 30000, (HEADS, 2 * HEAD), dtype=torch.int16, generator=g)
 
 
-def _request(rid, max_tokens, params):
+def _request(rid, max_tokens, params, hashed=False):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
-    sp = SamplingParams(max_tokens=max_tokens, extra_args={"kv_transfer_params": params})
+    hasher = None
+    if hashed:  # as EngineCore does: sha256 block hashes, NONE_HASH from a fixed seed
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        fn = get_hash_fn_by_name("sha256")
+        init_none_hash(fn)
+        hasher = get_request_block_hasher(BLOCK, fn)
+    extra = {"kv_transfer_params": params} if params is not None else None
+    sp = SamplingParams(max_tokens=max_tokens, extra_args=extra)
     return Request(request_id=rid, prompt_token_ids=list(PROMPT), sampling_params=sp,
-                   pooling_params=None, arrival_time=time.time())
+                   pooling_params=None, arrival_time=time.time(), block_hasher=hasher)
 
 
 def drive(engines, until, timeout=30.0):
@@ -226,6 +234,43 @@ def test_pd_through_vllm_schedulers(tmp_path, mode):
             decode.shutdown()
             kv.register_embedded_daemon("p", None)
             kv.register_embedded_daemon("d", None)
+
+
+def test_offload_hit_after_engine_restart(tmp_path):
+    """kv_both with offload: the first engine's finished request is stored in kvd's pool under
+    vLLM's sha256 block hashes; a new engine on the same kvd gets a synchronous hit of 32
+    tokens from get_num_new_matched_tokens, loads them layer by layer and computes the rest."""
+    with kvd.Daemon(name="node", transport="local", offload_bytes=8 << 20) as node:
+        kv.register_embedded_daemon("node", node)
+        extra = {"kvd_embedded": "node", "offload": True}
+        first = Engine(tmp_path, "first", "kv_both", extra)
+        try:
+            free = first.free_blocks()
+            first.scheduler.add_request(_request("a", 1, None, hashed=True))
+            drive([first], lambda: "a" in first.finished and not first.busy())
+            assert first.worker.stats["stores"] == 1
+            assert first.free_blocks() == free
+        finally:
+            first.shutdown()
+        second = Engine(tmp_path, "second", "kv_both", extra)
+        try:
+            free = second.free_blocks()
+            second.scheduler.add_request(_request("b", 2, None, hashed=True))
+            so = second.step()
+            assert so.has_sync_kv_loads
+            assert second.computed_here["b"] == len(PROMPT) - 32
+            assert second.worker.stats["offload_loads"] == 1
+            ids = second.blocks["b"]
+            for l, name in enumerate(LAYERS):
+                v = second.views[name].view(torch.int16)
+                for t in range(len(PROMPT)):
+                    assert torch.equal(v[ids[t // BLOCK], :, t % BLOCK], _value(l, t)), \
+                        f"layer {l} token {t} differs"
+            drive([second], lambda: "b" in second.finished and not second.busy())
+            assert second.free_blocks() == free
+        finally:
+            second.shutdown()
+            kv.register_embedded_daemon("node", None)
 
 
 def test_connector_is_the_real_subclass():

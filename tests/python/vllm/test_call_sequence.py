@@ -304,3 +304,34 @@ def test_lease_frees_prefill_blocks_without_a_decode(tmp_path):
             prefill.assert_empty()
         finally:
             prefill.shutdown()
+
+
+def test_decode_abort_holds_blocks_while_a_write_may_land(tmp_path):
+    """A decode request aborted while its load waits on a prefill that never saves (params
+    naming a request the prefill kvd does not have yet: kvd waits for it): vLLM gets its blocks
+    back only once kvd ended the load (here: the prefill kvd's 500 ms lease), never before."""
+    with KvdProcess("p", str(tmp_path / "p.sock"), args=["--lease-ms", "500"]) as p, \
+            KvdProcess("d", str(tmp_path / "d.sock")) as d:
+        prefill, decode = engines({"kvd_socket": p.socket}, {"kvd_socket": d.socket},
+                                  [Group()], [Group()])
+        try:
+            r = Request("real", _prompt(12, 40), kv_transfer_params={"do_remote_decode": True})
+            prefill.add_request(r)
+            drive([prefill], lambda: "real" in prefill.outputs, "the prefill")
+            params = dict(prefill.outputs["real"], remote_request_id="never-saved")
+            dr = Request("d-never", r.prompt_token_ids, max_tokens=2, kv_transfer_params=params)
+            decode.add_request(dr)
+            decode.step()  # the load starts and waits
+            assert dr.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            decode.abort("d-never")
+            decode.step()
+            assert "d-never" in decode.held and decode.busy()  # blocks still held
+            start = time.monotonic()
+            drive([prefill, decode], lambda: not prefill.busy() and not decode.busy(),
+                  "the load to end", timeout=10)
+            assert time.monotonic() - start > 0.1
+            prefill.assert_empty()
+            decode.assert_empty()
+        finally:
+            prefill.shutdown()
+            decode.shutdown()

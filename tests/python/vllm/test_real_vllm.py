@@ -56,13 +56,13 @@ def _vllm_config(model, role, extra, engine_id):
 
 
 class Engine:
-    def __init__(self, tmp_path, name, role, extra):
+    def __init__(self, tmp_path, name, role, extra, hybrid=False):
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                                 KVCacheGroupSpec, KVCacheTensor,
-                                                create_kv_cache_views)
+                                                SlidingWindowSpec, create_kv_cache_views)
         from vllm.v1.kv_cache_layout import KVCacheLayout
         from vllm.v1.structured_output import StructuredOutputManager
         self.name = name
@@ -70,18 +70,32 @@ class Engine:
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                                  dtype=torch.float16)
         page = spec.page_size_bytes
+        if hybrid:  # layer 0 full attention, layer 1 a sliding window of 16: two groups
+            swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
+                                    dtype=torch.float16, sliding_window=16)
+            specs = [(spec, LAYERS[:1]), (swa, LAYERS[1:])]
+        else:
+            specs = [(spec, list(LAYERS))]
         size = page * NUM_BLOCKS * len(LAYERS)
-        tensor = KVCacheTensor(size=size, layers=list(LAYERS), layer_stride=page * NUM_BLOCKS,
-                               block_stride=page)
-        self.kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[tensor],
-                                             kv_cache_groups=[KVCacheGroupSpec(list(LAYERS),
-                                                                               spec)],
-                                             kv_cache_layout="LBNHC")
+        # One allocation; each group's tensor its own layer-first range (LBNHC).
+        tensors, at = [], 0
+        for sp, names in specs:
+            tensors.append(KVCacheTensor(size=size, layers=list(names),
+                                         layer_stride=page * NUM_BLOCKS, block_stride=page,
+                                         offset=at))
+            at += page * NUM_BLOCKS * len(names)
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=NUM_BLOCKS, kv_cache_tensors=tensors,
+            kv_cache_groups=[KVCacheGroupSpec(list(names), sp) for sp, names in specs],
+            kv_cache_layout="LBNHC")
         # The worker: vLLM's views over kvd shared memory, the connector from the factory.
         self.raw = kvd.allocate_host_kv_cache(size)
-        views = create_kv_cache_views(self.raw.view(torch.int8), spec, NUM_BLOCKS,
-                                      KVCacheLayout.LBNHC, tensor)
-        self.views = dict(zip(LAYERS, views))
+        self.views = {}
+        for (sp, names), tensor in zip(specs, tensors):
+            views = create_kv_cache_views(self.raw.view(torch.int8), sp, NUM_BLOCKS,
+                                          KVCacheLayout.LBNHC, tensor)
+            self.views.update(zip(names, views))
+        self.group_of = {n: g for g, (_, names) in enumerate(specs) for n in names}
         self.worker = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER,
                                                           self.kv_cache_config)
         assert type(self.worker).__name__ == "KvdConnector"
@@ -98,9 +112,12 @@ class Engine:
         self.finished = {}
         self.computed_here = {}  # req -> tokens this engine's "model" computed
 
+    def ids(self, rid, name):
+        return self.blocks[rid][self.group_of[name]]
+
     def _write(self, rid, start, end):
-        ids = self.blocks[rid]
         for l, name in enumerate(LAYERS):
+            ids = self.ids(rid, name)
             v = self.views[name].view(torch.int16)
             for t in range(start, end):
                 v[ids[t // BLOCK], :, t % BLOCK] = _value(l, t)
@@ -109,11 +126,13 @@ class Engine:
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
         so = self.scheduler.schedule()
         for nr in so.scheduled_new_reqs:
-            self.blocks[nr.req_id] = list(nr.block_ids[0])
+            self.blocks[nr.req_id] = [list(b) for b in nr.block_ids]
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             if cached.new_block_ids[i] is not None:
-                self.blocks.setdefault(rid, []).extend(cached.new_block_ids[i][0])
+                have = self.blocks.setdefault(rid, [[] for _ in cached.new_block_ids[i]])
+                for h, add in zip(have, cached.new_block_ids[i]):
+                    h.extend(add)
         w = self.worker
         md = so.kv_connector_metadata
         w.handle_preemptions(md)
@@ -189,21 +208,23 @@ def drive(engines, until, timeout=30.0):
         assert time.monotonic() < deadline, "timed out"
 
 
-@pytest.mark.parametrize("mode", ["push", "pull"])
-def test_pd_through_vllm_schedulers(tmp_path, mode):
+@pytest.mark.parametrize("mode,hybrid", [("push", False), ("pull", False), ("push", True)])
+def test_pd_through_vllm_schedulers(tmp_path, mode, hybrid):
     with kvd.Daemon(name="p", transport="local") as pd, \
             kvd.Daemon(name="d", transport="local") as dd:
         kv.register_embedded_daemon("p", pd)
         kv.register_embedded_daemon("d", dd)
         prefill = Engine(tmp_path, "prefill", "kv_producer",
-                         {"kvd_embedded": "p", "mode": mode})
-        decode = Engine(tmp_path, "decode", "kv_consumer", {"kvd_embedded": "d", "mode": mode})
+                         {"kvd_embedded": "p", "mode": mode}, hybrid)
+        decode = Engine(tmp_path, "decode", "kv_consumer", {"kvd_embedded": "d", "mode": mode},
+                        hybrid)
         try:
             p_free, d_free = prefill.free_blocks(), decode.free_blocks()
             prefill.scheduler.add_request(_request("r1", 1, {"do_remote_decode": True}))
             drive([prefill], lambda: "r1" in prefill.finished)
             params = prefill.finished["r1"]
             assert params["do_remote_prefill"] and params["remote_request_id"].startswith("r1")
+            assert len(params["remote_block_ids"]) == (2 if hybrid else 1)
             decode.scheduler.add_request(_request("d1", 3, dict(params)))
             loaded = []
 
@@ -212,8 +233,8 @@ def test_pd_through_vllm_schedulers(tmp_path, mode):
                 if rid in decode.blocks and not loaded and \
                         decode.scheduler.requests.get(rid) is not None and \
                         decode.scheduler.requests[rid].num_computed_tokens >= len(PROMPT):
-                    ids = decode.blocks[rid]
                     for l, name in enumerate(LAYERS):
+                        ids = decode.ids(rid, name)
                         v = decode.views[name].view(torch.int16)
                         for t in range(len(PROMPT)):
                             assert torch.equal(v[ids[t // BLOCK], :, t % BLOCK], _value(l, t)), \
@@ -260,8 +281,8 @@ def test_offload_hit_after_engine_restart(tmp_path):
             assert so.has_sync_kv_loads
             assert second.computed_here["b"] == len(PROMPT) - 32
             assert second.worker.stats["offload_loads"] == 1
-            ids = second.blocks["b"]
             for l, name in enumerate(LAYERS):
+                ids = second.ids("b", name)
                 v = second.views[name].view(torch.int16)
                 for t in range(len(PROMPT)):
                     assert torch.equal(v[ids[t // BLOCK], :, t % BLOCK], _value(l, t)), \

@@ -47,7 +47,7 @@ class KvdConnector(KVConnectorBase_V1, SupportsHMA):
                     self.kvd_config.offload, self.kvd_config.socket or self.kvd_config.embedded,
                     VLLM_VERSION or "absent: stand-ins")
 
-    # ---- class-level declarations -------------------------------------------------------------------
+    # ---- class-level declarations ----
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
@@ -60,7 +60,7 @@ class KvdConnector(KVConnectorBase_V1, SupportsHMA):
         extra = extra_config or {}
         return extra.get("mode", "push") == "push" or bool(extra.get("offload", False))
 
-    # ---- worker role --------------------------------------------------------------------------------
+    # ---- worker role ----
 
     def register_kv_caches(self, kv_caches):
         self._worker.register_kv_caches(kv_caches)
@@ -117,7 +117,7 @@ class KvdConnector(KVConnectorBase_V1, SupportsHMA):
     def stats(self) -> dict:
         return dict(self._worker.stats) if self._worker is not None else {}
 
-    # ---- scheduler role -----------------------------------------------------------------------------
+    # ---- scheduler role ----
 
     def set_xfer_handshake_metadata(self, metadata):
         if self._scheduler is not None:

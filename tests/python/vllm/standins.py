@@ -27,7 +27,7 @@ import kvd
 from kvd import testing as kt
 
 
-# ---- vLLM's types ---------------------------------------------------------------------------------
+# ---- vLLM's types ----
 
 @dataclass
 class KVTransferConfig:
@@ -171,7 +171,7 @@ class KVConnectorOutput:
     failed_recving: set = field(default_factory=set)
 
 
-# ---- the "model" ----------------------------------------------------------------------------------
+# ---- the "model" ----
 
 _EXPECTED = {}
 
@@ -242,7 +242,7 @@ def build_caches(groups, tp, blocks):
     return out
 
 
-# ---- the mini engine -----------------------------------------------------------------------------
+# ---- the mini engine ----
 
 def load_connector_class(ktc):
     module = importlib.import_module(ktc.kv_connector_module_path)

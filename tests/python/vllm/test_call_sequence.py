@@ -100,6 +100,7 @@ CASES = {
     "push": ([Group()], [Group()], 1, 1, "push"),
     "pull": ([Group()], [Group(order="BLNHC")], 1, 1, "pull"),
     "tp1_to_tp2": ([Group()], [Group(order="LBHNC")], 1, 2, "push"),
+    "tp2_to_tp1": ([Group(order="LBHNC")], [Group(order="BLNHC")], 2, 1, "pull"),
     "block16_to_block32": ([Group()], [Group(block_size=32)], 1, 1, "push"),
     "full_and_sliding_window": ([Group(), Group(kind="swa")],
                                 [Group(order="BLHNC"),

@@ -336,3 +336,33 @@ def test_decode_abort_holds_blocks_while_a_write_may_land(tmp_path):
         finally:
             prefill.shutdown()
             decode.shutdown()
+
+
+def test_prefill_kvd_killed_while_the_load_waits(processes):
+    """The decode's load is in flight (waiting on the prefill kvd for a request it has not
+    saved) when the prefill kvd is SIGKILLed: the decode kvd notices (heartbeats), the load
+    fails, the request's blocks come back as load errors and it finishes with an error."""
+    p, d = processes
+    prefill, decode = engines({"kvd_socket": p.socket}, {"kvd_socket": d.socket}, [Group()],
+                              [Group()])
+    try:
+        r = Request("first", _prompt(13, 40), kv_transfer_params={"do_remote_decode": True})
+        prefill.add_request(r)
+        drive([prefill], lambda: "first" in prefill.outputs, "the prefill")
+        params = dict(prefill.outputs["first"], remote_request_id="in-flight")
+        dr = Request("d-in-flight", r.prompt_token_ids, max_tokens=2, kv_transfer_params=params)
+        decode.add_request(dr)
+        decode.step()
+        decode.step()
+        assert dr.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        p.kill()
+        start = time.monotonic()
+        drive([prefill, decode], lambda: not prefill.busy() and not decode.busy(),
+              "the failure to surface", timeout=15)
+        assert time.monotonic() - start < 15
+        assert dr.status == RequestStatus.FINISHED_ERROR
+        prefill.assert_empty()
+        decode.assert_empty()
+    finally:
+        prefill.shutdown()
+        decode.shutdown()

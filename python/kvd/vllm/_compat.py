@@ -130,6 +130,35 @@ else:
             self._kv_cache_manager = kv_cache_manager
 
 
+try:
+    if not HAVE_VLLM:
+        raise ImportError
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+except ImportError:
+    @dataclass
+    class KVConnectorStats:  # type: ignore[no-redef]
+        data: dict = field(default_factory=dict)
+
+
+@dataclass
+class KvdStats(KVConnectorStats):
+    """Counters of one worker for one logging interval (summed across workers)."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in (getattr(other, "data", None) or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
 def base_has(name: str) -> bool:
     """Whether the installed base class defines `name` (hooks come and go between releases)."""
     return hasattr(KVConnectorBase_V1, name)
@@ -137,4 +166,5 @@ def base_has(name: str) -> bool:
 
 __all__ = ["HAVE_VLLM", "VLLM_VERSION", "MIN_VLLM", "TESTED_VLLM", "KVConnectorBase_V1",
            "KVConnectorRole", "KVConnectorMetadata", "KVConnectorHandshakeMetadata",
-           "KVConnectorTransferResults", "SupportsHMA", "check_version", "base_has", "logger"]
+           "KVConnectorTransferResults", "KvdStats", "SupportsHMA", "check_version",
+           "base_has", "logger"]

@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 from . import config as kc
-from ._compat import (KVConnectorBase_V1, KVConnectorTransferResults,
-                      SupportsHMA, VLLM_VERSION, logger)
+from ._compat import (KVConnectorBase_V1, KVConnectorTransferResults, KvdStats, SupportsHMA,
+                      VLLM_VERSION, logger)
 from .metadata import KvdConnectorMetadata
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
@@ -111,7 +111,19 @@ class KvdConnector(KVConnectorBase_V1, SupportsHMA):
         return self._worker.handshake() if self._worker is not None else None
 
     def get_kv_connector_stats(self):
-        return None  # counters: self.stats (vLLM's stats class needs build_kv_connector_stats)
+        """The worker's counters since the last call (saves, loads, load_failures, sends,
+        stores, offload_loads), or None when nothing happened."""
+        if self._worker is None:
+            return None
+        now = dict(self._worker.stats)
+        last, self._last_stats = getattr(self, "_last_stats", {}), now
+        delta = {k: v - last.get(k, 0) for k, v in now.items()}
+        stats = KvdStats(data=delta)
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return KvdStats(data=dict(data or {}))
 
     @property
     def stats(self) -> dict:

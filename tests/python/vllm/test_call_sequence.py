@@ -366,3 +366,19 @@ def test_prefill_kvd_killed_while_the_load_waits(processes):
     finally:
         prefill.shutdown()
         decode.shutdown()
+
+
+def test_stats(daemons):
+    prefill, decode = engines({"kvd_embedded": "p"}, {"kvd_embedded": "d"}, [Group()],
+                              [Group()])
+    try:
+        run_pd(prefill, decode, requests=2)
+        s = decode.workers[0].get_kv_connector_stats()
+        assert s.reduce()["loads"] == 2 and s.reduce()["load_failures"] == 0
+        assert decode.workers[0].get_kv_connector_stats() is None  # nothing since
+        p = prefill.workers[0].get_kv_connector_stats()
+        agg = kv.KvdConnector.build_kv_connector_stats(p.data).aggregate(p)
+        assert agg.reduce()["sends"] == 4
+    finally:
+        prefill.shutdown()
+        decode.shutdown()

@@ -7,8 +7,17 @@
 from __future__ import annotations
 
 from . import config as kc
-from ._compat import (KVConnectorBase_V1, KVConnectorTransferResults, KvdStats, SupportsHMA,
-                      VLLM_VERSION, logger)
+from ._compat import (HAVE_VLLM, KVConnectorBase_V1, KVConnectorTransferResults, KvdStats,
+                      SupportsHMA, VLLM_VERSION, base_has, logger)
+
+# Hooks vLLM added over the supported releases; where the installed base class lacks one, vLLM
+# does not call it and the connector's older path carries the same information.
+OPTIONAL_HOOKS = {
+    "get_transfer_results": "failed loads reach the scheduler through invalid_block_ids only",
+    "has_pending_push_work": "the engine may idle while kvd still holds finished requests",
+    "on_new_request": "requests are recorded at update_state_after_alloc instead",
+    "set_xfer_handshake_metadata_pp_aware": "handshake through set_xfer_handshake_metadata",
+}
 from .metadata import KvdConnectorMetadata
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
@@ -42,6 +51,10 @@ class KvdConnector(KVConnectorBase_V1, SupportsHMA):
                                             _EMBEDDED)
         else:
             self._worker = WorkerSide(self.kvd_config, vllm_config, kv_cache_config, _EMBEDDED)
+        if HAVE_VLLM:
+            for hook, fallback in OPTIONAL_HOOKS.items():
+                if not base_has(hook):
+                    logger.info("KvdConnector: this vLLM has no %s: %s", hook, fallback)
         logger.info("KvdConnector %s: role %s, mode %s, offload %s, kvd %s (vLLM %s)",
                     self.kvd_config.engine_id, getattr(role, "name", role), self.kvd_config.mode,
                     self.kvd_config.offload, self.kvd_config.socket or self.kvd_config.embedded,

@@ -4,6 +4,7 @@ the transfer params, and the offload keys derived from vLLM's block hashes."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 
@@ -190,3 +191,34 @@ def offload_key(h, group: int, region: int) -> bytes:
     so kvd's pool outlives engine restarts (vLLM's hashes are, with PYTHONHASHSEED set)."""
     return hashlib.blake2b(hash_bytes(h) + b"kvd" + group.to_bytes(2, "big") +
                            region.to_bytes(2, "big"), digest_size=16).digest()
+
+
+# ---- sliding-window tails ------------------------------------------------------------------------
+
+# The leading tokens a sliding-window group does not move are a multiple of this (and of the
+# prefill block size), so that they are whole blocks on a decode side of any block size that
+# divides it: kvd loads whole blocks from a request's first saved one.
+SWA_SKIP_ALIGN = 256
+
+
+def sliding_windows(kv_cache_config) -> dict:
+    """transfer group -> its sliding window in tokens (sliding-window groups only)."""
+    groups = _get(kv_cache_config, "kv_cache_groups") or []
+    out = {}
+    for g in transfer_group_ids(kv_cache_config):
+        spec = _get(groups[g], "kv_cache_spec")
+        window = _get(spec, "sliding_window", None)
+        if window and "SlidingWindow" in type(spec).__name__:
+            out[g] = int(window)
+    return out
+
+
+def swa_skip_tokens(window, block_size: int, tokens: int) -> int:
+    """Leading tokens of a `tokens`-token prompt a sliding-window group need not move: those
+    before the window of the last prompt token (which the decode side recomputes), rounded
+    down to whole blocks of SWA_SKIP_ALIGN tokens."""
+    if not window or not block_size:
+        return 0
+    start = max(0, tokens - int(window) - 1)
+    unit = block_size * SWA_SKIP_ALIGN // math.gcd(block_size, SWA_SKIP_ALIGN)
+    return (start // unit) * unit

@@ -35,6 +35,7 @@ class SchedulerSide:
         self.block_sizes = {g: int(getattr(groups[g].kv_cache_spec, "block_size", 0) or 0)
                             for g in self.groups}
         self.fingerprint = kc.fingerprint(kv_cache_config, self.tp_size)
+        self.windows = kc.sliding_windows(kv_cache_config)
         self._daemons = daemons
         if cfg.offload and len(self.groups) != 1:
             # kvd's pool holds one block shape, and a hit must cover every group vLLM loads.
@@ -213,8 +214,10 @@ class SchedulerSide:
         for rid, computed in progress:
             if rid in self._to_save and \
                     computed + scheduled.get(rid, 0) >= self._prompt.get(rid, 1 << 62):
-                blocks = self._blocks[rid]
-                self._meta.saves[rid] = [list(blocks[g]) for g in self.groups]
+                blocks, total = self._blocks[rid], self._prompt[rid]
+                self._meta.saves[rid] = [list(blocks[g][self._skip(g, total) //
+                                                         self.block_sizes[g]:])
+                                         for g in self.groups]
                 self._to_save.discard(rid)
                 self._saved.add(rid)
         self._meta.preempted = list(getattr(so, "preempted_req_ids", None) or ())
@@ -269,6 +272,11 @@ class SchedulerSide:
                 delay = True
         return delay, out
 
+    def _skip(self, g, tokens) -> int:
+        """Leading tokens of group g that do not move (sliding-window groups: before the
+        window)."""
+        return kc.swa_skip_tokens(self.windows.get(g), self.block_sizes[g], tokens)
+
     def _params(self, request, block_ids) -> dict:
         name, address = self.peer()
         host, _, port = address.rpartition(":")
@@ -285,6 +293,7 @@ class SchedulerSide:
             "transfer_mode": self.cfg.mode,
             "kvd_peer_name": name, "kvd_peer_address": address,
             "kvd_layout": self.fingerprint, "kvd_lease_s": self.cfg.lease_s,
+            "kvd_skip_tokens": [self._skip(g, prompt) for g in self.groups],
             "kvd_protocol": kc.PROTOCOL_VERSION, "kvd_transfer_token": "",
         }
 

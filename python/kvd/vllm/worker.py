@@ -47,6 +47,9 @@ class WorkerSide:
         self.groups = kc.transfer_group_ids(kv_cache_config)
         self.group_pos = {g: i for i, g in enumerate(self.groups)}
         self.fingerprint = kc.fingerprint(kv_cache_config, self.tp_size)
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        self.block_sizes = {g: int(getattr(groups[g].kv_cache_spec, "block_size", 0) or 0)
+                            for g in self.groups}
         self._daemons = daemons
         self.conns = {}      # group -> kvd.Connector
         self.layer_of = {}   # layer name -> (group, layer index of its connector)
@@ -226,17 +229,25 @@ class WorkerSide:
                 self._fail_load(load, why)
                 continue
             remote_rid = p.get("remote_request_id") or spec.req_id
+            skips = p.get("kvd_skip_tokens") or [0] * len(self.groups)
             for g in self.conns:
-                if not blocks[g]:
+                skip, bs = int(skips[self.group_pos[g]]), self.block_sizes[g] or 1
+                if skip % bs:
+                    self._fail_load(load, f"group {g}: the prefill side moves tokens from "
+                                          f"{skip}, not a whole number of this engine's "
+                                          f"{bs}-token blocks")
+                    break
+                ids, tokens = blocks[g][skip // bs:], spec.tokens - skip
+                if not ids or tokens <= 0:
                     continue
                 params = kvd.TransferParams(
                     peer_name=p.get("kvd_peer_name", ""), peer_address=p["kvd_peer_address"],
                     request_id=self.key(remote_rid, g),
                     transfer_token=p.get("kvd_transfer_token", ""))
                 self._local[params.request_id] = spec.req_id
-                per_group[g].append((spec.req_id, params, blocks[g], spec.tokens))
+                per_group[g].append((spec.req_id, params, ids, tokens))
                 load.pending.add(g)
-                for b in blocks[g]:
+                for b in ids:
                     self._owner[(g, b)] = spec.req_id
         for g, loads in per_group.items():
             for i in range(0, len(loads), 1024):

@@ -473,19 +473,19 @@ class Engine:
         self.connector.shutdown()
 
 
-def check_loaded(engine, req, tokens):
-    """Every element of the first `tokens` tokens of `req` in every layer, head and rank of
-    `engine` equals what the model computes (torch indexing)."""
+def check_loaded(engine, req, tokens, skips=None):
+    """Every element of the first `tokens` tokens of `req` (from skips[g] on in group g) in
+    every layer, head and rank of `engine` equals what the model computes (torch indexing)."""
     for r in range(engine.tp):
         views = engine.ranks[r][1]
         for g, grp in enumerate(engine.groups):
             ids = engine.blocks[req.request_id][g]
-            t = torch.arange(tokens)
+            t = torch.arange(skips[g] if skips else 0, tokens)
             b = torch.as_tensor(ids, dtype=torch.int64)[t // grp.block_size]
             n = t % grp.block_size
             for l, name in enumerate(grp.names(g)):
                 want = expected_kv(req.prompt_token_ids, (g, l), tokens,
-                                   grp.heads if grp.kind != "mla" else 1, grp.c_elems())
+                                   grp.heads if grp.kind != "mla" else 1, grp.c_elems())[t]
                 v = views[name].view(torch.int16)
                 if grp.kind == "mla":
                     got = v[b, n].unsqueeze(1)

@@ -47,7 +47,8 @@ def drive(engines, until, what, timeout=TIMEOUT):
         time.sleep(0.001)
 
 
-def run_pd(prefill, decode, requests=3, prompt_len=40, decode_tokens=3, seed=1):
+def run_pd(prefill, decode, requests=3, prompt_len=40, decode_tokens=3, seed=1,
+           on_loaded=None):
     """P/D through the proxy's flow: prefill with do_remote_decode and max_tokens 1, its
     kv_transfer_params to the decode engine; each decode request is checked once it runs."""
     reqs = [Request(f"req-{seed}-{i}", _prompt(seed * 100 + i, prompt_len), max_tokens=1,
@@ -74,7 +75,9 @@ def run_pd(prefill, decode, requests=3, prompt_len=40, decode_tokens=3, seed=1):
     def progress():
         for r in decode.running:
             if r.request_id not in checked:
-                check_loaded(decode, r, prompt_len)
+                check_loaded(decode, r, prompt_len, r.kv_transfer_params.get("kvd_skip_tokens"))
+                if on_loaded:
+                    on_loaded(r)
                 checked.add(r.request_id)
         return not prefill.busy() and not decode.busy()
     drive([prefill, decode], progress, "both engines to finish")
@@ -119,6 +122,29 @@ def test_pd_embedded(daemons, case):
         run_pd(prefill, decode)
         assert sum(w.stats["loads"] for w in decode.workers) == 3 * dtp
         assert all(w.stats["load_failures"] == 0 for w in decode.workers)
+    finally:
+        prefill.shutdown()
+        decode.shutdown()
+
+
+def test_sliding_window_moves_its_tail(daemons):
+    """A 600-token prompt with a 32-token sliding-window group: that group moves only from
+    token 512 on (whole 256-token units before the window), the full group everything."""
+    groups = [Group(), Group(kind="swa", window=32)]
+    prefill, decode = engines({"kvd_embedded": "p"}, {"kvd_embedded": "d"}, groups,
+                              [Group(order="BLHNC"), Group(kind="swa", order="BLHNC",
+                                                             window=32, block_size=32)],
+                              blocks=100)
+    def untouched(r):  # the decode side's blocks before the window were never written
+        ids = decode.blocks[r.request_id][1][:512 // 32]
+        for name in groups[1].names(1):
+            assert not decode.ranks[0][1][name][ids].view(torch.int16).any()
+        untouched.calls += 1
+    untouched.calls = 0
+    try:
+        _, dreqs = run_pd(prefill, decode, requests=1, prompt_len=600, on_loaded=untouched)
+        assert dreqs[0].kv_transfer_params["kvd_skip_tokens"] == [0, 512]
+        assert untouched.calls == 1
     finally:
         prefill.shutdown()
         decode.shutdown()

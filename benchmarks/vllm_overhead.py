@@ -11,6 +11,7 @@ repetitions and prints the median per call.
 """
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -108,6 +109,27 @@ def main():
         results["save_kv_layer, 64 requests to save (per call)"] = \
             (time.perf_counter() - t0) / len(names)
         worker.clear_connector_metadata()
+
+        # 5. start_load_kv of a decode step that starts 64 P/D loads (one kv_start_loads call;
+        # the source kvd never saves them, so they wait, then fail when it stops).
+        from kvd.vllm.metadata import LoadSpec
+        src = kvd.Daemon(name="source", transport="local")
+        params = {"kvd_peer_address": src.address, "kvd_peer_name": "source",
+                  "kvd_protocol": kv.PROTOCOL_VERSION, "kvd_layout": worker._worker.fingerprint}
+        logging.getLogger("kvd.vllm").setLevel(logging.CRITICAL)  # the loads fail at the end
+        times = []
+        for rep in range(5):
+            loads = KvdConnectorMetadata(loads=[
+                LoadSpec(f"load-{rep}-{i}", dict(params, remote_request_id=f"src-{rep}-{i}"),
+                         blocks[r.request_id], 48) for i, r in enumerate(reqs)])
+            worker.bind_connector_metadata(loads)
+            t0 = time.perf_counter()
+            worker.start_load_kv(None)
+            times.append(time.perf_counter() - t0)
+            worker.clear_connector_metadata()
+        results["start_load_kv starting 64 loads (one kv_start_loads; median of 5)"] = \
+            statistics.median(times)
+        src.stop()
         eng.shutdown()
         kv.register_embedded_daemon("bench", None)
     print(f"kvd.vllm overhead, {n} requests, {a.layers} layers, python {sys.version.split()[0]}, "

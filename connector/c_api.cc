@@ -201,6 +201,9 @@ kv::Result<kv::connector::ConnectorOptions> Options(const kv_connector_options* 
   if (o.instance != nullptr) {
     KV_ASSIGN_OR_RETURN(out.instance, Id(o.instance, "instance"));
   }
+  if (o.offload_namespace != nullptr) {
+    KV_ASSIGN_OR_RETURN(out.offload_namespace, Id(o.offload_namespace, "offload_namespace"));
+  }
   out.tp_rank = o.tp_rank;
   out.tp_size = o.tp_size == 0 ? 1 : o.tp_size;
   if (o.timeout_ms < 0) {

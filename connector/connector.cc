@@ -21,6 +21,11 @@ Status CheckId(const std::string& id, const char* what) {
 
 Status CheckOptions(const ConnectorOptions& options) {
   KV_RETURN_IF_ERROR(CheckId(options.instance, "instance name"));
+  if (options.offload_namespace.size() > kMaxIdBytes) {
+    return Status::InvalidArgument("offload namespace of " +
+                                   std::to_string(options.offload_namespace.size()) +
+                                   " bytes; it must be at most " + std::to_string(kMaxIdBytes));
+  }
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size) {
     return Status::InvalidArgument("tp_rank " + std::to_string(options.tp_rank) +
                                    " of tp_size " + std::to_string(options.tp_size) +

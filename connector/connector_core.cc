@@ -98,6 +98,7 @@ Result<std::unique_ptr<ConnectorCore>> ConnectorCore::Connect(int fd, ConnectorO
   hello->set_instance(options.instance);
   hello->set_tp_rank(options.tp_rank);
   hello->set_tp_size(options.tp_size);
+  hello->set_offload_namespace(options.offload_namespace);
   KV_RETURN_IF_ERROR(client->Call(std::move(m)).status());
   return std::unique_ptr<ConnectorCore>(new ConnectorCore(std::move(client), std::move(embedded)));
 }

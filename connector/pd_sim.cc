@@ -102,7 +102,10 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     const int tp = prefill ? c.prefill_tp : c.decode_tp;
     for (int r = 0; r < tp; ++r) {
       KV_ASSIGN_OR_RETURN(LayoutSpec spec, PdLayout(c, prefill, r));
-      ConnectorOptions options{prefill ? "prefill" : "decode", r, tp, c.timeout};
+      ConnectorOptions options{.instance = prefill ? "prefill" : "decode",
+                               .tp_rank = r,
+                               .tp_size = tp,
+                               .timeout = c.timeout};
       auto connector = (prefill ? prefill_factory : decode_factory)(options);
       if (!connector.ok()) return connector.status();
       KV_ASSIGN_OR_RETURN(KvCache cache, memory->Register(**connector, spec, prefill));
@@ -118,8 +121,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
   const int64_t nd = BlocksFor(c.tokens, c.decode_block_size);
   uint64_t bytes_per_request = 0;
   for (const Engine& e : decode) {
-    bytes_per_request += static_cast<uint64_t>(c.layers * c.tokens * RegionOf(e.cache).size(Axis::kH) *
-                                               RegionOf(e.cache).logical_content_bytes());
+    bytes_per_request +=
+        static_cast<uint64_t>(c.layers * c.tokens * RegionOf(e.cache).size(Axis::kH) *
+                              RegionOf(e.cache).logical_content_bytes());
   }
 
   PdResult result;

@@ -73,6 +73,7 @@ struct Engine {
   std::shared_ptr<Connection> conn;
   bool hello = false;
   std::string instance;
+  std::string offload_namespace;  // the pool's key namespace: EngineHello's, else instance
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;

@@ -167,6 +167,11 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
   }
   engine.hello = true;
   engine.instance = hello.instance();
+  if (hello.offload_namespace().size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("offload namespace must have at most 256 bytes");
+  }
+  engine.offload_namespace =
+      hello.offload_namespace().empty() ? hello.instance() : hello.offload_namespace();
   engine.tp_rank = hello.tp_rank();
   engine.tp_size = hello.tp_size();
   spdlog::info("kvd {}: engine {} rank {}/{} connected", options_.name, engine.instance,

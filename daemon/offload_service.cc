@@ -173,7 +173,7 @@ Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Messag
   KV_ASSIGN_OR_RETURN(copy.blocks, ParseBlocks(m.block_ids(), copy.keys.size()));
   KV_ASSIGN_OR_RETURN(copy.region, core.OffloadRegion(engine, m.region_id()));
   copy.engine_keys = copy.keys;
-  copy.keys = core.offload_->Namespaced(engine.instance, copy.keys,
+  copy.keys = core.offload_->Namespaced(engine.offload_namespace, copy.keys,
                                         std::is_same_v<Message, proto::OffloadStore>);
   KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
   const Region& region = *copy.region;
@@ -263,7 +263,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
   proto::OffloadResult result;
   result.set_stored(ticket->stored);
   result.set_already_present(ticket->already_present);
-  for (const BlockKey& key : offload_->EvictedOf(engine.instance, ticket->evicted)) {
+  for (const BlockKey& key : offload_->EvictedOf(engine.offload_namespace, ticket->evicted)) {
     result.add_evicted(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size());
   }
   result.set_bytes(ticket->bytes);
@@ -275,7 +275,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
                                                          const proto::OffloadLookup& m) {
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
   KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
-  keys = offload_->Namespaced(engine.instance, keys, /*record=*/false);
+  keys = offload_->Namespaced(engine.offload_namespace, keys, /*record=*/false);
   KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
   proto::OffloadResult result;
   if (!m.per_key()) {

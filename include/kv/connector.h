@@ -46,15 +46,15 @@ enum class Mode { kPush, kPull };
 // What the decode side needs to load a request: returned by RequestFinished on the prefill side
 // and handed over by the scheduler (as vLLM's kv_transfer_params).
 struct TransferParams {
-  std::string peer_name;     // the source kvd
-  std::string peer_address;  // its TCP address, HOST:PORT
-  std::string request_id;
-  std::vector<int64_t> remote_block_ids;  // prefill rank 0's blocks (informational)
+  std::string peer_name{};     // the source kvd
+  std::string peer_address{};  // its TCP address, HOST:PORT
+  std::string request_id{};
+  std::vector<int64_t> remote_block_ids{};  // prefill rank 0's blocks (informational)
   int64_t tokens = 0;  // prompt tokens to move; the decode side knows its prompt length
   Mode mode = Mode::kPush;
   // The capability the source kvd issued for this request (raw bytes; empty from a kvd that
   // issues none). The decode side presents it; treat it as a secret.
-  std::string transfer_token;
+  std::string transfer_token{};
 };
 
 // The most loads one Connector::StartLoads may carry (kvd's bound).
@@ -62,9 +62,9 @@ inline constexpr size_t kMaxLoadsPerCall = 1024;
 
 // One load of Connector::StartLoads.
 struct LoadSpec {
-  std::string request;
+  std::string request{};
   TransferParams params;
-  std::span<const int64_t> block_ids;  // local blocks; read during the call only
+  std::span<const int64_t> block_ids{};  // local blocks; read during the call only
 };
 
 struct ConnectorOptions {
@@ -72,6 +72,9 @@ struct ConnectorOptions {
   int tp_rank = 0;
   int tp_size = 1;
   std::chrono::milliseconds timeout{30000};  // bound of every blocking call
+  // Whose blocks in kvd's offload pool this engine stores and sees: empty means `instance`. Give
+  // one name to every engine (and scheduler) that should share offloaded prefixes.
+  std::string offload_namespace{};
 };
 
 // Where a KV cache's bytes live, and who allocated them.
@@ -146,7 +149,7 @@ class KV_EXPORT OffloadOp {
   void Forget();
 
   ConnectorCore* owner_ = nullptr;
-  std::string id_;
+  std::string id_{};
   int last_layer_ = 0;
 };
 
@@ -181,7 +184,7 @@ struct EmbeddedDaemonOptions {
   uint64_t offload_bytes = 0;          // CPU offload pool; 0: none
   // Peers prove this secret file (0600, 32+ bytes; kvd --auth-secret-file) before anything else.
   // Empty: peers on loopback only, unless insecure_peers (kvd --insecure). See SECURITY.md.
-  std::string auth_secret_file;
+  std::string auth_secret_file{};
   bool insecure_peers = false;
 };
 

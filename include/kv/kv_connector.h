@@ -112,6 +112,8 @@ typedef struct {
   int tp_rank;
   int tp_size;          /* 0: 1 */
   int timeout_ms;       /* bound of every blocking call; 0: 30000 */
+  /* Whose blocks in kvd's offload pool this engine stores and sees; NULL: the instance. */
+  const char* offload_namespace;
 } kv_connector_options;
 
 /* Connects to the kvd listening on the unix socket `socket_path` (kvd --socket). */

@@ -28,12 +28,13 @@ class KvErrorStruct(Structure):
 
 class KvDaemonOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("name", c_char_p), ("listen", c_char_p),
-                ("transport", c_char_p), ("offload_bytes", c_uint64)]
+                ("transport", c_char_p), ("offload_bytes", c_uint64),
+                ("auth_secret_file", c_char_p), ("insecure_peers", c_int)]
 
 
 class KvConnectorOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("instance", c_char_p), ("tp_rank", c_int),
-                ("tp_size", c_int), ("timeout_ms", c_int)]
+                ("tp_size", c_int), ("timeout_ms", c_int), ("offload_namespace", c_char_p)]
 
 
 class KvLayoutStruct(Structure):

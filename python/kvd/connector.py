@@ -53,14 +53,17 @@ class Daemon:
     opened on it is closed too."""
 
     def __init__(self, name: str = None, listen: str = "127.0.0.1:0", transport: str = "auto",
-                 offload_bytes: int = 0):
+                 offload_bytes: int = 0, auth_secret_file: str = None,
+                 insecure_peers: bool = False):
         lib = _lib.load()
         if isinstance(offload_bytes, bool) or not isinstance(offload_bytes, int) \
                 or offload_bytes < 0:
             raise InvalidArgumentError(f"offload_bytes must be an int >= 0, got {offload_bytes!r}")
         opts = _lib.KvDaemonOptions(sizeof(_lib.KvDaemonOptions), _opt_cstr(name, "name"),
                                     _opt_cstr(listen, "listen"),
-                                    _opt_cstr(transport, "transport"), offload_bytes)
+                                    _opt_cstr(transport, "transport"), offload_bytes,
+                                    _opt_cstr(auth_secret_file, "auth_secret_file"),
+                                    1 if insecure_peers else 0)
         handle, err = c_void_p(), _lib.KvErrorStruct()
         lib.check(lib.kv_daemon_start(byref(opts), byref(handle), byref(err)), err,
                   "starting the embedded kvd")
@@ -117,7 +120,8 @@ class Connector(OffloadMixin):
     REMOTE_IDS_CAPACITY = 1 << 16
 
     def __init__(self, socket: str = None, *, daemon: Daemon = None, instance: str = "engine",
-                 tp_rank: int = 0, tp_size: int = 1, timeout: float = 30.0):
+                 tp_rank: int = 0, tp_size: int = 1, timeout: float = 30.0,
+                 offload_namespace: str = None):
         if (socket is None) == (daemon is None):
             raise InvalidArgumentError("Connector needs exactly one of socket= (a kvd's unix "
                                        "socket) and daemon= (a kvd.Daemon)")
@@ -134,8 +138,10 @@ class Connector(OffloadMixin):
             raise InvalidArgumentError(f"timeout must be in (0, 2147483) seconds, got {timeout!r}")
         lib = self._lib = _lib.load()
         self._h = None
-        opts = _lib.KvConnectorOptions(sizeof(_lib.KvConnectorOptions),
-                                       _cstr(instance, "instance"), tp_rank, tp_size, timeout_ms)
+        opts = _lib.KvConnectorOptions(
+            sizeof(_lib.KvConnectorOptions), _cstr(instance, "instance"), tp_rank, tp_size,
+            timeout_ms,
+            None if offload_namespace is None else _cstr(offload_namespace, "offload_namespace"))
         handle, err = c_void_p(), _lib.KvErrorStruct()
         if daemon is not None:
             if not isinstance(daemon, Daemon):

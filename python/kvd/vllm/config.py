@@ -23,6 +23,9 @@ EXTRA_KEYS = {
                              "--offload-bytes) keyed by vLLM's block hashes; load prefix hits"),
     "kvd_instance": (str, None, "kvd instance name of this engine's ranks (default: the "
                                 "engine_id)"),
+    "kvd_offload_namespace": (str, None, "whose blocks in kvd's pool this engine stores and "
+                                         "finds: engines that share it share prefixes, across "
+                                         "restarts (default: vllm:<model>)"),
     "timeout_s": (float, 30.0, "bound of every blocking call into kvd"),
     "lease_s": (float, 30.0, "advertised in the params; the prefill kvd's --lease-ms decides"),
     "kvd_peer_address": (str, None, "the address the decode side dials (default: the prefill "
@@ -47,6 +50,7 @@ class KvdConfig:
     role: str  # kv_producer, kv_consumer, kv_both
     engine_id: str
     load_failure_policy: str
+    offload_namespace: str = "vllm"
 
     @property
     def is_producer(self):
@@ -118,7 +122,8 @@ def parse_config(kv_transfer_config, check_socket: bool = True) -> KvdConfig:
                      instance=values["kvd_instance"] or engine_id,
                      timeout_s=values["timeout_s"], lease_s=values["lease_s"],
                      peer_address=values["kvd_peer_address"], role=role, engine_id=engine_id,
-                     load_failure_policy=policy)
+                     load_failure_policy=policy,
+                     offload_namespace=values["kvd_offload_namespace"] or "vllm")
 
 
 # ---- layout fingerprint --------------------------------------------------------------------------

@@ -45,6 +45,11 @@ class KvdConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         self.kvd_config = kc.parse_config(vllm_config.kv_transfer_config,
                                           check_socket=True)
+        if not self.kvd_config.offload_namespace or self.kvd_config.offload_namespace == "vllm":
+            # Block hashes name tokens, not the model: engines of one model share the pool's
+            # blocks (a restarted engine has a new engine_id), other models do not see them.
+            model = getattr(getattr(vllm_config, "model_config", None), "model", None)
+            self.kvd_config.offload_namespace = f"vllm:{model}" if model else "vllm"
         self._scheduler = self._worker = None
         if _is_scheduler(role):
             self._scheduler = SchedulerSide(self.kvd_config, vllm_config, kv_cache_config,

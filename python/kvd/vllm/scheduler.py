@@ -66,9 +66,11 @@ class SchedulerSide:
     def _open(self, instance: str):
         if self.cfg.embedded:
             return kvd.Connector(daemon=self._daemons[self.cfg.embedded], instance=instance,
-                                 timeout=self.cfg.timeout_s)
+                                 timeout=self.cfg.timeout_s,
+                             offload_namespace=self.cfg.offload_namespace)
         return kvd.Connector(socket=self.cfg.socket, instance=instance,
-                             timeout=self.cfg.timeout_s)
+                             timeout=self.cfg.timeout_s,
+                             offload_namespace=self.cfg.offload_namespace)
 
     def peer(self):
         """(name, address) of this engine's kvd, the address the decode side dials."""
@@ -102,10 +104,12 @@ class SchedulerSide:
                                    lay.get("kind", "attention"), lay.get("dtype", ""))
             c = kvd.Connector(socket=self.cfg.socket, instance=f"{self.cfg.instance}.lookup",
                               tp_rank=lay["tp_rank"], tp_size=lay["tp_size"],
-                              timeout=self.cfg.timeout_s) if not self.cfg.embedded else \
+                              timeout=self.cfg.timeout_s,
+                             offload_namespace=self.cfg.offload_namespace) if not self.cfg.embedded else \
                 kvd.Connector(daemon=self._daemons[self.cfg.embedded],
                               instance=f"{self.cfg.instance}.lookup", tp_rank=lay["tp_rank"],
-                              tp_size=lay["tp_size"], timeout=self.cfg.timeout_s)
+                              tp_size=lay["tp_size"], timeout=self.cfg.timeout_s,
+                             offload_namespace=self.cfg.offload_namespace)
             c._register(c._handle(), [region])
             self._lookup = (c, buf)
         except kvd.KvdError as e:

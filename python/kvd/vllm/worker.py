@@ -88,9 +88,11 @@ class WorkerSide:
                                          f"registered as {self.cfg.embedded!r} (register it "
                                          "with kvd.vllm.register_embedded_daemon)")
                 return kvd.Connector(daemon=d, instance=instance, tp_rank=self.tp_rank,
-                                     tp_size=self.tp_size, timeout=self.cfg.timeout_s)
+                                     tp_size=self.tp_size, timeout=self.cfg.timeout_s,
+                             offload_namespace=self.cfg.offload_namespace)
             return kvd.Connector(socket=self.cfg.socket, instance=instance, tp_rank=self.tp_rank,
-                                 tp_size=self.tp_size, timeout=self.cfg.timeout_s)
+                                 tp_size=self.tp_size, timeout=self.cfg.timeout_s,
+                             offload_namespace=self.cfg.offload_namespace)
         except kvd.KvdError as e:
             raise RuntimeError(f"KvdConnector (TP rank {self.tp_rank}): cannot reach kvd at "
                                f"{self.cfg.socket or self.cfg.embedded}: {e}") from e

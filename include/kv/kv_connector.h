@@ -233,7 +233,7 @@ KV_EXPORT int kv_get_failed_blocks(kv_connector* c, int64_t* block_ids, size_t c
 
 /* kvd's status as one JSON object, NUL-terminated, into buf (capacity bytes); *length (may be
  * NULL) receives its length without the NUL. KV_RESOURCE_EXHAUSTED (with *length) when it does
- * not fit. */
+ * not fit; its figures change from call to call, so retry with room to spare. */
 KV_EXPORT int kv_daemon_status_json(kv_connector* c, char* buf, size_t capacity, size_t* length,
                                     kv_error* err);
 

@@ -430,7 +430,7 @@ class Connector(OffloadMixin):
             length, err = c_size_t(), _lib.KvErrorStruct()
             rc = self._lib.kv_daemon_status_json(h, buf, capacity, byref(length), byref(err))
             if rc == RESOURCE_EXHAUSTED and length.value >= capacity:
-                capacity = length.value + 1
+                capacity = 2 * length.value + 4096  # its figures may grow meanwhile
                 continue
             self._lib.check(rc, err, "status")
             return json.loads(buf.raw[:length.value].decode())

@@ -212,23 +212,29 @@ class Group:
                               sliding_window=self.window if self.kind == "swa" else None)
 
 
-def build_caches(groups, tp, blocks):
-    """Per rank of tp: (raws, views dict, KVCacheConfig), CPU caches in kvd's shared memory."""
+def _raw(nbytes, device):
+    """A cache's raw bytes: kvd's shared host memory, or a CUDA buffer on `device`."""
+    if device is None:
+        return kvd.allocate_host_kv_cache(nbytes)
+    return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+
+
+def build_caches(groups, tp, blocks, device=None):
+    """Per rank of tp: (raws, views dict, KVCacheConfig), CPU caches in kvd's shared memory (or,
+    with `device`, CUDA caches there)."""
     out = []
     for _ in range(tp):
         raws, views, tensors, specs = [], {}, [], []
         for g, grp in enumerate(groups):
             names = grp.names(g)
             if grp.kind == "mla":
-                raw = kvd.allocate_host_kv_cache(grp.layers * blocks * grp.block_size *
-                                                 grp.head_dim * 2)
+                raw = _raw(grp.layers * blocks * grp.block_size * grp.head_dim * 2, device)
                 v = kt.mla_kv_caches(raw, grp.layers, blocks, grp.block_size, grp.head_dim,
                                      prefix="tmp")
                 v = {n: v[f"tmp.{l}"] for l, n in enumerate(names)}
             else:
-                raw = kvd.allocate_host_kv_cache(kt.kv_nbytes(grp.order, grp.layers, blocks,
-                                                              grp.heads // tp, grp.block_size,
-                                                              grp.head_dim))
+                raw = _raw(kt.kv_nbytes(grp.order, grp.layers, blocks, grp.heads // tp,
+                                        grp.block_size, grp.head_dim), device)
                 v, cfg = kt.vllm_kv_caches(raw, grp.order, grp.layers, blocks, grp.heads // tp,
                                            grp.block_size, grp.head_dim, prefix="tmp")
                 v = {n: v[f"tmp.{l}"] for l, n in enumerate(names)}
@@ -253,12 +259,12 @@ class Engine:
     """A vLLM-like engine: one scheduler-role connector, `tp` worker-role connectors (one per
     rank, run in turn), a block pool (block 0 is the null block) and CPU caches."""
 
-    def __init__(self, name, role, extra, groups, tp=1, blocks=40, policy="fail"):
+    def __init__(self, name, role, extra, groups, tp=1, blocks=40, policy="fail", device=None):
         from kvd.vllm._compat import KVConnectorRole
         self.name, self.groups, self.tp, self.num_blocks = name, groups, tp, blocks
         ktc = KVTransferConfig("KvdConnector", "kvd.vllm", role, name, dict(extra), policy)
         cls = load_connector_class(ktc)
-        self.ranks = build_caches(groups, tp, blocks)
+        self.ranks = build_caches(groups, tp, blocks, device)
         self.workers, handshake = [], {}
         for r in range(tp):
             w = cls(VllmConfig(ktc, ParallelConfig(tp, r)), KVConnectorRole.WORKER,
@@ -381,6 +387,7 @@ class Engine:
         want = expected_kv(req.prompt_token_ids, (g, l), end, grp.heads if grp.kind != "mla"
                            else 1, grp.c_elems())[start:end]
         v = views[name].view(torch.int16)
+        b, n, want = b.to(v.device), n.to(v.device), want.to(v.device)
         if grp.kind == "mla":
             v[b, n] = want[:, 0]
         else:
@@ -494,5 +501,5 @@ def check_loaded(engine, req, tokens, skips=None):
                     h = grp.heads // engine.tp
                     got = v[b, :, n]
                     exp = want[:, r * h:(r + 1) * h]
-                assert torch.equal(got, exp), \
+                assert torch.equal(got.cpu(), exp), \
                     f"{engine.name} rank {r} group {g} layer {l}: loaded K/V differ"

@@ -4,6 +4,7 @@
 // serves, so that a parent process (kvbench pd, tests) learns the port it picked. SIGTERM or
 // SIGINT drains transfers in flight (bounded) and exits 0.
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -172,8 +173,10 @@ int main(int argc, char** argv) {
                 "' is not one of trace|debug|info|warn|error");
   }
   spdlog::set_level(level);
-  // Logs go to stderr; stdout carries only the ready line.
-  spdlog::set_default_logger(spdlog::default_logger()->clone("kvd"));
+  // Logs go to stderr; stdout carries only the ready line (harnesses read it as the first line).
+  auto logger = spdlog::stderr_color_mt("kvd");
+  logger->set_level(level);
+  spdlog::set_default_logger(std::move(logger));
 
   kv::daemon::DaemonOptions options;
   options.name = flags["name"];

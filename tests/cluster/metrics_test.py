@@ -28,18 +28,17 @@ SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 def start_local_kvd(build, directory, name):
     """A kvd on 127.0.0.1 with /metrics on a free port, learnt from its log line."""
     log_path = os.path.join(directory, f"{name}.log")
-    log = open(log_path, "ab")
+    # kvd logs to stderr, its ready line goes to stdout: one pipe, read in order.
     proc = subprocess.Popen(
         [os.path.join(build, "bin", "kvd"), "--name", name, "--listen", "127.0.0.1:0",
          "--socket", os.path.join(directory, f"{name}.sock"), "--transport", "ucx",
          "--log-level", "info", "--metrics-listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=log)
-    log.close()
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         m, lines = wait_ready(proc, 20)
         assert m, f"kvd {name} did not start: {lines}"
         kvcluster.drain_to(proc, log_path)
-        # kvd logs (to stdout, before its ready line) where /metrics is: port 0 picked it.
+        # kvd logs (before its ready line) where /metrics is: port 0 picked it.
         url = next((u for x in lines for u in re.findall(r"metrics on (http://\S+/metrics)", x)),
                    None)
         assert url, f"kvd {name} logged no metrics address: {lines}"

@@ -86,6 +86,9 @@ std::unique_ptr<connector::Connector> OpenEngine(const std::string& socket,
                                                  const std::string& instance) {
   connector::ConnectorOptions o;
   o.instance = instance;
+  // The restarted engine has another instance name; one offload namespace is what lets it find
+  // the first engine's blocks (kvd keeps other namespaces' keys out of reach).
+  o.offload_namespace = "model-a";
   o.timeout = 20s;
   auto c = connector::Connector::Open(socket, o);
   EXPECT_TRUE(c.ok()) << c.status().ToString();

@@ -6,6 +6,8 @@ side's. Skips without two CUDA devices (CI has none; run it on the GPU machine).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,6 +15,10 @@ torch = pytest.importorskip("torch")
 import kvd  # noqa: E402
 from kvd import testing as kt  # noqa: E402
 from kvd.daemon import KvdProcess  # noqa: E402
+
+# kvd shares cudaMalloc'ed memory (and VMM memory with a POSIX fd handle), not PyTorch's
+# expandable segments; set before torch's allocator first runs.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
 
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     # Skips the module: ctest then reports the test skipped (run_pytest.py), not passed.

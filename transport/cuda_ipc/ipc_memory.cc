@@ -93,9 +93,14 @@ Status AllocationRange(const void* ptr, uintptr_t* alloc_base, uint64_t* alloc_b
   }
   CUdeviceptr base = 0;
   size_t bytes = 0;
-  if (driver().get_address_range(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr)) !=
-      CUDA_SUCCESS) {
-    return Status::InvalidArgument("pointer is not inside a CUDA allocation");
+  const CUresult result =
+      driver().get_address_range(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr));
+  if (result != CUDA_SUCCESS) {
+    return Status::InvalidArgument(
+        "pointer is not inside a CUDA allocation kvd can share (" +
+        DriverStatus(result, "cuMemGetAddressRange").message() +
+        "); PyTorch's expandable segments are not shareable yet: set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
   }
   *alloc_base = static_cast<uintptr_t>(base);
   *alloc_bytes = bytes;
@@ -286,10 +291,12 @@ Result<IpcExport> ExportDeviceMemory(const void* ptr, uint64_t bytes, int device
     }
   }
   if (out.handle.empty() && !out.fd.valid()) {
+    // The driver calls below need the device's context current on this thread: an engine whose
+    // CUDA runtime is not kvd's (PyTorch's own copy of it) may never have made it so for ours.
+    DeviceGuard guard(device);
     uintptr_t alloc_base = 0;
     KV_RETURN_IF_ERROR(AllocationRange(ptr, &alloc_base, &out.allocation_bytes));
     out.offset = address - alloc_base;
-    DeviceGuard guard(device);
     if (LegacyIpcCapable(ptr)) {
       cudaIpcMemHandle_t handle{};
       cudaError_t err = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(alloc_base));

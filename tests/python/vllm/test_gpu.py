@@ -14,6 +14,10 @@ from kvd.daemon import KvdProcess
 from standins import Engine, Group, expected_kv
 from test_call_sequence import run_pd
 
+# kvd shares cudaMalloc'ed memory (and VMM memory with a POSIX fd handle), not PyTorch's
+# expandable segments; set before torch's allocator first runs.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA devices", allow_module_level=True)
 

@@ -373,6 +373,43 @@ int kv_save_layer(kv_connector* c, const char* request, int layer, const int64_t
   });
 }
 
+int kv_save_layers(kv_connector* c, int layer, const kv_save* saves, size_t n, void* cuda_stream,
+                   kv_error* results, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    if (n == 0) return Status::InvalidArgument("save_layers names no saves (n is 0)");
+    KV_RETURN_IF_ERROR(NeedNonNull(saves, "saves"));
+    KV_RETURN_IF_ERROR(NeedNonNull(results, "results"));
+    std::vector<kv::connector::SaveSpec> specs(n);
+    std::vector<Status> refused(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto id = Id(saves[i].request, "request");
+      if (!id.ok()) {
+        refused[i] = id.status();
+      } else if (saves[i].count == 0 || saves[i].block_ids == nullptr) {
+        refused[i] = Status::InvalidArgument("save " + std::to_string(i) + " names no blocks");
+      } else {
+        specs[i] = {std::move(id).value(), {saves[i].block_ids, saves[i].count}};
+      }
+    }
+    // Only the well-formed saves go out; the others keep their own error.
+    std::vector<kv::connector::SaveSpec> good;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < n; ++i) {
+      if (refused[i].ok()) {
+        good.push_back(specs[i]);
+        where.push_back(i);
+      }
+    }
+    if (!good.empty()) {
+      KV_ASSIGN_OR_RETURN(auto done, connector->SaveLayers(layer, good, cuda_stream));
+      for (size_t k = 0; k < where.size(); ++k) refused[where[k]] = done[k];
+    }
+    for (size_t i = 0; i < n; ++i) Report(refused[i], &results[i]);
+    return Status::Ok();
+  });
+}
+
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                         int64_t* remote_block_ids, size_t capacity, size_t* count, kv_error* err) {
   return Guarded(err, [&]() -> Status {

@@ -57,6 +57,12 @@ struct TransferParams {
   std::string transfer_token{};
 };
 
+// One request's blocks of Connector::SaveLayers.
+struct SaveSpec {
+  std::string request{};
+  std::span<const int64_t> block_ids{};  // read during the call only
+};
+
 // The most loads one Connector::StartLoads may carry (kvd's bound).
 inline constexpr size_t kMaxLoadsPerCall = 1024;
 
@@ -227,6 +233,12 @@ class KV_EXPORT Connector {
   // once; a save kvd refuses later fails the request, and RequestFinished returns that error.
   Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids,
                    void* cuda_stream = nullptr);
+  // SaveLayer of one layer for every request of a step in one call (an engine's forward pass
+  // saves a layer of all its running requests at once): the event is recorded once, then each
+  // save goes out as SaveLayer's would. Returns, per save in order, what SaveLayer would have;
+  // one refused does not stop the others. The call's own error: no saves, or a bad stream.
+  Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
+                                         void* cuda_stream = nullptr);
   Result<TransferParams> RequestFinished(const std::string& request);
 
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).

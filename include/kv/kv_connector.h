@@ -173,6 +173,20 @@ KV_EXPORT int kv_save_layer(kv_connector* c, const char* request, int layer,
                             const int64_t* block_ids, size_t count, void* cuda_stream,
                             kv_error* err);
 
+/* One request's blocks of kv_save_layers. */
+typedef struct {
+  const char* request;
+  const int64_t* block_ids;
+  size_t count;
+} kv_save;
+
+/* kv_save_layer of `layer` for `n` requests (a forward pass's) in one call: the layer's event is
+ * recorded once on cuda_stream. Returns KV_OK when every save was handed over or refused on its
+ * own: results[i] (n entries, the caller's) holds save i's outcome. Otherwise the call's error
+ * (no saves, NULL arguments), and no save went out. */
+KV_EXPORT int kv_save_layers(kv_connector* c, int layer, const kv_save* saves, size_t n,
+                             void* cuda_stream, kv_error* results, kv_error* err);
+
 enum { KV_MODE_PUSH = 0, KV_MODE_PULL = 1 };
 
 /* What the decode side needs to load a request. */

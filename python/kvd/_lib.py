@@ -56,6 +56,10 @@ class KvTransferParamsStruct(Structure):
                 ("tokens", c_int64), ("mode", c_int)]
 
 
+class KvSaveStruct(Structure):
+    _fields_ = [("request", c_char_p), ("block_ids", c_void_p), ("count", c_size_t)]
+
+
 class KvLoadStruct(Structure):
     _fields_ = [("request", c_char_p), ("params", POINTER(KvTransferParamsStruct)),
                 ("block_ids", c_void_p), ("count", c_size_t)]
@@ -90,6 +94,8 @@ _SIGNATURES = {
     "kv_host_memory_alloc": (c_int, [c_uint64, POINTER(c_void_p), _err_p]),
     "kv_host_memory_free": (c_int, [c_void_p, _err_p]),
     "kv_save_layer": (c_int, [c_void_p, c_char_p, c_int, c_void_p, c_size_t, c_void_p, _err_p]),
+    "kv_save_layers": (c_int, [c_void_p, c_int, POINTER(KvSaveStruct), c_size_t, c_void_p,
+                               c_void_p, _err_p]),
     "kv_request_finished": (c_int, [c_void_p, c_char_p, POINTER(KvTransferParamsStruct),
                                     c_void_p, c_size_t, POINTER(c_size_t), _err_p]),
     "kv_start_load": (c_int, [c_void_p, c_char_p, POINTER(KvTransferParamsStruct), c_void_p,

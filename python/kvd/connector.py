@@ -286,6 +286,32 @@ class Connector(OffloadMixin):
         if rc:
             raise lib.error(rc, err, f"save_layer({request!r}, {layer!r})")
 
+    def save_layers(self, layer, saves, stream=None) -> list:
+        """save_layer of `layer` for every (request, block_ids) of `saves` in one call (a forward
+        pass's saves of one layer): the event is recorded once. Returns one entry per save: None
+        when it went out, else its KvdError; one refused does not stop the others."""
+        saves = list(saves)
+        n = len(saves)
+        if n == 0:
+            raise InvalidArgumentError("save_layers needs at least one (request, block_ids)")
+        lib = self._lib
+        arr = (_lib.KvSaveStruct * n)()
+        keep = []
+        for i, (request, block_ids) in enumerate(saves):
+            ids = Int64Ids(block_ids)
+            keep.append(ids)
+            arr[i].request = _cstr(request, "request")
+            arr[i].block_ids = ids.ptr
+            arr[i].count = ids.count
+        results = (_lib.KvErrorStruct * n)()
+        err = lib.err()
+        rc = lib.kv_save_layers(self._handle(), self._layer(layer), arr, n,
+                                _stream_handle(stream), results, err)
+        if rc:
+            raise lib.error(rc, err, f"save_layers({layer!r})")
+        return [None if r.code == 0 else lib.error(r.code, r, f"save of {saves[i][0]!r}")
+                for i, r in enumerate(results)]
+
     def request_finished(self, request: str) -> TransferParams:
         """Finishes `request` on the prefill side: the TransferParams the decode side loads it
         with (to_dict() for the router)."""

@@ -102,14 +102,22 @@ TEST_F(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
   EXPECT_EQ(results[2].code, 0) << results[2].message;
   const char* ids[] = {"a", "b"};
   const int64_t src_blocks[] = {1, 2};
-  for (int r = 0; r < 2; ++r) {
-    for (int l = 0; l < 2; ++l) {
+  // One call per layer for both requests (a forward pass's saves); a third save of an unknown
+  // block is refused on its own.
+  const int64_t outside[] = {8};
+  const kv_save saves[] = {{"a", &src_blocks[0], 1}, {"b", &src_blocks[1], 1}, {"c", outside, 1}};
+  for (int l = 0; l < 2; ++l) {
+    for (int r = 0; r < 2; ++r) {
       std::memset(kv::c_api_test::SmallPage(src, l, static_cast<int>(src_blocks[r])), 0x50 + r,
                   128);
-      ASSERT_EQ(kv_save_layer(prefill, ids[r], l, &src_blocks[r], 1, nullptr, &err), 0)
-          << err.message;
     }
+    kv_error save_results[3] = {};
+    ASSERT_EQ(kv_save_layers(prefill, l, saves, 3, nullptr, save_results, &err), 0) << err.message;
+    EXPECT_EQ(save_results[0].code, KV_OK) << save_results[0].message;
+    EXPECT_EQ(save_results[1].code, KV_OK) << save_results[1].message;
+    EXPECT_EQ(save_results[2].code, KV_OUT_OF_RANGE) << save_results[2].message;
   }
+  EXPECT_EQ(kv_save_layers(prefill, 0, saves, 0, nullptr, nullptr, &err), KV_INVALID_ARGUMENT);
   for (int r = 0; r < 2; ++r) {
     for (int l = 0; l < 2; ++l) {
       ASSERT_EQ(kv_wait_layer(decode, ids[r], l, &err), 0) << err.message;

@@ -119,6 +119,18 @@ def test_register_and_refusals(engine):
         c.register_kv_caches(views)
 
 
+def test_save_layers_saves_a_step_in_one_call(engine):
+    c, views = engine
+    c.register_kv_caches(views)
+    results = c.save_layers(0, [("a", [1, 2]), ("b", np.array([3], dtype=np.int64)),
+                                ("c", [99])])
+    assert results[:2] == [None, None]
+    assert isinstance(results[2], kvd.OutOfRangeError) and "block id 99" in str(results[2])
+    with pytest.raises(kvd.InvalidArgumentError):
+        c.save_layers(0, [])
+    assert isinstance(c.save_layers(5, [("a", [1])])[0], kvd.OutOfRangeError)  # layer 5 of 2
+
+
 def test_bad_calls_raise(engine):
     c, views = engine
     c.register_kv_caches(views)

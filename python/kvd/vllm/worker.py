@@ -355,13 +355,17 @@ class WorkerSide:
         g, idx = where
         c, pos = self.conns[g], self.group_pos[g]
         stream = self._stream()
-        for rid, blocks in meta.saves.items():
-            ids = blocks[pos]
-            if ids:
-                try:
-                    c.save_layer(self.key(rid, g), idx, ids, stream)
-                except kvd.KvdError as e:
-                    logger.error("kvd: save_layer(%s, %s) failed: %s", rid, layer_name, e)
+        # One call into kvd per layer for every request of the step.
+        saves = [(self.key(rid, g), blocks[pos]) for rid, blocks in meta.saves.items()
+                 if blocks[pos]]
+        if saves:
+            try:
+                results = c.save_layers(idx, saves, stream)
+            except kvd.KvdError as e:
+                results = [e] * len(saves)
+            for (key, _), e in zip(saves, results):
+                if e is not None:
+                    logger.error("kvd: save_layer(%s, %s) failed: %s", key, layer_name, e)
         self.stats["saves"] += len(meta.saves)
 
     def wait_for_save(self):

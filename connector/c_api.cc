@@ -251,8 +251,8 @@ int kv_daemon_start(const kv_daemon_options* options, kv_daemon** out, kv_error*
     KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
     *out = nullptr;
     KV_RETURN_IF_ERROR(NeedNonNull(options, "options"));
-    KV_RETURN_IF_ERROR(CheckStructSize<kv_daemon_options>(options->struct_size,
-                                                          "kv_daemon_options"));
+    KV_RETURN_IF_ERROR(
+        CheckStructSize<kv_daemon_options>(options->struct_size, "kv_daemon_options"));
     const kv_daemon_options o = Widen(options);
     kv::connector::EmbeddedDaemonOptions d;
     if (o.name != nullptr) {
@@ -334,10 +334,9 @@ int kv_register_kv_caches(kv_connector* c, const kv_cache_desc* caches, size_t c
       } else if (d.memory == KV_MEMORY_CUDA && d.device >= 0) {
         descs[i].location = kv::MemoryLocation::Cuda(d.device);
       } else {
-        return Status::InvalidArgument("caches[" + std::to_string(i) + "]: memory " +
-                                       std::to_string(d.memory) + ", device " +
-                                       std::to_string(d.device) +
-                                       " (KV_MEMORY_HOST, or KV_MEMORY_CUDA with device >= 0)");
+        return Status::InvalidArgument(
+            "caches[" + std::to_string(i) + "]: memory " + std::to_string(d.memory) + ", device " +
+            std::to_string(d.device) + " (KV_MEMORY_HOST, or KV_MEMORY_CUDA with device >= 0)");
       }
     }
     KV_ASSIGN_OR_RETURN(auto registered, connector->RegisterKvCaches(descs));
@@ -536,8 +535,8 @@ int kv_offload_store(kv_connector* c, uint32_t region, const uint8_t* keys, size
     KV_ASSIGN_OR_RETURN(auto stored,
                         connector->OffloadStore(parsed, {block_ids, count}, region, cuda_stream));
     if (info != nullptr) {
-      kv_offload_store_info i{info->struct_size, stored.stored, stored.already_present,
-                              stored.evicted.size(), stored.bytes, stored.runs};
+      kv_offload_store_info i{info->struct_size,     stored.stored, stored.already_present,
+                              stored.evicted.size(), stored.bytes,  stored.runs};
       std::memcpy(info, &i, std::min(info->struct_size, sizeof(i)));
     }
     for (size_t k = 0; k < std::min(evicted_capacity, stored.evicted.size()); ++k) {

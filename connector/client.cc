@@ -28,7 +28,8 @@ Result<std::unique_ptr<ConnectorCore::Client>> ConnectorCore::Client::Create(
   return std::unique_ptr<Client>(new Client(fd, timeout));
 }
 
-ConnectorCore::Client::Client(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {
+ConnectorCore::Client::Client(int fd, std::chrono::milliseconds timeout)
+    : fd_(fd), timeout_(timeout) {
   reader_ = std::thread([this] { ReadLoop(); });
 }
 

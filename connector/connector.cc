@@ -27,8 +27,8 @@ Status CheckOptions(const ConnectorOptions& options) {
                                    " bytes; it must be at most " + std::to_string(kMaxIdBytes));
   }
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size) {
-    return Status::InvalidArgument("tp_rank " + std::to_string(options.tp_rank) +
-                                   " of tp_size " + std::to_string(options.tp_size) +
+    return Status::InvalidArgument("tp_rank " + std::to_string(options.tp_rank) + " of tp_size " +
+                                   std::to_string(options.tp_size) +
                                    ": need 0 <= tp_rank < tp_size");
   }
   if (options.timeout.count() <= 0) {
@@ -74,7 +74,8 @@ Result<std::unique_ptr<Connector>> Connector::Open(const std::string& socket_pat
 Result<std::unique_ptr<Connector>> Connector::OpenEmbedded(std::shared_ptr<daemon::Daemon> daemon,
                                                            ConnectorOptions options) {
   KV_RETURN_IF_ERROR(CheckOptions(options));
-  KV_ASSIGN_OR_RETURN(auto core, ConnectorCore::OpenEmbedded(std::move(daemon), std::move(options)));
+  KV_ASSIGN_OR_RETURN(auto core,
+                      ConnectorCore::OpenEmbedded(std::move(daemon), std::move(options)));
   return std::unique_ptr<Connector>(new Connector(std::move(core)));
 }
 

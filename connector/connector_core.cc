@@ -15,8 +15,8 @@
 #include "connector/client.h"
 #include "connector/connector.h"
 #include "connector/host_memory.h"
-#include "daemon/daemon.h"
 #include "daemon/core.h"
+#include "daemon/daemon.h"
 #include "daemon/wire_layout.h"
 #include "transport/cuda_ipc/ipc_memory.h"
 
@@ -84,13 +84,14 @@ void AddKeys(std::span<const offload::BlockKey> keys, Field* out) {
 
 }  // namespace
 
-ConnectorCore::ConnectorCore(std::unique_ptr<Client> client, std::shared_ptr<daemon::Daemon> embedded)
+ConnectorCore::ConnectorCore(std::unique_ptr<Client> client,
+                             std::shared_ptr<daemon::Daemon> embedded)
     : embedded_(std::move(embedded)), client_(std::move(client)) {}
 
 ConnectorCore::~ConnectorCore() = default;
 
-Result<std::unique_ptr<ConnectorCore>> ConnectorCore::Connect(int fd, ConnectorOptions options,
-                                                      std::shared_ptr<daemon::Daemon> embedded) {
+Result<std::unique_ptr<ConnectorCore>> ConnectorCore::Connect(
+    int fd, ConnectorOptions options, std::shared_ptr<daemon::Daemon> embedded) {
   KV_ASSIGN_OR_RETURN(auto client, Client::Create(fd, options.timeout));
   proto::EngineMessage m;
   auto* hello = m.mutable_hello();
@@ -104,13 +105,13 @@ Result<std::unique_ptr<ConnectorCore>> ConnectorCore::Connect(int fd, ConnectorO
 }
 
 Result<std::unique_ptr<ConnectorCore>> ConnectorCore::Open(const std::string& socket_path,
-                                                   ConnectorOptions options) {
+                                                           ConnectorOptions options) {
   KV_ASSIGN_OR_RETURN(int fd, ConnectUnix(socket_path));
   return Connect(fd, std::move(options), nullptr);
 }
 
-Result<std::unique_ptr<ConnectorCore>> ConnectorCore::OpenEmbedded(std::shared_ptr<daemon::Daemon> daemon,
-                                                           ConnectorOptions options) {
+Result<std::unique_ptr<ConnectorCore>> ConnectorCore::OpenEmbedded(
+    std::shared_ptr<daemon::Daemon> daemon, ConnectorOptions options) {
   if (!daemon) return Status::InvalidArgument("OpenEmbedded needs a daemon");
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
@@ -124,8 +125,7 @@ Result<std::unique_ptr<ConnectorCore>> ConnectorCore::OpenEmbedded(std::shared_p
   return Connect(fds[0], std::move(options), std::move(daemon));
 }
 
-Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(
-    std::span<const KvCacheDesc> caches) {
+Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvCacheDesc> caches) {
   if (!region_layers_.empty()) return Status::AlreadyExists("KV caches were already registered");
   if (caches.empty()) return Status::InvalidArgument("no KV caches to register");
   const MemoryKind kind = caches.front().location.kind;
@@ -143,8 +143,8 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterHost(std::span<const KvCache
   struct Planned {
     KvRegion layout;
     transport::UniqueFd fd;  // the memfd kvd maps
-    uint64_t fd_bytes = 0;  // its size
-    uint64_t offset = 0;    // of the cache's byte 0 inside it
+    uint64_t fd_bytes = 0;   // its size
+    uint64_t offset = 0;     // of the cache's byte 0 inside it
     void* base = nullptr;
     uint64_t bytes = 0;
   };
@@ -208,8 +208,7 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterGpu(std::span<const KvCacheD
     if (cache.base == nullptr) return Status::InvalidArgument(which + ": base is null");
     auto layout = KvRegion::Create(cache.layout, cache.location);
     if (!layout.ok()) return layout.status().WithContext(which);
-    if (cache.location.device != device ||
-        layout->spec().layers != caches.front().layout.layers) {
+    if (cache.location.device != device || layout->spec().layers != caches.front().layout.layers) {
       return Status::InvalidArgument(which +
                                      ": every GPU cache must live on one device and have "
                                      "the same layer count");
@@ -252,7 +251,7 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterGpu(std::span<const KvCacheD
 }
 
 Status ConnectorCore::SaveLayer(const std::string& request, int layer,
-                            std::span<const int64_t> block_ids, void* cuda_stream) {
+                                std::span<const int64_t> block_ids, void* cuda_stream) {
   KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
   if (region_layers_.empty()) return Status::InvalidArgument("register_kv_caches first");
   if (layer < 0 || layer >= region_layers_.front()) {
@@ -298,7 +297,7 @@ Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request
 }
 
 Status ConnectorCore::StartLoad(const std::string& request, const TransferParams& params,
-                            std::span<const int64_t> local_block_ids) {
+                                std::span<const int64_t> local_block_ids) {
   KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
   proto::EngineMessage m;
   ToWire(LoadSpec{request, params, local_block_ids}, m.mutable_start_load());
@@ -409,8 +408,8 @@ Result<int> ConnectorCore::RegionLayers(uint32_t region) const {
 }
 
 Result<OffloadStored> ConnectorCore::OffloadStore(std::span<const offload::BlockKey> keys,
-                                              std::span<const int64_t> block_ids, uint32_t region,
-                                              void* cuda_stream) {
+                                                  std::span<const int64_t> block_ids,
+                                                  uint32_t region, void* cuda_stream) {
   KV_ASSIGN_OR_RETURN(int layers, RegionLayers(region));
   // kvd orders the copy after this record (daemon/offload_service.cc).
   if (layer_events_) KV_RETURN_IF_ERROR(layer_events_->Record(layers - 1, cuda_stream));
@@ -444,7 +443,8 @@ Result<OffloadStored> ConnectorCore::OffloadStore(std::span<const offload::Block
   return out;
 }
 
-Result<size_t> ConnectorCore::OffloadLookup(std::span<const offload::BlockKey> keys, uint32_t region) {
+Result<size_t> ConnectorCore::OffloadLookup(std::span<const offload::BlockKey> keys,
+                                            uint32_t region) {
   proto::EngineMessage m;
   m.mutable_offload_lookup()->set_region_id(region);
   AddKeys(keys, m.mutable_offload_lookup()->mutable_keys());
@@ -456,7 +456,7 @@ Result<size_t> ConnectorCore::OffloadLookup(std::span<const offload::BlockKey> k
 }
 
 Result<std::vector<KeyState>> ConnectorCore::OffloadProbe(std::span<const offload::BlockKey> keys,
-                                                      uint32_t region) {
+                                                          uint32_t region) {
   proto::EngineMessage m;
   m.mutable_offload_lookup()->set_region_id(region);
   m.mutable_offload_lookup()->set_per_key(true);
@@ -476,8 +476,9 @@ Result<std::vector<KeyState>> ConnectorCore::OffloadProbe(std::span<const offloa
 }
 
 Result<OffloadLoaded> ConnectorCore::OffloadLoad(std::span<const offload::BlockKey> keys,
-                                             std::span<const int64_t> block_ids, bool per_layer,
-                                             uint32_t region, std::vector<MissingKey>* missing) {
+                                                 std::span<const int64_t> block_ids, bool per_layer,
+                                                 uint32_t region,
+                                                 std::vector<MissingKey>* missing) {
   KV_ASSIGN_OR_RETURN(int layers, RegionLayers(region));
   const std::string id = std::string(kOffloadPrefix) + std::to_string(next_offload_++);
   proto::EngineMessage m;

@@ -35,9 +35,9 @@ namespace kv::connector {
 class ConnectorCore {
  public:
   static Result<std::unique_ptr<ConnectorCore>> Open(const std::string& socket_path,
-                                                 ConnectorOptions options);
+                                                     ConnectorOptions options);
   static Result<std::unique_ptr<ConnectorCore>> OpenEmbedded(std::shared_ptr<daemon::Daemon> daemon,
-                                                         ConnectorOptions options);
+                                                             ConnectorOptions options);
   ~ConnectorCore();
   ConnectorCore(const ConnectorCore&) = delete;
   ConnectorCore& operator=(const ConnectorCore&) = delete;
@@ -121,7 +121,7 @@ class ConnectorCore {
 
  private:
   static Result<std::unique_ptr<ConnectorCore>> Connect(int fd, ConnectorOptions options,
-                                                    std::shared_ptr<daemon::Daemon> embedded);
+                                                        std::shared_ptr<daemon::Daemon> embedded);
   ConnectorCore(std::unique_ptr<Client> client, std::shared_ptr<daemon::Daemon> embedded);
   friend class OffloadOp;
   Result<std::vector<KvCache>> RegisterHost(std::span<const KvCacheDesc> caches);

@@ -164,7 +164,7 @@ struct SourceRequest {
   // The request's capability (peer_auth.h): issued to the engine by RequestFinished, presented
   // by the destination's WantRequest (transfers.cc, OnWant).
   std::string token;
-  std::string notice_token;  // the destination's, echoed in every LayerNotice
+  std::string notice_token;                  // the destination's, echoed in every LayerNotice
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
   // Released only once confirmed and every rank called request_finished: the engine must not

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "daemon/daemon.h"
-#include "daemon/peer_auth.h"
 #include "daemon/membership/membership.h"
+#include "daemon/peer_auth.h"
 
 namespace {
 

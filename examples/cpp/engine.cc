@@ -24,8 +24,12 @@ int Fail(const char* what, const kv::Status& s) {
 int main() {
   std::printf("kvd connector %s\n", kv::connector::Version());
   // 4 layers × 16 blocks × 2 heads × 16 tokens × 256 bytes (K+V of head_dim 64 in bf16), LBNHC.
-  kv::LayoutSpec layout{.order = "LBNHC", .layers = 4, .blocks = 16, .heads = 2,
-                        .block_size = 16, .content_bytes = 256};
+  kv::LayoutSpec layout{.order = "LBNHC",
+                        .layers = 4,
+                        .blocks = 16,
+                        .heads = 2,
+                        .block_size = 16,
+                        .content_bytes = 256};
   auto p = kv::connector::StartEmbeddedDaemon({.name = "prefill-node"});
   auto d = kv::connector::StartEmbeddedDaemon({.name = "decode-node"});
   if (!p.ok()) return Fail("start prefill kvd", p.status());

@@ -40,18 +40,18 @@ extern "C" {
 
 enum {
   KV_OK = 0,
-  KV_INVALID_ARGUMENT = 1,    /* the caller passed something malformed or out of range */
-  KV_OUT_OF_RANGE = 2,        /* an index or byte range outside what was registered */
-  KV_INCOMPATIBLE = 3,        /* two descriptions (layouts, versions, peers) cannot work together */
-  KV_NOT_FOUND = 4,           /* an id, key or peer is unknown */
-  KV_ALREADY_EXISTS = 5,      /* registering something twice */
-  KV_RESOURCE_EXHAUSTED = 6,  /* a pool, queue, size limit or caller buffer is full */
-  KV_TIMEOUT = 7,             /* a deadline passed */
-  KV_UNAVAILABLE = 8,         /* kvd, a peer or a device is gone or not reachable */
-  KV_ABORTED = 9,             /* cancelled because something it depended on failed */
-  KV_UNSUPPORTED = 10,        /* valid, but this build or kvd's transport cannot serve it */
-  KV_IO_ERROR = 11,           /* a system call failed */
-  KV_INTERNAL = 12            /* a bug in kvd: an invariant did not hold */
+  KV_INVALID_ARGUMENT = 1,   /* the caller passed something malformed or out of range */
+  KV_OUT_OF_RANGE = 2,       /* an index or byte range outside what was registered */
+  KV_INCOMPATIBLE = 3,       /* two descriptions (layouts, versions, peers) cannot work together */
+  KV_NOT_FOUND = 4,          /* an id, key or peer is unknown */
+  KV_ALREADY_EXISTS = 5,     /* registering something twice */
+  KV_RESOURCE_EXHAUSTED = 6, /* a pool, queue, size limit or caller buffer is full */
+  KV_TIMEOUT = 7,            /* a deadline passed */
+  KV_UNAVAILABLE = 8,        /* kvd, a peer or a device is gone or not reachable */
+  KV_ABORTED = 9,            /* cancelled because something it depended on failed */
+  KV_UNSUPPORTED = 10,       /* valid, but this build or kvd's transport cannot serve it */
+  KV_IO_ERROR = 11,          /* a system call failed */
+  KV_INTERNAL = 12           /* a bug in kvd: an invariant did not hold */
 };
 
 typedef struct {
@@ -72,10 +72,10 @@ KV_EXPORT const char* kv_version(void);
 /* Offload block keys: 8 to 32 bytes. */
 #define KV_MAX_KEY_BYTES 32
 
-#define KV_INIT(s) \
-  do {                                      \
-    memset(&(s), 0, sizeof(s));             \
-    (s).struct_size = sizeof(s);            \
+#define KV_INIT(s)               \
+  do {                           \
+    memset(&(s), 0, sizeof(s));  \
+    (s).struct_size = sizeof(s); \
   } while (0)
 
 /* ---- the embedded daemon -------------------------------------------------------------------- */
@@ -110,8 +110,8 @@ typedef struct {
   size_t struct_size;
   const char* instance; /* engines of one TP group share it; NULL: "engine" */
   int tp_rank;
-  int tp_size;          /* 0: 1 */
-  int timeout_ms;       /* bound of every blocking call; 0: 30000 */
+  int tp_size;    /* 0: 1 */
+  int timeout_ms; /* bound of every blocking call; 0: 30000 */
   /* Whose blocks in kvd's offload pool this engine stores and sees; NULL: the instance. */
   const char* offload_namespace;
 } kv_connector_options;
@@ -133,8 +133,8 @@ typedef struct {
   int64_t layers, blocks, heads, block_size, content_bytes;
   int64_t strides[6];
   int tp_rank, tp_size;
-  int64_t total_heads; /* 0: heads * tp_size */
-  int replicated;      /* MLA: every rank holds every head */
+  int64_t total_heads;  /* 0: heads * tp_size */
+  int replicated;       /* MLA: every rank holds every head */
   int64_t region_bytes; /* 0: the strides' span */
 } kv_layout;
 
@@ -211,9 +211,8 @@ KV_EXPORT int kv_request_finished(kv_connector* c, const char* request, kv_trans
 
 /* ---- decode --------------------------------------------------------------------------------- */
 
-KV_EXPORT int kv_start_load(kv_connector* c, const char* request,
-                            const kv_transfer_params* params, const int64_t* block_ids,
-                            size_t count, kv_error* err);
+KV_EXPORT int kv_start_load(kv_connector* c, const char* request, const kv_transfer_params* params,
+                            const int64_t* block_ids, size_t count, kv_error* err);
 
 /* One load of kv_start_loads. */
 typedef struct {

@@ -203,7 +203,8 @@ TEST_F(CApiBadInput, SaveFinishLoadWait) {
 
 TEST_F(CApiBadInput, CompletionAndStatus) {
   Expect(kv_get_finished(c, nullptr, nullptr, &err), KV_INVALID_ARGUMENT, "on_request");
-  Expect(kv_get_finished(nullptr, [](void*, const char*, int) {}, nullptr, &err),
+  Expect(kv_get_finished(
+             nullptr, [](void*, const char*, int) {}, nullptr, &err),
          KV_INVALID_ARGUMENT, "connector");
   size_t count = 99;
   EXPECT_EQ(kv_get_failed_blocks(c, nullptr, 0, &count, &err), KV_OK) << err.message;

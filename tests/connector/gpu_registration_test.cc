@@ -1,5 +1,6 @@
-// RegisterKvCaches of GPU caches where it cannot work: embedded mode, host memory, a build or machine without
-// CUDA. Each is refused with a clear error, and the connector stays usable for host caches.
+// RegisterKvCaches of GPU caches where it cannot work: embedded mode, host memory, a build or
+// machine without CUDA. Each is refused with a clear error, and the connector stays usable for host
+// caches.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,7 +18,6 @@ namespace kv {
 namespace {
 
 using connector::Connector;
-
 
 LayoutSpec SmallLayout() {
   LayoutSpec s;

@@ -76,8 +76,7 @@ Result<Figures> TimeThroughKvd(const OffloadBenchConfig& config, const LayoutSpe
     const connector::KvCacheDesc cache{spec, MemoryLocation::Cuda(0), gpu_cache};
     KV_RETURN_IF_ERROR(engine->RegisterKvCaches({&cache, 1}).status());
   } else {
-    KV_ASSIGN_OR_RETURN(auto caches,
-                        engine->RegisterKvCaches(connector::HostCaches({&spec, 1})));
+    KV_ASSIGN_OR_RETURN(auto caches, engine->RegisterKvCaches(connector::HostCaches({&spec, 1})));
     std::memset(caches[0].base, 1, caches[0].bytes);
   }
 

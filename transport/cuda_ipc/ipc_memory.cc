@@ -96,11 +96,10 @@ Status AllocationRange(const void* ptr, uintptr_t* alloc_base, uint64_t* alloc_b
   const CUresult result =
       driver().get_address_range(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr));
   if (result != CUDA_SUCCESS) {
-    return Status::InvalidArgument(
-        "pointer is not inside a CUDA allocation kvd can share (" +
-        DriverStatus(result, "cuMemGetAddressRange").message() +
-        "); PyTorch's expandable segments are not shareable yet: set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
+    return Status::InvalidArgument("pointer is not inside a CUDA allocation kvd can share (" +
+                                   DriverStatus(result, "cuMemGetAddressRange").message() +
+                                   "); PyTorch's expandable segments are not shareable yet: set "
+                                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
   }
   *alloc_base = static_cast<uintptr_t>(base);
   *alloc_bytes = bytes;

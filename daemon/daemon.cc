@@ -428,8 +428,10 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
           if (p.conn) conns.push_back(p.conn);
         }
         for (auto& c : conns) c->Close(Status::Unavailable("kvd " + options_.name + " stopping"));
+        // Clearing *step destroys this very lambda and its captures: keep what is used after.
+        auto done = closed;
         *step = nullptr;  // breaks the self-reference
-        closed->set_value();
+        done->set_value();
       };
       (*step)();
     });

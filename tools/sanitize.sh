@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 # vptr checks are left out: libstdc++'s own streams are not instrumented, and the one report the
-# first run gave (basic_ios.h, "invalid vptr", in AcceptBackoff's descriptor-exhaustion test) was
-# of that kind. Every other UBSan check is fatal.
+# first run gave (basic_ios.h, "invalid vptr", in AcceptBackoff's descriptor-exhaustion test) is
+# most likely of that kind; it was not investigated further. Every other UBSan check is fatal.
 flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined"
 flags="$flags -fno-omit-frame-pointer -O1"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKV_WITH_CUDA=OFF \

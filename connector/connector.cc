@@ -91,15 +91,7 @@ Status Connector::SaveLayer(const std::string& request, int layer,
 
 Result<std::vector<Status>> Connector::SaveLayers(int layer, std::span<const SaveSpec> saves,
                                                   void* cuda_stream) {
-  if (saves.empty()) return Status::InvalidArgument("save_layers names no saves");
-  std::vector<Status> out;
-  out.reserve(saves.size());
-  for (const SaveSpec& save : saves) {
-    Status s = CheckId(save.request, "request id");
-    // The first save records the layer's event on the stream; the others find it recorded.
-    out.push_back(s.ok() ? core_->SaveLayer(save.request, layer, save.block_ids, cuda_stream) : s);
-  }
-  return out;
+  return core_->SaveLayers(layer, saves, cuda_stream);
 }
 
 Result<TransferParams> Connector::RequestFinished(const std::string& request) {

@@ -266,17 +266,59 @@ Status ConnectorCore::SaveLayer(const std::string& request, int layer,
     }
   }
   KV_RETURN_IF_ERROR(client_->SaveError(request));
-  bool recorded = false;
-  if (layer_events_) {
-    KV_ASSIGN_OR_RETURN(recorded, layer_events_->RecordIfPending(layer, cuda_stream));
-  }
+  KV_ASSIGN_OR_RETURN(bool written, RecordLayer(layer, cuda_stream));
+  return SendSave(request, layer, block_ids, written);
+}
+
+Result<bool> ConnectorCore::RecordLayer(int layer, void* cuda_stream) {
+  if (!layer_events_) return false;
+  KV_ASSIGN_OR_RETURN(bool recorded, layer_events_->RecordIfPending(layer, cuda_stream));
+  return !recorded;  // the stream had run everything: the layer is written, no event to wait on
+}
+
+Status ConnectorCore::SendSave(const std::string& request, int layer,
+                               std::span<const int64_t> block_ids, bool written) {
   proto::EngineMessage m;
   auto* save = m.mutable_save_layer();
   save->set_request_id(request);
   save->set_layer(layer);
-  save->set_written(layer_events_ != nullptr && !recorded);
+  save->set_written(written);
   save->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
   return client_->Send(std::move(m));
+}
+
+Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const SaveSpec> saves,
+                                                      void* cuda_stream) {
+  if (saves.empty()) return Status::InvalidArgument("save_layers names no saves");
+  if (region_layers_.empty()) return Status::InvalidArgument("register_kv_caches first");
+  if (layer < 0 || layer >= region_layers_.front()) {
+    return Status::OutOfRange("layer " + std::to_string(layer) + " out of range [0, " +
+                              std::to_string(region_layers_.front()) + ")");
+  }
+  // One event record for the step's saves: every one of them waits for the same point of the
+  // engine's stream.
+  KV_ASSIGN_OR_RETURN(bool written, RecordLayer(layer, cuda_stream));
+  std::vector<Status> out;
+  out.reserve(saves.size());
+  for (const SaveSpec& save : saves) {
+    Status s =
+        save.request.empty() || save.request.size() > kMaxIdBytes
+            ? Status::InvalidArgument("request id of " + std::to_string(save.request.size()) +
+                                      " bytes; it must be 1 to 256 bytes")
+            : CheckEngineRequestId(save.request);
+    if (s.ok() && save.block_ids.empty()) s = Status::InvalidArgument("a save names no blocks");
+    for (int64_t id : save.block_ids) {
+      if (!s.ok()) break;
+      if (id < 0 || id >= region_blocks_) {
+        s = Status::OutOfRange("block id " + std::to_string(id) + " out of range [0, " +
+                               std::to_string(region_blocks_) + ")");
+      }
+    }
+    if (s.ok()) s = client_->SaveError(save.request);
+    if (s.ok()) s = SendSave(save.request, layer, save.block_ids, written);
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request) {

@@ -60,6 +60,9 @@ class ConnectorCore {
   // and RequestFinished returns that error.
   Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids,
                    void* cuda_stream = nullptr);
+  // Connector::SaveLayers: the layer's event is recorded once for every save.
+  Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
+                                         void* cuda_stream);
   Result<TransferParams> RequestFinished(const std::string& request);
 
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
@@ -124,6 +127,11 @@ class ConnectorCore {
                                                         std::shared_ptr<daemon::Daemon> embedded);
   ConnectorCore(std::unique_ptr<Client> client, std::shared_ptr<daemon::Daemon> embedded);
   friend class OffloadOp;
+  // Records `layer`'s event on the stream when work there is pending; true when it was not
+  // (the layer is written: kvd copies without waiting). Always false for host caches.
+  Result<bool> RecordLayer(int layer, void* cuda_stream);
+  Status SendSave(const std::string& request, int layer, std::span<const int64_t> block_ids,
+                  bool written);
   Result<std::vector<KvCache>> RegisterHost(std::span<const KvCacheDesc> caches);
   Result<std::vector<KvCache>> RegisterGpu(std::span<const KvCacheDesc> caches);
   Result<int> RegionLayers(uint32_t region) const;

@@ -236,7 +236,8 @@ class KV_EXPORT Connector {
   // SaveLayer of one layer for every request of a step in one call (an engine's forward pass
   // saves a layer of all its running requests at once): the event is recorded once, then each
   // save goes out as SaveLayer's would. Returns, per save in order, what SaveLayer would have;
-  // one refused does not stop the others. The call's own error: no saves, or a bad stream.
+  // one refused does not stop the others. The call's own error: no saves, a layer out of
+  // range, or a failed event record.
   Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
                                          void* cuda_stream = nullptr);
   Result<TransferParams> RequestFinished(const std::string& request);

@@ -183,7 +183,7 @@ typedef struct {
 /* kv_save_layer of `layer` for `n` requests (a forward pass's) in one call: the layer's event is
  * recorded once on cuda_stream. Returns KV_OK when every save was handed over or refused on its
  * own: results[i] (n entries, the caller's) holds save i's outcome. Otherwise the call's error
- * (no saves, NULL arguments), and no save went out. */
+ * (no saves, NULL arguments, a layer out of range), and no save went out. */
 KV_EXPORT int kv_save_layers(kv_connector* c, int layer, const kv_save* saves, size_t n,
                              void* cuda_stream, kv_error* results, kv_error* err);
 

@@ -33,7 +33,7 @@ start=$(date +%s)
 if [[ ! -x $B/bin/kvbench ]]; then
   env "${KVD_ENV[@]}" cmake -S "$RUN/src" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/build.log" 2>&1 &&
-  env "${KVD_ENV[@]}" cmake --build $B -j"$(nproc)" --target kvbench kvd kvconnector >> "$OUT/build.log" 2>&1
+  env "${KVD_ENV[@]}" timeout 300 cmake --build $B -j"$(nproc)" --target kvbench kvd kvconnector >> "$OUT/build.log" 2>&1
   echo "kvd build rc=$? in $(( $(date +%s) - start )) s"
 fi
 

@@ -8,7 +8,10 @@
 #   $RUN/nixl.zip, $RUN/mooncake.zip, $RUN/debs-mc/*.deb   (fetch.sh)
 # Logs and JSON lines go to $OUT; the last lines printed are the summary.
 #   usage (on the device): bash .peers/run/peers/device.sh [CASES]
-#   CASES: space-separated ORDER:WINDOW pairs (default "LBNHC:32 BLHNC:32")
+#   CASES, space-separated (default "LBNHC:32 BLHNC:32"):
+#     ORDER:WINDOW          kvd, NIXL and Mooncake on that layout and window
+#     kvd-pull:ORDER:WINDOW kvd alone with --mode pull (whole requests, as the peers move them)
+#     offload               kvbench offload, NIXL loopback and the vLLM batched-copy method
 set -uo pipefail
 RUN="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -54,14 +57,14 @@ NIXL_ENV=(PYTHONPATH=$PN UCX_MODULE_DIR=$PN/nixl_cu13.libs/ucx UCX_TLS=cuda_copy
           UCX_PROTO_INFO=y)
 MC_ENV=(PYTHONPATH=$PM MC_INTRANODE_NVLINK=true LD_LIBRARY_PATH=$MD/usr/lib/x86_64-linux-gnu:$TORCHLIB)
 
-pd() {  # kvd on one case; prints kvbench's summary lines
-  local order=$1 window=$2 tag=kvd-$1-w$2
+pd() {  # kvd on one case; prints kvbench's summary lines. $3: extra kvbench flags
+  local order=$1 window=$2 tag=kvd-$1-w$2${3:+-pull}
   (( $(tmo) < 30 )) && { echo "== kvd $order window $window: skipped (out of time)"; return; }
   timeout "$(tmo)" env "${KVD_ENV[@]}" $B/bin/kvbench pd --memory cuda --transport ipc --tokens 4096 \
     --layers 32 --heads 8 --head-dim 128 --block-size 16 --prewrite --block-ids random \
-    --prefill-order "$order" --decode-order "$order" --requests $(( window * 2 )) --window "$window" \
+    --prefill-order "$order" --decode-order "$order" --requests $(( window * 2 )) --window "$window" ${3:-} \
     > "$OUT/$tag.log" 2>&1
-  echo "== kvd $order window $window (kvbench pd --transport ipc) rc=$?"
+  echo "== kvd $order window $window ${3:-} (kvbench pd --transport ipc) rc=$?"
   grep -E "round|requests .* verified|bytes |runs per request|ceiling|attention" "$OUT/$tag.log" | sed 's/^/  /'
 }
 peer() {  # $1 nixl|mooncake, $2 order, $3 window
@@ -73,11 +76,23 @@ peer() {  # $1 nixl|mooncake, $2 order, $3 window
     --window "$3" --logdir "$OUT/logs" --json-out "$OUT/peers.jsonl" > "$OUT/$1-$2-w$3.log" 2>&1
   echo "(rc=$?)"; cat "$OUT/$1-$2-w$3.log" | cut -c1-400 | tail -25
 }
+offload() {
+  (( $(tmo) < 30 )) && { echo "== offload: skipped (out of time)"; return; }
+  timeout "$(tmo)" env "${KVD_ENV[@]}" $B/bin/kvbench offload --no-busy > "$OUT/kvd-offload.log" 2>&1
+  echo "== kvd offload (kvbench offload --no-busy) rc=$?"; grep -vE "^\s*$" "$OUT/kvd-offload.log" | tail -14
+  (( $(tmo) < 30 )) && return
+  timeout "$(tmo)" env "${NIXL_ENV[@]}" python3 "$RUN/peers/offload_bench.py" \
+    --json-out "$OUT/peers.jsonl" > "$OUT/offload.log" 2>&1
+  echo "(offload_bench rc=$?)"; grep -E "^(==|  )" "$OUT/offload.log" | cut -c1-300
+  python3 -c "import sys; sys.path.insert(0, '$RUN/peers'); import nixl_bench as n
+for t in n.ucx_proto_tables('$OUT/offload.log', skip_self=False)[:6]: print('  log:', t)"
+}
 for c in $CASES; do
-  o=${c%%:*} w=${c##*:}
-  pd "$o" "$w"
-  peer nixl "$o" "$w"
-  peer mooncake "$o" "$w"
+  case $c in
+    offload) offload ;;
+    kvd-pull:*) c=${c#kvd-pull:}; pd "${c%%:*}" "${c##*:}" "--mode pull" ;;
+    *) o=${c%%:*} w=${c##*:}; pd "$o" "$w"; peer nixl "$o" "$w"; peer mooncake "$o" "$w" ;;
+  esac
 done
 # the call returns at most 8 files: every log in one tarball, beside peers.jsonl
 tar -C "$OUT" -czf /tmp/peer-logs.tgz --exclude=./peers.jsonl . &&

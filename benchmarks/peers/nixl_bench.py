@@ -95,7 +95,7 @@ class NixlPeer:
         self.agent.deregister_memory(self.reg)
 
 
-def ucx_proto_tables(path):
+def ucx_proto_tables(path, skip_self=True):
     """The remote-memory tables of UCX_PROTO_INFO=y output: one line per table, its title (who,
     which operation, which memory) and its rows (size range, method, lane)."""
     out, cur, rows, in_rows, seps = [], [], [], False, 0
@@ -114,7 +114,7 @@ def ucx_proto_tables(path):
                     continue
                 if in_rows and cur:
                     title = " / ".join(cur)
-                    if "remote memory" in title and " self " not in title:
+                    if "remote memory" in title and not (skip_self and " self " in title):
                         out.append(f"{title}: " + "; ".join(rows))
                     cur, rows, in_rows, seps = [], [], False, 0
                 continue

@@ -33,7 +33,7 @@ KVD_ENV=(CMAKE_PREFIX_PATH=/opt/ucx/usr PKG_CONFIG_PATH=/opt/ucx/usr/lib/x86_64-
          UCX_MODULE_DIR=/opt/ucx/usr/lib/x86_64-linux-gnu/ucx)
 B=${KVD_BUILD:-/tmp/kvdbuild}
 start=$(date +%s)
-if [[ ! -x $B/bin/kvbench ]]; then
+if [[ ! -x $B/bin/kvbench && -z ${SKIP_BUILD:-} ]]; then
   env "${KVD_ENV[@]}" cmake -S "$RUN/src" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/build.log" 2>&1 &&
   env "${KVD_ENV[@]}" timeout 300 cmake --build $B -j"$(nproc)" --target kvbench kvd kvconnector >> "$OUT/build.log" 2>&1
@@ -90,6 +90,10 @@ for t in n.ucx_proto_tables('$OUT/offload.log', skip_self=False)[:6]: print('  l
 for c in $CASES; do
   case $c in
     offload) offload ;;
+    offload-peers:*)  # offload_bench alone; the suffix is its flags, commas kept, '+' for spaces
+      timeout "$(tmo)" env "${NIXL_ENV[@]}" python3 "$RUN/peers/offload_bench.py" ${c#offload-peers:} \
+        --json-out "$OUT/peers.jsonl" > "$OUT/offload.log" 2>&1
+      echo "(offload_bench rc=$?)"; grep -E "^(==|  )" "$OUT/offload.log" | cut -c1-300 ;;
     kvd-pull:*) c=${c#kvd-pull:}; pd "${c%%:*}" "${c##*:}" "--mode pull" ;;
     *) o=${c%%:*} w=${c##*:}; pd "$o" "$w"; peer nixl "$o" "$w"; peer mooncake "$o" "$w" ;;
   esac

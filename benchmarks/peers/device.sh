@@ -91,7 +91,8 @@ for c in $CASES; do
   case $c in
     offload) offload ;;
     offload-peers:*)  # offload_bench alone; the suffix is its flags, commas kept, '+' for spaces
-      timeout "$(tmo)" env "${NIXL_ENV[@]}" python3 "$RUN/peers/offload_bench.py" ${c#offload-peers:} \
+      f=${c#offload-peers:}; f=${f//+/ }
+      timeout "$(tmo)" env "${NIXL_ENV[@]}" python3 "$RUN/peers/offload_bench.py" $f \
         --json-out "$OUT/peers.jsonl" > "$OUT/offload.log" 2>&1
       echo "(offload_bench rc=$?)"; grep -E "^(==|  )" "$OUT/offload.log" | cut -c1-300 ;;
     kvd-pull:*) c=${c#kvd-pull:}; pd "${c%%:*}" "${c##*:}" "--mode pull" ;;

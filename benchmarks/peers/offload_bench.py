@@ -176,6 +176,7 @@ def main():
             for op in ("store", "load"):
                 if op == "store":
                     pool.fill_(0xA5)
+                    cache.copy_(keep)  # an earlier layout's loads rewrote pages of this one
                 else:
                     cache.copy_(keep)  # a skipped load would leave the old bytes: detected
                 # the peers copy on their own streams: the restore must be done before they start

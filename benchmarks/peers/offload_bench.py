@@ -25,7 +25,6 @@ usage: offload_bench.py [--layouts LBNHC,BLNHC] [--methods nixl,batched] [--json
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time

@@ -28,7 +28,7 @@ class SideMemory {
   virtual MemoryLocation location() const = 0;
   // Overwrites the whole memory with `bytes` (its length).
   virtual Status Write(const std::vector<uint8_t>& bytes) = 0;
-  // The whole memory as it is now, with every copy this process issued into it finished.
+  // The whole memory as it is now (what a completion or a notification said had landed).
   virtual Result<std::vector<uint8_t>> Read() = 0;
 };
 

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "tests/transport/test_support.h"
-#include "transport/codec.h"
+#include "base/codec.h"
 
 namespace kv::transport::conformance {
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tests/transport/conformance_backends.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::transport::conformance {

@@ -1,9 +1,8 @@
-// The factory and the `local` backend.
-#include <atomic>
-#include <cstring>
-#include <thread>
-
+// The factory and the `local` backend. Puts, gets, notification order, bounds and a closed peer:
+// the conformance suite (conformance_suite.h).
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "tests/transport/test_support.h"
 #include "transport/transport.h"
@@ -12,11 +11,8 @@ namespace kv::transport {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::ExpectCopied;
 using testing::Fill;
 using testing::PostAndWait;
-using testing::SpreadRuns;
-using testing::Waiter;
 
 TEST(TransportFactory, ListsLocalAndRefusesUnknownBackends) {
   auto names = AvailableTransports();
@@ -81,52 +77,6 @@ TEST_F(LocalPair, RemoteImportedByAnotherTransportIsRefused) {
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
   EXPECT_EQ(small, std::vector<uint8_t>(16, 0xEE));
   EXPECT_EQ(dst, std::vector<uint8_t>(dst.size(), 0xEE));
-}
-
-TEST_F(LocalPair, PutsManySmallRunsAndGetsThemBack) {
-  auto runs = SpreadRuns(1000, 512, 256);
-  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, runs).ok());
-  ExpectCopied(src, dst, runs, 0xEE);
-
-  std::vector<kv::Run> back;
-  for (const kv::Run& r : runs) back.push_back({r.dst_offset, r.src_offset, r.length});
-  std::fill(src.begin(), src.end(), 0);
-  ASSERT_TRUE(PostAndWait(*initiator, Op::kGet, *src_reg, *remote, back).ok());
-  std::vector<uint8_t> expected(src.size());
-  Fill(expected, 7);
-  EXPECT_EQ(0, std::memcmp(expected.data(), src.data(), 1000 * 512));
-}
-
-TEST_F(LocalPair, RejectsRunOutsideTheRegistrationWithNothingPosted) {
-  std::vector<kv::Run> runs = {{0, 0, 4096}, {0, dst.size() - 100, 101}};
-  bool called = false;
-  Batch batch{Op::kPut, src_reg.get(), remote.get(), runs, testing::In(1s)};
-  Status s = initiator->post(batch, [&](Status) { called = true; });
-  EXPECT_EQ(s.code(), Code::kOutOfRange);
-  // Batches run in order: once a later one completed, the rejected one would have landed.
-  ASSERT_TRUE(PostAndWait(*initiator, Op::kPut, *src_reg, *remote, {{0, 8192, 1}}).ok());
-  EXPECT_FALSE(called);
-  EXPECT_EQ(dst[0], 0xEE);
-}
-
-TEST_F(LocalPair, NotificationArrivesAfterTheDataBeforeIt) {
-  std::atomic<int> checked{0};
-  std::atomic<bool> all_there{true};
-  target->set_notification_handler([&](std::string_view m) {
-    all_there = all_there && m == "batch" && std::memcmp(src.data(), dst.data(), src.size()) == 0;
-    ++checked;
-  });
-  Waiter waiter;
-  std::vector<kv::Run> whole = {{0, 0, src.size()}};
-  ASSERT_TRUE(initiator
-                  ->post({Op::kPut, src_reg.get(), remote.get(), whole, testing::In(10s)},
-                         waiter.callback())
-                  .ok());
-  ASSERT_TRUE(initiator->notify(peer, "batch").ok());
-  ASSERT_TRUE(waiter.Wait().ok());
-  for (int i = 0; i < 5000 && checked == 0; ++i) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(checked, 1);
-  EXPECT_TRUE(all_there);
 }
 
 TEST_F(LocalPair, BatchStartedPastItsDeadlineTimesOut) {

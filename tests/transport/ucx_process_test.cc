@@ -1,5 +1,6 @@
-// The ucx backend between two processes on loopback: bytes verified by the receiving process,
-// a peer killed mid-batch, a stalled peer past the deadline.
+// The ucx backend between two processes on loopback: a peer killed mid-batch while another keeps
+// working, a stalled peer past the deadline. Puts, gets, notification order, bounds and a killed
+// peer's batches, over tcp and shm: the conformance suite (conformance_suite.h).
 //
 // Children are forked before this process initialises UCX and set up their own transport; every
 // wait is bounded and ~ChildProcess kills and reaps them on every path.
@@ -49,30 +50,6 @@ void PutAndCheck(Transport& transport, ChildProcess& child, const testing::Targe
   ASSERT_TRUE(verdict.ok()) << verdict.status().ToString();
   EXPECT_EQ(*verdict, "ok");
 }
-
-class TwoProcesses : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(TwoProcesses, PutsSmallAndLargeRunsThatTheTargetVerifies) {
-  auto child = StartTarget(GetParam(), 64 << 20);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Tls(GetParam()));
-  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
-  std::vector<uint8_t> src(32 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  PutAndCheck(**transport, *child, *c, **reg, 4000, 4096, 1024);   // many small runs
-  PutAndCheck(**transport, *child, *c, **reg, 4, 8 << 20, 65536);  // a few large ones
-  ASSERT_TRUE(child->channel().Send("quit").ok());
-  auto code = child->Wait(Clock::now() + 30s);
-  ASSERT_TRUE(code.ok()) << code.status().ToString();
-  EXPECT_EQ(*code, 0);
-}
-
-INSTANTIATE_TEST_SUITE_P(Tls, TwoProcesses, ::testing::Values("tcp", "shm"),
-                         [](const auto& info) { return info.param; });
 
 TEST(UcxPeerFailure, KilledPeerFailsItsBatchesAndTheSurvivorKeepsWorking) {
   auto doomed = StartTarget("tcp", 64 << 20);

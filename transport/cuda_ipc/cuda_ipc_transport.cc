@@ -23,7 +23,7 @@
 #include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"

@@ -13,7 +13,7 @@
 
 #include "base/codec.h"
 #include "transport/cuda_ipc/device_ordered.h"
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/nccl_link.h"

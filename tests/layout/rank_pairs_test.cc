@@ -104,7 +104,9 @@ void CheckPairing(const TpShape& src, const TpShape& dst) {
       ASSERT_TRUE(one.ok()) << one.status().ToString();
       auto it = by_ranks.find({sr, dr});
       ASSERT_EQ(one->has_value(), it != by_ranks.end()) << sr << " -> " << dr;
-      if (one->has_value()) EXPECT_EQ(**one, it->second);
+      if (one->has_value()) {
+        EXPECT_EQ(**one, it->second);
+      }
     }
   }
   // Copies of a head are read evenly: a source rank feeds at most one destination more than
@@ -158,7 +160,7 @@ TEST(RankPairs, PlansOfThePairsWriteEveryDestinationByteOnce) {
         if (p.dst_rank != dr) continue;
         auto plan = PlanTransfer(Region(src, p.src_rank), d, spec);
         ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-        for (const Run& run : plan->runs) {
+        for (const kv::Run& run : plan->runs) {
           for (uint64_t k = 0; k < run.length; ++k) {
             ++writes[run.dst_offset + k];
             out[run.dst_offset + k] = src_bytes[p.src_rank][run.src_offset + k];

@@ -541,8 +541,7 @@ std::span<const SettingInfo> CudaIpcSettings() {
       {"device", "CUDA ordinal of the copy streams (kvd: --device)"},
       {"socket_dir", "directory of the side-channel unix sockets (/tmp)"},
       {"connect_timeout_ms", "connects to a peer's side channel (5000)"},
-      {"copy_path",
-       "auto|kernel|engine: the copy kernel or the copy engine for every batch (auto)"},
+      {"copy_path", "auto|kernel|engine: force the copy kernel or the copy engine (auto)"},
   };
   return kSettings;
 }

@@ -282,12 +282,12 @@ std::span<const SettingInfo> NcclSettings() {
   static constexpr SettingInfo kSettings[] = {
       {"device", "CUDA ordinal of the copies and communicators (kvd: --device)"},
       {"listen_host", "host of the TCP side channel (127.0.0.1)"},
-      {"staging_bytes", "one staging slot and the chunk size (33554432; both sides must allow it)"},
+      {"staging_bytes", "a staging slot and the chunk size; both sides allow it (33554432)"},
       {"staging_slots", "staging slots per side and direction, 1..64 (4)"},
       {"lanes", "communicators per direction the sender opens, 1..4 (2)"},
       {"copy_ctas", "grid of the gather/scatter kernels, 0 = one CTA per SM (16)"},
       {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
-      {"host_gate", "1: poll an engine event that has not fired on the host, 0: on the device (1)"},
+      {"host_gate", "1: wait for an engine event on the host, 0: on the device (1)"},
       {"timeout_ms", "connects, communicator creation and control messages (30000)"},
   };
   return kSettings;

@@ -341,7 +341,7 @@ Result<Config> ParseConfig(const TransportOptions& options) {
 
 std::span<const SettingInfo> StagedSettings() {
   static constexpr SettingInfo kSettings[] = {
-      {"staging_bytes", "bytes of one pinned staging slot for GPU regions (16777216, >= 4096)"},
+      {"staging_bytes", "bytes of a pinned staging slot for GPU regions (16777216, >= 4096)"},
       {"staging_slots", "staging slots per link and direction, 2..64 (4)"},
       {"stage_host", "1: stage host regions too, with memcpy (tests; 0)"},
   };

@@ -260,12 +260,9 @@ class UcxTransport final : public Transport {
 };
 
 constexpr SettingInfo kSettings[] = {
-    {"max_inflight_bytes",
-     "bytes of a peer's batches handed to UCX at once; later ones queue in call order (16777216)"},
-    {"put_path",
-     "auto|am|rma: how puts travel; auto: as kvd's own active messages where an endpoint has no "
-     "RMA lane (tcp), else UCX's RMA (auto)"},
-    {"UCX_*", "any UCX configuration variable (UCX_TLS=tcp), applied over UCX's environment"},
+    {"max_inflight_bytes", "a peer's bytes handed to UCX at once; more wait (16777216)"},
+    {"put_path", "auto|am|rma: puts as kvd's messages or UCX's RMA; auto: am without RMA lane"},
+    {"UCX_*", "any UCX configuration variable, e.g. UCX_TLS=tcp; wins over the environment"},
 };
 
 // The engine's own settings; every other one is UCX's (ucx_transport.h).

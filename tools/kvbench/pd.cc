@@ -389,6 +389,7 @@ int PdMain(int argc, char** argv) {
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
+    o.extra_args = {"--log-level", "warn"};  // the prefill's, less what is added below again
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     o.extra_args.insert(o.extra_args.end(), transport_args.begin(), transport_args.end());

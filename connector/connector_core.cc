@@ -17,8 +17,8 @@
 #include "connector/host_memory.h"
 #include "daemon/core.h"
 #include "daemon/daemon.h"
-#include "daemon/wire_layout.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "protocol/wire_layout.h"
+#include "gpu/ipc_memory.h"
 
 namespace kv::connector {
 
@@ -142,14 +142,14 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterHost(std::span<const KvCache
   // Every cache is checked, and its memory found or made, before kvd hears of any.
   struct Planned {
     KvRegion layout;
-    transport::UniqueFd fd;  // the memfd kvd maps
+    kv::UniqueFd fd;  // the memfd kvd maps
     uint64_t fd_bytes = 0;   // its size
     uint64_t offset = 0;     // of the cache's byte 0 inside it
     void* base = nullptr;
     uint64_t bytes = 0;
   };
   std::vector<Planned> planned;
-  std::vector<daemon::SharedMemory> made;
+  std::vector<kv::SharedMemory> made;
   for (size_t i = 0; i < caches.size(); ++i) {
     const std::string which = "KV cache " + std::to_string(i);
     auto layout = KvRegion::Create(caches[i].layout);
@@ -159,7 +159,7 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterHost(std::span<const KvCache
                   ? static_cast<uint64_t>(caches[i].layout.region_bytes)
                   : p.layout.span_bytes();
     if (caches[i].base == nullptr) {
-      auto memory = daemon::SharedMemory::Create(p.bytes, "kv-cache-" + std::to_string(i));
+      auto memory = kv::SharedMemory::Create(p.bytes, "kv-cache-" + std::to_string(i));
       if (!memory.ok()) return memory.status().WithContext(which);
       KV_ASSIGN_OR_RETURN(p.fd, DuplicateFd(memory->fd()));
       p.fd_bytes = memory->size();
@@ -179,7 +179,7 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterHost(std::span<const KvCache
   for (Planned& p : planned) {
     proto::EngineMessage m;
     auto* reg = m.mutable_register_region();
-    daemon::ToWire(p.layout.spec(), reg->mutable_layout());
+    kv::proto::ToWire(p.layout.spec(), reg->mutable_layout());
     reg->set_bytes(p.fd_bytes);
     reg->set_offset(p.offset);
     KV_RETURN_IF_ERROR(client_->Call(std::move(m), p.fd.get()).status());
@@ -200,7 +200,7 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterGpu(std::span<const KvCacheD
   }
   // Everything is checked and exported before kvd hears of any cache.
   std::vector<KvCache> out;
-  std::vector<transport::gpu::IpcExport> exports;
+  std::vector<kv::gpu::IpcExport> exports;
   const int device = caches.front().location.device;
   for (size_t i = 0; i < caches.size(); ++i) {
     const KvCacheDesc& cache = caches[i];
@@ -216,19 +216,19 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterGpu(std::span<const KvCacheD
     const uint64_t bytes = cache.layout.region_bytes > 0
                                ? static_cast<uint64_t>(cache.layout.region_bytes)
                                : layout->span_bytes();
-    auto exported = transport::gpu::ExportDeviceMemory(cache.base, bytes, device);
+    auto exported = kv::gpu::ExportDeviceMemory(cache.base, bytes, device);
     if (!exported.ok()) return exported.status().WithContext(which);
     exports.push_back(std::move(exported).value());
     out.push_back(KvCache{cache.base, bytes, layout->spec(), cache.location});
   }
   const int layers = static_cast<int>(out.front().layout.layers);
-  KV_ASSIGN_OR_RETURN(auto events, transport::gpu::LayerEvents::Create(device, layers));
+  KV_ASSIGN_OR_RETURN(auto events, kv::gpu::LayerEvents::Create(device, layers));
   for (size_t i = 0; i < out.size(); ++i) {
     proto::EngineMessage m;
     auto* reg = m.mutable_register_gpu_region();
-    daemon::ToWire(out[i].layout, reg->mutable_layout());
+    kv::proto::ToWire(out[i].layout, reg->mutable_layout());
     reg->set_bytes(out[i].bytes);
-    const bool vmm = exports[i].kind == transport::gpu::ShareKind::kPosixFd;
+    const bool vmm = exports[i].kind == kv::gpu::ShareKind::kPosixFd;
     reg->set_share(vmm ? proto::GPU_SHARE_POSIX_FD : proto::GPU_SHARE_CUDA_IPC);
     reg->set_ipc_handle(exports[i].handle);
     reg->set_offset(exports[i].offset);
@@ -389,7 +389,7 @@ Result<std::vector<Status>> ConnectorCore::StartLoads(std::span<const LoadSpec> 
   }
   for (size_t k = 0; k < sent.size(); ++k) {
     const size_t i = sent[k];
-    if (error.ok()) results[i] = daemon::FromWire(reply->loads().errors(static_cast<int>(k)));
+    if (error.ok()) results[i] = kv::proto::FromWire(reply->loads().errors(static_cast<int>(k)));
     if (!error.ok() || !results[i].ok()) client_->ForgetLoad(loads[i].request);
   }
   if (!error.ok()) return error;

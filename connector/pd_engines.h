@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::connector {
 

@@ -1,5 +1,5 @@
 // CudaPdEngines: the P/D simulator's engines on GPUs. Contract: pd_gpu.h.
-#include "connector/pd_gpu.h"
+#include "tools/kvbench/pd/pd_gpu.h"
 
 #include <cuda_runtime_api.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "connector/pd_gpu_kernels.h"
+#include "tools/kvbench/pd/pd_gpu_kernels.h"
 #include "kernels/decode_attention.h"
 #include "kernels/write_tokens.h"
 

@@ -21,9 +21,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "connector/pd_engines.h"
-#include "connector/pd_sim.h"
-#include "layout/status.h"
+#include "tools/kvbench/pd/pd_engines.h"
+#include "tools/kvbench/pd/pd_sim.h"
+#include "base/status.h"
 
 namespace kv::connector {
 

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "connector/pd_gpu_kernels.h"
-#include "connector/pd_pattern.h"
+#include "tools/kvbench/pd/pd_gpu_kernels.h"
+#include "tools/kvbench/pd/pd_pattern.h"
 
 namespace kv::connector::gpu {
 namespace {

@@ -1,5 +1,5 @@
 // CudaPdEngines in a build without CUDA: `--memory cuda` says what it needs.
-#include "connector/pd_gpu.h"
+#include "tools/kvbench/pd/pd_gpu.h"
 
 namespace kv::connector {
 

@@ -5,9 +5,9 @@
 #include <mutex>
 #include <thread>
 
-#include "connector/pd_engines.h"
-#include "connector/pd_pattern.h"
-#include "connector/pd_sim.h"
+#include "tools/kvbench/pd/pd_engines.h"
+#include "tools/kvbench/pd/pd_pattern.h"
+#include "tools/kvbench/pd/pd_sim.h"
 #include "kernels/strided_kv.h"
 #include "kernels/write_tokens.h"
 

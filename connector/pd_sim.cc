@@ -1,4 +1,4 @@
-#include "connector/pd_sim.h"
+#include "tools/kvbench/pd/pd_sim.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,8 +7,8 @@
 #include <set>
 #include <thread>
 
-#include "connector/pd_pattern.h"
-#include "daemon/proto/kvd.pb.h"
+#include "tools/kvbench/pd/pd_pattern.h"
+#include "protocol/kvd.pb.h"
 #include "kernels/strided_kv.h"
 
 namespace kv::connector {

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "connector/pd_engines.h"
-#include "layout/status.h"
+#include "tools/kvbench/pd/pd_engines.h"
+#include "base/status.h"
 
 namespace kv::connector {
 

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "daemon/core.h"
-#include "daemon/wire_layout.h"
+#include "protocol/wire_layout.h"
 
 namespace kv::daemon {
 

@@ -14,7 +14,7 @@ Result<uint32_t> Daemon::Core::HandleRegisterGpu(Engine& engine,
                                                  const proto::RegisterGpuRegion& reg) {
   // An fd arrived with this message's bytes, or none did; claimed first so that it is closed on
   // every path.
-  transport::UniqueFd fd(engine.conn->TakeFd());
+  kv::UniqueFd fd(engine.conn->TakeFd());
   const bool vmm = reg.share() == proto::GPU_SHARE_POSIX_FD;
   if (!vmm && reg.share() != proto::GPU_SHARE_CUDA_IPC) {
     return Status::InvalidArgument("GPU region of unknown share kind " +

@@ -1,4 +1,4 @@
-#include "daemon/kvd_process.h"
+#include "tools/testing/kvd_process.h"
 
 #include <fcntl.h>
 #include <poll.h>

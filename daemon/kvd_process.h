@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::daemon {
 

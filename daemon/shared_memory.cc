@@ -1,4 +1,4 @@
-#include "daemon/shared_memory.h"
+#include "base/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "daemon/wire_layout.h"
+#include "protocol/wire_layout.h"
 
 #include <string>
 

@@ -4,9 +4,9 @@
 // KvRegion::Create, so sizes, strides and TP fields are checked before anything is planned.
 #pragma once
 
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 #include "layout/kv_region.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::daemon {
 

@@ -1,4 +1,4 @@
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 
 #include <poll.h>
 #include <signal.h>

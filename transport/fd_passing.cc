@@ -1,4 +1,4 @@
-#include "transport/fd_passing.h"
+#include "base/fd_passing.h"
 
 #include <sys/socket.h>
 #include <sys/uio.h>

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport {
 

@@ -12,7 +12,7 @@
 #include "daemon/daemon.h"
 #include "kv/kv_connector.h"
 #include "tests/common/c_api_layout.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "gpu/ipc_memory.h"
 
 namespace kv {
 namespace {
@@ -100,12 +100,12 @@ TEST(GpuRegistration, HostMemoryIsRefusedAndHostCachesStillRegister) {
   ASSERT_FALSE(r.ok());
   // Without CUDA (or without a device) the build or machine cannot serve GPU caches at all; with
   // one, host memory is the caller's mistake.
-  const bool have_gpu = transport::gpu::DeviceUuid(0).ok();
+  const bool have_gpu = kv::gpu::DeviceUuid(0).ok();
   // kvd's MPS check answers for a visible device and refuses others (kUnsupported without one).
-  auto mps = transport::gpu::SharedThroughMps(0);
+  auto mps = kv::gpu::SharedThroughMps(0);
   EXPECT_EQ(have_gpu, mps.ok()) << mps.status().ToString();
   EXPECT_EQ(have_gpu ? Code::kInvalidArgument : Code::kUnsupported,
-            transport::gpu::SharedThroughMps(4096).status().code());
+            kv::gpu::SharedThroughMps(4096).status().code());
   EXPECT_EQ(have_gpu ? Code::kInvalidArgument : Code::kUnsupported, r.status().code())
       << r.status().ToString();
   EXPECT_NE(std::string::npos, r.status().message().find(have_gpu ? "host memory" : "CUDA"))

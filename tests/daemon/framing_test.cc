@@ -1,4 +1,4 @@
-#include "daemon/framing.h"
+#include "base/framing.h"
 
 #include <gtest/gtest.h>
 

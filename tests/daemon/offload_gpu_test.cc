@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "daemon/kvd_process.h"
+#include "tools/testing/kvd_process.h"
 
 extern char** environ;
 
@@ -134,13 +134,13 @@ TEST(OffloadGpu, AnEngineThatRestartsLoadsItsGpuPagesBack) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("kvd-offload-gpu-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  daemon::KvdProcess::Options o;
-  o.binary = daemon::KvdBesideSelf();
+  kv::harness::KvdProcess::Options o;
+  o.binary = kv::harness::KvdBesideSelf();
   o.name = "offload-gpu";
   o.socket_path = (dir / "kvd.sock").string();
   o.transport = "ipc";
   o.extra_args = {"--device", "0", "--offload-bytes", "16M", "--log-level", "warn"};
-  auto kvd = daemon::KvdProcess::Start(o);
+  auto kvd = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(kvd.ok()) << kvd.status().ToString();
 
   {

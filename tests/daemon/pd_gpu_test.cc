@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <string>
 
-#include "connector/pd_gpu.h"
+#include "tools/kvbench/pd/pd_gpu.h"
 
 namespace kv::connector {
 namespace {

@@ -1,6 +1,6 @@
 // SharedMemory: what an engine writes before handing its memfd over is what kvd sees (populating
 // kvd's mapping must not change a byte), and writes through either mapping reach the other.
-#include "daemon/shared_memory.h"
+#include "base/shared_memory.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -16,7 +16,7 @@
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 
 namespace kv::transport::gputest {
 

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "tests/gpu/gpu_peers.h"
-#include "transport/cuda_ipc/ipc_event.h"
-#include "transport/cuda_ipc/layer_events.h"
+#include "gpu/ipc_event.h"
+#include "gpu/layer_events.h"
 
 namespace kv::transport::gputest {
 namespace {

@@ -1,6 +1,6 @@
 // FdServer / FetchFd (transport/cuda_ipc/fd_share.h): how a cuda_ipc peer fetches a VMM region's
 // allocation fd. Plain memfds stand in for the CUDA handles, so no GPU is needed.
-#include "transport/cuda_ipc/fd_share.h"
+#include "gpu/fd_share.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

@@ -5,7 +5,7 @@
 #include <signal.h>
 
 #include "tests/transport/target_process.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/staged/chunker.h"
 #include "transport/staged/wire.h"

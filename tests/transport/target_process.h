@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/transport/test_support.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::transport::testing {

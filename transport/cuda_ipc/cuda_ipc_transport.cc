@@ -17,31 +17,31 @@
 #include <utility>
 #include <vector>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 #include "transport/cuda_ipc/device_ordered.h"
-#include "transport/cuda_ipc/fd_share.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "gpu/fd_share.h"
+#include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
-#include "transport/cuda_ipc/side_channel.h"
+#include "base/framed_socket.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
-#include "transport/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace kv::transport {
 namespace {
 
 using gpu::CudaEvent;
-using gpu::FrameReader;
+using kv::FrameReader;
 using gpu::HostId;
 using gpu::IpcRegistration;
 using gpu::IpcRemote;
 using gpu::kFdPathBytes;
 using gpu::kHostIdBytes;
 using gpu::kMagic;
-using gpu::Listener;
-using gpu::Socket;
+using kv::Listener;
+using kv::Socket;
 using gpu::WireDescriptor;
 
 // Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
@@ -241,7 +241,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   }
 
   Status notify(PeerId peer, std::string message) override {
-    if (message.size() > gpu::kMaxFrameBytes) {
+    if (message.size() > kv::kMaxFrameBytes) {
       return Status::InvalidArgument("cuda_ipc: notification too large");
     }
     gpu::PostJob job;

@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 
 #include <string>
 #include <utility>

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::gpu {
 

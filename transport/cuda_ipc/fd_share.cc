@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/fd_share.h"
+#include "gpu/fd_share.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "transport/fd_passing.h"
+#include "base/fd_passing.h"
 
 namespace kv::transport::gpu {
 namespace {

@@ -16,9 +16,9 @@
 #include <string_view>
 #include <thread>
 
-#include "layout/status.h"
-#include "transport/cuda_ipc/side_channel.h"
-#include "transport/unique_fd.h"
+#include "base/status.h"
+#include "base/framed_socket.h"
+#include "base/unique_fd.h"
 
 namespace kv::transport::gpu {
 

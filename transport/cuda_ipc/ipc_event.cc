@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/ipc_event.h"
+#include "gpu/ipc_event.h"
 
 #include <cstring>
 

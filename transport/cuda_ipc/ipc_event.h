@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
 
 namespace kv::transport::gpu {
 

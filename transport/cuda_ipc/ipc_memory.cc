@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "gpu/ipc_memory.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 
 namespace kv::transport::gpu {
 namespace {

@@ -23,8 +23,8 @@
 #include <string>
 #include <string_view>
 
-#include "layout/status.h"
-#include "transport/unique_fd.h"
+#include "base/status.h"
+#include "base/unique_fd.h"
 
 namespace kv::transport::gpu {
 

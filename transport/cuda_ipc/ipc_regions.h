@@ -12,8 +12,8 @@
 #include <string>
 #include <utility>
 
-#include "transport/cuda_ipc/fd_share.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "gpu/fd_share.h"
+#include "gpu/ipc_memory.h"
 #include "transport/transport.h"
 
 namespace kv::transport::gpu {

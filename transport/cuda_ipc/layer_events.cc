@@ -1,9 +1,9 @@
-#include "transport/cuda_ipc/layer_events.h"
+#include "gpu/layer_events.h"
 
 #include <cuda_runtime_api.h>
 
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/ipc_event.h"
+#include "gpu/cuda_util.h"
+#include "gpu/ipc_event.h"
 
 namespace kv::transport::gpu {
 namespace {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::gpu {
 

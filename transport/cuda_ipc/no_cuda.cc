@@ -1,7 +1,7 @@
 // ipc_memory.h and layer_events.h in a build without CUDA: each entry point reports kUnsupported,
 // so kvd and the connector refuse GPU memory at run time with a clear error instead of by #ifdef.
-#include "transport/cuda_ipc/ipc_memory.h"
-#include "transport/cuda_ipc/layer_events.h"
+#include "gpu/ipc_memory.h"
+#include "gpu/layer_events.h"
 
 namespace kv::transport::gpu {
 namespace {

@@ -48,9 +48,9 @@
 
 #include "kernels/plan_copy.h"
 #include "layout/plan.h"
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/run_copier.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
+#include "gpu/run_copier.h"
 #include "transport/transport.h"
 
 namespace kv::transport::gpu {

@@ -1,8 +1,8 @@
-#include "transport/cuda_ipc/run_copier.h"
+#include "gpu/run_copier.h"
 
 #include <algorithm>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 
 namespace kv::transport::gpu {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "kernels/plan_copy.h"
 #include "layout/plan.h"
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
 
 namespace kv::transport::gpu {
 

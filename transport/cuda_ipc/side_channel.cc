@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/side_channel.h"
+#include "base/framed_socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

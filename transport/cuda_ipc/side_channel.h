@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::gpu {
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <set>
 
-#include "transport/codec.h"
+#include "base/codec.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
 #include "transport/ucx/ucx_engine.h"

@@ -8,6 +8,7 @@
 #include "daemon/peer_auth.h"
 #include "protocol/wire_layout.h"
 #include "layout/plan.h"
+#include "layout/rank_pairs.h"
 
 namespace kv::daemon {
 
@@ -45,14 +46,6 @@ std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
   std::vector<const KvRegion*> out;
   for (const auto& r : engine.regions) out.push_back(&r->layout);
   return out;
-}
-
-// Whether src holds at least one global head dst holds: pairs without one have nothing to move.
-bool SharesHead(const KvRegion& src, const KvRegion& dst) {
-  for (int64_t h = 0; h < src.size(Axis::kH); ++h) {
-    if (dst.local_head(src.global_head(h)) >= 0) return true;
-  }
-  return false;
 }
 
 }  // namespace
@@ -163,7 +156,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
                                    " ranks");
   }
   std::vector<DestinationRank> destination;
-  // Every decode rank, once each: SendLayers picks the source rank of a replicated cache by it.
+  // Every decode rank, once each: SendLayers pairs ranks by their layouts' TP ranks.
   std::vector<bool> named(want.ranks_size(), false);
   for (const auto& wire : want.ranks()) {
     if (wire.tp_rank() < 0 || wire.tp_rank() >= want.ranks_size() || named[wire.tp_rank()]) {
@@ -323,9 +316,11 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
       }
       for (size_t i = 0; i < dst.layouts.size(); ++i) {
         const std::shared_ptr<Region>& src = engine->regions[i];
-        if (!SharesHead(src->layout, dst.layouts[i])) continue;
-        // Replicated caches (MLA) are whole on every source rank: one rank feeds each destination.
-        if (src->layout.spec().replicated && dst.tp_rank % request.tp_size != r) continue;
+        // Which source rank feeds which destination rank (layout/rank_pairs.h): every head slot
+        // of the destination from exactly one rank that holds it (with MLA or replicated heads,
+        // one copy of several); a pair that moves anything moves every head the two share.
+        KV_ASSIGN_OR_RETURN(std::optional<RankPair> pair, PairOf(src->layout, dst.layouts[i]));
+        if (!pair) continue;
         TransferSpec spec;
         spec.src_blocks = rank.blocks;
         spec.dst_blocks = dst.blocks;

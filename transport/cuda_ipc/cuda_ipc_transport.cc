@@ -536,6 +536,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
 
 }  // namespace
 
+std::span<const SettingInfo> CudaIpcSettings() {
+  static constexpr SettingInfo kSettings[] = {
+      {"device", "CUDA ordinal of the copy streams (kvd: --device)"},
+      {"socket_dir", "directory of the side-channel unix sockets (/tmp)"},
+      {"connect_timeout_ms", "connects to a peer's side channel (5000)"},
+      {"copy_path", "auto|kernel|engine: force the copy kernel or the copy engine (auto)"},
+  };
+  return kSettings;
+}
+
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {

@@ -187,7 +187,7 @@ int OffloadKvdMain(int argc, char** argv) {
     return fail(Status::InvalidArgument(
         "--gpu needs --daemon: CUDA IPC cannot open memory of its own process"));
   }
-  auto engine = KvRegion::Create(spec, gpu ? MemoryLocation::Cuda(0) : MemoryLocation::Host());
+  auto engine = KvRegion::Create(spec);
   if (!engine.ok()) return fail(engine.status());
   // The engine's cache: device memory under --gpu (also what the pool is timed on), else host
   // memory for the pool (kvd allocates the engine's own host cache).
@@ -210,7 +210,7 @@ int OffloadKvdMain(int argc, char** argv) {
   auto kvd = TimeThroughKvd(config, spec, flags.str("daemon"), key_base, gpu ? base : nullptr);
   if (!kvd.ok()) return fail(kvd.status());
   std::fprintf(stderr, "offload-kvd: %s: the same on the pool directly\n", order.c_str());
-  auto pool = TimePool(config, *engine, base);
+  auto pool = TimePool(config, *engine, base, gpu ? MemoryLocation::Cuda(0) : MemoryLocation::Host());
   if (!pool.ok()) return fail(pool.status());
   std::fprintf(stderr, "offload-kvd: ceiling: one %s of %.1f MiB\n",
                gpu ? "pinned cudaMemcpyAsync" : "memcpy", kvd->bytes / 1048576.0);

@@ -256,8 +256,8 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRe
                                         : "layer events come with the engine's first GPU region");
   }
   if (wants_events && reg.layer_events_size() != layers) {
-    return Status::InvalidArgument(std::to_string(reg.layer_events_size()) +
-                                   " layer events for " + std::to_string(layers) + " layers");
+    return Status::InvalidArgument(std::to_string(reg.layer_events_size()) + " layer events for " +
+                                   std::to_string(layers) + " layers");
   }
   return layout;
 }
@@ -277,9 +277,8 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
     // kvd populates what it maps, so it maps the layout's span alone: a 1 KiB layout that names
     // a 1 GiB memfd (sparse, or other caches of the engine sharing it) costs kvd 1 KiB of pages.
     // Adopt bounds it by the object's real size.
-    KV_ASSIGN_OR_RETURN(region->host, SharedMemory::Adopt(fd.release(),
-                                                          region->layout.span_bytes(),
-                                                          reg.offset()));
+    KV_ASSIGN_OR_RETURN(
+        region->host, SharedMemory::Adopt(fd.release(), region->layout.span_bytes(), reg.offset()));
     region->base = region->host.data();
     region->bytes = region->host.size();
     region->where = MemoryLocation::Host();

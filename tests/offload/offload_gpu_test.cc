@@ -207,8 +207,8 @@ TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
   auto submitted = std::async(std::launch::async, [&] {
     return (*pool)
         ->Load(
-            {&*region, cache.base(), keys, targets, gate.event(), kCuda0}, [&](int64_t) { ++layers; },
-            [&](Status s) { loaded.set_value(s); })
+            {&*region, cache.base(), keys, targets, gate.event(), kCuda0},
+            [&](int64_t) { ++layers; }, [&](Status s) { loaded.set_value(s); })
         .status();
   });
   const bool returned = submitted.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
@@ -252,7 +252,8 @@ TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
   ASSERT_TRUE(probe.ok());
   EXPECT_EQ((*probe)[0], OffloadPool::KeyState::kAbsent);
   auto again = (*pool)->Store(
-      {&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr, kCuda0}, [](Status) {});
+      {&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr, kCuda0},
+      [](Status) {});
   EXPECT_EQ(again.status().code(), Code::kUnavailable) << again.status().ToString();
   gate.Open();
 }

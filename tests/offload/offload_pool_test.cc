@@ -449,7 +449,8 @@ TEST(OffloadPool, GpuPagesNeedAPinnedPool) {
   std::vector<std::byte> fake(region->span_bytes());
   auto keys = Keys({1});
   std::vector<int64_t> b0 = {0};
-  Status s = StoreAndWait(*pool, {&*region, fake.data(), keys, b0, nullptr, MemoryLocation::Cuda(0)});
+  Status s =
+      StoreAndWait(*pool, {&*region, fake.data(), keys, b0, nullptr, MemoryLocation::Cuda(0)});
   EXPECT_EQ(s.code(), Code::kUnavailable);
   EXPECT_NE(s.message().find("not pinned"), std::string::npos) << s.message();
   EXPECT_EQ(pool->stats().used_slots, 0u);

@@ -132,7 +132,8 @@ Status RunHost(const OffloadBenchConfig& config, OffloadReport* report) {
                         KvRegion::Create(config.Spec(order, config.engine_blocks)));
     std::vector<std::byte> cache(engine.span_bytes(), std::byte{1});
     Progress(order + ": pool store/load of " + std::to_string(config.batch) + " blocks");
-    KV_ASSIGN_OR_RETURN(PoolTiming pool, TimePool(config, engine, cache.data(), MemoryLocation::Host()));
+    KV_ASSIGN_OR_RETURN(PoolTiming pool,
+                        TimePool(config, engine, cache.data(), MemoryLocation::Host()));
 
     Progress(order + ": references (one memcpy; one memcpy per page)");
     std::vector<std::byte> flat(pool.bytes);

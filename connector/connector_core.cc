@@ -130,6 +130,12 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
   if (caches.empty()) return Status::InvalidArgument("no KV caches to register");
   const MemoryLocation where = caches.front().location;
   const bool host = where.kind == MemoryKind::kHost;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    if (caches[i].location.kind != where.kind) {
+      return Status::InvalidArgument("KV cache " + std::to_string(i) +
+                                     ": host and GPU caches do not mix in one connector");
+    }
+  }
   if (!host && embedded_) {
     return Status::Unsupported(
         "GPU caches need kvd in another process: CUDA IPC cannot open memory of its own "
@@ -146,10 +152,6 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
   for (size_t i = 0; i < caches.size(); ++i) {
     const KvCacheDesc& desc = caches[i];
     const std::string which = (host ? "KV cache " : "GPU cache ") + std::to_string(i);
-    if (desc.location.kind != where.kind) {
-      return Status::InvalidArgument("KV cache " + std::to_string(i) +
-                                     ": host and GPU caches do not mix in one connector");
-    }
     if (!host && desc.base == nullptr) return Status::InvalidArgument(which + ": base is null");
     if (!host && desc.location.device < 0) {
       return Status::InvalidArgument(which + ": a CUDA region needs a device ordinal, got " +
@@ -167,7 +169,7 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
     p.cache = KvCache{desc.base,
                       desc.layout.region_bytes > 0 ? static_cast<uint64_t>(desc.layout.region_bytes)
                                                    : layout->span_bytes(),
-                      layout->spec(), desc.location};
+                      layout->spec(), host ? MemoryLocation::Host() : desc.location};
     auto* reg = p.message.mutable_register_region();
     daemon::ToWire(p.cache.layout, reg->mutable_layout());
     reg->set_bytes(p.cache.bytes);

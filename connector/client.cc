@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "daemon/framing.h"
-#include "daemon/wire_layout.h"
-#include "transport/fd_passing.h"
+#include "base/framing.h"
+#include "protocol/wire_layout.h"
+#include "base/fd_passing.h"
 
 namespace kv::connector {
 
@@ -43,7 +43,7 @@ Status ConnectorCore::Client::SendFrame(const std::string& frame, int pass_fd) {
   std::lock_guard<std::mutex> lock(send_mu_);
   size_t sent = 0;
   while (sent < frame.size()) {
-    const ssize_t n = transport::SendWithFd(fd_, frame.data() + sent, frame.size() - sent,
+    const ssize_t n = kv::SendWithFd(fd_, frame.data() + sent, frame.size() - sent,
                                             sent == 0 ? pass_fd : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -68,7 +68,7 @@ Result<proto::Reply> ConnectorCore::Client::Call(proto::EngineMessage message, i
   }
   message.set_seq(seq);
   std::string frame;
-  Status s = daemon::AppendFrame(message.SerializeAsString(), &frame);
+  Status s = kv::AppendFrame(message.SerializeAsString(), &frame);
   if (s.ok()) s = SendFrame(frame, pass_fd);
   std::unique_lock<std::mutex> lock(mu_);
   if (s.ok()) {
@@ -77,7 +77,7 @@ Result<proto::Reply> ConnectorCore::Client::Call(proto::EngineMessage message, i
     if (replies_[seq].has_value()) {
       proto::Reply reply = std::move(*replies_[seq]);
       replies_.erase(seq);
-      Status error = daemon::FromWire(reply.error());
+      Status error = kv::proto::FromWire(reply.error());
       if (!error.ok()) return error;
       return reply;
     }
@@ -96,7 +96,7 @@ Status ConnectorCore::Client::Send(proto::EngineMessage message) {
   }
   message.set_seq(0);
   std::string frame;
-  KV_RETURN_IF_ERROR(daemon::AppendFrame(message.SerializeAsString(), &frame));
+  KV_RETURN_IF_ERROR(kv::AppendFrame(message.SerializeAsString(), &frame));
   return SendFrame(frame, -1);
 }
 
@@ -117,7 +117,7 @@ Status ConnectorCore::Client::TakeSaveError(const std::string& request) {
 }
 
 void ConnectorCore::Client::ReadLoop() {
-  daemon::FrameDecoder decoder;
+  kv::FrameDecoder decoder;
   char buf[64 * 1024];
   Status why = Status::Unavailable("kvd closed the connection");
   for (;;) {
@@ -171,7 +171,7 @@ void ConnectorCore::Client::Apply(proto::DaemonMessage message) {
     }
     case proto::DaemonMessage::kRequestDone: {
       const auto& done = message.request_done();
-      const Status error = daemon::FromWire(done.error());
+      const Status error = kv::proto::FromWire(done.error());
       if (done.sent()) {
         finished_.sent.push_back(done.request_id());
         if (!error.ok() && save_errors_.emplace(done.request_id(), error).second) {

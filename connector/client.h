@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "connector/connector_core.h"
-#include "daemon/proto/kvd.pb.h"
-#include "layout/status.h"
+#include "protocol/kvd.pb.h"
+#include "base/status.h"
 
 namespace kv::connector {
 

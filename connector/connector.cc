@@ -5,7 +5,7 @@
 #include "connector/connector_core.h"
 #include "daemon/daemon.h"
 #include "daemon/peer_auth.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv::connector {
 namespace {

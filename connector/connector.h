@@ -10,7 +10,7 @@
 #include "kv/connector.h"  // IWYU pragma: export
 #include "layout/kv_region.h"
 
-// Declared only; callers include "daemon/proto/kvd.pb.h" themselves.
+// Declared only; callers include "protocol/kvd.pb.h" themselves.
 namespace kv::proto {
 class DaemonStatus;
 }

@@ -17,8 +17,8 @@
 #include "connector/host_memory.h"
 #include "daemon/core.h"
 #include "daemon/daemon.h"
-#include "daemon/wire_layout.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "protocol/wire_layout.h"
+#include "gpu/ipc_memory.h"
 
 namespace kv::connector {
 
@@ -144,11 +144,11 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
   // Every cache is checked, and its memory found, made or exported, before kvd hears of any.
   struct Planned {
     proto::EngineMessage message;  // its RegisterRegion
-    transport::UniqueFd fd;        // sent beside it: a memfd or a VMM allocation's handle
+    kv::UniqueFd fd;               // sent beside it: a memfd or a VMM allocation's handle
     KvCache cache;
   };
   std::vector<Planned> planned;
-  std::vector<daemon::SharedMemory> made;
+  std::vector<kv::SharedMemory> made;
   for (size_t i = 0; i < caches.size(); ++i) {
     const KvCacheDesc& desc = caches[i];
     const std::string which = (host ? "KV cache " : "GPU cache ") + std::to_string(i);
@@ -171,10 +171,10 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
                                                    : layout->span_bytes(),
                       layout->spec(), host ? MemoryLocation::Host() : desc.location};
     auto* reg = p.message.mutable_register_region();
-    daemon::ToWire(p.cache.layout, reg->mutable_layout());
+    kv::proto::ToWire(p.cache.layout, reg->mutable_layout());
     reg->set_bytes(p.cache.bytes);
     if (host && desc.base == nullptr) {
-      auto memory = daemon::SharedMemory::Create(p.cache.bytes, "kv-cache-" + std::to_string(i));
+      auto memory = kv::SharedMemory::Create(p.cache.bytes, "kv-cache-" + std::to_string(i));
       if (!memory.ok()) return memory.status().WithContext(which);
       KV_ASSIGN_OR_RETURN(p.fd, DuplicateFd(memory->fd()));
       reg->set_object_bytes(memory->size());
@@ -187,14 +187,14 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
       reg->set_object_bytes(slice->allocation_bytes);
       reg->set_offset(slice->offset);
     } else {
-      auto exported = transport::gpu::ExportDeviceMemory(desc.base, p.cache.bytes, where.device);
+      auto exported = kv::gpu::ExportDeviceMemory(desc.base, p.cache.bytes, where.device);
       if (!exported.ok()) return exported.status().WithContext(which);
       reg->mutable_location()->set_device_uuid(exported->device_uuid);
       reg->set_object_bytes(exported->allocation_bytes);
       reg->set_offset(exported->offset);
       // A VMM allocation's fd goes with the message (kvd keeps its own copy); ours closes with
       // `planned`.
-      if (exported->kind == transport::gpu::ShareKind::kPosixFd) {
+      if (exported->kind == kv::gpu::ShareKind::kPosixFd) {
         reg->set_vmm_fd(true);
         p.fd = std::move(exported->fd);
       } else {
@@ -205,10 +205,10 @@ Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvC
     planned.push_back(std::move(p));
   }
   // GPU caches: the per-layer events SaveLayer records go with the first region.
-  std::unique_ptr<transport::gpu::LayerEvents> events;
+  std::unique_ptr<kv::gpu::LayerEvents> events;
   if (!host) {
     const int layers = static_cast<int>(planned.front().cache.layout.layers);
-    KV_ASSIGN_OR_RETURN(events, transport::gpu::LayerEvents::Create(where.device, layers));
+    KV_ASSIGN_OR_RETURN(events, kv::gpu::LayerEvents::Create(where.device, layers));
     auto* first = planned.front().message.mutable_register_region();
     for (const std::string& handle : events->handles()) first->add_layer_events(handle);
   }
@@ -364,7 +364,7 @@ Result<std::vector<Status>> ConnectorCore::StartLoads(std::span<const LoadSpec> 
   }
   for (size_t k = 0; k < sent.size(); ++k) {
     const size_t i = sent[k];
-    if (error.ok()) results[i] = daemon::FromWire(reply->loads().errors(static_cast<int>(k)));
+    if (error.ok()) results[i] = kv::proto::FromWire(reply->loads().errors(static_cast<int>(k)));
     if (!error.ok() || !results[i].ok()) client_->ForgetLoad(loads[i].request);
   }
   if (!error.ok()) return error;

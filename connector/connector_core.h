@@ -14,18 +14,18 @@
 #include <string>
 #include <vector>
 
-#include "daemon/shared_memory.h"
+#include "base/shared_memory.h"
 #include "kv/connector.h"
 #include "layout/kv_region.h"
-#include "layout/status.h"
-#include "transport/cuda_ipc/layer_events.h"
+#include "base/status.h"
+#include "gpu/layer_events.h"
 
 namespace kv::daemon {
 class Daemon;
 }
 
 // Declared only, so that including this header does not pull protobuf into the engine's build;
-// callers of DaemonStatus() / QueryDaemonStatus() include "daemon/proto/kvd.pb.h" themselves.
+// callers of DaemonStatus() / QueryDaemonStatus() include "protocol/kvd.pb.h" themselves.
 namespace kv::proto {
 class DaemonStatus;
 }
@@ -145,9 +145,9 @@ class ConnectorCore {
   std::set<std::string> live_offloads_, done_offloads_;
 
   std::shared_ptr<daemon::Daemon> embedded_;  // kept alive for the connector's lifetime
-  std::vector<daemon::SharedMemory> memory_;  // this process's view of registered host regions
+  std::vector<kv::SharedMemory> memory_;      // this process's view of registered host regions
   // GPU caches: the per-layer events SaveLayer records. Set once by RegisterKvCaches.
-  std::unique_ptr<transport::gpu::LayerEvents> layer_events_;
+  std::unique_ptr<kv::gpu::LayerEvents> layer_events_;
   std::unique_ptr<Client> client_;  // destroyed first: no event arrives after it
 };
 

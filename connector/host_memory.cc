@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "daemon/shared_memory.h"
+#include "base/shared_memory.h"
 #include "kv/connector.h"
 
 namespace kv::connector {
@@ -17,7 +17,7 @@ namespace {
 
 struct Table {
   std::mutex mu;
-  std::map<uintptr_t, daemon::SharedMemory> by_base;  // keyed by the mapping's address
+  std::map<uintptr_t, kv::SharedMemory> by_base;  // keyed by the mapping's address
 };
 
 Table& TheTable() {
@@ -35,7 +35,7 @@ std::string Hex(const void* p) {
 
 Result<void*> AllocateHostMemory(uint64_t bytes) {
   if (bytes == 0) return Status::InvalidArgument("host memory of 0 bytes");
-  KV_ASSIGN_OR_RETURN(auto memory, daemon::SharedMemory::Create(bytes, "kv-host-cache"));
+  KV_ASSIGN_OR_RETURN(auto memory, kv::SharedMemory::Create(bytes, "kv-host-cache"));
   void* base = memory.data();
   Table& t = TheTable();
   std::lock_guard lock(t.mu);
@@ -60,7 +60,7 @@ Result<HostSlice> FindHostMemory(const void* base, uint64_t bytes) {
   auto it = t.by_base.upper_bound(address);
   if (it != t.by_base.begin()) {
     --it;
-    const daemon::SharedMemory& memory = it->second;
+    const kv::SharedMemory& memory = it->second;
     const uint64_t offset = address - it->first;
     if (offset < memory.size() && bytes <= memory.size() - offset) {
       KV_ASSIGN_OR_RETURN(auto fd, DuplicateFd(memory.fd()));
@@ -73,10 +73,10 @@ Result<HostSlice> FindHostMemory(const void* base, uint64_t bytes) {
       "(kv_host_memory_alloc, kvd.allocate_host_kv_cache) and build the cache's views on it");
 }
 
-Result<transport::UniqueFd> DuplicateFd(int fd) {
+Result<kv::UniqueFd> DuplicateFd(int fd) {
   const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (copy < 0) return Status::IoError(std::string("dup of a memory fd: ") + std::strerror(errno));
-  return transport::UniqueFd(copy);
+  return kv::UniqueFd(copy);
 }
 
 }  // namespace kv::connector

@@ -5,14 +5,14 @@
 
 #include <cstdint>
 
-#include "layout/status.h"
-#include "transport/unique_fd.h"
+#include "base/status.h"
+#include "base/unique_fd.h"
 
 namespace kv::connector {
 
 // Where [base, base + bytes) lies inside one of AllocateHostMemory's allocations.
 struct HostSlice {
-  transport::UniqueFd fd;         // a duplicate of the allocation's memfd, for kvd
+  kv::UniqueFd fd;         // a duplicate of the allocation's memfd, for kvd
   uint64_t allocation_bytes = 0;  // the memfd's size
   uint64_t offset = 0;            // of `base` inside it
 };
@@ -22,6 +22,6 @@ struct HostSlice {
 Result<HostSlice> FindHostMemory(const void* base, uint64_t bytes);
 
 // A close-on-exec duplicate of `fd`.
-Result<transport::UniqueFd> DuplicateFd(int fd);
+Result<kv::UniqueFd> DuplicateFd(int fd);
 
 }  // namespace kv::connector

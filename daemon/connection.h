@@ -19,8 +19,8 @@
 #include <memory>
 #include <string>
 
-#include "daemon/framing.h"
-#include "layout/status.h"
+#include "base/framing.h"
+#include "base/status.h"
 
 namespace google::protobuf {
 class MessageLite;

@@ -42,11 +42,11 @@
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
-#include "daemon/shared_memory.h"
+#include "base/shared_memory.h"
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "transport/cuda_ipc/ipc_memory.h"
-#include "transport/cuda_ipc/layer_events.h"
+#include "gpu/ipc_memory.h"
+#include "gpu/layer_events.h"
 
 namespace kv::daemon {
 
@@ -65,7 +65,7 @@ struct Region {
   // The memory object's location: host for `host`, the device `gpu` was opened on for `gpu`.
   MemoryLocation where;
   SharedMemory host;                               // host regions: the engine's memfd
-  std::shared_ptr<transport::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
+  std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
   // Declared last so it is released first, while the memory it names is still mapped.
   std::unique_ptr<transport::MemoryRegistration> registration;
 };
@@ -81,7 +81,7 @@ struct Engine {
   std::vector<std::shared_ptr<Region>> regions;
   // GPU engines: the engine's per-layer events, opened with its first region. A copy of
   // layer l out of this engine's regions waits for event(l) (post_after).
-  std::shared_ptr<transport::gpu::ImportedLayerEvents> layer_events;
+  std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
 };
 

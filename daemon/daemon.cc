@@ -186,7 +186,7 @@ Status Daemon::Core::Start() {
 // Where engines compute on kvd's GPU, copy kernels in kvd's own context run only in its time
 // slices unless MPS shares the GPU (ipc_memory.h): said once, at start, where an operator looks.
 void Daemon::Core::WarnWithoutMps() const {
-  auto shared = transport::gpu::SharedThroughMps(options_.device);
+  auto shared = kv::gpu::SharedThroughMps(options_.device);
   if (!shared.ok()) {
     spdlog::info("kvd {}: could not tell whether GPU {} is shared through CUDA MPS: {}",
                  options_.name, options_.device, shared.status().ToString());

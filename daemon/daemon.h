@@ -16,8 +16,8 @@
 #include <optional>
 #include <string>
 
-#include "daemon/proto/kvd.pb.h"
-#include "layout/status.h"
+#include "protocol/kvd.pb.h"
+#include "base/status.h"
 #include "transport/transport.h"
 
 namespace kv::daemon {

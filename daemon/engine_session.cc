@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "daemon/core.h"
-#include "daemon/wire_layout.h"
+#include "protocol/wire_layout.h"
 
 namespace kv::daemon {
 
@@ -210,11 +210,10 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRe
     return Status::InvalidArgument(wants_fd ? "RegisterRegion came without its memory object's fd"
                                             : "a cuda_ipc RegisterRegion came with an fd");
   }
-  if (reg.share_case() == Share::kCudaIpc &&
-      reg.cuda_ipc().size() != transport::gpu::kIpcHandleBytes) {
+  if (reg.share_case() == Share::kCudaIpc && reg.cuda_ipc().size() != gpu::kIpcHandleBytes) {
     return Status::InvalidArgument("GPU region's IPC handle has " +
                                    std::to_string(reg.cuda_ipc().size()) + " bytes, not " +
-                                   std::to_string(transport::gpu::kIpcHandleBytes));
+                                   std::to_string(gpu::kIpcHandleBytes));
   }
   if (engine.regions.size() >= static_cast<size_t>(kMaxRegionsPerEngine)) {
     return Status::ResourceExhausted("an engine registers at most " +
@@ -265,10 +264,9 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRe
 }  // namespace
 
 Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
-  namespace gpu = transport::gpu;
   // The fd arrived with this message's bytes, or none did; claimed first so that it is closed
   // on every path.
-  transport::UniqueFd fd(engine.conn->TakeFd());
+  kv::UniqueFd fd(engine.conn->TakeFd());
   KV_ASSIGN_OR_RETURN(KvRegion layout, CheckRegistration(engine, reg, fd.valid()));
   auto region = std::make_shared<Region>();
   region->layout = std::move(layout);

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "daemon/core.h"
-#include "daemon/wire_layout.h"
+#include "protocol/wire_layout.h"
 
 namespace kv::daemon {
 

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "daemon/offload/offload_pool.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 #include "layout/kv_region.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::daemon {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::daemon::auth {
 

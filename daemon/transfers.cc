@@ -6,7 +6,7 @@
 
 #include "daemon/core.h"
 #include "daemon/peer_auth.h"
-#include "daemon/wire_layout.h"
+#include "protocol/wire_layout.h"
 #include "layout/plan.h"
 
 namespace kv::daemon {

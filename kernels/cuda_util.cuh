@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::kernels::detail {
 

@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "kernels/strided_kv.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::kernels {
 

@@ -14,7 +14,7 @@
 #include <span>
 
 #include "kernels/strided_kv.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::kernels {
 

@@ -30,7 +30,7 @@
 #include <span>
 
 #include "layout/plan.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::kernels {
 

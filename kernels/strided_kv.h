@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "layout/kv_region.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 #if defined(__CUDACC__)
 #define KV_HOST_DEVICE __host__ __device__

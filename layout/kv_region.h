@@ -15,7 +15,7 @@
 #include <string>
 
 #include "kv/layout_spec.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv {
 

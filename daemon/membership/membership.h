@@ -17,7 +17,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/membership/etcd_client.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::daemon::membership {
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::daemon::metrics {
 

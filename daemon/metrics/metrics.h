@@ -17,7 +17,7 @@
 #include <string>
 #include <tuple>
 
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv::daemon::metrics {
 

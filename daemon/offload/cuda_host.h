@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::offload {
 

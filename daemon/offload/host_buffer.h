@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::offload {
 

@@ -49,7 +49,7 @@
 #include "daemon/offload/pool_stats.h"
 #include "daemon/offload/slot_index.h"
 #include "layout/kv_region.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::offload {
 

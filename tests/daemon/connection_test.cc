@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/framing.h"
+#include "base/framing.h"
 #include "daemon/peer_auth.h"
 
 namespace kv::daemon {

@@ -19,22 +19,22 @@
 #include <vector>
 
 #include "daemon/daemon.h"
-#include "daemon/framing.h"
-#include "daemon/proto/kvd.pb.h"
-#include "daemon/shared_memory.h"
-#include "daemon/wire_layout.h"
-#include "transport/fd_passing.h"
+#include "base/framing.h"
+#include "protocol/kvd.pb.h"
+#include "base/shared_memory.h"
+#include "protocol/wire_layout.h"
+#include "base/fd_passing.h"
 
 namespace kv {
 namespace {
 
 TEST(SharedMemorySeals, CreatedObjectsAreSealedAgainstResizing) {
-  auto memory = daemon::SharedMemory::Create(8192, "sealed");
+  auto memory = kv::SharedMemory::Create(8192, "sealed");
   ASSERT_TRUE(memory.ok()) << memory.status().ToString();
   EXPECT_NE(ftruncate(memory->fd(), 4096), 0);
   EXPECT_EQ(errno, EPERM);
   EXPECT_NE(ftruncate(memory->fd(), 1 << 20), 0);
-  auto adopted = daemon::SharedMemory::Adopt(dup(memory->fd()), 8192);
+  auto adopted = kv::SharedMemory::Adopt(dup(memory->fd()), 8192);
   EXPECT_TRUE(adopted.ok()) << adopted.status().ToString();
 }
 
@@ -42,7 +42,7 @@ TEST(SharedMemorySeals, AnUnsealedObjectIsRefused) {
   const int fd = memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 8192), 0);
-  auto adopted = daemon::SharedMemory::Adopt(fd, 8192);  // takes fd
+  auto adopted = kv::SharedMemory::Adopt(fd, 8192);  // takes fd
   ASSERT_FALSE(adopted.ok());
   EXPECT_EQ(adopted.status().code(), Code::kInvalidArgument);
   EXPECT_NE(adopted.status().message().find("sealed"), std::string::npos);
@@ -84,12 +84,11 @@ class EngineMemory : public ::testing::Test {
   // Sends `m` (with `memory_fd` beside it when >= 0) and returns the reply's status.
   Status Call(const proto::EngineMessage& m, int memory_fd) {
     std::string frame;
-    KV_RETURN_IF_ERROR(daemon::AppendFrame(m.SerializeAsString(), &frame));
-    const ssize_t n = memory_fd >= 0
-                          ? transport::SendWithFd(fd_, frame.data(), frame.size(), memory_fd)
-                          : send(fd_, frame.data(), frame.size(), MSG_NOSIGNAL);
+    KV_RETURN_IF_ERROR(kv::AppendFrame(m.SerializeAsString(), &frame));
+    const ssize_t n = memory_fd >= 0 ? kv::SendWithFd(fd_, frame.data(), frame.size(), memory_fd)
+                                     : send(fd_, frame.data(), frame.size(), MSG_NOSIGNAL);
     if (n != static_cast<ssize_t>(frame.size())) return Status::IoError("short send");
-    daemon::FrameDecoder decoder;
+    kv::FrameDecoder decoder;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < until) {
       auto next = decoder.Next();
@@ -98,7 +97,7 @@ class EngineMemory : public ::testing::Test {
         proto::DaemonMessage reply;
         if (!reply.ParseFromString(**next)) return Status::InvalidArgument("bad reply");
         if (reply.seq() != m.seq()) continue;
-        return daemon::FromWire(reply.reply().error());
+        return kv::proto::FromWire(reply.reply().error());
       }
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, 100) <= 0) continue;
@@ -134,7 +133,7 @@ class EngineMemory : public ::testing::Test {
     proto::EngineMessage m;
     m.set_seq(++seq_);
     auto* reg = m.mutable_register_region();
-    daemon::ToWire(spec, reg->mutable_layout());
+    kv::proto::ToWire(spec, reg->mutable_layout());
     reg->set_bytes(1024);
     reg->set_object_bytes(object_bytes);
     reg->set_memfd(true);

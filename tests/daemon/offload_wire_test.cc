@@ -14,7 +14,7 @@
 #include "connector/client.h"
 #include "connector/connector.h"
 #include "daemon/daemon.h"
-#include "daemon/kvd_process.h"
+#include "tools/testing/kvd_process.h"
 
 namespace kv {
 namespace {
@@ -108,13 +108,13 @@ class OffloadWire : public ::testing::TestWithParam<Where> {
       daemon_ = *d;
       return;
     }
-    daemon::KvdProcess::Options o;
-    o.binary = daemon::KvdBesideSelf();
+    kv::harness::KvdProcess::Options o;
+    o.binary = kv::harness::KvdBesideSelf();
     o.name = "offload";
     o.socket_path = (dir_ / "kvd.sock").string();
     o.transport = "local";
     o.extra_args = {"--log-level", "warn", "--offload-bytes", std::to_string(slots * kSlotBytes)};
-    auto p = daemon::KvdProcess::Start(o);
+    auto p = kv::harness::KvdProcess::Start(o);
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     process_ = std::move(*p);
   }
@@ -144,7 +144,7 @@ class OffloadWire : public ::testing::TestWithParam<Where> {
 
   std::filesystem::path dir_;
   std::shared_ptr<daemon::Daemon> daemon_;
-  std::unique_ptr<daemon::KvdProcess> process_;
+  std::unique_ptr<kv::harness::KvdProcess> process_;
 };
 
 TEST_P(OffloadWire, StoreLookupLoadRoundTrip) {

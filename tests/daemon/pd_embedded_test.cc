@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "connector/pd_sim.h"
+#include "tools/kvbench/pd/pd_sim.h"
 #include "daemon/daemon.h"
 
 namespace kv {

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "daemon/kvd_process.h"
-#include "daemon/proto/kvd.pb.h"
+#include "tools/testing/kvd_process.h"
+#include "protocol/kvd.pb.h"
 
 extern char** environ;
 
@@ -42,17 +42,17 @@ TEST_P(PdKill, KvbenchPdStopsWithin30sOfADaemonsSigkillAndNamesIt) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("kvd-pd-kill-" + std::to_string(getpid()) + (kill_prefill ? "-p" : "-d"));
   std::filesystem::create_directories(dir);
-  daemon::KvdProcess::Options o;
+  kv::harness::KvdProcess::Options o;
   o.binary = (bin / "kvd").string();
   o.transport = "ucx";
   o.extra_args = {"--log-level", "warn"};
   o.name = "prefill";
   o.socket_path = (dir / "prefill.sock").string();
-  auto prefill = daemon::KvdProcess::Start(o);
+  auto prefill = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(prefill.ok()) << prefill.status().ToString();
   o.name = "decode";
   o.socket_path = (dir / "decode.sock").string();
-  auto decode = daemon::KvdProcess::Start(o);
+  auto decode = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(decode.ok()) << decode.status().ToString();
 
   const std::string log = (dir / "kvbench.log").string();
@@ -159,18 +159,18 @@ TEST(PdSecret, KvdProcessesWithDifferentSecretsFailAtOnceSayingWhy) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("kvd-pd-secrets-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  daemon::KvdProcess::Options o;
+  kv::harness::KvdProcess::Options o;
   o.binary = (bin / "kvd").string();
   o.transport = "ucx";
   o.name = "prefill";
   o.socket_path = (dir / "prefill.sock").string();
   o.extra_args = {"--log-level", "warn", "--auth-secret-file", SecretFile(dir / "a", 'a')};
-  auto prefill = daemon::KvdProcess::Start(o);
+  auto prefill = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(prefill.ok()) << prefill.status().ToString();
   o.name = "decode";
   o.socket_path = (dir / "decode.sock").string();
   o.extra_args = {"--log-level", "warn", "--auth-secret-file", SecretFile(dir / "b", 'b')};
-  auto decode = daemon::KvdProcess::Start(o);
+  auto decode = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(decode.ok()) << decode.status().ToString();
   const auto start = Clock::now();
   auto [code, output] =

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "connector/pd_sim.h"
-#include "daemon/kvd_process.h"
+#include "tools/kvbench/pd/pd_sim.h"
+#include "tools/testing/kvd_process.h"
 
 namespace kv {
 namespace {
@@ -43,15 +43,15 @@ class PdProcesses : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  std::unique_ptr<daemon::KvdProcess> Spawn(const std::string& name) {
-    daemon::KvdProcess::Options o;
-    o.binary = daemon::KvdBesideSelf();
+  std::unique_ptr<kv::harness::KvdProcess> Spawn(const std::string& name) {
+    kv::harness::KvdProcess::Options o;
+    o.binary = kv::harness::KvdBesideSelf();
     o.name = name;
     o.socket_path = (dir_ / (name + ".sock")).string();
     o.transport = "ucx";
     o.extra_args = {"--log-level", "warn", "--lease-ms", "10000", "--heartbeat-ms", "200"};
     o.forward_output = true;  // kvd's warnings beside the test's output
-    auto p = daemon::KvdProcess::Start(o);
+    auto p = kv::harness::KvdProcess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;
   }
@@ -105,7 +105,7 @@ class PdProcesses : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  std::unique_ptr<daemon::KvdProcess> prefill_, decode_;
+  std::unique_ptr<kv::harness::KvdProcess> prefill_, decode_;
 };
 
 TEST_F(PdProcesses, PushTp2To1ConvertingLayoutAndBlockSizeOverUcx) {

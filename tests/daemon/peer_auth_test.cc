@@ -19,11 +19,11 @@
 #include <thread>
 
 #include "connector/connector.h"
-#include "connector/pd_sim.h"
+#include "tools/kvbench/pd/pd_sim.h"
 #include "daemon/daemon.h"
-#include "daemon/framing.h"
+#include "base/framing.h"
 #include "daemon/peer_auth.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 #include "tests/daemon/spy_transport.h"
 #include "transport/transport.h"
 
@@ -87,7 +87,7 @@ int ConnectTo(const std::string& address, const char* from_ip = nullptr) {
 }
 
 // The next PeerMessage kvd sends within `wait`; nullopt when none came (or the socket closed).
-std::optional<proto::PeerMessage> ReadMessage(int fd, daemon::FrameDecoder& decoder,
+std::optional<proto::PeerMessage> ReadMessage(int fd, kv::FrameDecoder& decoder,
                                               std::chrono::milliseconds wait, bool* closed) {
   const auto deadline = Clock::now() + wait;
   for (;;) {
@@ -115,7 +115,7 @@ std::optional<proto::PeerMessage> ReadMessage(int fd, daemon::FrameDecoder& deco
 
 void Send(int fd, const proto::PeerMessage& m) {
   std::string frame;
-  ASSERT_TRUE(daemon::AppendFrame(m.SerializeAsString(), &frame).ok());
+  ASSERT_TRUE(kv::AppendFrame(m.SerializeAsString(), &frame).ok());
   ASSERT_EQ(send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
 }
 
@@ -220,7 +220,7 @@ TEST(PeerAuth, APeerWithoutTheSecretLearnsNothingAndGetsNoEndpoint) {
 
   int fd = ConnectTo(victim->listen_address());
   ASSERT_GE(fd, 0);
-  daemon::FrameDecoder decoder;
+  kv::FrameDecoder decoder;
   bool closed = false;
   auto first = ReadMessage(fd, decoder, std::chrono::milliseconds(2000), &closed);
   ASSERT_TRUE(first.has_value());
@@ -248,7 +248,7 @@ TEST(PeerAuth, APeerWithoutTheSecretLearnsNothingAndGetsNoEndpoint) {
   // A guessed proof: refused, closed.
   fd = ConnectTo(victim->listen_address());
   ASSERT_GE(fd, 0);
-  daemon::FrameDecoder decoder2;
+  kv::FrameDecoder decoder2;
   closed = false;
   auto challenge = ReadMessage(fd, decoder2, std::chrono::milliseconds(2000), &closed);
   ASSERT_TRUE(challenge.has_value());
@@ -405,7 +405,7 @@ TEST(PeerAuth, WithoutASecretOnlyLoopbackPeersAreServed) {
     const std::string port = d->listen_address().substr(d->listen_address().rfind(':') + 1);
     int fd = ConnectTo(*ip + ":" + port, ip->c_str());
     ASSERT_GE(fd, 0);
-    daemon::FrameDecoder decoder;
+    kv::FrameDecoder decoder;
     bool closed = false;
     auto m = ReadMessage(fd, decoder, std::chrono::milliseconds(2000), &closed);
     if (insecure) {

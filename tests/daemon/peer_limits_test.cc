@@ -13,8 +13,8 @@
 
 #include "connector/connector.h"
 #include "daemon/daemon.h"
-#include "daemon/framing.h"
-#include "daemon/proto/kvd.pb.h"
+#include "base/framing.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv {
 namespace {
@@ -35,7 +35,7 @@ int ConnectTo(const std::string& address) {
 // What kvd did with a connection within `wait`: sent a frame (1), closed it without one (0), or
 // neither (-1).
 int Outcome(int fd, std::chrono::milliseconds wait, std::string* first_frame = nullptr) {
-  daemon::FrameDecoder decoder;
+  kv::FrameDecoder decoder;
   const auto until = Clock::now() + wait;
   while (Clock::now() < until) {
     auto frame = decoder.Next();
@@ -124,7 +124,7 @@ TEST(PeerLimits, AHelloWith20000RanksIsRefused) {
   hello.mutable_hello()->set_tp_size(20000);
   for (int r = 0; r < 20000; ++r) hello.mutable_hello()->add_ranks()->set_tp_rank(r);
   std::string frame;
-  ASSERT_TRUE(daemon::AppendFrame(hello.SerializeAsString(), &frame).ok());
+  ASSERT_TRUE(kv::AppendFrame(hello.SerializeAsString(), &frame).ok());
   ASSERT_EQ(send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
   EXPECT_EQ(Outcome(fd, std::chrono::milliseconds(3000)), 0) << "kvd kept the connection";
   close(fd);

@@ -11,7 +11,7 @@
 
 #include "connector/connector.h"
 #include "daemon/daemon.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv {
 namespace {

@@ -10,7 +10,7 @@
 #include "connector/connector.h"
 #include "daemon/daemon.h"
 #include "daemon/peer_auth.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 #include "tests/daemon/spy_transport.h"
 #include "transport/transport.h"
 

@@ -9,21 +9,21 @@
 
 #include <google/protobuf/stubs/logging.h>
 
-#include "daemon/framing.h"
-#include "daemon/proto/kvd.pb.h"
-#include "daemon/wire_layout.h"
+#include "base/framing.h"
+#include "protocol/kvd.pb.h"
+#include "protocol/wire_layout.h"
 
 namespace {
 
 void CheckLayouts(const kv::proto::PeerMessage& m) {
   if (m.has_hello()) {
     for (const auto& rank : m.hello().ranks()) {
-      for (const auto& layout : rank.regions()) (void)kv::daemon::FromWire(layout);
+      for (const auto& layout : rank.regions()) (void)kv::proto::FromWire(layout);
     }
   }
   if (m.has_want()) {
     for (const auto& rank : m.want().ranks()) {
-      for (const auto& layout : rank.regions()) (void)kv::daemon::FromWire(layout);
+      for (const auto& layout : rank.regions()) (void)kv::proto::FromWire(layout);
     }
   }
 }
@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  kv::daemon::FrameDecoder decoder(64 * 1024);
+  kv::FrameDecoder decoder(64 * 1024);
   size_t at = 1;
   uint32_t state = data[0] | 1u;
   while (at < size) {
@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (peer.ParseFromString(**frame)) CheckLayouts(peer);
       kv::proto::EngineMessage engine;
       if (engine.ParseFromString(**frame) && engine.has_register_region()) {
-        (void)kv::daemon::FromWire(engine.register_region().layout());
+        (void)kv::proto::FromWire(engine.register_region().layout());
       }
     }
   }

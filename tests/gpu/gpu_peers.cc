@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "tests/gpu/held_stream.h"
-#include "transport/codec.h"
+#include "base/codec.h"
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/transport.h"
 

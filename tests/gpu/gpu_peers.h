@@ -16,9 +16,12 @@
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 
 namespace kv::transport::gputest {
+
+using harness::Channel;
+using harness::ChildProcess;
 
 // CUDA devices visible to a child process; 0 when CUDA is missing or fails.
 int DeviceCount();

@@ -12,10 +12,13 @@
 #include <thread>
 
 #include "tests/gpu/gpu_peers.h"
-#include "transport/cuda_ipc/ipc_event.h"
-#include "transport/cuda_ipc/layer_events.h"
+#include "gpu/ipc_event.h"
+#include "gpu/layer_events.h"
 
 namespace kv::transport::gputest {
+
+using harness::Channel;
+using harness::ChildProcess;
 namespace {
 
 using namespace std::chrono_literals;

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "daemon/kvd_process.h"
-#include "daemon/proto/kvd.pb.h"
+#include "tools/testing/kvd_process.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv {
 namespace {
@@ -246,22 +246,22 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
   }
 
   // heartbeat_ms: 5 missed declare a peer dead; short, so a killed kvd is noticed quickly.
-  std::unique_ptr<daemon::KvdProcess> StartKvd(const std::string& name, int device,
+  std::unique_ptr<kv::harness::KvdProcess> StartKvd(const std::string& name, int device,
                                                const std::string& transport,
                                                const std::string& heartbeat_ms = "200") {
-    daemon::KvdProcess::Options o;
-    o.binary = daemon::KvdBesideSelf();
+    kv::harness::KvdProcess::Options o;
+    o.binary = kv::harness::KvdBesideSelf();
     o.name = name;
     o.socket_path = (dir_ / (name + ".sock")).string();
     o.transport = transport;
     o.extra_args = {"--device", std::to_string(device), "--log-level", "warn", "--lease-ms",
                     "15000",    "--heartbeat-ms",       heartbeat_ms};
-    auto p = daemon::KvdProcess::Start(o);
+    auto p = kv::harness::KvdProcess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;
   }
 
-  static std::unique_ptr<Connector> OpenEngine(const daemon::KvdProcess& kvd,
+  static std::unique_ptr<Connector> OpenEngine(const kv::harness::KvdProcess& kvd,
                                                const std::string& instance, int rank, int size) {
     connector::ConnectorOptions o;
     o.instance = instance;
@@ -274,7 +274,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
   }
 
   // The prefill engine (device 0) on `kvd`, its cache filled with PatternA.
-  void OpenPrefill(const daemon::KvdProcess& kvd) {
+  void OpenPrefill(const kv::harness::KvdProcess& kvd) {
     prefill_.reset();
     prefill_ = OpenEngine(kvd, "prefill", 0, 1);
     ASSERT_NE(nullptr, prefill_);
@@ -291,7 +291,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Two decode ranks (device 1) on `kvd`, their caches kUntouched.
-  void OpenDecode(const daemon::KvdProcess& kvd) {
+  void OpenDecode(const kv::harness::KvdProcess& kvd) {
     for (int r = 0; r < 2; ++r) {
       dst_layouts_.push_back(*KvRegion::Create(DecodeSpec(r)));
       dst_.push_back(std::make_unique<DeviceMemory>(1, dst_layouts_[r].span_bytes(), alloc_));
@@ -309,7 +309,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
     for (auto& d : dst_) ASSERT_TRUE(d->Upload(std::vector<uint8_t>(d->bytes(), kUntouched)));
   }
 
-  void StartLoads(const std::string& request, const daemon::KvdProcess& source) {
+  void StartLoads(const std::string& request, const kv::harness::KvdProcess& source) {
     TransferParams params;
     params.peer_address = source.listen_address();
     params.tokens = kTokens;
@@ -334,7 +334,7 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
   static inline int counter_ = 0;
   Alloc alloc_ = Alloc::kCudaMalloc;  // how OpenPrefill and OpenDecode allocate their caches
   std::filesystem::path dir_;
-  std::unique_ptr<daemon::KvdProcess> kvds_[3];
+  std::unique_ptr<kv::harness::KvdProcess> kvds_[3];
   std::unique_ptr<Connector> prefill_;
   std::vector<std::unique_ptr<Connector>> decode_;
   KvRegion src_layout_ = *KvRegion::Create(PrefillSpec());
@@ -489,13 +489,13 @@ TEST(KvdGpuRegistration, RefusesVmmMemoryWithoutTheFdHandleType) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("kvd-gpu-vmm-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  daemon::KvdProcess::Options o;
-  o.binary = daemon::KvdBesideSelf();
+  kv::harness::KvdProcess::Options o;
+  o.binary = kv::harness::KvdBesideSelf();
   o.name = "vmm";
   o.socket_path = (dir / "vmm.sock").string();
   o.transport = "ipc";
   o.extra_args = {"--log-level", "warn"};
-  auto kvd = daemon::KvdProcess::Start(o);
+  auto kvd = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(kvd.ok()) << kvd.status().ToString();
   connector::ConnectorOptions options;
   options.timeout = 20s;
@@ -535,13 +535,13 @@ TEST(KvdGpuRegistration, RefusesMemoryItCannotShare) {
       std::filesystem::temp_directory_path() / ("kvd-gpu-reg-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   auto start = [&](const std::string& name, const std::string& transport) {
-    daemon::KvdProcess::Options o;
-    o.binary = daemon::KvdBesideSelf();
+    kv::harness::KvdProcess::Options o;
+    o.binary = kv::harness::KvdBesideSelf();
     o.name = name;
     o.socket_path = (dir / (name + ".sock")).string();
     o.transport = transport;
     o.extra_args = {"--log-level", "warn"};
-    return daemon::KvdProcess::Start(o);
+    return kv::harness::KvdProcess::Start(o);
   };
   auto ipc = start("ipc", "ipc");
   auto local = start("local", "local");

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "tests/gpu/gpu_peers.h"
-#include "transport/cuda_ipc/side_channel.h"
+#include "base/side_channel.h"
 
 namespace kv::transport::gputest {
 namespace {
@@ -39,7 +39,7 @@ TEST(GpuNcclTest, SilentConnectionDoesNotStallOtherPeers) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   // Connected and silent: its hello never comes. Accepted first, it held the receiver's accept
   // loop for the whole handshake timeout (20 s in these peers) before hellos progressed apart.
-  auto silent = gpu::Socket::Connect(receiver->address, Clock::now() + 5s);
+  auto silent = kv::Socket::Connect(receiver->address, Clock::now() + 5s);
   ASSERT_TRUE(silent.ok()) << silent.status().ToString();
   std::this_thread::sleep_for(100ms);  // the receiver accepts it before the sender connects
 

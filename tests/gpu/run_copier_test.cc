@@ -2,7 +2,7 @@
 // copier's lanes and joined back into the caller's stream; every byte must land, whatever the
 // run count (fewer runs than lanes included), and copies queued back to back must keep their
 // stream order.
-#include "transport/cuda_ipc/run_copier.h"
+#include "gpu/run_copier.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include "kernels/plan_copy.h"
 #include "tests/kernels/plan_copy_groups.h"
 
-namespace kv::transport::gpu {
+namespace kv::gpu {
 namespace {
 
 bool TwoPeerDevices() {
@@ -137,4 +137,4 @@ INSTANTIATE_TEST_SUITE_P(Paths, RunCopierPeerTest,
                          });
 
 }  // namespace
-}  // namespace kv::transport::gpu
+}  // namespace kv::gpu

@@ -5,13 +5,16 @@
 #include <signal.h>
 
 #include "tests/transport/target_process.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/cuda_ipc/device_ordered.h"
 #include "transport/staged/chunker.h"
 #include "transport/staged/wire.h"
 #include "transport/transport.h"
 
 namespace kv::transport {
+
+using harness::Channel;
+using harness::ChildProcess;
 namespace {
 
 using namespace std::chrono_literals;

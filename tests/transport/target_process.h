@@ -14,10 +14,13 @@
 #include <gtest/gtest.h>
 
 #include "tests/transport/test_support.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::transport::testing {
+
+using harness::Channel;
+using harness::ChildProcess;
 
 // The initiator's view of one target process.
 struct TargetConnection {

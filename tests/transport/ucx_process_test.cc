@@ -8,10 +8,13 @@
 #include <cstring>
 
 #include "tests/transport/target_process.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::transport {
+
+using harness::Channel;
+using harness::ChildProcess;
 namespace {
 
 using namespace std::chrono_literals;

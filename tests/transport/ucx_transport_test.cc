@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "tests/transport/test_support.h"
-#include "transport/codec.h"
+#include "base/codec.h"
 #include "transport/transport.h"
 
 namespace kv::transport {

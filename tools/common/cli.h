@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::cli {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::bench {
 

@@ -24,14 +24,14 @@
 #include "layout/plan.h"
 #include "tools/common/cli.h"
 #include "tools/kvbench/gpu_ceiling.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::bench {
 namespace {
 
-using transport::Channel;
-using transport::ChildProcess;
+using kv::harness::Channel;
+using kv::harness::ChildProcess;
 using transport::Clock;
 using namespace std::chrono_literals;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "layout/kv_region.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::bench {
 

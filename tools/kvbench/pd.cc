@@ -12,10 +12,10 @@
 #include <memory>
 #include <string>
 
-#include "connector/pd_gpu.h"
-#include "connector/pd_sim.h"
-#include "daemon/kvd_process.h"
-#include "daemon/proto/kvd.pb.h"
+#include "tools/kvbench/pd/pd_gpu.h"
+#include "tools/kvbench/pd/pd_sim.h"
+#include "tools/testing/kvd_process.h"
+#include "protocol/kvd.pb.h"
 #include "tools/common/cli.h"
 #include "tools/kvbench/gpu_ceiling.h"
 
@@ -336,7 +336,7 @@ int PdMain(int argc, char** argv) {
   }
 
   // Our own kvds, unless the user runs theirs. Their guards stop them on every path.
-  std::unique_ptr<daemon::KvdProcess> prefill_kvd, decode_kvd;
+  std::unique_ptr<kv::harness::KvdProcess> prefill_kvd, decode_kvd;
   std::filesystem::path dir;
   std::string prefill_socket = flags.str("prefill-daemon"),
               decode_socket = flags.str("decode-daemon");
@@ -360,22 +360,22 @@ int PdMain(int argc, char** argv) {
     char tmpl[] = "/tmp/kvbench-pd-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return Fail("cannot create a temporary directory");
     dir = tmpl;
-    daemon::KvdProcess::Options o;
-    o.binary = daemon::KvdBesideSelf();
+    kv::harness::KvdProcess::Options o;
+    o.binary = kv::harness::KvdBesideSelf();
     o.transport = transport;
     o.extra_args = {"--log-level", "warn"};
     o.name = "prefill";
     o.socket_path = (dir / "prefill.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", "0"};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
-    auto p = daemon::KvdProcess::Start(o);
+    auto p = kv::harness::KvdProcess::Start(o);
     if (!p.ok()) return Fail("starting " + o.binary + ": " + p.status().ToString());
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
-    auto d = daemon::KvdProcess::Start(o);
+    auto d = kv::harness::KvdProcess::Start(o);
     if (!d.ok()) return Fail("starting " + o.binary + ": " + d.status().ToString());
     decode_kvd = std::move(*d);
     prefill_socket = prefill_kvd->socket_path();

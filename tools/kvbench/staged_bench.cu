@@ -20,14 +20,14 @@
 #include <vector>
 
 #include "tools/common/cli.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::bench {
 namespace {
 
-using transport::Channel;
-using transport::ChildProcess;
+using kv::harness::Channel;
+using kv::harness::ChildProcess;
 using transport::Clock;
 using transport::Transport;
 using namespace std::chrono_literals;

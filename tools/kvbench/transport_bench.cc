@@ -16,14 +16,14 @@
 
 #include "tools/common/cli.h"
 #include "tools/kvbench/transport_perftest.h"
-#include "transport/child_process.h"
+#include "tools/testing/child_process.h"
 #include "transport/transport.h"
 
 namespace kv::bench {
 namespace {
 
-using transport::Channel;
-using transport::ChildProcess;
+using kv::harness::Channel;
+using kv::harness::ChildProcess;
 using transport::Clock;
 using transport::Transport;
 using transport::TransportOptions;

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::bench {
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "layout/kv_region.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::tools {
 

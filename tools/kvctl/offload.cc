@@ -8,7 +8,7 @@
 #include "connector/connector.h"
 #include "daemon/offload/model_shape.h"
 #include "daemon/offload/offload_pool.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 #include "layout/plan.h"
 #include "tools/common/cli.h"
 #include "tools/kvctl/pool_status.h"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv::tools {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "connector/connector.h"
-#include "daemon/proto/kvd.pb.h"
+#include "protocol/kvd.pb.h"
 #include "tools/common/cli.h"
 #include "tools/kvctl/human_bytes.h"
 #include "tools/kvctl/pool_status.h"

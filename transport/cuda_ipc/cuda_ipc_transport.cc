@@ -17,38 +17,38 @@
 #include <utility>
 #include <vector>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 #include "transport/cuda_ipc/device_ordered.h"
-#include "transport/cuda_ipc/fd_share.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "gpu/fd_share.h"
+#include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
-#include "transport/cuda_ipc/side_channel.h"
+#include "base/side_channel.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
-#include "transport/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace kv::transport {
 namespace {
 
 using gpu::CudaEvent;
-using gpu::FrameReader;
-using gpu::HostId;
-using gpu::IpcRegistration;
-using gpu::IpcRemote;
-using gpu::kFdPathBytes;
-using gpu::kHostIdBytes;
-using gpu::kMagic;
-using gpu::Listener;
-using gpu::Socket;
-using gpu::WireDescriptor;
+using kv::FrameReader;
+using cuda_ipc::HostId;
+using cuda_ipc::IpcRegistration;
+using cuda_ipc::IpcRemote;
+using cuda_ipc::kFdPathBytes;
+using cuda_ipc::kHostIdBytes;
+using cuda_ipc::kMagic;
+using kv::Listener;
+using kv::Socket;
+using cuda_ipc::WireDescriptor;
 
 // Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
 // batches may overlap on the device. On one stream, one after the other, a 16 MiB batch (a layer
 // of a contiguous LBNHC request) took 62 us where the link needs 42 us (kvbench pd --memory cuda
 // on the H200s).
-constexpr int kChannels = gpu::Poster::kChannels;
+constexpr int kChannels = cuda_ipc::Poster::kChannels;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 
@@ -62,8 +62,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         host_id_(HostId()) {}
 
   Status Start(const std::string& socket_dir) {
-    KV_ASSIGN_OR_RETURN(poster_, gpu::Poster::Start(device_, copy_path_,
-                                                    [this](gpu::PostJob job, gpu::Launch launch) {
+    KV_ASSIGN_OR_RETURN(poster_, cuda_ipc::Poster::Start(device_, copy_path_,
+                                                    [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
                                                       OnLaunched(std::move(job), std::move(launch));
                                                     }));
     static std::atomic<int> counter{0};
@@ -223,7 +223,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
     const bool put = batch.op == Op::kPut;
     char* local_base = static_cast<char*>(local->base());
-    gpu::PostJob job;
+    cuda_ipc::PostJob job;
     job.peer = remote->peer();
     job.deadline = batch.deadline;
     job.src = put ? static_cast<const void*>(local_base) : remote->base();
@@ -241,10 +241,10 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   }
 
   Status notify(PeerId peer, std::string message) override {
-    if (message.size() > gpu::kMaxFrameBytes) {
+    if (message.size() > kv::kMaxFrameBytes) {
       return Status::InvalidArgument("cuda_ipc: notification too large");
     }
-    gpu::PostJob job;
+    cuda_ipc::PostJob job;
     job.peer = peer;
     job.is_note = true;
     job.deadline = Clock::now() + connect_timeout_;
@@ -292,7 +292,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   // On the poster's thread, in launch order (submission order, except that a batch held for its
   // event, or taken into another's launch, goes when launched): the batch's copies are enqueued
   // (or failed), or the note's turn came; either now waits in pending_ for the progress thread.
-  void OnLaunched(gpu::PostJob job, gpu::Launch launch) {
+  void OnLaunched(cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
     Status failed = Status::Ok();  // a batch that completes here, with this
     {
       std::lock_guard lock(mu_);
@@ -524,7 +524,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::thread progress_;
-  std::unique_ptr<gpu::Poster> poster_;  // its thread calls OnLaunched: reset in the destructor
+  std::unique_ptr<cuda_ipc::Poster> poster_;  // its thread calls OnLaunched: reset in the destructor
 
   std::mutex mu_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;

@@ -12,11 +12,14 @@
 #include <string>
 #include <utility>
 
-#include "transport/cuda_ipc/fd_share.h"
-#include "transport/cuda_ipc/ipc_memory.h"
+#include "gpu/fd_share.h"
+#include "gpu/ipc_memory.h"
 #include "transport/transport.h"
 
-namespace kv::transport::gpu {
+namespace kv::transport::cuda_ipc {
+
+// The backend is written in terms of the shared GPU pieces (gpu/).
+using namespace ::kv::gpu;  // NOLINT(google-build-using-namespace): backend-private header
 
 constexpr char kMagic[8] = "kvdipc2";
 constexpr size_t kHostIdBytes = 48;
@@ -91,4 +94,4 @@ class IpcRemote final : public RemoteMemory {
   uint64_t length_;
 };
 
-}  // namespace kv::transport::gpu
+}  // namespace kv::transport::cuda_ipc

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace kv::transport::gpu {
+namespace kv::transport::cuda_ipc {
 
 namespace {
 
@@ -262,4 +262,4 @@ Launch Poster::LaunchBatch(const PostJob& job) {
   return Launch{index, {}, std::move(s)};  // nothing enqueued
 }
 
-}  // namespace kv::transport::gpu
+}  // namespace kv::transport::cuda_ipc

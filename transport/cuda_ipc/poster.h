@@ -48,12 +48,15 @@
 
 #include "kernels/plan_copy.h"
 #include "layout/plan.h"
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/run_copier.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
+#include "gpu/run_copier.h"
 #include "transport/transport.h"
 
-namespace kv::transport::gpu {
+namespace kv::transport::cuda_ipc {
+
+// The backend is written in terms of the shared GPU pieces (gpu/).
+using namespace ::kv::gpu;  // NOLINT(google-build-using-namespace): backend-private header
 
 // A batch to copy, or a notification to queue behind the batches before it.
 struct PostJob {
@@ -148,4 +151,4 @@ class Poster {
   std::thread thread_;
 };
 
-}  // namespace kv::transport::gpu
+}  // namespace kv::transport::cuda_ipc

@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include "transport/codec.h"
+#include "base/codec.h"
 #include "transport/run_check.h"
 
 namespace kv::transport {

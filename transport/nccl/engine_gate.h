@@ -20,8 +20,8 @@
 #include <memory>
 #include <mutex>
 
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
 #include "transport/nccl/nccl_comm.h"
 
 namespace kv::transport::nccl {

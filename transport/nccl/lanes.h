@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
 #include "transport/nccl/nccl_comm.h"
 
 namespace kv::transport::nccl {

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <thread>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 
 namespace kv::transport::nccl {
 

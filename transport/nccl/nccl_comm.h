@@ -12,7 +12,7 @@
 #include <chrono>
 #include <string>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::nccl {
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "gpu/cuda_util.h"
 #include "transport/nccl/engine_gate.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
@@ -25,8 +25,8 @@ namespace kv::transport::nccl {
 
 using gpu::CudaEvent;
 using gpu::CudaStatus;
-using gpu::FrameReader;
-using gpu::Socket;
+using kv::FrameReader;
+using kv::Socket;
 
 namespace {
 

@@ -39,7 +39,7 @@
 #include <string_view>
 #include <vector>
 
-#include "transport/cuda_ipc/side_channel.h"
+#include "base/side_channel.h"
 #include "transport/nccl/region_table.h"
 #include "transport/transport.h"
 
@@ -68,7 +68,7 @@ struct LinkOptions {
 class Link {
  public:
   // Takes a connected socket whose hello exchange is done and starts the two threads.
-  static Result<std::shared_ptr<Link>> Start(gpu::Socket socket, const LinkOptions& options,
+  static Result<std::shared_ptr<Link>> Start(kv::Socket socket, const LinkOptions& options,
                                              std::shared_ptr<RegionTable> regions,
                                              std::shared_ptr<NoteSink> notes);
   ~Link();  // fails what is in flight with kAborted, aborts the communicators, joins

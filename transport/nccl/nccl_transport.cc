@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "transport/codec.h"
+#include "base/codec.h"
 #include "transport/cuda_ipc/device_ordered.h"
-#include "transport/cuda_ipc/side_channel.h"
+#include "base/side_channel.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/nccl_link.h"
@@ -25,9 +25,9 @@
 namespace kv::transport {
 namespace {
 
-using gpu::FrameReader;
-using gpu::Listener;
-using gpu::Socket;
+using kv::FrameReader;
+using kv::Listener;
+using kv::Socket;
 using nccl::Link;
 using nccl::LinkOptions;
 using nccl::NoteSink;
@@ -149,7 +149,7 @@ class NcclTransport final : public Transport, public DeviceOrdered {
     KV_ASSIGN_OR_RETURN(Socket socket, Socket::Connect(peer_address, deadline));
     KV_RETURN_IF_ERROR(socket.SendFrame(nccl::EncodeHello(), deadline));
     FrameReader reader;
-    KV_ASSIGN_OR_RETURN(std::string hello, gpu::ReceiveFrame(socket.fd(), reader, deadline));
+    KV_ASSIGN_OR_RETURN(std::string hello, kv::ReceiveFrame(socket.fd(), reader, deadline));
     KV_RETURN_IF_ERROR(nccl::DecodeHello(hello));
     KV_ASSIGN_OR_RETURN(auto link, Link::Start(std::move(socket), options_, regions_, notes_));
     std::lock_guard lock(mu_);

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <utility>
 
-#include "layout/status.h"
+#include "base/status.h"
 #include "transport/transport.h"
 
 namespace kv::transport::nccl {

@@ -17,8 +17,8 @@
 #include <memory>
 #include <vector>
 
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/wire.h"
 

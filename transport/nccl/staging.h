@@ -23,8 +23,8 @@
 #include <span>
 #include <vector>
 
-#include "layout/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "base/status.h"
+#include "gpu/cuda_util.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/run_tables.h"
 #include "transport/nccl/wire.h"

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "transport/codec.h"
+#include "base/codec.h"
 
 namespace kv::transport::nccl {
 namespace {

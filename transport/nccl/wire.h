@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "layout/plan.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::nccl {
 

@@ -9,8 +9,8 @@
 #if KV_STAGED_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/run_copier.h"
+#include "gpu/cuda_util.h"
+#include "gpu/run_copier.h"
 #endif
 
 namespace kv::transport::staged {

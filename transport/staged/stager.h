@@ -19,7 +19,7 @@
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "layout/status.h"
+#include "base/status.h"
 #include "transport/transport.h"
 
 namespace kv::transport::staged {

@@ -1,6 +1,6 @@
 #include "transport/staged/wire.h"
 
-#include "transport/codec.h"
+#include "base/codec.h"
 
 namespace kv::transport::staged {
 namespace {

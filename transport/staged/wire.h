@@ -17,7 +17,7 @@
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::staged {
 

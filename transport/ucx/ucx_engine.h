@@ -53,7 +53,7 @@
 
 #include "transport/transport.h"
 #include "transport/ucx/ucx_context.h"
-#include "transport/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace kv::transport::ucx {
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <set>
 
-#include "transport/codec.h"
+#include "base/codec.h"
 #include "transport/run_check.h"
 #include "transport/ucx/ucx_engine.h"
 

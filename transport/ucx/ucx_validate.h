@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "layout/status.h"
+#include "base/status.h"
 
 namespace kv::transport::ucx {
 

@@ -1,0 +1,303 @@
+#include "base/side_channel.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+namespace kv {
+namespace {
+
+Status Errno(std::string_view what) {
+  return Status::IoError(std::string(what) + ": " + std::strerror(errno));
+}
+
+int PollTimeoutMs(SteadyTime deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1000));
+}
+
+Status SetNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return Errno("fcntl");
+  return Status::Ok();
+}
+
+struct Endpoint {
+  bool is_unix = false;
+  std::string path;  // unix
+  std::string host;  // tcp
+  uint16_t port = 0;
+};
+
+Result<Endpoint> ParseEndpoint(std::string_view text) {
+  Endpoint ep;
+  if (text.starts_with("unix:")) {
+    ep.is_unix = true;
+    ep.path = std::string(text.substr(5));
+    if (ep.path.empty() || ep.path.size() >= sizeof(sockaddr_un::sun_path)) {
+      return Status::InvalidArgument("unix socket path empty or longer than " +
+                                     std::to_string(sizeof(sockaddr_un::sun_path) - 1) + ": '" +
+                                     ep.path + "'");
+    }
+    return ep;
+  }
+  if (text.starts_with("tcp:")) {
+    std::string_view rest = text.substr(4);
+    size_t colon = rest.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      return Status::InvalidArgument("expected tcp:host:port, got '" + std::string(text) + "'");
+    }
+    ep.host = std::string(rest.substr(0, colon));
+    std::string port(rest.substr(colon + 1));
+    char* end = nullptr;
+    long value = std::strtol(port.c_str(), &end, 10);
+    if (port.empty() || *end != '\0' || value < 0 || value > 65535) {
+      return Status::InvalidArgument("bad port in '" + std::string(text) + "'");
+    }
+    ep.port = static_cast<uint16_t>(value);
+    return ep;
+  }
+  return Status::InvalidArgument("endpoint must start with unix: or tcp:, got '" +
+                                 std::string(text) + "'");
+}
+
+Result<sockaddr_in> ResolveIpv4(const Endpoint& ep) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(ep.port);
+  if (inet_pton(AF_INET, ep.host.c_str(), &addr.sin_addr) == 1) return addr;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(ep.host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
+    return Status::NotFound("cannot resolve host '" + ep.host + "'");
+  }
+  addr.sin_addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
+  freeaddrinfo(found);
+  return addr;
+}
+
+}  // namespace
+
+// ---- Socket -------------------------------------------------------------------------------------
+
+Socket::~Socket() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Socket::Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+
+Socket& Socket::operator=(Socket&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+Result<Socket> Socket::Connect(std::string_view endpoint, SteadyTime deadline) {
+  KV_ASSIGN_OR_RETURN(Endpoint ep, ParseEndpoint(endpoint));
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  if (ep.is_unix) {
+    auto* un = reinterpret_cast<sockaddr_un*>(&storage);
+    un->sun_family = AF_UNIX;
+    std::memcpy(un->sun_path, ep.path.c_str(), ep.path.size() + 1);
+    length = sizeof(sockaddr_un);
+  } else {
+    KV_ASSIGN_OR_RETURN(sockaddr_in in, ResolveIpv4(ep));
+    std::memcpy(&storage, &in, sizeof(in));
+    length = sizeof(in);
+  }
+  // A listener that is not up yet refuses: retry until the deadline rather than fail a peer that
+  // is still starting.
+  while (true) {
+    Socket s(::socket(ep.is_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return Errno("socket");
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&storage), length) == 0) {
+      if (!ep.is_unix) {
+        int one = 1;
+        setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      }
+      KV_RETURN_IF_ERROR(SetNonBlocking(s.fd()));
+      return s;
+    }
+    if (errno != ECONNREFUSED && errno != ENOENT && errno != EINTR) {
+      return Status::Unavailable("connect " + std::string(endpoint) + ": " + std::strerror(errno));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Unavailable("nobody listens at " + std::string(endpoint));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+Status Socket::SendFrame(std::string_view payload, SteadyTime deadline) {
+  if (payload.size() > kMaxFrameBytes) {
+    return Status::InvalidArgument("frame of " + std::to_string(payload.size()) +
+                                   " bytes exceeds the limit of " + std::to_string(kMaxFrameBytes));
+  }
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  char header[4] = {static_cast<char>(n), static_cast<char>(n >> 8), static_cast<char>(n >> 16),
+                    static_cast<char>(n >> 24)};
+  std::lock_guard lock(send_mu_);
+  std::string_view parts[2] = {std::string_view(header, 4), payload};
+  for (std::string_view part : parts) {
+    while (!part.empty()) {
+      ssize_t wrote = ::send(fd_, part.data(), part.size(), MSG_NOSIGNAL);
+      if (wrote > 0) {
+        part.remove_prefix(static_cast<size_t>(wrote));
+        continue;
+      }
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          return Status::Timeout("side channel send blocked past the deadline");
+        }
+        pollfd p{fd_, POLLOUT, 0};
+        ::poll(&p, 1, PollTimeoutMs(deadline));
+        continue;
+      }
+      return Status::Unavailable(std::string("side channel send: ") + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- Listener -----------------------------------------------------------------------------------
+
+Result<Listener> Listener::Listen(std::string_view endpoint) {
+  KV_ASSIGN_OR_RETURN(Endpoint ep, ParseEndpoint(endpoint));
+  Listener l;
+  l.socket_ = Socket(::socket(ep.is_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!l.socket_.valid()) return Errno("socket");
+  if (ep.is_unix) {
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    std::memcpy(un.sun_path, ep.path.c_str(), ep.path.size() + 1);
+    ::unlink(ep.path.c_str());
+    if (::bind(l.fd(), reinterpret_cast<sockaddr*>(&un), sizeof(un)) != 0) {
+      return Errno("bind " + ep.path);
+    }
+    l.unix_path_ = ep.path;
+    l.endpoint_ = "unix:" + ep.path;
+  } else {
+    int one = 1;
+    setsockopt(l.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    KV_ASSIGN_OR_RETURN(sockaddr_in in, ResolveIpv4(ep));
+    if (::bind(l.fd(), reinterpret_cast<sockaddr*>(&in), sizeof(in)) != 0) {
+      return Errno("bind " + std::string(endpoint));
+    }
+    socklen_t len = sizeof(in);
+    if (::getsockname(l.fd(), reinterpret_cast<sockaddr*>(&in), &len) != 0) {
+      return Errno("getsockname");
+    }
+    l.endpoint_ = "tcp:" + ep.host + ":" + std::to_string(ntohs(in.sin_port));
+  }
+  if (::listen(l.fd(), 64) != 0) return Errno("listen");
+  KV_RETURN_IF_ERROR(SetNonBlocking(l.fd()));
+  return l;
+}
+
+Listener::~Listener() {
+  if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+}
+
+Listener::Listener(Listener&& other) noexcept
+    : socket_(std::move(other.socket_)),
+      endpoint_(std::move(other.endpoint_)),
+      unix_path_(std::exchange(other.unix_path_, {})) {}
+
+Listener& Listener::operator=(Listener&& other) noexcept {
+  if (this != &other) {
+    if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+    socket_ = std::move(other.socket_);
+    endpoint_ = std::move(other.endpoint_);
+    unix_path_ = std::exchange(other.unix_path_, {});
+  }
+  return *this;
+}
+
+Result<Socket> Listener::Accept() {
+  int fd = ::accept4(socket_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd >= 0) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // fails harmlessly on unix
+    return Socket(fd);
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Socket();
+  return Errno("accept");
+}
+
+// ---- FrameReader --------------------------------------------------------------------------------
+
+Status FrameReader::ReadAvailable(int fd) {
+  char chunk[64 << 10];
+  while (true) {
+    ssize_t got = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (got > 0) {
+      buffer_.append(chunk, static_cast<size_t>(got));
+      continue;
+    }
+    if (got == 0) return Status::Unavailable("peer closed the side channel");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    return Status::Unavailable(std::string("side channel read: ") + std::strerror(errno));
+  }
+  if (buffer_.size() - consumed_ >= 4) {
+    const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data() + consumed_);
+    uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+    if (n > kMaxFrameBytes) {
+      return Status::InvalidArgument("peer sent a frame of " + std::to_string(n) +
+                                     " bytes, over the limit of " + std::to_string(kMaxFrameBytes));
+    }
+  }
+  return Status::Ok();
+}
+
+std::optional<std::string> FrameReader::Next() {
+  if (buffer_.size() - consumed_ < 4) return std::nullopt;
+  const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data() + consumed_);
+  uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+  if (n > kMaxFrameBytes || buffer_.size() - consumed_ - 4 < n) return std::nullopt;
+  std::string frame = buffer_.substr(consumed_ + 4, n);
+  consumed_ += 4 + n;
+  if (consumed_ == buffer_.size() || consumed_ > (1u << 20)) {
+    buffer_.erase(0, consumed_);
+    consumed_ = 0;
+  }
+  return frame;
+}
+
+bool WaitReadable(int fd, SteadyTime deadline) {
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, PollTimeoutMs(deadline));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return true;  // let the read report the error
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
+Result<std::string> ReceiveFrame(int fd, FrameReader& reader, SteadyTime deadline) {
+  while (true) {
+    if (auto frame = reader.Next()) return std::move(*frame);
+    if (!WaitReadable(fd, deadline)) return Status::Timeout("no frame from peer before deadline");
+    KV_RETURN_IF_ERROR(reader.ReadAvailable(fd));
+  }
+}
+
+}  // namespace kv

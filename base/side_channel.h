@@ -1,0 +1,92 @@
+// A message channel over a stream socket (unix or TCP), used by the GPU backends next to their
+// data path: peer identity, batch headers, acks, notifications, and liveness (EOF = peer gone).
+//
+// Messages are frames: a little-endian u32 length, then that many bytes. A frame longer than
+// kMaxFrameBytes is a protocol violation. Sending blocks until the frame is written or the
+// deadline passes; receiving is incremental (FrameReader) so one thread can poll many channels.
+//
+// Thread-safety: Socket::SendFrame may be called from several threads at once (frames are never
+// interleaved); reading belongs to one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace kv {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+
+// An owned, non-blocking socket file descriptor.
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket();
+  Socket(Socket&& other) noexcept;
+  Socket& operator=(Socket&& other) noexcept;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+  // "unix:/path" or "tcp:host:port". Fails with kUnavailable when nobody listens by `deadline`.
+  static Result<Socket> Connect(std::string_view endpoint, SteadyTime deadline);
+
+  // Writes one frame; kTimeout at the deadline, kUnavailable when the peer closed.
+  Status SendFrame(std::string_view payload, SteadyTime deadline);
+
+ private:
+  int fd_ = -1;
+  std::mutex send_mu_;
+};
+
+// A listening socket. Listen("unix:/path") binds a fresh path (an existing file is removed and
+// the path unlinked again on destruction); Listen("tcp:127.0.0.1:0") picks a free port.
+class Listener {
+ public:
+  static Result<Listener> Listen(std::string_view endpoint);
+  Listener() = default;
+  ~Listener();
+  Listener(Listener&& other) noexcept;
+  Listener& operator=(Listener&& other) noexcept;
+
+  int fd() const { return socket_.fd(); }
+  // The endpoint peers connect to, with the actual port for "tcp:...:0".
+  const std::string& endpoint() const { return endpoint_; }
+  // A pending connection, or an invalid Socket when none is waiting.
+  Result<Socket> Accept();
+
+ private:
+  Socket socket_;
+  std::string endpoint_;
+  std::string unix_path_;
+};
+
+// Reassembles frames from whatever a non-blocking read returns.
+class FrameReader {
+ public:
+  // Reads what is available. kUnavailable on EOF or a reset; kInvalidArgument on an oversized
+  // frame (the channel is then unusable).
+  Status ReadAvailable(int fd);
+  // The next complete frame, if any.
+  std::optional<std::string> Next();
+
+ private:
+  std::string buffer_;
+  size_t consumed_ = 0;
+};
+
+// Waits until `fd` is readable or the deadline passes. True when readable (or hung up).
+bool WaitReadable(int fd, SteadyTime deadline);
+
+// Reads exactly one frame, waiting up to the deadline: for hand-shakes on a fresh connection.
+Result<std::string> ReceiveFrame(int fd, FrameReader& reader, SteadyTime deadline);
+
+}  // namespace kv

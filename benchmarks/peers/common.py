@@ -1,0 +1,412 @@
+"""Shared part of the peer harnesses (nixl_bench.py, mooncake_bench.py): the request shape of
+`kvbench pd --memory cuda --block-ids random`, the caches and their byte pattern, the two worker
+processes and the driver that times a peer on them.
+
+Shape: Llama-3-8B by default (32 layers, 8 KV heads, head dim 128, bf16: C = K|V = 512 bytes per
+head-token), 4096 tokens per request, block 16, so 256 blocks per request.
+  LBNHC: one page per (layer, block) = 16 tokens x 8 heads x 512 B = 64 KiB; a request is
+         32 x 256 = 8192 descriptors of 64 KiB (512 MiB).
+  BLHNC: one page per block holding every layer = 2 MiB; a request is 256 descriptors.
+Block ids are a seeded shuffle of the wave's blocks, drawn independently for the source and the
+destination (as kvbench's --block-ids random), so no two pages of a request are adjacent on
+both sides and a peer cannot merge descriptors. A few guard blocks past the wave's are never
+addressed and are checked to stay poisoned.
+
+Processes: worker 0 owns the source cache (GPU 0, the prefill side), worker 1 the destination
+cache (GPU 1, the decode side); both see both GPUs. WRITE is initiated by worker 0 (push), READ by
+worker 1 (pull). The driver (this process) speaks one JSON line per command with each worker over
+its stdin/stdout; a worker's own stdout (and everything a peer library prints there) is moved to
+stderr, which the driver saves as the worker's log.
+
+Timing, per op: every request of the wave (--window requests) is prepared once (descriptors
+built, and whatever the peer's API prepares ahead); one iteration posts all of them and polls
+until the last completes, on the initiator's host clock. The first iteration on fresh handles is
+reported apart as "cold" (it pays the peer's first mapping of the remote memory); then --warmup
+iterations, then --iters timed ones: GB/s = wave bytes / iteration time, median and the
+aggregate (bytes over summed time, kvbench's definition). The destination is poisoned before the
+cold iteration and again before the timed ones, and every byte of every request (and the guard
+pages) is checked after each: a peer that skipped or misplaced a page fails the run.
+"""
+
+import argparse
+import base64
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+KEY = 1000003  # page content: int32 word i of page p holds (p * KEY + i) & 0x7fffffff
+
+
+class Shape:
+    def __init__(self, a):
+        self.layers, self.heads, self.head_dim = a.layers, a.heads, a.head_dim
+        self.block, self.tokens, self.order, self.window = a.block_size, a.tokens, a.order, a.window
+        self.guard = a.guard_blocks
+        self.seed = a.seed
+        head_token = 2 * a.head_dim * 2  # K|V, bf16
+        self.layer_page = a.block_size * a.heads * head_token
+        self.blocks_per_req = (a.tokens + a.block_size - 1) // a.block_size
+        self.used_blocks = self.blocks_per_req * a.window
+        self.nblocks = self.used_blocks + a.guard_blocks
+        if a.order == "LBNHC":
+            self.page = self.layer_page
+            self.npages = a.layers * self.nblocks
+        elif a.order == "BLHNC":
+            self.page = self.layer_page * a.layers
+            self.npages = self.nblocks
+        else:
+            raise ValueError("order must be LBNHC or BLHNC")
+        self.cache_bytes = self.page * self.npages
+        self.req_bytes = self.layer_page * a.layers * self.blocks_per_req
+
+    def request_pages(self, side):
+        """Page ids of each request, in descriptor order; side 0 = source, 1 = destination."""
+        perm = np.random.default_rng(self.seed + side).permutation(self.used_blocks)
+        out = []
+        for r in range(self.window):
+            blocks = perm[r * self.blocks_per_req:(r + 1) * self.blocks_per_req].astype(np.int64)
+            if self.order == "LBNHC":
+                pids = (np.arange(self.layers, dtype=np.int64)[:, None] * self.nblocks
+                        + blocks[None, :]).reshape(-1)
+            else:
+                pids = blocks
+            out.append(pids)
+        return out
+
+
+class Cache:
+    """One side's KV cache: GPU memory through torch (device >= 0) or host memory (device < 0,
+    numpy; the CPU-only rehearsal of the harness logic)."""
+
+    def __init__(self, shape, device):
+        self.shape, self.device = shape, device
+        words = shape.page // 4
+        if device >= 0:
+            import torch
+            self.torch = torch
+            torch.cuda.set_device(device)
+            self.buf = torch.empty(shape.cache_bytes, dtype=torch.uint8, device=f"cuda:{device}")
+            self.ints = self.buf.view(torch.int32).view(shape.npages, words)
+            self.addr = self.buf.data_ptr()
+        else:
+            self.torch = None
+            self.buf = np.empty(shape.cache_bytes, dtype=np.uint8)
+            self.ints = self.buf.view(np.int32).reshape(shape.npages, words)
+            self.addr = self.buf.ctypes.data
+        self.words = words
+
+    def _idx(self, pids):
+        if self.torch:
+            return self.torch.as_tensor(pids, device=self.buf.device)
+        return np.asarray(pids)
+
+    def expected(self, pids):
+        if self.torch:
+            t = self.torch
+            p = t.as_tensor(pids, dtype=t.int64, device=self.buf.device)
+            i = t.arange(self.words, dtype=t.int64, device=self.buf.device)
+            return ((p[:, None] * KEY + i[None, :]) & 0x7FFFFFFF).to(t.int32)
+        i = np.arange(self.words, dtype=np.int64)
+        return ((np.asarray(pids, dtype=np.int64)[:, None] * KEY + i[None, :])
+                & 0x7FFFFFFF).astype(np.int32)
+
+    def chunk(self):
+        return max(1, (64 << 20) // self.shape.page)
+
+    def fill_pattern(self):
+        c = self.chunk()
+        for s in range(0, self.shape.npages, c):
+            pids = np.arange(s, min(s + c, self.shape.npages))
+            self.ints[s:s + len(pids)] = self.expected(pids)
+        self.sync()
+
+    def poison(self):
+        if self.torch:
+            self.ints.fill_(-1)
+        else:
+            self.ints.fill(-1)
+        self.sync()
+
+    def sync(self):
+        if self.torch:
+            self.torch.cuda.synchronize(self.device)
+
+    def verify(self, src_reqs, dst_reqs):
+        """Every destination page of every request holds its source page; every other page is
+        still poisoned. Returns (pages checked, bad pages)."""
+        src = np.concatenate(src_reqs)
+        dst = np.concatenate(dst_reqs)
+        bad = checked = 0
+        c = self.chunk()
+        for s in range(0, len(dst), c):
+            got = self.ints[self._idx(dst[s:s + c])]
+            exp = self.expected(src[s:s + c])
+            bad += int((got != exp).any(1).sum())
+            checked += len(dst[s:s + c])
+        rest = np.setdiff1d(np.arange(self.shape.npages), dst)
+        for s in range(0, len(rest), c):
+            got = self.ints[self._idx(rest[s:s + c])]
+            bad += int((got != -1).any(1).sum())
+            checked += len(rest[s:s + c])
+        return checked, bad
+
+
+def descs(shape, cache, pids, dev):
+    """(addr, len, dev) rows of one request's pages, int64 (NIXL's Nx3 form)."""
+    n = len(pids)
+    out = np.empty((n, 3), dtype=np.int64)
+    out[:, 0] = cache_addr_of(shape, cache, pids)
+    out[:, 1] = shape.page
+    out[:, 2] = dev
+    return out
+
+
+def cache_addr_of(shape, base, pids):
+    return base + np.asarray(pids, dtype=np.int64) * shape.page
+
+
+# ----------------------------------------------------------------------------------- worker
+
+
+def worker_main(peer_cls, rank, args):
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever the peer library prints goes to the log, not the protocol pipe
+    shape = Shape(args)
+    device = rank if args.memory == "cuda" else -1
+    cache = Cache(shape, device)
+    if rank == 0:
+        cache.fill_pattern()
+    else:
+        cache.poison()
+    peer = peer_cls(rank, shape, cache, device, args)
+    src_reqs, dst_reqs = shape.request_pages(0), shape.request_pages(1)
+    my_reqs = src_reqs if rank == 0 else dst_reqs
+    peer_reqs = dst_reqs if rank == 0 else src_reqs
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["cmd"]
+        try:
+            if op == "init":
+                res = {"meta": base64.b64encode(peer.init()).decode(), "base": cache.addr}
+            elif op == "connect":
+                peer.connect(base64.b64decode(cmd["meta"]), cmd["base"])
+                res = {}
+            elif op == "prep":
+                t0 = time.perf_counter()
+                peer.prep(cmd["op"], my_reqs, peer_reqs)
+                res = {"prep_s": time.perf_counter() - t0}
+            elif op == "run":
+                times = []
+                for _ in range(cmd["iters"]):
+                    t0 = time.perf_counter()
+                    peer.run_wave(cmd["op"])
+                    times.append(time.perf_counter() - t0)
+                res = {"times": times, "transport": peer.transport(cmd["op"])}
+            elif op == "poison":
+                cache.poison()
+                res = {}
+            elif op == "verify":
+                checked, bad = cache.verify(src_reqs, dst_reqs)
+                res = {"checked": checked, "bad": bad}
+            elif op == "ceiling":
+                res = {"times": ceiling(cache, shape, args.ceiling_iters)}
+            elif op == "quit":
+                peer.close()
+                proto.write(json.dumps({"ok": True}) + "\n")
+                return
+            else:
+                raise ValueError(op)
+            res["ok"] = True
+        except Exception as e:  # reported to the driver, which fails the run
+            import traceback
+            traceback.print_exc()
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        proto.write(json.dumps(res) + "\n")
+
+
+def ceiling(cache, shape, iters):
+    """One request's bytes GPU 0 -> GPU 1 in one piece (torch copy_ between devices: the copy
+    engine, as kvbench's cudaMemcpyPeerAsync ceiling), median of `iters` after 2 warm-ups."""
+    torch = cache.torch
+    if torch is None:
+        return []
+    src = cache.buf[:shape.req_bytes]
+    dst = torch.empty(shape.req_bytes, dtype=torch.uint8, device="cuda:1")
+    times = []
+    for i in range(iters + 2):
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    if not torch.equal(dst[:4096].cpu(), src[:4096].cpu()):
+        raise RuntimeError("ceiling copy wrong")
+    return times
+
+
+# ----------------------------------------------------------------------------------- driver
+
+
+class Worker:
+    def __init__(self, script, rank, argv, logdir, name):
+        self.log_path = os.path.join(logdir, f"{name}.worker{rank}.log")
+        self.log = open(self.log_path, "w")
+        self.p = subprocess.Popen([sys.executable, script, "--worker", str(rank)] + argv,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.log, text=True, bufsize=1)
+
+    def send(self, **cmd):
+        self.p.stdin.write(json.dumps(cmd) + "\n")
+        self.p.stdin.flush()
+
+    def recv(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker died; see {self.log_path}")
+        res = json.loads(line)
+        if not res.get("ok"):
+            raise RuntimeError(f"worker: {res.get('error')}; see {self.log_path}")
+        return res
+
+    def call(self, **cmd):
+        self.send(**cmd)
+        return self.recv()
+
+
+def gbps(nbytes, t):
+    return nbytes / t / 1e9
+
+
+def driver_main(peer_name, script, args, argv, grep_transport):
+    shape = Shape(args)
+    os.makedirs(args.logdir, exist_ok=True)
+    tag = f"{peer_name}-{args.order}-w{args.window}"
+    w = [Worker(script, r, argv, args.logdir, tag) for r in (0, 1)]
+    result = {"peer": peer_name, "order": args.order, "window": args.window,
+              "memory": args.memory, "descs_per_request": len(shape.request_pages(0)[0]),
+              "page_bytes": shape.page, "request_bytes": shape.req_bytes, "ops": {}}
+    try:
+        info = [x.call(cmd="init") for x in w]
+        w[0].call(cmd="connect", meta=info[1]["meta"], base=info[1]["base"])
+        w[1].call(cmd="connect", meta=info[0]["meta"], base=info[0]["base"])
+        wave = shape.req_bytes * shape.window
+        for op in args.ops.split(","):
+            init = w[0] if op == "WRITE" else w[1]
+            prep = init.call(cmd="prep", op=op)
+            w[1].call(cmd="poison")
+            cold = init.call(cmd="run", op=op, iters=1)
+            v1 = w[1].call(cmd="verify")
+            w[1].call(cmd="poison")
+            warmup, iters = args.warmup, args.iters
+            if cold["times"][0] > 2.0:  # a slow path (e.g. a TCP fallback): keep the call short
+                warmup, iters = 0, 2
+            if warmup:
+                init.call(cmd="run", op=op, iters=warmup)
+            run = init.call(cmd="run", op=op, iters=iters)
+            v2 = w[1].call(cmd="verify")
+            t = run["times"]
+            r = {"prep_s": prep["prep_s"], "cold_gbps": gbps(wave, cold["times"][0]),
+                 "median_gbps": gbps(wave, statistics.median(t)),
+                 "aggregate_gbps": gbps(wave * len(t), sum(t)),
+                 "min_gbps": gbps(wave, max(t)), "max_gbps": gbps(wave, min(t)),
+                 "iters": len(t), "transport": run["transport"],
+                 "verified_pages": v1["checked"] + v2["checked"], "bad_pages": v1["bad"] + v2["bad"]}
+            result["ops"][op] = r
+        if args.memory == "cuda":
+            c = w[0].call(cmd="ceiling")["times"]
+            result["ceiling_gbps"] = gbps(shape.req_bytes, statistics.median(c))
+        for x in w:
+            x.call(cmd="quit")
+    finally:
+        for x in w:
+            try:
+                x.p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                x.p.kill()
+            x.log.close()
+    result["transport_log"] = grep_transport([x.log_path for x in w])
+    ok = all(r["bad_pages"] == 0 for r in result["ops"].values())
+    result["verified"] = ok
+    print_result(result)
+    if args.json_out:
+        with open(args.json_out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+    return 0 if ok else 1
+
+
+def print_result(r):
+    ceil = r.get("ceiling_gbps")
+    print(f"== {r['peer']} {r['order']} window {r['window']} ({r['memory']}): "
+          f"{r['descs_per_request']} descriptors of {r['page_bytes']} B per request, "
+          f"{r['request_bytes'] >> 20} MiB")
+    for op, x in r["ops"].items():
+        ratio = f" ratio {x['aggregate_gbps'] / ceil:.3f}" if ceil else ""
+        print(f"  {op:5s} aggregate {x['aggregate_gbps']:8.1f} GB/s  median {x['median_gbps']:8.1f}"
+              f"  [{x['min_gbps']:.1f}..{x['max_gbps']:.1f}] over {x['iters']}{ratio}  "
+              f"cold {x['cold_gbps']:.1f}  prep {x['prep_s'] * 1e3:.0f} ms  "
+              f"pages verified {x['verified_pages']} bad {x['bad_pages']}  via {x['transport']}")
+    if ceil:
+        print(f"  ceiling (one {r['request_bytes'] >> 20} MiB copy GPU0->GPU1, torch copy_): "
+              f"{ceil:.1f} GB/s")
+    for line in r["transport_log"]:
+        print(f"  log: {line}")
+    print(f"  verified: {'OK' if r['verified'] else 'FAILED'}")
+
+
+def parse(argv, extra=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--memory", choices=["cuda", "host"], default="cuda")
+    p.add_argument("--order", choices=["LBNHC", "BLHNC"], default="LBNHC")
+    p.add_argument("--ops", default="WRITE,READ")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--window", type=int, default=32, help="requests in flight per iteration")
+    p.add_argument("--guard-blocks", type=int, default=16)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--ceiling-iters", type=int, default=10)
+    p.add_argument("--logdir", default="/tmp/peer-logs")
+    p.add_argument("--json-out", default="")
+    if extra:
+        extra(p)
+    a = p.parse_args(argv)
+    return a
+
+
+def main(peer_name, peer_cls, script, grep_transport, extra=None):
+    argv = sys.argv[1:]
+    a = parse(argv, extra)
+    if a.worker >= 0:
+        worker_main(peer_cls, a.worker, a)
+        return 0
+    return driver_main(peer_name, script, a, argv, grep_transport)
+
+
+def grep_lines(paths, needles, limit=8):
+    out = []
+    for p in paths:
+        try:
+            with open(p, errors="replace") as f:
+                for line in f:
+                    if any(n in line for n in needles):
+                        s = f"{os.path.basename(p)}: {line.strip()[:200]}"
+                        if s not in out:
+                            out.append(s)
+                        if len(out) >= limit:
+                            return out
+        except OSError:
+            pass
+    return out

@@ -84,7 +84,7 @@ std::string Daemon::Core::transport_name() const {
 ConnectionLimits Daemon::Core::EngineLimits() const {
   ConnectionLimits limits;
   limits.max_frame_bytes = options_.max_frame_bytes;
-  // One per RegisterRegion or VMM RegisterGpuRegion, claimed as the message is handled.
+  // One per RegisterRegion of a memfd or a VMM allocation, claimed as the message is handled.
   limits.max_queued_fds = 1;
   limits.partial_frame_timeout = options_.partial_frame_timeout;
   return limits;

@@ -55,9 +55,6 @@ std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
 Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   KV_RETURN_IF_ERROR(CheckRequestId(save.request_id()));
   if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
-  if (engine.regions.front()->where.kind == MemoryKind::kCuda && !engine.layer_events) {
-    return Status::InvalidArgument("GPU caches need their layer events before save_layer");
-  }
   const int layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
   if (save.layer() < 0 || save.layer() >= layers) {
     return Status::OutOfRange("layer " + std::to_string(save.layer()) + " out of range [0, " +

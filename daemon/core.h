@@ -37,16 +37,17 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/shared_memory.h"
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
+#include "daemon/event_gate.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
-#include "base/shared_memory.h"
-#include "layout/kv_region.h"
-#include "layout/plan.h"
 #include "gpu/ipc_memory.h"
 #include "gpu/layer_events.h"
+#include "layout/kv_region.h"
+#include "layout/plan.h"
 
 namespace kv::daemon {
 
@@ -62,7 +63,7 @@ struct Region {
   void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
   uint64_t bytes = 0;    // of where.device (CUDA IPC mappings are device pointers in kvd too)
   MemoryLocation where;
-  SharedMemory host;                               // host regions: the engine's memfd
+  SharedMemory host;                        // host regions: the engine's memfd
   std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
   // Declared last so it is released first, while the memory it names is still mapped.
   std::unique_ptr<transport::MemoryRegistration> registration;
@@ -78,7 +79,7 @@ struct Engine {
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;
   // GPU engines: the engine's per-layer events, opened here (RegisterLayerEvents). A copy of
-  // layer l out of this engine's regions waits for event(l) (post_after).
+  // layer l out of this engine's regions waits in the event gate until event(l) fired.
   std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
 };
@@ -284,7 +285,7 @@ class Daemon::Core {
   Result<uint32_t> HandleRegisterGpu(Engine& engine, const proto::RegisterGpuRegion& reg);
   Status HandleLayerEvents(Engine& engine, const proto::RegisterLayerEvents& m);
   // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
-  // copies first wait for its event of that layer (the last layer moved).
+  // batch first waits in the event gate for its event of that layer (the last layer moved).
   Status PostFromEngine(const Engine& engine, int event_layer, const transport::Batch& batch,
                         transport::Completion done);
 
@@ -428,6 +429,10 @@ class Daemon::Core {
   std::unordered_set<std::string> failed_sends_;
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
   std::unique_ptr<OffloadService> offload_;
+  // Batches and offload stores waiting for an engine's event (event_gate.h); the send queue's
+  // notices go through it too. Destroyed first in Shutdown: what it holds names the transport,
+  // the pool and regions.
+  std::unique_ptr<EventGate> event_gate_;
 
   uint64_t transfers_done_ = 0;
   uint64_t transfers_failed_ = 0;

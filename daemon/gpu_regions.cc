@@ -1,10 +1,9 @@
 // GPU engines in kvd: their KV caches opened through CUDA IPC (cudaMalloc memory) or their VMM
-// allocations' fds, their per-layer events, and batches out of their regions ordered after those
-// events (post_after: device_ordered.h).
+// allocations' fds, their per-layer events, and batches out of their regions held until those
+// events fired (daemon/event_gate.h).
 #include <spdlog/spdlog.h>
 
 #include "daemon/core.h"
-#include "transport/cuda_ipc/device_ordered.h"
 
 namespace kv::daemon {
 
@@ -102,17 +101,12 @@ Status Daemon::Core::PostFromEngine(const Engine& engine, int event_layer,
   if (!engine.layer_events) {
     return Status::InvalidArgument("GPU caches need the engine's layer events before save_layer");
   }
-  auto* ordered = dynamic_cast<transport::DeviceOrdered*>(transport_.get());
-  if (ordered == nullptr) {
-    return Status::Unsupported("transport " + std::string(transport_->name()) +
-                               " cannot order copies after the engine's CUDA events");
-  }
-  // An event whose last record already completed needs no wait, and a device-side wait on
-  // another process's event is not free (behind one, the nccl backend saw the engine's records
-  // complete once per ~15 ms: benchmarks/pd_gpu.md). Asked here once for every backend.
-  KV_ASSIGN_OR_RETURN(bool fired, engine.layer_events->Fired(event_layer));
-  return ordered->post_after(batch, fired ? nullptr : engine.layer_events->event(event_layer),
-                             std::move(done));
+  // Posted at once when the event fired already; else held in the gate until it has, seen from
+  // the host. The probe keeps the engine's events open while the batch waits, even if the engine
+  // leaves meanwhile.
+  return event_gate_->Post(
+      batch, [events = engine.layer_events, event_layer] { return events->Fired(event_layer); },
+      std::move(done));
 }
 
 }  // namespace kv::daemon

@@ -12,8 +12,6 @@
 // stops answering fails its batches with kUnavailable and its communicators are aborted, never
 // waited on.
 //
-// Also implements DeviceOrdered (device_ordered.h): a put's gathers can wait on a CUDA event.
-//
 // NCCL_NVLS_ENABLE is forced to 0 in this process when the backend is created: NVLink multicast
 // is not allowed on the shared machines, and point-to-point never needs it.
 //
@@ -23,9 +21,7 @@
 // 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 2),
 // "copy_ctas" (grid of the gather/scatter kernels, 0 = one CTA per SM; default 16),
 // "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into
-// it; 0 = never; default 8 MiB), "host_gate" (1: a put's engine event that has not fired at
-// post time is polled on the host, not waited on by the device; the event must then outlive the
-// batch, as DeviceOrdered says; default 1, see nccl_link.h), "timeout_ms" (connects, communicator
+// it; 0 = never; default 8 MiB), "timeout_ms" (connects, communicator
 // creation and control messages; default 30000). The environment variable
 // KVD_NCCL_SETTINGS="key=value,..." adds settings the caller did not pass (kvd passes only
 // "device"). Staging memory: staging_slots × staging_bytes per side, direction and link.

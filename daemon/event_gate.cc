@@ -58,6 +58,7 @@ Status EventGate::Post(const transport::Batch& batch, EventProbe fired,
     held_.push_back(std::move(h));
     added_ = true;
   }
+  wake_.notify_one();  // a poller with nothing held sleeps until there is
   return Status::Ok();
 }
 
@@ -85,11 +86,17 @@ void EventGate::Hold(EventProbe fired, Clock::time_point deadline, std::function
   Held h;
   h.fired = std::move(fired);
   h.deadline = deadline;
-  h.start = std::move(start);
+  h.start = [start = std::move(start)] {
+    start();
+    return true;
+  };
   h.fail = std::move(fail);
-  std::lock_guard lock(mu_);
-  held_.push_back(std::move(h));
-  added_ = true;
+  {
+    std::lock_guard lock(mu_);
+    held_.push_back(std::move(h));
+    added_ = true;
+  }
+  wake_.notify_one();
 }
 
 void EventGate::Disconnect(PeerId peer) {

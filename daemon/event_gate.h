@@ -113,7 +113,7 @@ class EventGate {
     Clock::time_point deadline;
     transport::PeerId peer = 0;
     uint64_t seq = 0;  // batches: their number in notes_; 0 for other work
-    std::function<void()> start;
+    std::function<bool()> start;  // whether it started (batches: whether post() took it)
     std::function<void(Status)> fail;
   };
   struct HeldNote {

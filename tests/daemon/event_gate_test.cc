@@ -134,7 +134,7 @@ class EventGateTest : public ::testing::Test {
  protected:
   // A batch to `peer` whose first run starts at `tag`, so the recording tells batches apart.
   Batch MakeBatch(PeerId peer, uint64_t tag, std::chrono::milliseconds deadline = 10s) {
-    runs_.push_back(std::make_unique<std::vector<Run>>(1, Run{tag, 0, 8}));
+    runs_.push_back(std::make_unique<std::vector<kv::Run>>(1, kv::Run{tag, 0, 8}));
     remotes_.push_back(std::make_unique<FakeRemote>(peer));
     return Batch{transport::Op::kPut, &local_, remotes_.back().get(), *runs_.back(),
                  std::chrono::steady_clock::now() + deadline};
@@ -142,7 +142,7 @@ class EventGateTest : public ::testing::Test {
 
   RecordingTransport transport_;
   FakeRegistration local_;
-  std::vector<std::unique_ptr<std::vector<Run>>> runs_;
+  std::vector<std::unique_ptr<std::vector<kv::Run>>> runs_;
   std::vector<std::unique_ptr<FakeRemote>> remotes_;
 };
 

@@ -61,8 +61,9 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
-// kvd orders a layer's transfer after the engine's event: the gathers start once it fired.
-TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
+// kvd orders a layer's transfer after the engine's event: its event gate posts the batch, and so
+// starts the gathers, once it fired.
+TEST_F(StagedGpuTest, GatedPostWaitsForTheEngineEvent) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("BLHNC", 32), 160);
   Peer sender = Start(p.src_bytes, kSrcSeed);
   Peer receiver = Start(p.dst_bytes, -1);

@@ -37,17 +37,17 @@
 #include <unordered_set>
 #include <vector>
 
-#include "base/shared_memory.h"
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
 #include "daemon/event_gate.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
-#include "gpu/ipc_memory.h"
-#include "gpu/layer_events.h"
+#include "base/shared_memory.h"
 #include "layout/kv_region.h"
 #include "layout/plan.h"
+#include "gpu/ipc_memory.h"
+#include "gpu/layer_events.h"
 
 namespace kv::daemon {
 
@@ -63,7 +63,7 @@ struct Region {
   void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
   uint64_t bytes = 0;    // of where.device (CUDA IPC mappings are device pointers in kvd too)
   MemoryLocation where;
-  SharedMemory host;                        // host regions: the engine's memfd
+  SharedMemory host;                               // host regions: the engine's memfd
   std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
   // Declared last so it is released first, while the memory it names is still mapped.
   std::unique_ptr<transport::MemoryRegistration> registration;

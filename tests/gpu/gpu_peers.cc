@@ -12,10 +12,10 @@
 #include <random>
 #include <thread>
 
+#include "tests/gpu/held_stream.h"
 #include "base/codec.h"
 #include "daemon/event_gate.h"
 #include "gpu/cuda_util.h"
-#include "tests/gpu/held_stream.h"
 #include "transport/transport.h"
 
 namespace kv::transport::gputest {

@@ -17,8 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "base/side_channel.h"
-#include "base/unique_fd.h"
 #include "gpu/cuda_util.h"
 #include "gpu/fd_share.h"
 #include "gpu/ipc_memory.h"
@@ -28,21 +26,22 @@
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
+#include "base/unique_fd.h"
 
 namespace kv::transport {
 namespace {
 
+using gpu::CudaEvent;
+using kv::FrameReader;
 using cuda_ipc::HostId;
 using cuda_ipc::IpcRegistration;
 using cuda_ipc::IpcRemote;
 using cuda_ipc::kFdPathBytes;
 using cuda_ipc::kHostIdBytes;
 using cuda_ipc::kMagic;
-using cuda_ipc::WireDescriptor;
-using gpu::CudaEvent;
-using kv::FrameReader;
 using kv::Listener;
 using kv::Socket;
+using cuda_ipc::WireDescriptor;
 
 // Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
 // batches may overlap on the device. On one stream, one after the other, a 16 MiB batch (a layer
@@ -62,11 +61,10 @@ class CudaIpcTransport final : public Transport {
         host_id_(HostId()) {}
 
   Status Start(const std::string& socket_dir) {
-    KV_ASSIGN_OR_RETURN(
-        poster_, cuda_ipc::Poster::Start(device_, copy_path_,
-                                         [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
-                                           OnLaunched(std::move(job), std::move(launch));
-                                         }));
+    KV_ASSIGN_OR_RETURN(poster_, cuda_ipc::Poster::Start(device_, copy_path_,
+                                                    [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
+                                                      OnLaunched(std::move(job), std::move(launch));
+                                                    }));
     static std::atomic<int> counter{0};
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
@@ -520,8 +518,7 @@ class CudaIpcTransport final : public Transport {
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::thread progress_;
-  std::unique_ptr<cuda_ipc::Poster>
-      poster_;  // its thread calls OnLaunched: reset in the destructor
+  std::unique_ptr<cuda_ipc::Poster> poster_;  // its thread calls OnLaunched: reset in the destructor
 
   std::mutex mu_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;

@@ -46,10 +46,8 @@ Status EventGate::Post(const transport::Batch& batch, EventProbe fired,
              groups = std::vector<RunGroup>(batch.groups.begin(), batch.groups.end()),
              deadline = batch.deadline, shared_done] {
     const transport::Batch b{op, local, remote, runs, deadline, groups};
-    Status posted = transport_->post(b, [shared_done](Status s) { (*shared_done)(std::move(s)); });
-    if (posted.ok()) return true;
-    (*shared_done)(std::move(posted));  // refused: post() did not call it
-    return false;
+    // Refused, post() does not call it: the poller fails the batch with the refusal instead.
+    return transport_->post(b, [shared_done](Status s) { (*shared_done)(std::move(s)); });
   };
   h.fail = [shared_done](Status why) { (*shared_done)(std::move(why)); };
   {
@@ -88,7 +86,7 @@ void EventGate::Hold(EventProbe fired, Clock::time_point deadline, std::function
   h.deadline = deadline;
   h.start = [start = std::move(start)] {
     start();
-    return true;
+    return Status::Ok();
   };
   h.fail = std::move(fail);
   {
@@ -157,25 +155,31 @@ void EventGate::Loop() {
     if (TakeOpenLocked(&start, &failed)) last_opened = Clock::now();
     if (start.empty() && failed.empty()) continue;
     lock.unlock();
+    // Deadlines and events that failed first: their batches are recorded in notes_ already.
+    for (auto& [h, why] : failed) h.fail(std::move(why));
+    failed.clear();
     for (Held& h : start) {
-      const bool posted = h.start();
-      if (h.seq != 0) finished.push_back({h.peer, h.seq, posted});
-    }
-    for (auto& [h, why] : failed) {
-      h.fail(std::move(why));
-      if (h.seq != 0) finished.push_back({h.peer, h.seq, false});
+      Status started = h.start();
+      if (h.seq != 0) finished.push_back({h.peer, h.seq, started.ok()});
+      if (!started.ok()) failed.emplace_back(std::move(h), std::move(started));
     }
     start.clear();
-    failed.clear();
     lock.lock();
     for (const Finished& f : finished) BatchDoneLocked(f.peer, f.seq, f.posted);
     finished.clear();
+    if (failed.empty()) continue;
+    // Refused by the transport: failed once the refusal is recorded (see TakeOpenLocked).
+    lock.unlock();
+    for (auto& [h, why] : failed) h.fail(std::move(why));
+    failed.clear();
+    lock.lock();
   }
 }
 
 bool EventGate::TakeOpenLocked(std::vector<Held>* start,
                                std::vector<std::pair<Held, Status>>* failed) {
   const size_t before = start->size() + failed->size();
+  const size_t failed_before = failed->size();
   const auto now = Clock::now();
   for (auto it = held_.begin(); it != held_.end();) {
     if (now >= it->deadline) {
@@ -191,6 +195,10 @@ bool EventGate::TakeOpenLocked(std::vector<Held>* start,
       continue;
     }
     it = held_.erase(it);
+  }
+  for (size_t i = failed_before; i < failed->size(); ++i) {
+    const Held& h = (*failed)[i].first;
+    if (h.seq != 0) BatchDoneLocked(h.peer, h.seq, /*posted=*/false);
   }
   return start->size() + failed->size() > before;
 }

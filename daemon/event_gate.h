@@ -113,7 +113,8 @@ class EventGate {
     Clock::time_point deadline;
     transport::PeerId peer = 0;
     uint64_t seq = 0;  // batches: their number in notes_; 0 for other work
-    std::function<bool()> start;  // whether it started (batches: whether post() took it)
+    // Starts the work; a batch returns post()'s refusal, and `fail` then runs with it.
+    std::function<Status()> start;
     std::function<void(Status)> fail;
   };
   struct HeldNote {
@@ -124,7 +125,9 @@ class EventGate {
 
   void Loop();
   // The held work whose event fired (into *start) or that fails (into *failed), in order
-  // (caller holds mu_). Returns whether any moved.
+  // (caller holds mu_); a failed batch is recorded as such in notes_ here, before its completion
+  // runs, so that a note the caller sends once it heard of the failure is not held to it.
+  // Returns whether any moved.
   bool TakeOpenLocked(std::vector<Held>* start, std::vector<std::pair<Held, Status>>* failed);
   // A held batch was posted (or failed): hands on the notes of its peer that waited for it
   // (caller holds mu_).

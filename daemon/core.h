@@ -39,6 +39,7 @@
 
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
+#include "daemon/event_gate.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
@@ -80,7 +81,7 @@ struct Engine {
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;
   // GPU engines: the engine's per-layer events, opened with its first region. A copy of
-  // layer l out of this engine's regions waits for event(l) (post_after).
+  // layer l out of this engine's regions waits in the event gate until event(l) fired.
   std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
 };
@@ -286,7 +287,7 @@ class Daemon::Core {
 
   // ---- gpu_regions.cc ----
   // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
-  // copies first wait for its event of that layer (the last layer moved).
+  // batch first waits in the event gate for its event of that layer (the last layer moved).
   Status PostFromEngine(const Engine& engine, int event_layer, const transport::Batch& batch,
                         transport::Completion done);
 
@@ -430,6 +431,10 @@ class Daemon::Core {
   std::unordered_set<std::string> failed_sends_;
   // Outlives every engine session; destroyed before the transport (its copies hold regions).
   std::unique_ptr<OffloadService> offload_;
+  // Batches and offload stores waiting for an engine's event (event_gate.h); the send queue's
+  // notices go through it too. Destroyed first in Shutdown: what it holds names the transport,
+  // the pool and regions.
+  std::unique_ptr<EventGate> event_gate_;
 
   uint64_t transfers_done_ = 0;
   uint64_t transfers_failed_ = 0;

@@ -123,6 +123,7 @@ Status Daemon::Core::Start() {
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend.name, settings));
     if (on_gpu) WarnWithoutMps();
   }
+  event_gate_ = std::make_unique<EventGate>(transport_.get());
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
     offload.capacity_bytes = options_.offload_bytes;
@@ -444,6 +445,9 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
     io_.stop();
     io_thread_.join();
   }
+  // Fails what still waits for an engine's event (nothing of it started), before the pool and
+  // the transport it would have gone to.
+  event_gate_.reset();
   // Waits for the pool's copies; their completions release engine regions, which must happen
   // before the transport goes.
   offload_.reset();

@@ -151,19 +151,24 @@ struct OffloadCopy {
   std::vector<BlockKey> engine_keys;  // as the engine named them
   std::vector<int64_t> blocks;
   std::shared_ptr<Region> region;
-  void* ready_event = nullptr;
+  offload::CopyGate gate;
   OffloadPool* pool = nullptr;
 
   offload::BlockTransfer transfer() const {
-    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, ready_event,
+    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, gate,
             region->where};
   }
 };
 
-// GPU regions: a store's copy runs on kvd's stream after the engine's most recent record of its
-// last layer's event, which Connector::OffloadStore makes on the engine's stream just before it
-// sends the store (the engine's writes of the blocks come before it). A load waits for nothing:
-// the engine gives it blocks no work of its own touches, and hears each layer once it landed.
+// How long a GPU store's copy waits in the event gate for the engine's event: the pool's own
+// bound on a GPU copy (CudaMoverOptions::timeout's default).
+constexpr auto kStoreEventTimeout = std::chrono::seconds(30);
+
+// GPU regions: a store's copy starts once the event gate saw the engine's most recent record of
+// its last layer's event complete, which Connector::OffloadStore makes on the engine's stream
+// just before it sends the store (the engine's writes of the blocks come before it). A load
+// waits for nothing: the engine gives it blocks no work of its own touches, and hears each
+// layer once it landed.
 template <typename Message>  // proto::OffloadStore or proto::OffloadLoad
 Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Message& m) {
   KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
@@ -177,7 +182,14 @@ Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Messag
   KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
   if constexpr (std::is_same_v<Message, proto::OffloadStore>) {
     if (copy.region->where.kind == MemoryKind::kCuda) {
-      copy.ready_event = engine.layer_events->event(engine.layer_events->layers() - 1);
+      // The gate's probe keeps the engine's events open while the copy waits, even if the
+      // engine leaves meanwhile.
+      copy.gate = [gate = core.event_gate_.get(), events = engine.layer_events](
+                      std::function<void()> start, std::function<void(Status)> fail) {
+        const int last = events->layers() - 1;
+        gate->Hold([events, last] { return events->Fired(last); },
+                   Clock::now() + kStoreEventTimeout, std::move(start), std::move(fail));
+      };
     }
   }
   KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.region->layout));

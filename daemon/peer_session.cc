@@ -397,7 +397,7 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   }
   FailRequestsOfPeer(
       peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
-  if (peer->ready) transport_->disconnect(peer->transport_peer);
+  if (peer->ready) event_gate_->Disconnect(peer->transport_peer);  // and the transport's
   if (peer->transport_endpoint != 0) transport_->release_endpoint(peer->transport_endpoint);
   peers_.erase(peer_id);
 }

@@ -116,10 +116,8 @@ void Daemon::Core::FlushSends() {
       batch.runs = group.plan.runs;
       batch.groups = group.plan.groups;  // only where transport_->takes_run_groups()
       batch.deadline = group.deadline;
-      // The engine's layer events stay open until the batch completes, even if the engine
-      // leaves: a backend may watch the event from the host (device_ordered.h).
-      auto done = [this, parts = group.parts, source = group.source, remote = group.remote,
-                   events = engine->layer_events](Status s) mutable {
+      auto done = [this, parts = group.parts, source = group.source,
+                   remote = group.remote](Status s) mutable {
         uint64_t landed = 0;
         for (const SendGroup::Part& part : parts) {
           Trace("flushed", part.request_id, part.layer);
@@ -173,7 +171,18 @@ void Daemon::Core::FlushSends() {
   }
   for (QueuedNotice& notice : notices) {
     if (!sources_.count(notice.request_id)) continue;  // failed above, or ended meanwhile
-    Status s = transport_->notify(notice.peer, std::move(notice.message));
+    // Behind the batches of its peer the event gate holds, if any; a held notice the transport
+    // refuses later fails its request then, as one refused now does here.
+    auto refused = [this, id = notice.request_id,
+                    generation = sources_.at(notice.request_id).generation](Status s) {
+      boost::asio::post(io_, [this, id, generation, s] {
+        auto it = sources_.find(id);
+        if (it != sources_.end() && it->second.generation == generation) {
+          FinishSource(id, s.WithContext("request " + id), /*tell_peer=*/true);
+        }
+      });
+    };
+    Status s = event_gate_->Notify(notice.peer, std::move(notice.message), std::move(refused));
     if (!s.ok()) {
       FinishSource(notice.request_id, s.WithContext("request " + notice.request_id), true);
       continue;

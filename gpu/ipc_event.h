@@ -1,11 +1,11 @@
-// Sharing CUDA events between processes on one host, so kvd can start a layer's transfer on its
-// own stream exactly when the engine's per-layer event fires, with no host synchronisation in the
-// engine.
+// Sharing CUDA events between processes on one host, so kvd can start a layer's transfer exactly
+// when the engine's per-layer event fires, with no host synchronisation in the engine.
 //
 // The engine creates each per-layer event once with CreateShareableEvent(), exports it once, and
-// records it after every layer's forward as usual; kvd imports it once and, per layer, makes its
-// transfer stream wait on it (cudaStreamWaitEvent on the imported event orders against the
-// engine's most recent record). Thread-safe: plain functions over CUDA runtime calls.
+// records it after every layer's forward as usual; kvd imports it once and queries it from the
+// host (layer_events.h, daemon/event_gate.h). StreamWaitEvent (a device-side wait, which kvd does
+// not use on an engine's events: one whose engine died never fires) serves the tests.
+// Thread-safe: plain functions over CUDA runtime calls.
 #pragma once
 
 #include <string>

@@ -81,10 +81,6 @@ Result<std::unique_ptr<ImportedLayerEvents>> ImportedLayerEvents::Import(
   return std::unique_ptr<ImportedLayerEvents>(new ImportedLayerEvents(std::move(impl), layers));
 }
 
-void* ImportedLayerEvents::event(int layer) const {
-  return impl_->events.at(static_cast<size_t>(layer)).get();
-}
-
 Result<bool> ImportedLayerEvents::Fired(int layer) const {
   return impl_->events.at(static_cast<size_t>(layer)).Query();
 }

@@ -3,11 +3,11 @@
 //
 // The engine creates one interprocess event per layer (LayerEvents), sends their handles to kvd
 // once, and records a layer's event on its compute stream just before it tells kvd the layer is
-// saved. kvd imports them once (ImportedLayerEvents) and posts the layer's copy with
-// DeviceOrdered::post_after(event(layer)): the copy waits for the most recent record at the time
-// of the post (or, where the backend polls the event from the host, as cuda_ipc, staged and nccl
-// do, at the time of its last poll). A record made later (the next request's forward) only
-// delays it.
+// saved. kvd imports them once (ImportedLayerEvents) and holds the layer's copy in its event gate
+// (daemon/event_gate.h) until Fired(layer) says the record completed, seen from the host (at its
+// last poll: a record made later, the next request's forward, only delays it). Nothing of kvd
+// waits for these events on the device: one whose engine died before its stream reached the
+// record never fires.
 //
 // The header is free of CUDA types (streams and events are void*), so the connector and kvd's
 // control plane use it in every build; without CUDA both Create and Import return kUnsupported.
@@ -68,8 +68,6 @@ class ImportedLayerEvents {
   ImportedLayerEvents& operator=(const ImportedLayerEvents&) = delete;
 
   int layers() const { return layers_; }
-  // The cudaEvent_t of `layer` (in [0, layers())), for DeviceOrdered::post_after().
-  void* event(int layer) const;
   // Whether `layer`'s last record has completed (a copy after it needs no wait); the CUDA error
   // when the recorded work failed.
   Result<bool> Fired(int layer) const;

@@ -52,9 +52,6 @@ Result<std::unique_ptr<ImportedLayerEvents>> ImportedLayerEvents::Import(
     std::span<const std::string>, int) {
   return NoCuda("layer events");
 }
-void* ImportedLayerEvents::event(int) const {
-  return nullptr;
-}
 Result<bool> ImportedLayerEvents::Fired(int) const {
   return NoCuda("layer events");
 }

@@ -15,7 +15,7 @@ constexpr uint64_t kLanesFromBytes = uint64_t{64} << 20;
 // Under lazy module loading (the default since CUDA 12.2) a kernel is loaded at its first
 // launch, and loading may synchronise the whole context: the first Copy() would then block the
 // caller until every stream of the device drains, including the engine's, and would deadlock
-// against work that waits for the caller (a post_after() gate the caller is yet to release).
+// against work that waits for the caller (a stream the caller is yet to release).
 // One real copy here, on a private stream, pays that load while nothing else is waiting on us.
 Status LoadCopyKernel(int device, kernels::PlanCopier& kernel) {
   KV_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::Allocate(device, 32));

@@ -157,8 +157,8 @@ class Transport {
   // batch whose copies already run completes only once they stopped touching either side's
   // memory, or once its deadline passed: only a kTimeout completion may come while a copy still
   // runs (one still copying at its deadline), besides the kAborted of a transport destroyed
-  // after its bounded wait for them. A batch still waiting for its event (device_ordered.h) has
-  // nothing running and fails at once.
+  // after its bounded wait for them. A batch still queued, not yet started, has nothing running
+  // and fails at once.
   virtual void disconnect(PeerId peer) = 0;
 
   virtual Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,

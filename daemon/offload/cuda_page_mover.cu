@@ -6,7 +6,7 @@
 // run table straight from pinned host memory (mapped under UVA; 16 bytes per 32 KiB chunk cross
 // PCIe), one table per job, recycled when the job finished: unlike kernels::PlanCopier's two
 // device tables, no table upload or reuse makes the submitting thread wait for an earlier copy,
-// which on a per-layer load sits behind the engine's event. The completion thread polls each
+// which would sit behind the copies already on the stream. The completion thread polls each
 // phase's event against a deadline instead of blocking in cudaEventSynchronize.
 #include <cuda_runtime.h>
 
@@ -129,10 +129,6 @@ class CudaPageMover final : public PageMover {
     }
     if (table_bytes > 0) {
       KV_ASSIGN_OR_RETURN(state->table, TakeTable(table_bytes));
-    }
-    if (job.ready_event != nullptr) {
-      KV_CUDA_RETURN("cudaStreamWaitEvent",
-                     cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready_event), 0));
     }
     state->on_phase = std::move(job.on_phase);
     state->done = std::move(job.done);

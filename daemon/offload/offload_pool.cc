@@ -1,5 +1,6 @@
 #include "daemon/offload/offload_pool.h"
 
+#include <memory>
 #include <unordered_set>
 #include <utility>
 
@@ -212,7 +213,6 @@ Result<StoreTicket> OffloadPool::Store(const BlockTransfer& req, Completion done
   CopyJob job;
   job.src_base = req.base;
   job.dst_base = memory_.data();
-  job.ready_event = req.ready_event;
   if (!claimed.empty()) {
     TransferSpec spec{src_blocks, dst_slots,
                       static_cast<int64_t>(claimed.size()) * engine.size(Axis::kN)};
@@ -224,22 +224,39 @@ Result<StoreTicket> OffloadPool::Store(const BlockTransfer& req, Completion done
     ticket.runs = plan->runs.size();
     job.phases.push_back(std::move(plan->runs));
   }
-  job.done = [this, claimed, bytes = ticket.bytes, done = std::move(done)](Status s) {
-    FinishStore(claimed, bytes, s);
-    done(std::move(s));
-  };
-  Status submitted = mover->Submit(std::move(job));
-  if (!submitted.ok()) return abandon(submitted);
+  if (!req.gate) {
+    job.done = [this, claimed, bytes = ticket.bytes, done = std::move(done)](Status s) {
+      FinishStore(claimed, bytes, s, /*copying=*/true);
+      done(std::move(s));
+    };
+    Status submitted = mover->Submit(std::move(job));
+    if (!submitted.ok()) return abandon(submitted);
+    return ticket;
+  }
+  // Held by the gate: the store is accepted now (its keys stay claimed, kStoring), and ends
+  // through exactly one of the paths below. `finish` is shared by them.
+  auto finish = std::make_shared<std::function<void(Status, bool)>>(
+      [this, claimed, bytes = ticket.bytes, done = std::move(done)](Status s, bool copying) {
+        FinishStore(claimed, bytes, s, copying);
+        done(std::move(s));
+      });
+  job.done = [finish](Status s) { (*finish)(std::move(s), /*copying=*/true); };
+  req.gate(
+      [mover, finish, job = std::make_shared<CopyJob>(std::move(job))] {
+        Status submitted = mover->Submit(std::move(*job));
+        if (!submitted.ok()) (*finish)(std::move(submitted), /*copying=*/false);
+      },
+      [finish](Status why) { (*finish)(std::move(why), /*copying=*/false); });
   return ticket;
 }
 
 void OffloadPool::FinishStore(const std::vector<PoolKey>& keys, uint64_t bytes,
-                              const Status& status) {
+                              const Status& status, bool copying) {
   std::lock_guard lock(mu_);
   for (const auto& key : keys) {
     if (status.ok()) {
       index_.Publish(key);
-    } else if (status.code() == Code::kTimeout) {
+    } else if (copying && status.code() == Code::kTimeout) {
       index_.Retire(key);  // the copy may still land: its slot must never be handed out again
     } else {
       index_.Abandon(key);
@@ -340,7 +357,6 @@ Result<LoadTicket> OffloadPool::Load(const BlockTransfer& req, LayerDone on_laye
   CopyJob job;
   job.src_base = memory_.data();
   job.dst_base = req.base;
-  job.ready_event = req.ready_event;
   if (!pinned.empty()) {
     // One phase per layer where a layer's pages are apart from the others', else one phase.
     const int64_t phases = ticket.per_layer ? layers : 1;

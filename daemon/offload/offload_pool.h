@@ -22,11 +22,12 @@
 // stored or loaded is pinned and never evicted. A store that cannot get enough slots fails as a
 // whole with kResourceExhausted; it never drops blocks silently.
 //
-// Deadlines. A GPU copy that does not land within PoolOptions::gpu.timeout fails its store or
-// load with kTimeout; the keys of such a store are forgotten and their slots never reused (the
-// copy may still land; they count as used and in flight), and that device's copies are refused
-// from then on. A load that timed out may still write the engine's blocks later: the engine
-// must treat them as lost.
+// Deadlines. A store held by its gate (BlockTransfer::gate) that fails there, at the gate's
+// deadline or otherwise, copied nothing: its keys are forgotten and their slots free again. A GPU
+// copy that does not land within PoolOptions::gpu.timeout fails its store or load with kTimeout;
+// the keys of such a store are forgotten and their slots never reused (the copy may still land;
+// they count as used and in flight), and that device's copies are refused from then on. A load that
+// timed out may still write the engine's blocks later: the engine must treat them as lost.
 //
 // Threading: every method is thread-safe. Completions run on a copy thread (one per memory: host,
 // or each CUDA device), in submission order per memory, with no pool lock held: they may call
@@ -63,15 +64,22 @@ struct PoolOptions {
   CudaMoverOptions gpu;
 };
 
+// Called once by Store() with the store's copy: the gate calls `start` (which submits it) once
+// the engine's writes are done, or `fail` instead (the store then ends with that error, its keys
+// forgotten: nothing was copied). Exactly one of them, exactly once, from any thread, before the
+// pool is destroyed.
+using CopyGate = std::function<void(std::function<void()> start, std::function<void(Status)> fail)>;
+
 // The engine side of a store or a load: which of its blocks hold which keys.
 struct BlockTransfer {
   const KvRegion* region = nullptr;  // the engine's cache: its layout
   std::byte* base = nullptr;         // the region's base address in this process
   std::span<const BlockKey> keys;
   std::span<const int64_t> blocks;  // blocks[i] holds (store) or receives (load) keys[i]
-  // cudaEvent_t recorded by the engine after the kernels that wrote (store) or last read (load)
-  // these blocks; the copy waits for it on the device. Null for host regions or "no wait".
-  void* ready_event = nullptr;
+  // Stores only: holds the copy until the engine's kernels that write these blocks are done
+  // (kvd: its event gate, daemon/event_gate.h, until the engine's event fired, seen from the
+  // host; nothing of the pool waits for an engine on the device). Empty: the copy starts at once.
+  CopyGate gate;
   MemoryLocation where = MemoryLocation::Host();  // where base points: host or cuda:N
 };
 
@@ -143,7 +151,10 @@ class OffloadPool {
   // The pool's memory viewed as a region of the slot layout for the region's shard.
   Result<KvRegion> PoolView(const KvRegion& engine) const;
   Result<PageMover*> MoverFor(MemoryLocation where);
-  void FinishStore(const std::vector<PoolKey>& keys, uint64_t bytes, const Status& status);
+  // `copying`: whether a copy may have started (a failed one may still land: kTimeout retires
+  // the slots); false for a store its gate failed.
+  void FinishStore(const std::vector<PoolKey>& keys, uint64_t bytes, const Status& status,
+                   bool copying);
   void FinishLoad(const std::vector<PoolKey>& keys, uint64_t bytes, const Status& status);
 
   const KvRegion slots_;  // the pool's memory as a region: B = slots, shard 0

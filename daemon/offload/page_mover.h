@@ -5,9 +5,13 @@
 // dst_base. Phases exist so a load can report each layer as soon as its bytes landed ("per-layer
 // waits"); a store is one phase. Jobs run in submission order.
 //
-// Threading: Submit() is thread-safe and never waits for the GPU (nor for the engine's event):
-// it only enqueues. on_phase and done run on the mover's own thread, in order, and must not
-// block; done runs exactly once per accepted job. Destruction finishes every accepted job first.
+// A job starts as soon as it is submitted: a copy that must wait for an engine's kernels is
+// submitted only once they are done (OffloadPool's gate), never made to wait on the device, where
+// an engine that died mid-layer would leave the mover's stream blocked for good.
+//
+// Threading: Submit() is thread-safe and never waits for the GPU: it only enqueues. on_phase and
+// done run on the mover's own thread, in order, and must not block; done runs exactly once per
+// accepted job. Destruction finishes every accepted job first.
 #pragma once
 
 #include <chrono>
@@ -26,11 +30,7 @@ struct CopyJob {
   const std::byte* src_base = nullptr;
   std::byte* dst_base = nullptr;
 
-  std::vector<std::vector<Run>> phases;  // checked against both buffers by the caller
-  // A cudaEvent_t the engine recorded after the kernels that write (store) or last read (load)
-  // these pages; the copy is ordered after it on the mover's stream. Null: no wait. Host movers
-  // ignore it.
-  void* ready_event = nullptr;
+  std::vector<std::vector<Run>> phases;        // checked against both buffers by the caller
   std::function<void(size_t phase)> on_phase;  // may be empty
   std::function<void(Status)> done;
 };

@@ -15,7 +15,8 @@
 
 #include "tests/gpu/held_stream.h"
 #include "base/codec.h"
-#include "transport/cuda_ipc/device_ordered.h"
+#include "daemon/event_gate.h"
+#include "gpu/cuda_util.h"
 #include "transport/transport.h"
 
 namespace kv::transport::gputest {
@@ -26,7 +27,7 @@ using namespace std::chrono_literals;
 enum Verb : uint32_t { kTransfer = 1, kWaitNote, kDump, kExit, kNoteSnapshot };
 
 constexpr auto kBound = 60s;
-// How long post_after() may take with its event pending; it should return in microseconds.
+// How long a gated post may take with its event pending; it should return in microseconds.
 constexpr auto kPostBound = 10s;
 // The deadline of a batch whose event is never released (PostExpiring).
 constexpr auto kExpiry = 300ms;
@@ -147,6 +148,7 @@ class PeerBody {
       return 4;
     }
     transport_ = std::move(transport).value();
+    gate_ = std::make_unique<daemon::EventGate>(transport_.get());
     transport_->set_notification_handler([this](std::string_view note) {
       // Test-only: a handler must not block, but a copy of a test buffer is short.
       std::string snapshot;
@@ -206,6 +208,7 @@ class PeerBody {
           break;
         }
         case kExit:
+          gate_.reset();
           registration_.reset();
           transport_.reset();
           cudaFree(buffer_);
@@ -281,9 +284,10 @@ class PeerBody {
     return Status::Ok();
   }
 
-  // Posts `count` batches through DeviceOrdered with an event recorded behind a host callback
-  // that holds its stream until released, then `note` when not empty: no batch may complete
-  // while the event has not fired, and post_after() and notify() themselves must return while
+  // Posts `count` batches through kvd's event gate (daemon/event_gate.h) with an event recorded
+  // behind a host callback that holds its stream until released, then `note` (through the gate)
+  // when not empty: no batch may complete while the event has not fired, and the gate's Post()
+  // and Notify() themselves must return while
   // it is pending (an engine records the layer's event long before the layer is done; a post
   // that waited for it would stall kvd's io thread, and deadlock an engine whose GPU work waits
   // for the host). So the posts run on a thread of their own, each bounded by kPromptPost, and
@@ -291,8 +295,6 @@ class PeerBody {
   // completion per accepted batch.
   Status PostGated(const Batch& batch, int count, PeerId peer, const std::string& note,
                    bool disconnect, std::vector<std::future<Status>>& futures) {
-    auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
-    if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
     HeldEvent held;
     KV_RETURN_IF_ERROR(held.Create());
     cudaEvent_t gate = held.get();
@@ -305,20 +307,21 @@ class PeerBody {
     auto posting = std::async(std::launch::async, [&]() -> Status {
       for (int i = 0; i < count; ++i) {
         const auto start = Clock::now();
-        Status posted = ordered->post_after(
-            batch, gate, [promise = promises[i]](Status s) { promise->set_value(s); });
+        Status posted = gate_->Post(
+            batch, [gate] { return gpu::QueryEvent(gate); },
+            [promise = promises[i]](Status s) { promise->set_value(s); });
         if (!posted.ok()) {
           futures.resize(first + i);
           return posted;
         }
         if (Clock::now() - start > kPromptPost) {
           futures.resize(first + i + 1);  // the later ones were never posted: none to wait for
-          return Status::Internal("post_after of batch " + std::to_string(i) +
+          return Status::Internal("the gated post of batch " + std::to_string(i) +
                                   " waited while earlier batches were gated");
         }
       }
       const auto start = Clock::now();
-      if (!note.empty()) KV_RETURN_IF_ERROR(transport_->notify(peer, note));
+      if (!note.empty()) KV_RETURN_IF_ERROR(gate_->Notify(peer, note));
       if (Clock::now() - start > kPromptPost) {
         return Status::Internal("notify waited while earlier batches were gated");
       }
@@ -326,13 +329,13 @@ class PeerBody {
     });
     Status verdict;
     if (posting.wait_for(kPostBound) != std::future_status::ready) {
-      verdict = Status::Internal("post_after blocked the caller until its event fired");
+      verdict = Status::Internal("the gated post blocked the caller until its event fired");
     } else if (Status posted = posting.get(); !posted.ok()) {
       verdict = posted;
     } else {
       if (disconnect) {
         std::this_thread::sleep_for(100ms);
-        transport_->disconnect(peer);
+        gate_->Disconnect(peer);
       }
       // Whatever the backend does, it cannot have moved the bytes yet: it had time to go wrong.
       std::this_thread::sleep_for(200ms);
@@ -354,8 +357,8 @@ class PeerBody {
     }
     held.Release();
     if (posting.valid()) (void)posting.get();  // returns once the gate opened
-    // The batches name `batch`'s memory and the gate event until they complete (DeviceOrdered:
-    // a backend may poll the event from the host until then), so neither goes before they do.
+    // The batches name `batch`'s memory and the gate event until they complete (the gate polls
+    // the event until it posts them), so neither goes before they do.
     for (auto& future : futures) {
       if (future.valid()) (void)future.wait_for(kBound);
     }
@@ -364,21 +367,21 @@ class PeerBody {
     return verdict;
   }
 
-  // Posts `held_batch` through post_after() behind an event held for the whole call, with a
+  // Posts `held_batch` through the event gate behind an event held for the whole call, with a
   // deadline kExpiry away, then `alongside` through post(): while the event is still held, the
   // second must land and the first fail with kTimeout (an engine that died mid-layer must hold
   // up no other batch, and its batch must not run later).
   Status PostExpiring(const Batch& held_batch, const Batch& alongside) {
-    auto* ordered = dynamic_cast<DeviceOrdered*>(transport_.get());
-    if (ordered == nullptr) return Status::Unsupported("backend has no post_after");
     HeldEvent held;
     // staged ("ucx") learns of its gathers through CUDA host functions.
     KV_RETURN_IF_ERROR(held.Create(spec_.backend == "ucx"));
     auto expired = std::make_shared<std::promise<Status>>();
     auto landed = std::make_shared<std::promise<Status>>();
     auto expired_done = expired->get_future(), landed_done = landed->get_future();
-    KV_RETURN_IF_ERROR(ordered->post_after(held_batch, held.get(),
-                                           [expired](Status s) { expired->set_value(s); }));
+    cudaEvent_t event = held.get();
+    KV_RETURN_IF_ERROR(gate_->Post(
+        held_batch, [event] { return gpu::QueryEvent(event); },
+        [expired](Status s) { expired->set_value(s); }));
     Status verdict = transport_->post(alongside, [landed](Status s) { landed->set_value(s); });
     if (verdict.ok()) {
       if (landed_done.wait_for(10s) != std::future_status::ready) {
@@ -419,6 +422,9 @@ class PeerBody {
   Settings settings_;
   void* buffer_ = nullptr;
   std::unique_ptr<Transport> transport_;
+  // Gated posts go through kvd's event gate, as kvd's do; declared after the transport, so
+  // destroyed before it.
+  std::unique_ptr<daemon::EventGate> gate_;
   std::unique_ptr<MemoryRegistration> registration_;
   std::map<std::string, PeerId> peers_;
   std::vector<std::unique_ptr<RemoteMemory>> remotes_;

@@ -55,8 +55,8 @@ struct TransferOptions {
   std::string note;               // sent to the target after the batch when not empty
   bool wait_for_dead = false;     // first poll until the mover's transport sees the target gone
   std::string forged_descriptor;  // imported instead of the target's when not empty
-  // Post through DeviceOrdered::post_after() with an event the mover holds unfired; the mover
-  // checks the batch does not complete before it releases the event.
+  // Post through kvd's event gate (daemon/event_gate.h) with an event the mover holds unfired;
+  // the mover checks the batch does not complete before it releases the event.
   bool gated = false;
   // Gated only: how many batches of `runs` to post behind the one event, and whether `note`
   // goes while the event is held (else after the batches complete). Every post and the notify
@@ -67,7 +67,7 @@ struct TransferOptions {
   // Gated only: the mover disconnects the target while the event is held. The batches, held
   // for their event and never launched, must fail with kAborted before it fires.
   bool disconnect_while_gated = false;
-  // Instead of the above: one batch of `runs` waits through post_after() for an event held past
+  // Instead of the above: one batch of `runs` waits in the event gate for an event held past
   // its deadline (an engine that died mid-layer), and the first half of `runs` (rounded up) is
   // posted beside it; the second must land and the first fail with kTimeout while the event is
   // held. Only the half is written.

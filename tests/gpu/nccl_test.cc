@@ -91,19 +91,13 @@ TEST(GpuNcclTest, PeerDyingMidPipelineFailsTheBatchWithinItsDeadline) {
 }
 
 // kvd posts every layer of a request as it is saved, long before the engine's GPU reaches it:
-// batches queue behind the first one's event, and the posts and the notification behind them
-// must return without waiting for the event, the staging slots or the link's threads. The note
-// still arrives only after the data of all of them.
-// With host_gate the sender thread polls the event instead of the device waiting on it: the same
-// holds.
-class GpuNcclGateTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(GpuNcclGateTest, PostsAndNotifyReturnAtOnceWhileEarlierBatchesWaitOnAnEvent) {
+// batches wait in kvd's event gate (daemon/event_gate.h) for the first one's event, and the
+// posts and the notification behind them must return without waiting for the event, the staging
+// slots or the link's threads. The note still arrives only after the data of all of them.
+TEST(GpuNcclGateTest, PostsAndNotifyReturnAtOnceWhileEarlierBatchesWaitOnAnEvent) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
   constexpr uint64_t kBytes = 9 * kMiB;
-  Settings settings = kDirect;
-  settings.emplace_back("host_gate", GetParam() ? "1" : "0");
-  auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, settings);
+  auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, kDirect);
   auto receiver = StartPeer({"nccl", 1, kBytes, -1});
   ASSERT_TRUE(sender.ok() && receiver.ok());
   const std::vector<kv::Run> runs = MixedRuns();
@@ -124,8 +118,6 @@ TEST_P(GpuNcclGateTest, PostsAndNotifyReturnAtOnceWhileEarlierBatchesWaitOnAnEve
   EXPECT_TRUE(Stop(*sender).ok());
   EXPECT_TRUE(Stop(*receiver).ok());
 }
-
-INSTANTIATE_TEST_SUITE_P(DeviceAndHostGate, GpuNcclGateTest, ::testing::Bool());
 
 TEST(GpuNcclTest, DirectRunsLandBesideStagedOnesPushedAndPulled) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";

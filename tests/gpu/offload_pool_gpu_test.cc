@@ -1,7 +1,8 @@
-// The offload pool with engine pages in GPU memory: the pool is pinned, the copy waits for the
-// engine's event, and pages come back bit-exact in both a layer-first and a blocks-first layout,
-// by either copy path and in copy-engine batches of any size; a submit never waits for the engine's
-// event; a copy stuck past its deadline fails with kTimeout and its slots are never reused. Skips
+// The offload pool with engine pages in GPU memory: the pool is pinned, a store's copy waits in
+// kvd's event gate (daemon/event_gate.h) for the engine's event, and pages come back bit-exact in
+// both a layer-first and a blocks-first layout, by either copy path and in copy-engine batches of
+// any size; a load never waits for the engine's stream; a store whose event never fires fails
+// alone at the gate's deadline, copies nothing, frees its slots and holds up no other copy. Skips
 // without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <future>
 #include <vector>
 
+#include "daemon/event_gate.h"
 #include "daemon/offload/offload_pool.h"
 
 namespace kv::offload {
@@ -56,6 +58,23 @@ bool SameBlock(const KvRegion& r, const std::vector<uint8_t>& x, int64_t a,
   return true;
 }
 
+// A store's gate as kvd builds it (offload_service.cc): held in `gate` until `event` fired, seen
+// from the host, or failed at `deadline`.
+CopyGate GateOn(daemon::EventGate& gate, cudaEvent_t event,
+                std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
+  return [&gate, event, deadline](std::function<void()> start, std::function<void(Status)> fail) {
+    gate.Hold(
+        [event]() -> Result<bool> {
+          const cudaError_t e = cudaEventQuery(event);
+          if (e == cudaSuccess) return true;
+          if (e == cudaErrorNotReady) return false;
+          cudaGetLastError();
+          return Status::Internal(cudaGetErrorString(e));
+        },
+        std::chrono::steady_clock::now() + deadline, std::move(start), std::move(fail));
+  };
+}
+
 struct Variant {
   const char* order;
   DeviceCopy how;
@@ -95,8 +114,9 @@ TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   for (uint64_t k : {11, 12, 13, 14}) keys.push_back(BlockKey::FromUint64(k));
   std::vector<int64_t> sources = {3, 4, 5, 9}, targets = {20, 21, 22, 10};
   std::byte* base = static_cast<std::byte*>(dev);
+  daemon::EventGate gate(nullptr);
   std::promise<Status> stored;
-  auto st = (*pool)->Store({&*region, base, keys, sources, written, kCuda0},
+  auto st = (*pool)->Store({&*region, base, keys, sources, GateOn(gate, written), kCuda0},
                            [&](Status s) { stored.set_value(s); });
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   ASSERT_TRUE(Wait(stored.get_future()).ok());
@@ -178,8 +198,9 @@ std::vector<BlockKey> Keys(uint64_t first, size_t n) {
 }
 
 // A per-layer load through the copy kernel is many phases; none of them may hold the submitting
-// thread (kvd's io thread) until the engine's event fires.
-TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
+// thread (kvd's io thread), and none waits for the engine's stream: its target blocks are idle in
+// the engine, so the load lands while the engine's stream is still held.
+TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesStream) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   LayoutSpec shape = Shape("LBNHC", 32);
   shape.layers = 8;
@@ -201,28 +222,29 @@ TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
                   .ok());
   ASSERT_TRUE(Wait(stored.get_future()).ok());
 
-  Gate gate;
+  Gate gate;  // the engine's stream, held until the end
   std::promise<Status> loaded;
   std::atomic<int> layers{0};
   auto submitted = std::async(std::launch::async, [&] {
     return (*pool)
         ->Load(
-            {&*region, cache.base(), keys, targets, gate.event(), kCuda0},
-            [&](int64_t) { ++layers; }, [&](Status s) { loaded.set_value(s); })
+            {&*region, cache.base(), keys, targets, {}, kCuda0}, [&](int64_t) { ++layers; },
+            [&](Status s) { loaded.set_value(s); })
         .status();
   });
   const bool returned = submitted.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  EXPECT_TRUE(returned) << "Load() waited for the engine's event";
-  EXPECT_EQ(layers.load(), 0) << "a layer landed before the engine's event fired";
-  gate.Open();
+  EXPECT_TRUE(returned) << "Load() waited for the GPU";
   ASSERT_TRUE(submitted.get().ok());
   ASSERT_TRUE(Wait(loaded.get_future()).ok());
   EXPECT_EQ(layers.load(), 8);
+  gate.Open();
 }
 
-// A copy that cannot start (the engine's event never fires) fails with kTimeout at the deadline;
-// its slot is never handed out again, and the device's copies are refused from then on.
-TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
+// An engine killed mid-layer leaves the event a store waits for unfired for good. The store
+// fails alone at the gate's deadline with kTimeout, having copied nothing: its keys are absent
+// and its slots free again, a store submitted meanwhile lands, and the device's copies go on
+// (the mover's stream never waited for the event).
+TEST(OffloadPoolGpuOrdering, AStoreWhoseEventNeverFiresFailsAloneAndFreesItsSlots) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   auto region = KvRegion::Create(Shape("BLNHC", 8));
   ASSERT_TRUE(region.ok()) << region.status().ToString();
@@ -230,31 +252,48 @@ TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
   PoolOptions options;
   options.slot_layout = Shape("BLNHC", 1);
   options.capacity_bytes = 4 * region->span_bytes() / 8;
-  options.gpu.timeout = std::chrono::milliseconds(200);
   auto pool = OffloadPool::Create(options);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  Gate gate;
+  daemon::EventGate events(nullptr);
+  Gate gate;  // never opened before the store's deadline
   const auto keys = Keys(7, 2);
   const std::vector<int64_t> blocks = {0, 1};
-  std::promise<Status> stored;
+  std::promise<Status> stuck;
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE((*pool)
-                  ->Store({&*region, cache.base(), keys, blocks, gate.event(), kCuda0},
-                          [&](Status s) { stored.set_value(s); })
+                  ->Store({&*region, cache.base(), keys, blocks,
+                           GateOn(events, gate.event(), std::chrono::milliseconds(300)),
+                           kCuda0},
+                          [&](Status s) { stuck.set_value(s); })
                   .ok());
-  const Status s = Wait(stored.get_future());
+  auto stuck_done = stuck.get_future();
+  // Beside it, a store that waits for nothing lands while the first is held.
+  std::promise<Status> beside;
+  ASSERT_TRUE(
+      (*pool)
+          ->Store({&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr},
+                  [&](Status s) { beside.set_value(s); })
+          .ok());
+  ASSERT_TRUE(Wait(beside.get_future()).ok());
+  EXPECT_EQ(stuck_done.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the held store ended before its deadline";
+  const Status s = Wait(std::move(stuck_done));
   EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
-  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
   const PoolStats stats = (*pool)->stats();
-  EXPECT_EQ(stats.used_slots, 2u);  // retired: the copy may still land there
+  EXPECT_EQ(stats.used_slots, 1u);  // the store beside; the failed one's slots are free again
   EXPECT_EQ(stats.failed_copies, 1u);
   auto probe = (*pool)->Probe(*region, keys);
   ASSERT_TRUE(probe.ok());
   EXPECT_EQ((*probe)[0], OffloadPool::KeyState::kAbsent);
-  auto again = (*pool)->Store(
-      {&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr, kCuda0},
-      [](Status) {});
-  EXPECT_EQ(again.status().code(), Code::kUnavailable) << again.status().ToString();
+  EXPECT_EQ((*probe)[1], OffloadPool::KeyState::kAbsent);
+  // The same keys store again, and the device's copies were never held up.
+  std::promise<Status> again;
+  ASSERT_TRUE((*pool)
+                  ->Store({&*region, cache.base(), keys, blocks, nullptr},
+                          [&](Status s) { again.set_value(s); })
+                  .ok());
+  EXPECT_TRUE(Wait(again.get_future()).ok());
   gate.Open();
 }
 

@@ -2,8 +2,8 @@
 // sender's GPU into pinned slots, UCX moves the slots, the receiver scatters on its GPU. Two
 // processes on one GPU are enough (the path crosses host memory either way): a layout
 // conversion (LBNHC → BLHNC, random block ids, a partial last block) put and verified byte for
-// byte after the sender's notification, a put gated on an engine's event (post_after), one whose
-// event never fires, the mirror get, and a killed receiver failing the next batch.
+// byte after the sender's notification, a put held in kvd's event gate for an engine's event, one
+// whose event never fires, the mirror get, and a killed receiver failing the next batch.
 #include <gtest/gtest.h>
 
 #include "layout/kv_region.h"
@@ -61,8 +61,9 @@ TEST_F(StagedGpuTest, PutConvertsLayoutBetweenGpuRegionsAndNotifiesAfterTheScatt
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
-// kvd orders a layer's transfer after the engine's event: the gathers start once it fired.
-TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
+// kvd orders a layer's transfer after the engine's event: its event gate posts the batch, and so
+// starts the gathers, once it fired.
+TEST_F(StagedGpuTest, GatedPostWaitsForTheEngineEvent) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("BLHNC", 32), 160);
   Peer sender = Start(p.src_bytes, kSrcSeed);
   Peer receiver = Start(p.dst_bytes, -1);
@@ -79,8 +80,9 @@ TEST_F(StagedGpuTest, PostAfterWaitsForTheEngineEvent) {
 }
 
 // An engine killed mid-layer leaves that layer's event unfired for good. The batch waiting for
-// it fails alone at its deadline having copied nothing, and a batch posted beside it lands
-// meanwhile (gathers that waited for the event on the device would have held that one too).
+// it fails alone at its deadline in kvd's event gate having copied nothing, and a batch posted
+// beside it lands meanwhile (gathers that waited for the event on the device would have held
+// that one too).
 TEST_F(StagedGpuTest, ABatchWhoseEventNeverFiresExpiresAndHoldsUpNoOther) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32), Spec("LBNHC", 32), 256);
   Peer sender = Start(p.src_bytes, kSrcSeed);

@@ -100,9 +100,9 @@ TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
-// The engine's per-layer event gates the transfer (a device-side wait for cuda_ipc, a host poll
-// by nccl's sender with its default host_gate): nothing moves before it fires.
-TEST_P(GpuTransferTest, PostAfterWaitsForTheEngineEvent) {
+// The engine's per-layer event gates the transfer (kvd's event gate polls it from the host and
+// posts the batch once it fired): nothing moves before it fires.
+TEST_P(GpuTransferTest, GatedPostWaitsForTheEngineEvent) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("BLHNC", 32, 4), 160);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);
   Peer receiver = Start(1, p.dst_bytes, -1);
@@ -165,11 +165,12 @@ TEST_P(GpuTransferTest, BatchPastItsDeadlineWritesNothing) {
   EXPECT_TRUE(Stop(receiver).ok());
 }
 
-// Batches waiting for an engine's event when their peer is disconnected are held on the host,
-// never launched: they fail (kAborted) before the event fires and write nothing, then or later.
-// (A batch already on the device would fail only once its copy stopped; none can be held there.)
+// Batches waiting for an engine's event when their peer is disconnected are held in kvd's event
+// gate, never posted: they fail (kAborted) before the event fires and write nothing, then or
+// later. (A batch already on the device would fail only once its copy stopped; none can be
+// held there.) The gate is the same for every backend: cuda_ipc stands for them.
 TEST_P(GpuTransferTest, DisconnectFailsHeldBatchesThatThenNeverWrite) {
-  if (GetParam() != "cuda_ipc") GTEST_SKIP() << "post_after: cuda_ipc only";
+  if (GetParam() != "cuda_ipc") GTEST_SKIP() << "the event gate is backend-blind: cuda_ipc only";
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);
   Peer receiver = Start(1, p.dst_bytes, -1);
@@ -186,8 +187,9 @@ TEST_P(GpuTransferTest, DisconnectFailsHeldBatchesThatThenNeverWrite) {
 }
 
 // An engine killed mid-layer leaves that layer's event unfired for good. The batch waiting for
-// it fails at its deadline having written nothing, and holds up no other batch meanwhile (a
-// stream made to wait for such an event on the device stayed blocked: benchmarks/pd_gpu.md).
+// it in kvd's event gate fails at its deadline having written nothing, and holds up no other
+// batch meanwhile (a stream made to wait for such an event on the device stayed blocked:
+// benchmarks/pd_gpu.md).
 TEST_P(GpuTransferTest, ABatchWhoseEventNeverFiresExpiresAndHoldsUpNoOther) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 4), 256);
   Peer sender = Start(0, p.src_bytes, kSrcSeed);

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace kv::offload {
@@ -296,6 +298,84 @@ TEST(OffloadPool, SlotsInFlightAreNeverEvicted) {
   StoreTicket ticket;
   ASSERT_TRUE(StoreAndWait(*pool, engine.Transfer(other, b2), &ticket).ok());
   EXPECT_EQ(ticket.evicted.size(), 1u);
+}
+
+// A gate (BlockTransfer::gate; kvd's event gate for GPU engines) that holds each store's copy
+// until the test starts or fails it.
+class ManualGate {
+ public:
+  CopyGate gate() {
+    return [this](std::function<void()> start, std::function<void(Status)> fail) {
+      std::lock_guard lock(mu_);
+      start_ = std::move(start);
+      fail_ = std::move(fail);
+    };
+  }
+  void Start() { std::exchange(start_, nullptr)(); }
+  void Fail(Status why) { std::exchange(fail_, nullptr)(std::move(why)); }
+
+ private:
+  std::mutex mu_;
+  std::function<void()> start_;
+  std::function<void(Status)> fail_;
+};
+
+// A store held by its gate is accepted at once; its keys are being stored (not loadable) until
+// the gate starts the copy, then ready with the engine's bytes.
+TEST(OffloadPool, AGatedStoreCopiesOnlyOnceItsGateStartsIt) {
+  auto pool = MakePool(4);
+  Engine engine = Engine::Make(Shape("LBNHC", 4));
+  auto keys = Keys({1, 2});
+  std::vector<int64_t> blocks = {0, 1};
+  engine.Fill(0, 1);
+  engine.Fill(1, 2);
+  ManualGate gate;
+  BlockTransfer t = engine.Transfer(keys, blocks);
+  t.gate = gate.gate();
+  Done done;
+  auto ticket = pool->Store(t, done.callback());
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  EXPECT_EQ(ticket->stored, 2u);
+  auto held = pool->Probe(engine.region, keys);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ((*held)[0], OffloadPool::KeyState::kStoring);
+  EXPECT_EQ(*pool->Lookup(engine.region, keys), 0u);
+  engine.Fill(0, 11);  // the engine's kernels write on until the event the gate waits for
+  gate.Start();
+  ASSERT_TRUE(done.Wait().ok());
+  EXPECT_EQ(*pool->Lookup(engine.region, keys), 2u);
+  std::vector<int64_t> targets = {2, 3};
+  ASSERT_TRUE(LoadAndWait(*pool, engine.Transfer(keys, targets)).ok());
+  EXPECT_TRUE(engine.Holds(2, 11));
+  EXPECT_TRUE(engine.Holds(3, 2));
+}
+
+// A store its gate fails (the engine's event never fired by the gate's deadline) copied nothing:
+// it ends with the gate's error, its keys are absent and its slots free for the next store.
+TEST(OffloadPool, AStoreItsGateFailsFreesItsSlotsAndForgetsItsKeys) {
+  auto pool = MakePool(2);
+  Engine engine = Engine::Make(Shape("LBNHC", 4));
+  auto keys = Keys({1, 2});
+  std::vector<int64_t> blocks = {0, 1};
+  ManualGate gate;
+  BlockTransfer t = engine.Transfer(keys, blocks);
+  t.gate = gate.gate();
+  Done done;
+  ASSERT_TRUE(pool->Store(t, done.callback()).ok());
+  EXPECT_EQ(pool->stats().used_slots, 2u);
+  gate.Fail(Status::Timeout("the engine's event did not fire before the deadline"));
+  EXPECT_EQ(done.Wait().code(), Code::kTimeout);
+  PoolStats s = pool->stats();
+  EXPECT_EQ(s.used_slots, 0u);  // abandoned, not retired: nothing can still land there
+  EXPECT_EQ(s.failed_copies, 1u);
+  EXPECT_EQ(s.bytes_in, 0u);
+  auto probe = pool->Probe(engine.region, keys);
+  ASSERT_TRUE(probe.ok());
+  EXPECT_EQ((*probe)[0], OffloadPool::KeyState::kAbsent);
+  EXPECT_EQ((*probe)[1], OffloadPool::KeyState::kAbsent);
+  auto others = Keys({3, 4});
+  ASSERT_TRUE(StoreAndWait(*pool, engine.Transfer(others, blocks)).ok());
+  EXPECT_EQ(*pool->Lookup(engine.region, others), 2u);
 }
 
 TEST(OffloadPool, RejectsBadRequests) {

@@ -6,7 +6,6 @@
 
 #include "tests/transport/target_process.h"
 #include "tools/testing/child_process.h"
-#include "transport/cuda_ipc/device_ordered.h"
 #include "transport/staged/chunker.h"
 #include "transport/staged/wire.h"
 #include "transport/transport.h"
@@ -228,35 +227,6 @@ TEST(Staged, KilledTargetFailsItsBatchesInBoundedTime) {
     }
   }
   EXPECT_GT(failed, 0);
-}
-
-TEST(Staged, PostAfterOrdersGpuRegionsOnlyAndWithoutAnEventIsPost) {
-  auto child = StartTarget(Options(true), 1 << 20);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Options(true));
-  ASSERT_TRUE(transport.ok());
-  auto* ordered = dynamic_cast<DeviceOrdered*>(transport->get());
-  ASSERT_NE(ordered, nullptr);
-  std::vector<uint8_t> src(1 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  auto runs = SpreadRuns(10, 1000, 24);
-  int not_an_event = 0;  // never dereferenced: host memory is refused first
-  Status refused =
-      ordered->post_after({Op::kPut, reg->get(), c->remote.get(), runs, testing::In(10s)},
-                          &not_an_event, [](Status) {});
-  EXPECT_EQ(refused.code(), Code::kUnsupported) << refused.ToString();
-  Waiter waiter;
-  ASSERT_TRUE(ordered
-                  ->post_after({Op::kPut, reg->get(), c->remote.get(), runs, testing::In(10s)},
-                               nullptr, waiter.callback())
-                  .ok());
-  ASSERT_TRUE(waiter.Wait(20s).ok());
-  ASSERT_TRUE((*transport)->notify(c->peer, Check(10, 1000, 24)).ok());
-  EXPECT_EQ(Verdict(*child), "ok");
 }
 
 TEST(StagedChunker, SplitsRunsToFitSlotsWithTheirTable) {

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "gpu/cuda_util.h"
-#include "transport/cuda_ipc/device_ordered.h"
 #include "gpu/fd_share.h"
 #include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
@@ -52,7 +51,7 @@ constexpr int kChannels = cuda_ipc::Poster::kChannels;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 
-class CudaIpcTransport final : public Transport, public DeviceOrdered {
+class CudaIpcTransport final : public Transport {
  public:
   CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout,
                    std::optional<kernels::CopyPath> copy_path)
@@ -208,13 +207,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
         new IpcRemote(peer, std::move(mapping), wire.offset, wire.length));
   }
 
-  Status post(const Batch& batch, Completion done) override {
-    return post_after(batch, nullptr, std::move(done));
-  }
-
   // Validates here, on the caller's thread; encoding and launching happen on the poster's
   // (poster.h), which hands the batch back through OnLaunched.
-  Status post_after(const Batch& batch, void* cuda_event, Completion done) override {
+  Status post(const Batch& batch, Completion done) override {
     auto* local = dynamic_cast<const IpcRegistration*>(batch.local);
     auto* remote = dynamic_cast<const IpcRemote*>(batch.remote);
     if (local == nullptr || remote == nullptr) {
@@ -230,7 +225,6 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     job.dst = put ? static_cast<void*>(remote->base()) : local_base;
     job.runs.assign(batch.runs.begin(), batch.runs.end());
     job.groups.assign(batch.groups.begin(), batch.groups.end());
-    job.wait_event = cuda_event;
     job.done = std::move(done);
     // Numbered and queued under one lock: the poster's order is the gate's.
     std::lock_guard lock(mu_);
@@ -269,7 +263,7 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     bool dead = false;  // guarded by mu_
   };
   // A batch on the stream, or a notification waiting for the batches posted before it (the gate
-  // knows them; some may still be held by the poster).
+  // knows them).
   struct Pending {
     PeerId peer = 0;
     bool is_note = false;
@@ -289,9 +283,9 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
     return Status::Ok();
   }
 
-  // On the poster's thread, in launch order (submission order, except that a batch held for its
-  // event, or taken into another's launch, goes when launched): the batch's copies are enqueued
-  // (or failed), or the note's turn came; either now waits in pending_ for the progress thread.
+  // On the poster's thread, in launch order (submission order, except that a batch taken into
+  // another's launch goes with it): the batch's copies are enqueued (or failed), or the note's
+  // turn came; either now waits in pending_ for the progress thread.
   void OnLaunched(cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
     Status failed = Status::Ok();  // a batch that completes here, with this
     {
@@ -475,8 +469,8 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
       const auto now = Clock::now();
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->is_note) {
-          // Its batches may be behind it here (the poster holds a batch until its event fired),
-          // and the batches ahead of it finish in this pass: ask the gate, which knows them all.
+          // The batches ahead of it may finish in this pass, or have failed before reaching
+          // pending_: ask the gate, which knows them all.
           const NoteGate::Ticket ticket{it->first, it->seq};
           if (!gate_.Finished(it->peer, ticket)) {
             ++it;

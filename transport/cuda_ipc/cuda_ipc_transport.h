@@ -14,10 +14,8 @@
 // completion from a CUDA event (no host synchronisation on the caller's path). Batches may complete
 // out of order; a notification still waits for every batch posted to its peer before it.
 //
-// Also implements DeviceOrdered (device_ordered.h): a batch's copies can wait on a CUDA event,
-// e.g. an engine's per-layer event opened with ImportEvent(). The posting thread launches such a
-// batch once it saw the event fire (poster.h), so a batch of an engine that died mid-layer fails
-// at its deadline having written nothing, and holds up no other batch.
+// Nothing of it waits for another process's work: kvd posts a batch out of an engine's cache
+// only once the engine's event fired (daemon/event_gate.h).
 //
 // Side channel: address() is "<host id>|unix:<path>" of a unix socket the backend listens on.
 // It carries notifications (sent by the progress thread once every earlier batch to that peer has

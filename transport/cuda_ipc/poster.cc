@@ -1,7 +1,6 @@
 #include "transport/cuda_ipc/poster.h"
 
 #include <cuda_runtime_api.h>
-#include <sys/prctl.h>
 
 #include <utility>
 
@@ -48,8 +47,6 @@ Poster::~Poster() {
     std::lock_guard lock(mu_);
     stop_ = true;
     left.swap(queue_);
-    for (PostJob& job : held_) left.push_back(std::move(job));
-    held_.clear();
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -72,15 +69,13 @@ void Poster::Submit(PostJob job) {
 
 void Poster::TakeQueued(PeerId peer, std::vector<Completion>* failed) {
   std::lock_guard lock(mu_);
-  for (std::deque<PostJob>* jobs : {&queue_, &held_}) {
-    for (auto it = jobs->begin(); it != jobs->end();) {
-      if (it->peer != peer) {
-        ++it;
-        continue;
-      }
-      if (!it->is_note && it->done) failed->push_back(std::move(it->done));
-      it = jobs->erase(it);
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->peer != peer) {
+      ++it;
+      continue;
     }
+    if (!it->is_note && it->done) failed->push_back(std::move(it->done));
+    it = queue_.erase(it);
   }
 }
 
@@ -103,48 +98,17 @@ Result<CudaEvent> Poster::TakeEvent() {
 
 void Poster::Loop() {
   DeviceGuard guard(device_);
-  // So that a wait of kGatePoll lasts about that, not the default 50 us of timer slack more
-  // (best effort: without it the gate opens up to 50 us later).
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-  std::vector<PostJob> open;
-  auto last_opened = Clock::now();
   while (true) {
-    std::optional<PostJob> next;
+    PostJob next;
     {
       std::unique_lock lock(mu_);
-      auto ready = [&] { return stop_ || !queue_.empty(); };
-      if (held_.empty()) {
-        wake_.wait(lock, ready);
-      } else {
-        const bool spinning = Clock::now() - last_opened < kGateSpin;
-        wake_.wait_for(lock, spinning ? kGatePoll : kGateBackoff, ready);
-      }
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      if (OpenGatesLocked(&open) || held_.empty()) last_opened = Clock::now();
-      if (!queue_.empty()) {
-        next = std::move(queue_.front());
-        queue_.pop_front();
-      }
+      next = std::move(queue_.front());
+      queue_.pop_front();
     }
-    for (PostJob& job : open) Dispatch(std::move(job));
-    open.clear();
-    if (next) Dispatch(std::move(*next));
+    Dispatch(std::move(next));
   }
-}
-
-bool Poster::OpenGatesLocked(std::vector<PostJob>* open) {
-  const size_t before = open->size();
-  const auto now = Clock::now();
-  for (auto it = held_.begin(); it != held_.end();) {
-    Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(it->wait_event));
-    if (fired.ok() && !*fired && now < it->deadline) {
-      ++it;
-      continue;
-    }
-    open->push_back(std::move(*it));
-    it = held_.erase(it);
-  }
-  return open->size() > before;
 }
 
 void Poster::Dispatch(PostJob job) {
@@ -153,24 +117,11 @@ void Poster::Dispatch(PostJob job) {
     return;
   }
   if (Clock::now() >= job.deadline) {
-    launched_(std::move(job),
-              Launch{-1,
-                     {},
-                     Status::Timeout("cuda_ipc: batch passed its deadline before it was launched "
-                                     "(queued, or waiting for its event)")});
+    launched_(
+        std::move(job),
+        Launch{
+            -1, {}, Status::Timeout("cuda_ipc: batch passed its deadline before it was launched")});
     return;
-  }
-  if (job.wait_event != nullptr) {
-    Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(job.wait_event));
-    if (!fired.ok()) {
-      launched_(std::move(job), Launch{-1, {}, fired.status()});
-      return;
-    }
-    if (!*fired) {
-      std::lock_guard lock(mu_);
-      held_.push_back(std::move(job));
-      return;
-    }
   }
   LaunchCoalesced(std::move(job));
 }
@@ -184,11 +135,7 @@ void Poster::LaunchCoalesced(PostJob job) {
     const auto now = Clock::now();
     for (auto it = queue_.begin(); it != queue_.end() && jobs.size() < kMaxCoalesced;) {
       if (it->is_note) break;  // launches may pass each other, but not beyond a note
-      bool ready = it->src == jobs[0].src && it->dst == jobs[0].dst && now < it->deadline;
-      if (ready && it->wait_event != nullptr) {
-        Result<bool> fired = QueryEvent(static_cast<cudaEvent_t>(it->wait_event));
-        ready = fired.ok() && *fired;
-      }
+      const bool ready = it->src == jobs[0].src && it->dst == jobs[0].dst && now < it->deadline;
       if (!ready) {
         ++it;
         continue;
@@ -244,7 +191,6 @@ Launch Poster::LaunchBatch(const PostJob& job) {
   next_channel_ = (next_channel_ + 1) % kChannels;
   Channel& channel = channels_[index];
   cudaStream_t stream = channel.stream.get();
-  // The job's event, if any, fired: nothing on the stream waits for it.
   Status s = Status::Ok();
   bool enqueued = false;  // whether any copy may be on the stream
   if (!job.runs.empty()) {

@@ -18,18 +18,13 @@
 // enqueued when one could be recorded: its completion has to wait for those copies, which write
 // into the peer's memory all the same.
 //
-// A batch that waits for an event (wait_event: the engine's layer) is launched only once this
-// thread saw the event fire; until then it is held and later jobs go ahead of it. Nothing of
-// ours ever waits on another process's event on the device: an event whose process died before
-// its stream reached the record never fires, and a stream waiting on it (with the streams that
-// share its hardware queue) stays blocked for good (benchmarks/pd_gpu.md, seventh session).
-// Held, such a batch fails at its deadline, having written nothing, and blocks no other. So jobs
-// reach `launched` in submission order except held batches, which go once their event fired;
-// notifications are handed over at their turn and must be held to the batches before them by
-// the caller (NoteGate).
+// Nothing here waits for an engine: kvd posts a batch only once the engine's event fired
+// (daemon/event_gate.h). So jobs reach `launched` in submission order (a batch taken into an
+// earlier one's launch goes with it), and notifications are handed over at their turn; the caller
+// holds them to the batches before them (NoteGate).
 //
-// A job whose deadline passes while it is queued or held is not launched: `launched` gets it
-// with kTimeout and no event. One whose event failed gets that error, and no event.
+// A job whose deadline passes while it is queued is not launched: `launched` gets it with
+// kTimeout and no event.
 //
 // Thread-safety: Submit, TakeQueued and Recycle from any thread. `launched` runs on the poster's
 // thread with no lock of the poster's held; it must not call Submit synchronously in a way that
@@ -69,7 +64,6 @@ struct PostJob {
   void* dst = nullptr;
   std::vector<Run> runs;
   std::vector<RunGroup> groups;
-  void* wait_event = nullptr;  // a cudaEvent_t the copies wait for, or nullptr
   Completion done;
   // Notes:
   std::string note;
@@ -98,20 +92,14 @@ class Poster {
   Poster& operator=(const Poster&) = delete;
 
   void Submit(PostJob job);
-  // Removes `peer`'s queued and held jobs and adds their batches' completions to *failed. A
-  // job of the peer already in hand still goes to `launched`.
+  // Removes `peer`'s queued jobs and adds their batches' completions to *failed. A job of the
+  // peer already in hand still goes to `launched`.
   void TakeQueued(PeerId peer, std::vector<Completion>* failed);
   // An event whose batch finished, for a later batch to record again: no cudaEventCreate on the
   // posting path.
   void Recycle(CudaEvent event);
 
   static constexpr auto kDrainTimeout = std::chrono::seconds(10);
-  // How often held batches' events are queried while nothing else is to do: kGatePoll, or
-  // kGateBackoff once none has fired for kGateSpin (an engine far behind, or one that died
-  // mid-layer and whose batch waits out its deadline, costs no core).
-  static constexpr auto kGatePoll = std::chrono::microseconds(10);
-  static constexpr auto kGateSpin = std::chrono::milliseconds(10);
-  static constexpr auto kGateBackoff = std::chrono::microseconds(100);
   static constexpr size_t kMaxCoalesced = 8;
 
  private:
@@ -121,10 +109,7 @@ class Poster {
   };
   Poster(int device, Launched launched) : device_(device), launched_(std::move(launched)) {}
   void Loop();
-  // Moves the held batches whose event fired (or failed, or whose deadline passed) to *open,
-  // in order (caller holds mu_). Returns whether it moved any.
-  bool OpenGatesLocked(std::vector<PostJob>* open);
-  // Launches `job`, or fails it, or holds it while its event has not fired.
+  // Launches `job`, or fails it (its deadline passed).
   void Dispatch(PostJob job);
   // Launches `job` with the batches queued behind it (before any note) between the same two
   // regions that are ready to run too, up to kMaxCoalesced, as one copy; each gets an event.
@@ -145,7 +130,6 @@ class Poster {
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<PostJob> queue_;            // guarded by mu_
-  std::deque<PostJob> held_;             // guarded by mu_: batches whose event has not fired
   std::vector<CudaEvent> spare_events_;  // guarded by mu_
   bool stop_ = false;                    // guarded by mu_
   std::thread thread_;

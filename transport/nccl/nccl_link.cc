@@ -15,7 +15,6 @@
 #include <utility>
 
 #include "gpu/cuda_util.h"
-#include "transport/nccl/engine_gate.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/staging.h"
@@ -38,8 +37,6 @@ struct SendJob {
   const char* local_base = nullptr;
   bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
   Clock::time_point deadline;
-  CudaEvent start_after;  // kData: the sends wait for it on the device (Put's start_after)
-  cudaEvent_t host_gate = nullptr;  // kData: the caller's event, polled before anything is sent
 };
 
 struct PendingPut {
@@ -104,13 +101,12 @@ struct Link::Impl {
 
   // Each direction's lanes are used by one thread and aborted by Fail() from any thread; every
   // wait of those threads polls `failed`, so they let go when the link fails.
-  Lanes lanes_out;                 // sender thread
-  Lanes lanes_in;                  // receive worker
-  std::unique_ptr<Staging> out;    // sender thread
-  std::unique_ptr<Staging> in;     // receive worker
-  FrameReader frames;              // reader thread
-  std::optional<EngineGate> gate;  // Put's start_after (engine_gate.h)
-  int wake_fd = -1;                // eventfd: the receive stream tells the reader a batch landed
+  Lanes lanes_out;               // sender thread
+  Lanes lanes_in;                // receive worker
+  std::unique_ptr<Staging> out;  // sender thread
+  std::unique_ptr<Staging> in;   // receive worker
+  FrameReader frames;            // reader thread
+  int wake_fd = -1;              // eventfd: the receive stream tells the reader a batch landed
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -148,7 +144,6 @@ struct Link::Impl {
         job = std::move(jobs.front());
         jobs.pop_front();
       }
-      if (job.host_gate != nullptr && !OpenGate(job)) continue;
       {
         std::lock_guard lock(mu);
         if (failed) break;
@@ -163,25 +158,6 @@ struct Link::Impl {
                         : SendData(job);
       if (!sent.ok()) Fail(Status::Unavailable("nccl send: " + sent.ToString()));
     }
-  }
-
-  // A host-gated batch (engine_gate.h): false when the link failed while it waited, or when the
-  // batch failed alone (its event failed or did not fire by its deadline; it was never
-  // announced, so the link stays).
-  bool OpenGate(const SendJob& job) {
-    Status gate = Poll(job.host_gate, job.deadline, failed);
-    if (gate.ok()) return true;
-    if (failed) return false;  // Fail() completed the batch
-    Completion done;
-    {
-      std::lock_guard lock(mu);
-      auto it = puts.find(job.data.seq);
-      if (it == puts.end()) return false;  // the reader timed it out already
-      done = std::move(it->second.done);
-      puts.erase(it);
-    }
-    done(gate);
-    return false;
   }
 
   StagingOptions Staged() const {
@@ -205,8 +181,7 @@ struct Link::Impl {
     }
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
     return out->Send(lanes_out, job.local_base, job.gather, job.data.chunk_bytes,
-                     job.data.direct_bytes,
-                     job.start_after.get() != nullptr ? &job.start_after : nullptr, job.deadline);
+                     job.data.direct_bytes, job.deadline);
   }
 
   // ---- reader thread ----
@@ -491,8 +466,6 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
   impl->socket = std::move(socket);
   impl->regions = std::move(regions);
   impl->notes = std::move(notes);
-  KV_ASSIGN_OR_RETURN(EngineGate gate, EngineGate::Create(options.device, options.host_gate));
-  impl->gate.emplace(std::move(gate));
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Status::IoError("eventfd failed");
   Impl* raw = impl.get();
@@ -514,11 +487,8 @@ Link::~Link() {
 }
 
 Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
-                 Clock::time_point deadline, void* start_after, Completion done) {
+                 Clock::time_point deadline, Completion done) {
   SendJob job;
-  KV_ASSIGN_OR_RETURN(EngineGate::Wait wait, impl_->gate->Capture(start_after));
-  job.start_after = std::move(wait.device);
-  job.host_gate = wait.host;
   job.kind = SendJob::Kind::kData;
   job.is_put = true;
   job.data.region_id = remote_id;

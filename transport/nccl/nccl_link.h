@@ -18,18 +18,15 @@
 // Failure: EOF, a malformed message, an announced batch past its deadline or an NCCL error fail
 // the link: every batch in flight completes with kUnavailable (kTimeout for the one that timed
 // out), the threads abort their communicators (ncclCommAbort) and later calls are refused. A put
-// that never got announced (past its deadline in the queue, or its engine event failed or did
-// not fire in time) fails alone and the link stays. Nothing waits without a deadline.
-//
-// A put's engine event (start_after) is waited for as engine_gate.h says: polled by the sender
-// thread on the host with host_gate (the default), else on the device through a relay.
+// that never got announced (past its deadline in the queue) fails alone and the link stays.
+// Nothing waits without a deadline, and nothing waits for an engine: kvd posts a put out of an
+// engine's cache only once the engine's event fired (daemon/event_gate.h).
 //
 // Thread-safety: Put/Get/Notify/Fail may be called from any thread; Put/Get/Notify only encode
-// and queue (Put with an event makes up to four CUDA calls that do not wait for the device), so
-// they never wait for the GPU, the peer or a lock held across either. Three threads per link: the
-// sender (gathers and ncclSend on the outgoing lanes), the receive worker (ncclRecv and scatter
-// on the incoming ones) and the reader (socket, acks, deadlines). The reader never waits on the
-// GPU, so it always sees a dead peer and can abort the other two out of NCCL.
+// and queue, so they never wait for the GPU, the peer or a lock held across either. Three threads
+// per link: the sender (gathers and ncclSend on the outgoing lanes), the receive worker (ncclRecv
+// and scatter on the incoming ones) and the reader (socket, acks, deadlines). The reader never
+// waits on the GPU, so it always sees a dead peer and can abort the other two out of NCCL.
 #pragma once
 
 #include <cstdint>
@@ -59,9 +56,6 @@ struct LinkOptions {
   int slots = 4;       // staging slots per side and direction
   int lanes = 2;       // communicators per direction, 1..kMaxLanes
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
-  // Engine events not yet fired at post time are polled on the host, not waited on by the
-  // device (engine_gate.h). Needs the event alive until the batch completes.
-  bool host_gate = true;
   std::chrono::milliseconds init_timeout{30000};
 };
 
@@ -76,11 +70,9 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   // runs: src_offset in `local_base`'s region, dst_offset in the peer's region `remote_id`.
-  // Validated by the caller. The batch's reads wait for `start_after` (a cudaEvent_t, its record
-  // as of this call; with host_gate, its latest record when polled) when not null and not yet
-  // fired. kUnavailable when the link already failed (`done` not called).
+  // Validated by the caller. kUnavailable when the link already failed (`done` not called).
   Status Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
-             Clock::time_point deadline, void* start_after, Completion done);
+             Clock::time_point deadline, Completion done);
   // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.
   Status Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, Completion done);

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "base/codec.h"
-#include "transport/cuda_ipc/device_ordered.h"
 #include "base/framed_socket.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
@@ -86,7 +85,7 @@ class NcclRemote final : public RemoteMemory {
   uint64_t length_;
 };
 
-class NcclTransport final : public Transport, public DeviceOrdered {
+class NcclTransport final : public Transport {
  public:
   explicit NcclTransport(const LinkOptions& options) : options_(options) {}
 
@@ -169,12 +168,6 @@ class NcclTransport final : public Transport, public DeviceOrdered {
   }
 
   Status post(const Batch& batch, Completion done) override {
-    return post_after(batch, nullptr, std::move(done));
-  }
-
-  // A get's bytes leave from the peer's streams, which no local event orders: a get with an
-  // event is refused (kUnsupported).
-  Status post_after(const Batch& batch, void* cuda_event, Completion done) override {
     auto* local = dynamic_cast<const NcclRegistration*>(batch.local);
     auto* remote = dynamic_cast<const NcclRemote*>(batch.remote);
     if (local == nullptr || remote == nullptr) {
@@ -184,10 +177,7 @@ class NcclTransport final : public Transport, public DeviceOrdered {
     KV_ASSIGN_OR_RETURN(auto link, FindLink(remote->peer()));
     char* base = static_cast<char*>(local->base());
     if (batch.op == Op::kPut) {
-      return link->Put(base, batch.runs, remote->id(), batch.deadline, cuda_event, std::move(done));
-    }
-    if (cuda_event != nullptr) {
-      return Status::Unsupported("nccl: a get cannot wait on a local event");
+      return link->Put(base, batch.runs, remote->id(), batch.deadline, std::move(done));
     }
     return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
   }
@@ -287,7 +277,6 @@ std::span<const SettingInfo> NcclSettings() {
       {"lanes", "communicators per direction the sender opens, 1..4 (2)"},
       {"copy_ctas", "grid of the gather/scatter kernels, 0 = one CTA per SM (16)"},
       {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
-      {"host_gate", "1: wait for an engine event on the host, 0: on the device (1)"},
       {"timeout_ms", "connects, communicator creation and control messages (30000)"},
   };
   return kSettings;
@@ -311,8 +300,6 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));
   KV_ASSIGN_OR_RETURN(int64_t direct, IntSetting(options, "nccl", "direct_bytes",
                                                  static_cast<int64_t>(link.direct_bytes), 0));
-  KV_ASSIGN_OR_RETURN(int64_t host_gate,
-                      IntSetting(options, "nccl", "host_gate", link.host_gate ? 1 : 0, 0, 1));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   if (device >= count) {
@@ -325,7 +312,6 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   link.lanes = static_cast<int>(lanes);
   link.copy_ctas = static_cast<int>(copy_ctas);
   link.direct_bytes = static_cast<uint64_t>(direct);
-  link.host_gate = host_gate != 0;
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   std::string host = "127.0.0.1";
   for (const auto& [k, v] : options.settings) {  // the first one wins, as in IntSetting

@@ -12,8 +12,6 @@
 // stops answering fails its batches with kUnavailable and its communicators are aborted, never
 // waited on.
 //
-// Also implements DeviceOrdered (device_ordered.h): a put's gathers can wait on a CUDA event.
-//
 // NVLink multicast (NVLS) is not allowed on the shared machines and point-to-point never needs
 // it, but NCCL takes it from the environment only: the program's main() sets NCCL_NVLS_ENABLE=0
 // before NCCL starts (kvd and kvbench do); this library sets no environment variable.
@@ -24,9 +22,7 @@
 // 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 2),
 // "copy_ctas" (grid of the gather/scatter kernels, 0 = one CTA per SM; default 16),
 // "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into
-// it; 0 = never; default 8 MiB), "host_gate" (1: a put's engine event that has not fired at
-// post time is polled on the host, not waited on by the device; the event must then outlive the
-// batch, as DeviceOrdered says; default 1, see nccl_link.h), "timeout_ms" (connects, communicator
+// it; 0 = never; default 8 MiB), "timeout_ms" (connects, communicator
 // creation and control messages; default 30000); `kvd --transport-opt KEY=VALUE` passes them
 // (they replace the environment variable KVD_NCCL_SETTINGS). Staging memory: staging_slots ×
 // staging_bytes per side, direction and link.

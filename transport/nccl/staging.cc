@@ -53,15 +53,13 @@ Status Staging::SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline) 
 }
 
 Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> ranges,
-                     uint64_t chunk_bytes, uint64_t direct_bytes, const gpu::CudaEvent* start_after,
-                     SteadyTime deadline) {
+                     uint64_t chunk_bytes, uint64_t direct_bytes, SteadyTime deadline) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
   const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
   const Chunks chunks = ChunkRuns(split.staged, chunk_bytes, Direction::kGather);
   cudaStream_t copy = copy_stream_.get();
   if (chunks.count() > 0) {
     KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
-    if (start_after != nullptr) KV_RETURN_IF_ERROR(WaitOn(copy, *start_after));
   }
   for (size_t k = 0; k < chunks.count(); ++k) {
     Slot& slot = NextSlot();
@@ -80,13 +78,8 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
   }
   if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += chunks.count();
-  bool waited[kMaxLanes] = {};  // the lane's stream orders its later pieces after the first
   for (const Range& piece : split.direct) {
     const size_t lane = first_lane_++ % lanes.count();
-    if (start_after != nullptr && !waited[lane]) {
-      KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), *start_after));
-      waited[lane] = true;
-    }
     KV_RETURN_IF_ERROR(lanes.Send(lane, base + piece.offset, piece.length, nullptr, deadline));
     in_flight_[lane] = next_op_++;
   }

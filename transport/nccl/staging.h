@@ -48,11 +48,10 @@ class Staging {
   cudaStream_t copy_stream() const { return copy_stream_.get(); }
 
   // Enqueues the sends of `ranges` of `base` on `lanes`: the staged ones gathered in chunks of
-  // chunk_bytes ≤ slot_bytes, those of at least direct_bytes (not 0) straight from `base`. They
-  // first wait on the device for `start_after` when not null. Everything is enqueued (or on its
-  // way into a lane) when it returns; the bytes move later.
+  // chunk_bytes ≤ slot_bytes, those of at least direct_bytes (not 0) straight from `base`.
+  // Everything is enqueued (or on its way into a lane) when it returns; the bytes move later.
   Status Send(Lanes& lanes, const char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
-              uint64_t direct_bytes, const gpu::CudaEvent* start_after, SteadyTime deadline);
+              uint64_t direct_bytes, SteadyTime deadline);
   // Enqueues the receives of a batch sent that way, and the scatters into `ranges` of `base`.
   // The copy stream is ordered after every byte of the batch when it returns.
   Status Receive(Lanes& lanes, char* base, std::span<const Range> ranges, uint64_t chunk_bytes,

@@ -21,7 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "transport/cuda_ipc/device_ordered.h"
 #include "transport/staged/chunker.h"
 #include "transport/staged/stager.h"
 #include "transport/staged/wire.h"
@@ -87,9 +86,6 @@ struct Job {
   std::vector<Chunk> chunks;
   Clock::time_point deadline;
   Completion done;
-  // post_after: the engine's event, not yet fired when posted. The job's gathers start only once
-  // the worker saw it fire (Pump); until then later jobs go ahead of it.
-  void* gate = nullptr;
   size_t started = 0;   // chunks whose gather began
   size_t issued = 0;    // chunks handed to the inner transport (put, and kData when staged)
   size_t finished = 0;  // chunks in place at the destination
@@ -149,9 +145,7 @@ struct Region {
   MemoryLocation location;
 };
 
-// DeviceOrdered: a staged put out of a GPU region may wait for an engine's event (its gathers
-// start once the worker saw the event fire; nothing blocks the caller).
-class Core final : public Transport, public DeviceOrdered {
+class Core final : public Transport {
  public:
   Core(std::unique_ptr<Transport> inner, const Config& config);
   ~Core() override;
@@ -173,7 +167,6 @@ class Core final : public Transport, public DeviceOrdered {
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override;
   Status post(const Batch& batch, Completion done) override;
-  Status post_after(const Batch& batch, void* cuda_event, Completion done) override;
   Status notify(PeerId peer, std::string message) override;
   void set_notification_handler(NotificationHandler handler) override;
 
@@ -182,7 +175,7 @@ class Core final : public Transport, public DeviceOrdered {
 
  private:
   // ---- worker plumbing (staged_transport.cc) ----
-  Status PostStaged(const Batch& batch, Completion done, void* gate);
+  Status PostStaged(const Batch& batch, Completion done);
   void Enqueue(std::function<void()> task);
   void WorkerLoop();
   Stager& stager();
@@ -206,10 +199,8 @@ class Core final : public Transport, public DeviceOrdered {
   void FailLink(OutLink& link, const Status& why, const Job* culprit);
   void MaybeComplete(OutLink& link, const std::shared_ptr<Job>& job);
   void CheckDeadlines();
-  bool Busy() const;               // any copy or inner put still in flight
-  bool Active() const;             // any staged batch not yet complete
-  bool Gated() const;              // any staged batch still waiting for its engine's event
-  Clock::time_point gate_opened_;  // when a batch last began to wait, or stopped waiting
+  bool Busy() const;    // any copy or inner put still in flight
+  bool Active() const;  // any staged batch not yet complete
 
   // ---- gets (getter.cc); worker thread only, but PostGet on the caller's ----
   Status PostGet(const Batch& batch, const StagedRemote& remote, Completion done);

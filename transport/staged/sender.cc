@@ -17,7 +17,6 @@ void Core::AddJob(PeerId peer, std::shared_ptr<Job> job) {
   OutLink& link = Out(peer);
   job->seq = link.next_job++;
   link.jobs.push_back(job);
-  if (job->gate != nullptr) gate_opened_ = Clock::now();
   if (link.state == OutLink::State::kFailed) {
     job->failed = true;
     job->status = Status::Unavailable("peer " + std::to_string(peer) +
@@ -75,13 +74,6 @@ void Core::Pump(OutLink& link) {
   for (size_t i = 0; i < link.jobs.size(); ++i) {
     std::shared_ptr<Job> job = link.jobs[i];
     if (job->failed || job->started == job->chunks.size()) continue;
-    if (job->gate != nullptr) {
-      Result<bool> fired = EventFired(job->gate);
-      if (!fired.ok()) return FailLink(link, fired.status().WithContext("engine event"), job.get());
-      if (!*fired) continue;  // held; polled again by the worker (WorkerLoop)
-      job->gate = nullptr;
-      gate_opened_ = Clock::now();
-    }
     if (Status s = PrepareSlots(link); !s.ok()) return FailLink(link, s, job.get());
     if (job->remote_staged && link.state != OutLink::State::kReady) {
       if (Status s = Open(link); !s.ok()) return FailLink(link, s, job.get());
@@ -259,15 +251,6 @@ void Core::CheckDeadlines() {
   for (auto& [peer, link] : out_) {
     for (const auto& job : std::deque<std::shared_ptr<Job>>(link.jobs)) {
       if (job->failed || now <= job->deadline) continue;
-      if (job->gate != nullptr) {
-        // Nothing of it was copied: it fails alone, and the batches behind it go on.
-        job->gate = nullptr;
-        job->failed = true;
-        job->status = Status::Timeout(
-            "a staged batch's engine event did not fire before its deadline; nothing was copied");
-        MaybeComplete(link, job);
-        continue;
-      }
       FailLink(link, Status::Timeout("a staged batch missed its deadline"), job.get());
       break;
     }
@@ -280,15 +263,6 @@ void Core::CheckDeadlines() {
 
 bool Core::Busy() const {
   return puts_in_flight_ > 0 || copies_in_flight_ > 0;
-}
-
-bool Core::Gated() const {
-  for (const auto& [peer, link] : out_) {
-    for (const auto& job : link.jobs) {
-      if (job->gate != nullptr && !job->failed) return true;
-    }
-  }
-  return false;
 }
 
 bool Core::Active() const {

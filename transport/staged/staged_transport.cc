@@ -16,12 +16,6 @@ namespace staged {
 namespace {
 
 constexpr auto kShutdownBound = std::chrono::seconds(10);
-// How often the worker polls the events of batches waiting for their engine: kGatePoll, or
-// kGateBackoff once none has fired for kGateSpin (an engine far behind, or one that died
-// mid-layer and whose batch waits out its deadline, costs no core).
-constexpr auto kGatePoll = std::chrono::microseconds(20);
-constexpr auto kGateSpin = std::chrono::milliseconds(10);
-constexpr auto kGateBackoff = std::chrono::milliseconds(1);
 
 uint64_t RandomInstance() {
   std::random_device device;
@@ -93,10 +87,7 @@ void Core::WorkerLoop() {
       // Deadlines are checked at least this often while batches are in flight; an idle worker
       // sleeps until there is work.
       auto ready = [&] { return !tasks_.empty() || stop_; };
-      if (Gated())
-        queue_cv_.wait_for(lock, Clock::now() - gate_opened_ < kGateSpin ? kGatePoll : kGateBackoff,
-                           ready);
-      else if (Active() || Busy())
+      if (Active() || Busy())
         queue_cv_.wait_for(lock, std::chrono::milliseconds(20), ready);
       else
         queue_cv_.wait(lock, ready);
@@ -104,11 +95,6 @@ void Core::WorkerLoop() {
       if (stop_ && stop_by == Clock::time_point::max()) stop_by = Clock::now() + kShutdownBound;
     }
     for (auto& task : batch) task();
-    for (auto& [peer, link] : out_) {
-      if (std::any_of(link.jobs.begin(), link.jobs.end(), [](const auto& j) { return j->gate; })) {
-        Pump(link);
-      }
-    }
     CheckDeadlines();
     if (stop_by != Clock::time_point::max() && (!Busy() || Clock::now() > stop_by)) {
       std::lock_guard lock(queue_mu_);
@@ -201,29 +187,10 @@ Status Core::post(const Batch& batch, Completion done) {
           "a staged get reads a peer's staged region; this one names direct (inner) memory");
     return PostGet(batch, *remote, std::move(done));
   }
-  return PostStaged(batch, std::move(done), nullptr);
+  return PostStaged(batch, std::move(done));
 }
 
-Status Core::post_after(const Batch& batch, void* cuda_event, Completion done) {
-  if (cuda_event == nullptr) return post(batch, std::move(done));
-  KV_RETURN_IF_ERROR(CheckBatch(batch));
-  auto* local = dynamic_cast<const StagedRegistration*>(batch.local);
-  if (batch.op != Op::kPut || local == nullptr || local->owner() != this ||
-      local->location().kind != MemoryKind::kCuda)
-    return Status::Unsupported(
-        "post_after orders staged puts out of GPU regions only (their gathers wait for the event)");
-  if (auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
-      remote != nullptr && remote->owner() != this)
-    return Status::InvalidArgument("batch names memory of another transport");
-  // One that fired already is not watched. DeviceOrdered lets the worker poll the caller's event
-  // itself (the caller keeps it valid until the batch completes): nothing of ours waits for
-  // another process on the device, where an event whose engine died never fires and the stream
-  // waiting on it stays blocked for good (benchmarks/pd_gpu.md, seventh session).
-  KV_ASSIGN_OR_RETURN(const bool fired, EventFired(cuda_event));
-  return PostStaged(batch, std::move(done), fired ? nullptr : cuda_event);
-}
-
-Status Core::PostStaged(const Batch& batch, Completion done, void* gate) {
+Status Core::PostStaged(const Batch& batch, Completion done) {
   auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
   const PeerId peer = batch.remote->peer();
   {
@@ -241,7 +208,6 @@ Status Core::PostStaged(const Batch& batch, Completion done, void* gate) {
   job->chunks = PlanChunks(batch.runs, config_.slot_bytes, job->remote_staged);
   job->deadline = batch.deadline;
   job->done = std::move(done);
-  job->gate = gate;
   Enqueue([this, peer, job = std::move(job)]() mutable { AddJob(peer, std::move(job)); });
   return Status::Ok();
 }

@@ -15,11 +15,8 @@
 //    Slots alternate (staging_slots of each), so the gather of chunk i+1 and the scatter of
 //    chunk i-1 overlap the wire of chunk i. A staged source and a direct (inner) destination
 //    skip the receiver: gather, then an inner put straight into the destination.
-//  post_after (DeviceOrdered, for kvd's GPU engines): a put out of a GPU region whose gathers
-//    start once the engine's layer event fired. The worker polls the event from the host and
-//    enqueues nothing of the batch before; meanwhile later batches go ahead of it. One whose
-//    event never fires (its engine died mid-layer) fails alone at its deadline with kTimeout,
-//    having copied nothing. Nothing blocks the caller.
+//    Nothing waits for an engine: kvd posts a put out of an engine's cache only once the
+//    engine's event fired (daemon/event_gate.h).
 //  links: the first staged put to a peer opens a link: kHello carries the sender's address, the
 //    receiver connects back (acks travel that way), allocates the receive slots and answers
 //    kWelcome with their descriptors.

@@ -146,13 +146,4 @@ Status Stager::Copy(Slot& slot, char* region_base, MemoryLocation region, bool t
 #endif
 }
 
-Result<bool> EventFired(void* cuda_event) {
-#if KV_STAGED_HAVE_CUDA
-  return gpu::QueryEvent(static_cast<cudaEvent_t>(cuda_event));
-#else
-  (void)cuda_event;
-  return Status::Unsupported("this build has no CUDA: no events to wait for");
-#endif
-}
-
 }  // namespace kv::transport::staged

@@ -49,11 +49,6 @@ class Slot {
 
 using CopyDone = std::function<void(Status)>;
 
-// Whether `cuda_event` (a cudaEvent_t, or another process's through IPC) fired: a
-// cudaEventQuery, which never waits. The CUDA error when the event's work failed; kUnsupported
-// without CUDA.
-Result<bool> EventFired(void* cuda_event);
-
 class Stager {
  public:
   Stager();

@@ -215,7 +215,7 @@ class Cluster:
                      "netem"] + spec.split(), check=False)
             if r.returncode != 0:
                 if "unknown" in r.stderr.lower() or "not found" in r.stderr.lower():
-                    raise Skip(f"the kernel has no netem qdisc (sch_netem): {r.stderr.strip()}")
+                    raise Skip(f"tc netem {spec}: {r.stderr.strip()} ({netem_absence()})")
                 raise RuntimeError(f"tc netem {spec} on {dev}: {r.stderr.strip()}")
 
     def secret_file(self):
@@ -294,6 +294,32 @@ class Cluster:
             run(["ip", "netns", "del", ns], check=False)
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def netem_absence():
+    """Why `tc qdisc add ... netem` is refused here, as precisely as the kernel tells: its build
+    config (/proc/config.gz, where the kernel exposes it) and whether it loads modules at all."""
+    release = os.uname().release
+    built = None
+    try:
+        import gzip
+        with gzip.open("/proc/config.gz", "rt") as f:
+            for line in f:
+                if line.startswith("CONFIG_NET_SCH_NETEM=") or "CONFIG_NET_SCH_NETEM is not" in line:
+                    built = line.strip()
+    except OSError:
+        pass
+    modules = os.path.isdir(f"/lib/modules/{release}")
+    if built is not None and built.endswith("=y"):
+        return f"kernel {release} has sch_netem built in, yet refused it"
+    if built is not None and built.endswith("=m"):
+        return (f"kernel {release} builds sch_netem as a module, not loaded"
+                + ("" if modules else f", and /lib/modules/{release} does not exist to load it"))
+    if built is not None:
+        return (f"kernel {release} was built without sch_netem ({built} in /proc/config.gz)"
+                + ("" if modules else f"; it has no /lib/modules/{release} either"))
+    return (f"kernel {release} has no sch_netem loaded"
+            + ("" if modules else f" and no /lib/modules/{release} to load it from"))
 
 
 def drain_to(proc, path):

@@ -7,6 +7,7 @@ checked to stay zero) against a prefill kvd on host 1 and a decode kvd on host 2
   pd         push, pull, and TP 1 -> 2 with a layout change, between the hosts
   netem      5 ms delay and 1 % loss on the prefill host's link: every request completes, exact
   slow_link  that link limited to 16 Mbit/s: every request completes, no heartbeat is missed
+  slow_host  a third host with 50 ms delay fed by the same prefill kvd does not slow 1 -> 2
   link_down  the link taken down mid-run for 7 s: requests fail within the lease, nothing is
              written outside their blocks; the link back up, new requests succeed, nothing
              restarted
@@ -107,6 +108,43 @@ def case_netem(build):
         r = kvbench_pd(build, p, d, SLOW, timeout=240)
         expect_all_verified(r, "netem delay 5ms loss 1%")
         report("netem 5ms 1%", r)
+
+
+def case_slow_host(build):
+    """One slow host does not slow the other two: a prefill kvd on host 1 feeds a decode kvd on
+    host 2 and one on host 3, whose link has 50 ms of delay each way (netem). The transfers
+    1 -> 2 keep at least half the throughput they had alone while 1 -> 3 runs beside them, and
+    every byte of both arrives. Needs netem: skips on kernels without sch_netem."""
+    with Cluster(3, build) as c:
+        c.netem(2, "delay 50ms")  # first: skip before anything starts where netem is missing
+        p = c.start_kvd(0, "prefill")
+        fast = c.start_kvd(1, "decode-fast")
+        slow = c.start_kvd(2, "decode-slow")
+        # Warm both peer sessions, then the fast pair alone: the figure to hold.
+        for d, tag in ((fast, "warm-fast"), (slow, "warm-slow")):
+            expect_all_verified(kvbench_pd(build, p, d, SMALL + ["--tag", tag], timeout=120), tag)
+        alone = kvbench_pd(build, p, fast, SMALL + ["--tag", "alone"])
+        expect_all_verified(alone, "1 -> 2 alone")
+        report("1 -> 2 alone", alone)
+        # 1 -> 3 in the background for longer than the fast run takes; 1 -> 2 beside it.
+        before = counters(build, slow).get("bytes_received", 0)
+        bench = kvbench_pd(build, p, slow, SMALL + ["--requests", "64", "--tag", "slow",
+                                                     "--timeout-ms", "60000"], background=True)
+        c.children.append(bench)
+        assert wait_until(lambda: counters(build, slow).get("bytes_received", 0) > before, 30), \
+            "no bytes reached the slow host in 30 s"
+        beside = kvbench_pd(build, p, fast, SMALL + ["--tag", "beside"])
+        still_running = bench.poll() is None
+        behind = finish(bench, 180)
+        expect_all_verified(beside, "1 -> 2 beside the slow host")
+        expect_all_verified(behind, "1 -> 3, the slow host")
+        report("1 -> 2 beside 1 -> 3", beside)
+        report("1 -> 3 (50 ms)", behind)
+        assert still_running, "the slow host's run ended before the fast one: no overlap measured"
+        assert behind["p50_ms"] >= 50, f"the 50 ms delay did not apply to host 3: {behind}"
+        ratio = beside["gbps"] / alone["gbps"]
+        print(f"  1 -> 2 beside the slow host: {ratio:.2f} of its throughput alone")
+        assert ratio >= 0.5, f"the slow host slowed 1 -> 2 to {ratio:.2f} of its throughput"
 
 
 def case_slow_link(build):
@@ -254,6 +292,7 @@ def case_restart(build):
 
 
 CASES = {"pd": case_pd, "netem": case_netem, "slow_link": case_slow_link,
+         "slow_host": case_slow_host,
          "link_down": case_link_down,
          "link_flap": case_link_flap, "restart": case_restart}
 

@@ -212,6 +212,13 @@ int PdMain(int argc, char** argv) {
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
        true},
+      {"tag",
+       "prefix of the engines' instance names and the request ids (TAG-prefill, TAG-req-0): "
+       "several runs at once against the same kvds (default: none)"},
+      {"peer-by-name",
+       "the decode engines name the prefill kvd by its daemon name in their transfer params, "
+       "not by its address: the decode kvd resolves it through etcd (kvd --etcd)",
+       true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
   });
@@ -301,6 +308,8 @@ int PdMain(int argc, char** argv) {
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
   c.stop_at_failed_wave = !flags.has("keep-going");
+  c.tag = flags.str("tag", "");
+  c.peer_by_name = flags.has("peer-by-name");
   for (bool prefill : {true, false}) {
     auto spec = connector::PdLayout(c, prefill, 0);
     if (!spec.ok()) return Fail(spec.status().message());

@@ -39,6 +39,7 @@
 
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
+#include "daemon/membership/peer_resolver.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
@@ -223,7 +224,11 @@ struct DestRequest {
   std::string instance;
   int tp_size = 1;
   int layers = 0;
-  std::string peer_address;
+  std::string peer_address;  // HOST:PORT, or a daemon name (peer_resolver.h)
+  // A daemon name's address: non-zero while it is looked up (the lookup's ticket), then the
+  // address it resolved to (PeerAddressOf, peer_session.cc).
+  uint64_t resolving = 0;
+  std::string resolved_address;
   uint64_t peer_id = 0;
   proto::TransferMode mode = proto::MODE_PUSH;
   int64_t tokens = 0;
@@ -292,6 +297,10 @@ class Daemon::Core {
   // remote_ip: of an accepted connection (the per-address limit), empty for one we dialed.
   void ServePeer(int fd, std::string dialed_address, std::string remote_ip = {});
   Result<uint64_t> PeerFor(const std::string& address);
+  // The address a load's source is dialed at: its peer_address, or that daemon name's address
+  // from resolver_ (cached, else looked up off this thread: then nullopt, and RequestLoad runs
+  // again once it resolved). nullopt after failing the request (a name it cannot resolve).
+  std::optional<std::string> PeerAddressOf(DestRequest& request);
   void OnPeerMessage(uint64_t peer_id, const std::string& body);
   void OnPeerClosed(uint64_t peer_id, const Status& why);
   Status HandlePeerHello(Peer& peer, const proto::PeerHello& hello);
@@ -441,6 +450,8 @@ class Daemon::Core {
   boost::asio::steady_timer accept_backoff_{io_};
   bool accept_starved_ = false;  // in an EMFILE episode: logged once
   metrics::Metrics metrics_;
+  // Daemon names in start_load (options_.etcd_url); its callbacks post to io_.
+  std::unique_ptr<membership::PeerResolver> resolver_;
   // Declared last, so destroyed first: its thread renders from the members above.
   std::unique_ptr<metrics::HttpServer> metrics_server_;
 };

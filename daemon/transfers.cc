@@ -479,7 +479,9 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
 }
 
 void Daemon::Core::RequestLoad(DestRequest& request) {
-  auto peer_id = PeerFor(request.peer_address);
+  const std::optional<std::string> address = PeerAddressOf(request);
+  if (!address) return;  // its name is being looked up, or the request failed
+  auto peer_id = PeerFor(*address);
   if (!peer_id.ok()) {
     FinishDest(request.id, peer_id.status(), false);
     return;

@@ -45,8 +45,8 @@ void PeerResolver::Resolve(const std::string& name, Done done) {
   std::unique_lock lock(mu_);
   if (!waiting_.count(name) && waiting_.size() >= options_.max_pending) {
     lock.unlock();
-    done(Status::ResourceExhausted("peer name '" + name + "': " +
-                                   std::to_string(options_.max_pending) +
+    done(Status::ResourceExhausted("peer name '" + name +
+                                   "': " + std::to_string(options_.max_pending) +
                                    " names already wait for etcd"));
     return;
   }

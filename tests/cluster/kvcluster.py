@@ -369,9 +369,12 @@ def _read_line(proc, timeout):
 
 def kvbench_pd(build, prefill, decode, args=(), timeout=120, background=False):
     """`kvbench pd` against the two kvds (their unix sockets: a path socket is reachable from
-    every network namespace). Returns the parsed JSON, or the Popen when background."""
+    every network namespace); `decode` may be a list of kvds, decode rank r behind the
+    r % n-th. Returns the parsed JSON, or the Popen when background."""
+    decodes = decode if isinstance(decode, (list, tuple)) else [decode]
     cmd = [os.path.join(build, "bin", "kvbench"), "pd", "--prefill-daemon", prefill.socket,
-           "--decode-daemon", decode.socket, "--no-ceiling", "--json"] + list(args)
+           "--decode-daemon", ",".join(d.socket for d in decodes), "--no-ceiling",
+           "--json"] + list(args)
     if background:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -5,6 +5,7 @@ Every case moves K/V with `kvbench pd` (the engine simulator: every byte verifie
 checked to stay zero) against a prefill kvd on host 1 and a decode kvd on host 2. Cases:
 
   pd         push, pull, and TP 1 -> 2 with a layout change, between the hosts
+  tp_hosts   TP 1 -> 2 with the decode ranks on two hosts (three hosts in all)
   netem      5 ms delay and 1 % loss on the prefill host's link: every request completes, exact
   slow_link  that link limited to 16 Mbit/s: every request completes, no heartbeat is missed
   slow_host  a third host with 50 ms delay fed by the same prefill kvd does not slow 1 -> 2
@@ -92,6 +93,37 @@ def case_pd(build):
         # The bytes crossed the veth: the decode kvd dialed the prefill host's address.
         peers = counters(build, d).get("peers", [])
         assert any(x["address"].startswith(c.address(0)) for x in peers), peers
+
+
+def case_tp_hosts(build):
+    """TP 1 -> 2 with the decode ranks on two hosts: decode rank 0 behind the kvd of host 2,
+    rank 1 behind the kvd of host 3. Each decode kvd asks the prefill kvd for its own rank's
+    share of every request (WantRequest.tp_size); the source streams each share to its own
+    host, and releases a request once both confirmed."""
+    with Cluster(3, build) as c:
+        p = c.start_kvd(0, "prefill")
+        d0 = c.start_kvd(1, "decode-0")
+        d1 = c.start_kvd(2, "decode-1")
+        tp = ["--requests", "8", "--window", "8", "--tokens", "256", "--layers", "8",
+              "--decode-tp", "2"]
+        cases = {"push": tp + ["--mode", "push"], "pull": tp + ["--mode", "pull"],
+                 "push BLHNC bs32": tp + ["--decode-order", "BLHNC", "--decode-block-size", "32"]}
+        for mode, args in cases.items():
+            rx = [c.rx_bytes(1), c.rx_bytes(2)]
+            r = kvbench_pd(build, p, [d0, d1], args + ["--tag", mode.replace(" ", "-")])
+            expect_all_verified(r, f"TP 1->2 across hosts, {mode}")
+            report(f"TP 1->2 on hosts 2+3, {mode}", r)
+            # Each rank's half of the heads crossed its own host's veth.
+            for host, before in ((1, rx[0]), (2, rx[1])):
+                crossed = c.rx_bytes(host) - before
+                assert crossed >= r["bytes"] // 2, \
+                    f"{mode}: host {host + 1} received {crossed} bytes of {r['bytes']} / 2"
+        for d in (d0, d1):
+            peers = counters(build, d).get("peers", [])
+            assert any(x["address"].startswith(c.address(0)) for x in peers), (d.name, peers)
+        # The prefill kvd released every request: nothing held, nothing failed.
+        s = counters(build, p)
+        assert s["transfers_in_flight"] == 0 and s["transfers_failed"] == 0, s
 
 
 # 1 MiB requests: TCP with 10 ms RTT and 1 % loss moves a few MB/s (Mathis: ~1.8 MB/s per
@@ -292,7 +324,7 @@ def case_restart(build):
 
 
 CASES = {"pd": case_pd, "netem": case_netem, "slow_link": case_slow_link,
-         "slow_host": case_slow_host,
+         "slow_host": case_slow_host, "tp_hosts": case_tp_hosts,
          "link_down": case_link_down,
          "link_flap": case_link_flap, "restart": case_restart}
 

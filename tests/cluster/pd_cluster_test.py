@@ -125,6 +125,28 @@ def case_tp_hosts(build):
         s = counters(build, p)
         assert s["transfers_in_flight"] == 0 and s["transfers_failed"] == 0, s
 
+        # One decode host dies mid-wave: the source fails the requests and tells the other
+        # decode kvd, whose loads end at once, not at their 30 s lease.
+        failed_before = counters(build, d0)["transfers_failed"]
+        before = counters(build, d1).get("bytes_received", 0)
+        bench = kvbench_pd(build, p, [d0, d1], SLOW_WAVE + ["--decode-tp", "2", "--tag", "kill"],
+                           background=True)
+        c.children.append(bench)
+        assert wait_until(lambda: counters(build, d1).get("bytes_received", 0) > before, 15), \
+            "no bytes reached decode-1 in 15 s"
+        d1.kill()
+        killed = time.monotonic()
+        failed = wait_until(
+            lambda: (s := counters(build, d0)) and s["transfers_failed"] >= failed_before + 8
+            and s["transfers_in_flight"] == 0, 10)
+        fail_s = time.monotonic() - killed
+        assert failed, f"decode-0 still has requests in flight {fail_s:.1f} s after decode-1 died"
+        r = finish(bench, 60)
+        assert r["failed"] == r["requests"] and r["guard_bytes_written"] == 0, r
+        print(f"  decode-1 SIGKILLed -> decode-0's share failed in {fail_s * 1000:.0f} ms "
+              "(told by the source; lease 30 s)")
+        assert fail_s < 5, f"decode-0's loads failed {fail_s:.1f} s after decode-1 died"
+
 
 # 1 MiB requests: TCP with 10 ms RTT and 1 % loss moves a few MB/s (Mathis: ~1.8 MB/s per
 # connection), and a wave must end well inside kvd's 30 s lease. 8 MiB in all: ~5 s.

@@ -31,7 +31,7 @@ inline KvCacheDesc GpuCache(void* base, int device, const LayoutSpec& layout) {
 
 // A registered cache's layout as the planner's region (its spec was validated at registration).
 inline KvRegion RegionOf(const KvCache& cache) {
-  return KvRegion::Create(cache.layout, cache.location).value();
+  return KvRegion::Create(cache.layout).value();
 }
 
 // kvd's status as its engine protocol carries it.

@@ -128,125 +128,100 @@ Result<std::unique_ptr<ConnectorCore>> ConnectorCore::OpenEmbedded(
 Result<std::vector<KvCache>> ConnectorCore::RegisterKvCaches(std::span<const KvCacheDesc> caches) {
   if (!region_layers_.empty()) return Status::AlreadyExists("KV caches were already registered");
   if (caches.empty()) return Status::InvalidArgument("no KV caches to register");
-  const MemoryKind kind = caches.front().location.kind;
+  const MemoryLocation where = caches.front().location;
+  const bool host = where.kind == MemoryKind::kHost;
   for (size_t i = 0; i < caches.size(); ++i) {
-    if (caches[i].location.kind != kind) {
+    if (caches[i].location.kind != where.kind) {
       return Status::InvalidArgument("KV cache " + std::to_string(i) +
                                      ": host and GPU caches do not mix in one connector");
     }
   }
-  return kind == MemoryKind::kHost ? RegisterHost(caches) : RegisterGpu(caches);
-}
-
-Result<std::vector<KvCache>> ConnectorCore::RegisterHost(std::span<const KvCacheDesc> caches) {
-  // Every cache is checked, and its memory found or made, before kvd hears of any.
-  struct Planned {
-    KvRegion layout;
-    kv::UniqueFd fd;  // the memfd kvd maps
-    uint64_t fd_bytes = 0;   // its size
-    uint64_t offset = 0;     // of the cache's byte 0 inside it
-    void* base = nullptr;
-    uint64_t bytes = 0;
-  };
-  std::vector<Planned> planned;
-  std::vector<kv::SharedMemory> made;
-  for (size_t i = 0; i < caches.size(); ++i) {
-    const std::string which = "KV cache " + std::to_string(i);
-    auto layout = KvRegion::Create(caches[i].layout);
-    if (!layout.ok()) return layout.status().WithContext(which);
-    Planned p{std::move(layout).value(), {}, 0, 0, nullptr, 0};
-    p.bytes = caches[i].layout.region_bytes > 0
-                  ? static_cast<uint64_t>(caches[i].layout.region_bytes)
-                  : p.layout.span_bytes();
-    if (caches[i].base == nullptr) {
-      auto memory = kv::SharedMemory::Create(p.bytes, "kv-cache-" + std::to_string(i));
-      if (!memory.ok()) return memory.status().WithContext(which);
-      KV_ASSIGN_OR_RETURN(p.fd, DuplicateFd(memory->fd()));
-      p.fd_bytes = memory->size();
-      p.base = memory->data();
-      made.push_back(std::move(memory).value());
-    } else {
-      auto slice = FindHostMemory(caches[i].base, p.bytes);
-      if (!slice.ok()) return slice.status().WithContext(which);
-      p.fd = std::move(slice->fd);
-      p.fd_bytes = slice->allocation_bytes;
-      p.offset = slice->offset;
-      p.base = caches[i].base;
-    }
-    planned.push_back(std::move(p));
-  }
-  std::vector<KvCache> out;
-  for (Planned& p : planned) {
-    proto::EngineMessage m;
-    auto* reg = m.mutable_register_region();
-    kv::proto::ToWire(p.layout.spec(), reg->mutable_layout());
-    reg->set_bytes(p.fd_bytes);
-    reg->set_offset(p.offset);
-    KV_RETURN_IF_ERROR(client_->Call(std::move(m), p.fd.get()).status());
-    out.push_back(KvCache{p.base, p.bytes, p.layout.spec(), MemoryLocation::Host()});
-  }
-  for (const KvCache& cache : out) region_layers_.push_back(static_cast<int>(cache.layout.layers));
-  region_blocks_ = out.front().layout.blocks;
-  for (const KvCache& cache : out) region_blocks_ = std::min(region_blocks_, cache.layout.blocks);
-  for (auto& memory : made) memory_.push_back(std::move(memory));
-  return out;
-}
-
-Result<std::vector<KvCache>> ConnectorCore::RegisterGpu(std::span<const KvCacheDesc> caches) {
-  if (embedded_) {
+  if (!host && embedded_) {
     return Status::Unsupported(
         "GPU caches need kvd in another process: CUDA IPC cannot open memory of its own "
         "process (use Connector::Open, not OpenEmbedded)");
   }
-  // Everything is checked and exported before kvd hears of any cache.
-  std::vector<KvCache> out;
-  std::vector<kv::gpu::IpcExport> exports;
-  const int device = caches.front().location.device;
+  // Every cache is checked, and its memory found, made or exported, before kvd hears of any.
+  struct Planned {
+    proto::EngineMessage message;  // its RegisterRegion
+    kv::UniqueFd fd;               // sent beside it: a memfd or a VMM allocation's handle
+    KvCache cache;
+  };
+  std::vector<Planned> planned;
+  std::vector<kv::SharedMemory> made;
   for (size_t i = 0; i < caches.size(); ++i) {
-    const KvCacheDesc& cache = caches[i];
-    const std::string which = "GPU cache " + std::to_string(i);
-    if (cache.base == nullptr) return Status::InvalidArgument(which + ": base is null");
-    auto layout = KvRegion::Create(cache.layout, cache.location);
+    const KvCacheDesc& desc = caches[i];
+    const std::string which = (host ? "KV cache " : "GPU cache ") + std::to_string(i);
+    if (!host && desc.base == nullptr) return Status::InvalidArgument(which + ": base is null");
+    if (!host && desc.location.device < 0) {
+      return Status::InvalidArgument(which + ": a CUDA region needs a device ordinal, got " +
+                                     std::to_string(desc.location.device));
+    }
+    auto layout = KvRegion::Create(desc.layout);
     if (!layout.ok()) return layout.status().WithContext(which);
-    if (cache.location.device != device || layout->spec().layers != caches.front().layout.layers) {
+    if (!host && (desc.location.device != where.device ||
+                  layout->spec().layers != caches.front().layout.layers)) {
       return Status::InvalidArgument(which +
                                      ": every GPU cache must live on one device and have "
                                      "the same layer count");
     }
-    const uint64_t bytes = cache.layout.region_bytes > 0
-                               ? static_cast<uint64_t>(cache.layout.region_bytes)
-                               : layout->span_bytes();
-    auto exported = kv::gpu::ExportDeviceMemory(cache.base, bytes, device);
-    if (!exported.ok()) return exported.status().WithContext(which);
-    exports.push_back(std::move(exported).value());
-    out.push_back(KvCache{cache.base, bytes, layout->spec(), cache.location});
+    Planned p;
+    p.cache = KvCache{desc.base,
+                      desc.layout.region_bytes > 0 ? static_cast<uint64_t>(desc.layout.region_bytes)
+                                                   : layout->span_bytes(),
+                      layout->spec(), host ? MemoryLocation::Host() : desc.location};
+    auto* reg = p.message.mutable_register_region();
+    kv::proto::ToWire(p.cache.layout, reg->mutable_layout());
+    reg->set_bytes(p.cache.bytes);
+    if (host && desc.base == nullptr) {
+      auto memory = kv::SharedMemory::Create(p.cache.bytes, "kv-cache-" + std::to_string(i));
+      if (!memory.ok()) return memory.status().WithContext(which);
+      KV_ASSIGN_OR_RETURN(p.fd, DuplicateFd(memory->fd()));
+      reg->set_object_bytes(memory->size());
+      p.cache.base = memory->data();
+      made.push_back(std::move(memory).value());
+    } else if (host) {
+      auto slice = FindHostMemory(desc.base, p.cache.bytes);
+      if (!slice.ok()) return slice.status().WithContext(which);
+      p.fd = std::move(slice->fd);
+      reg->set_object_bytes(slice->allocation_bytes);
+      reg->set_offset(slice->offset);
+    } else {
+      auto exported = kv::gpu::ExportDeviceMemory(desc.base, p.cache.bytes, where.device);
+      if (!exported.ok()) return exported.status().WithContext(which);
+      reg->mutable_location()->set_device_uuid(exported->device_uuid);
+      reg->set_object_bytes(exported->allocation_bytes);
+      reg->set_offset(exported->offset);
+      // A VMM allocation's fd goes with the message (kvd keeps its own copy); ours closes with
+      // `planned`.
+      if (exported->kind == kv::gpu::ShareKind::kPosixFd) {
+        reg->set_vmm_fd(true);
+        p.fd = std::move(exported->fd);
+      } else {
+        reg->set_cuda_ipc(exported->handle);
+      }
+    }
+    if (host) reg->set_memfd(true);
+    planned.push_back(std::move(p));
   }
-  const int layers = static_cast<int>(out.front().layout.layers);
-  KV_ASSIGN_OR_RETURN(auto events, kv::gpu::LayerEvents::Create(device, layers));
-  for (size_t i = 0; i < out.size(); ++i) {
-    proto::EngineMessage m;
-    auto* reg = m.mutable_register_gpu_region();
-    kv::proto::ToWire(out[i].layout, reg->mutable_layout());
-    reg->set_bytes(out[i].bytes);
-    const bool vmm = exports[i].kind == kv::gpu::ShareKind::kPosixFd;
-    reg->set_share(vmm ? proto::GPU_SHARE_POSIX_FD : proto::GPU_SHARE_CUDA_IPC);
-    reg->set_ipc_handle(exports[i].handle);
-    reg->set_offset(exports[i].offset);
-    reg->set_allocation_bytes(exports[i].allocation_bytes);
-    reg->set_device_uuid(exports[i].device_uuid);
-    // A VMM allocation's fd goes with the message (kvd keeps its own copy); ours closes with
-    // `exports`.
-    KV_RETURN_IF_ERROR(client_->Call(std::move(m), vmm ? exports[i].fd.get() : -1).status());
+  // GPU caches: the per-layer events SaveLayer records go with the first region.
+  std::unique_ptr<kv::gpu::LayerEvents> events;
+  if (!host) {
+    const int layers = static_cast<int>(planned.front().cache.layout.layers);
+    KV_ASSIGN_OR_RETURN(events, kv::gpu::LayerEvents::Create(where.device, layers));
+    auto* first = planned.front().message.mutable_register_region();
+    for (const std::string& handle : events->handles()) first->add_layer_events(handle);
   }
-  proto::EngineMessage m;
-  auto* shared = m.mutable_register_layer_events();
-  for (const std::string& handle : events->handles()) shared->add_handles(handle);
-  shared->set_device_uuid(exports.front().device_uuid);
-  KV_RETURN_IF_ERROR(client_->Call(std::move(m)).status());
+  std::vector<KvCache> out;
+  for (Planned& p : planned) {
+    KV_RETURN_IF_ERROR(client_->Call(std::move(p.message), p.fd.get()).status());
+    out.push_back(p.cache);
+  }
   layer_events_ = std::move(events);
-  region_layers_.assign(out.size(), layers);
+  for (const KvCache& cache : out) region_layers_.push_back(static_cast<int>(cache.layout.layers));
   region_blocks_ = out.front().layout.blocks;
   for (const KvCache& cache : out) region_blocks_ = std::min(region_blocks_, cache.layout.blocks);
+  for (auto& memory : made) memory_.push_back(std::move(memory));
   return out;
 }
 

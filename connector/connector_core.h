@@ -91,7 +91,7 @@ class ConnectorCore {
   Result<proto::DaemonStatus> DaemonStatus();
   Result<std::string> DaemonStatusJson();
 
-  // CPU offload. `region` is the index of a cache RegisterKvCaches or RegisterGpuKvCaches
+  // CPU offload. `region` is the index of a cache RegisterKvCaches
   // returned; keys[i] is the hash of the block in block_ids[i]. Errors: kUnsupported (kvd has no
   // pool), kInvalidArgument (a key outside 8..32 bytes, counts that differ, over 16384 keys),
   // kOutOfRange (block id, region), kIncompatible (the pool holds blocks of another shape: the
@@ -132,8 +132,6 @@ class ConnectorCore {
   Result<bool> RecordLayer(int layer, void* cuda_stream);
   Status SendSave(const std::string& request, int layer, std::span<const int64_t> block_ids,
                   bool written);
-  Result<std::vector<KvCache>> RegisterHost(std::span<const KvCacheDesc> caches);
-  Result<std::vector<KvCache>> RegisterGpu(std::span<const KvCacheDesc> caches);
   Result<int> RegionLayers(uint32_t region) const;
   Status WaitOffload(const std::string& id, int layer);
   void ForgetOffload(const std::string& id);
@@ -147,8 +145,8 @@ class ConnectorCore {
   std::set<std::string> live_offloads_, done_offloads_;
 
   std::shared_ptr<daemon::Daemon> embedded_;  // kept alive for the connector's lifetime
-  std::vector<kv::SharedMemory> memory_;  // this process's view of registered host regions
-  // GPU caches: the per-layer events SaveLayer records. Set once by RegisterGpuKvCaches.
+  std::vector<kv::SharedMemory> memory_;      // this process's view of registered host regions
+  // GPU caches: the per-layer events SaveLayer records. Set once by RegisterKvCaches.
   std::unique_ptr<kv::gpu::LayerEvents> layer_events_;
   std::unique_ptr<Client> client_;  // destroyed first: no event arrives after it
 };

@@ -57,15 +57,17 @@ namespace kv::daemon {
 
 using Clock = std::chrono::steady_clock;
 
-// One registered KV region: its layout, where kvd reaches its bytes, what keeps them mapped here
-// and the transport registration. A host region is the engine's memfd mapped into kvd; a GPU
-// region is the engine's allocation opened through CUDA IPC, or through its fd for a VMM
-// allocation (gpu_regions.cc). Shared: batches and offload copies in flight hold it, so the
-// mapping outlives an engine's disconnect until they finish.
+// One registered KV region, host or GPU memory alike (engine_session.cc, HandleRegister): its
+// shape, the memory object that holds its bytes and keeps them mapped here, where that object
+// lives, and the transport registration. A host region is the engine's memfd mapped into kvd; a
+// GPU region is the engine's allocation opened through CUDA IPC, or through its fd for a VMM
+// allocation. Shared: batches and offload copies in flight hold it, so the mapping outlives an
+// engine's disconnect until they finish.
 struct Region {
-  KvRegion layout;
+  KvRegion layout;       // the shape only: where the bytes are is `where`
   void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
   uint64_t bytes = 0;    // of where.device (CUDA IPC mappings are device pointers in kvd too)
+  // The memory object's location: host for `host`, the device `gpu` was opened on for `gpu`.
   MemoryLocation where;
   SharedMemory host;                               // host regions: the engine's memfd
   std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
@@ -82,7 +84,7 @@ struct Engine {
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<std::shared_ptr<Region>> regions;
-  // GPU engines: the engine's per-layer events, opened here (RegisterLayerEvents). A copy of
+  // GPU engines: the engine's per-layer events, opened with its first region. A copy of
   // layer l out of this engine's regions waits for event(l) (post_after).
   std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
@@ -309,6 +311,8 @@ class Daemon::Core {
                      proto::Reply* payload = nullptr);
   void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
   Status HandleHello(Engine& engine, const proto::EngineHello& hello);
+  // Host and GPU memory alike: validates the message and the fd beside it, opens the memory
+  // (and a GPU engine's layer events, with its first region) and registers it with the transport.
   Result<uint32_t> HandleRegister(Engine& engine, const proto::RegisterRegion& reg);
   // Every load as StartLoad would take it, one result each. Takes the engine's id, not the
   // engine: a load's failure may close the engine (its send backlog overflows) mid-batch.
@@ -316,8 +320,6 @@ class Daemon::Core {
   Engine* FindEngine(uint64_t id);
 
   // ---- gpu_regions.cc ----
-  Result<uint32_t> HandleRegisterGpu(Engine& engine, const proto::RegisterGpuRegion& reg);
-  Status HandleLayerEvents(Engine& engine, const proto::RegisterLayerEvents& m);
   // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
   // copies first wait for its event of that layer (the last layer moved).
   Status PostFromEngine(const Engine& engine, int event_layer, const transport::Batch& batch,
@@ -492,11 +494,6 @@ class Daemon::Core {
 inline constexpr size_t kMaxRequestIdBytes = 256;
 inline constexpr int kMaxTpSize = 1024;
 inline constexpr int kMaxRegionsPerEngine = 64;
-
-// A registration's checks before its memory is mapped: the layout it declares, that `bytes`
-// hold it, and that it agrees with the engine's earlier regions (layer count, memory kind).
-Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wire_layout,
-                                   uint64_t bytes, MemoryKind kind);
 
 // The per-layer timeline at debug level: "trace <us> <event> <request> <layer> <bytes>" on the
 // steady clock, which every process on the host shares, so two kvds' lines merge into one

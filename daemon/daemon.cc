@@ -84,7 +84,7 @@ std::string Daemon::Core::transport_name() const {
 ConnectionLimits Daemon::Core::EngineLimits() const {
   ConnectionLimits limits;
   limits.max_frame_bytes = options_.max_frame_bytes;
-  // One per RegisterRegion or VMM RegisterGpuRegion, claimed as the message is handled.
+  // One per RegisterRegion of a memfd or a VMM allocation, claimed as the message is handled.
   limits.max_queued_fds = 1;
   limits.partial_frame_timeout = options_.partial_frame_timeout;
   return limits;
@@ -107,21 +107,20 @@ Status Daemon::Core::Start() {
   if (options_.transport) {
     transport_ = std::move(options_.transport);
   } else {
-    std::string backend = options_.transport_name;
-    if (backend == "auto") {
-      auto available = transport::AvailableTransports();
-      if (available.empty()) return Status::Unsupported("this build has no transport");
-      backend = available.front();
-    }
+    KV_ASSIGN_OR_RETURN(transport::BackendInfo backend,
+                        transport::DescribeTransport(options_.transport_name));
     transport::TransportOptions settings;
-    // The GPU backends take kvd's device and run their copies there; ucx and local take no such
-    // setting.
-    const bool on_gpu = backend == "cuda_ipc" || backend == "nccl";
+    // Backends whose copies run on a GPU take kvd's device; those that take UCX's configuration
+    // its network devices. The others take neither.
+    const bool on_gpu = backend.capabilities.device_copies;
     if (on_gpu) settings.settings.emplace_back("device", std::to_string(options_.device));
-    if (backend == "ucx" && !options_.ucx_net_devices.empty()) {
+    if (backend.capabilities.ucx_config && !options_.ucx_net_devices.empty()) {
       settings.settings.emplace_back("UCX_NET_DEVICES", options_.ucx_net_devices);
     }
-    KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend, settings));
+    settings.settings.insert(settings.settings.end(), options_.transport_settings.begin(),
+                             options_.transport_settings.end());
+    KV_RETURN_IF_ERROR(transport::CheckSettings(backend.name, settings));
+    KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend.name, settings));
     if (on_gpu) WarnWithoutMps();
   }
   if (!options_.etcd_url.empty()) {

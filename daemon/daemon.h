@@ -31,6 +31,10 @@ struct DaemonOptions {
   // The data transport. Null: created from `transport_name` ("auto" = first available).
   std::unique_ptr<transport::Transport> transport;
   std::string transport_name = "auto";
+  // Settings of that transport (`kvd --transport-opt KEY=VALUE`; transport.h, CheckSettings), after
+  // those kvd derives itself: "device" for a backend with device_copies, UCX_NET_DEVICES for one
+  // with ucx_config. Not used with `transport`.
+  std::vector<std::pair<std::string, std::string>> transport_settings;
   // CUDA ordinal of kvd's own GPU work: the GPU transports' copy stream ("device" setting of
   // cuda_ipc and nccl). Engines' GPU regions are opened on their own devices, found by UUID.
   int device = 0;

@@ -90,16 +90,6 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
       reply_to(id.status(), &reply);
       return;
     }
-    case proto::EngineMessage::kRegisterGpuRegion: {
-      auto id = HandleRegisterGpu(*engine, m.register_gpu_region());
-      proto::Reply reply;
-      if (id.ok()) reply.set_region_id(*id);
-      reply_to(id.status(), &reply);
-      return;
-    }
-    case proto::EngineMessage::kRegisterLayerEvents:
-      reply_to(HandleLayerEvents(*engine, m.register_layer_events()));
-      return;
     case proto::EngineMessage::kSaveLayer: {
       const Status saved = SaveLayer(*engine, m.save_layer());
       if (m.seq() != 0) {
@@ -198,13 +188,38 @@ Result<proto::LoadResults> Daemon::Core::StartLoads(uint64_t engine_id,
   return results;
 }
 
-Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wire_layout,
-                                   uint64_t bytes, MemoryKind kind) {
+namespace {
+
+// A registration's checks before its memory is opened: the share against the location and the
+// fd that came with it, the layout the engine declares, that the region lies inside its memory
+// object and holds its layout, that it agrees with the engine's earlier regions (layer count,
+// memory kind), and the layer events a GPU engine's first region carries.
+Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRegion& reg,
+                                   bool with_fd) {
+  using Share = proto::RegisterRegion;
+  const bool host = reg.location().device_uuid().empty();
+  if (reg.share_case() == Share::SHARE_NOT_SET) {
+    return Status::InvalidArgument("RegisterRegion names no share (memfd, cuda_ipc or vmm_fd)");
+  }
+  if (host != (reg.share_case() == Share::kMemfd)) {
+    return Status::InvalidArgument(host ? "host memory is shared as a memfd"
+                                        : "GPU memory is shared through cuda_ipc or vmm_fd");
+  }
+  const bool wants_fd = reg.share_case() != Share::kCudaIpc;
+  if (with_fd != wants_fd) {
+    return Status::InvalidArgument(wants_fd ? "RegisterRegion came without its memory object's fd"
+                                            : "a cuda_ipc RegisterRegion came with an fd");
+  }
+  if (reg.share_case() == Share::kCudaIpc && reg.cuda_ipc().size() != gpu::kIpcHandleBytes) {
+    return Status::InvalidArgument("GPU region's IPC handle has " +
+                                   std::to_string(reg.cuda_ipc().size()) + " bytes, not " +
+                                   std::to_string(gpu::kIpcHandleBytes));
+  }
   if (engine.regions.size() >= static_cast<size_t>(kMaxRegionsPerEngine)) {
     return Status::ResourceExhausted("an engine registers at most " +
                                      std::to_string(kMaxRegionsPerEngine) + " regions");
   }
-  auto layout = FromWire(wire_layout);
+  auto layout = FromWire(reg.layout());
   if (!layout.ok()) return layout.status().WithContext("region layout");
   if (layout->spec().tp_rank != engine.tp_rank || layout->spec().tp_size != engine.tp_size) {
     return Status::InvalidArgument(
@@ -212,53 +227,99 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::Layout& wi
         std::to_string(layout->spec().tp_size) + ", the engine said " +
         std::to_string(engine.tp_rank) + " of " + std::to_string(engine.tp_size));
   }
-  if (bytes < layout->span_bytes()) {
-    return Status::OutOfRange("region of " + std::to_string(bytes) +
+  if (reg.offset() > reg.object_bytes() || reg.bytes() > reg.object_bytes() - reg.offset()) {
+    return Status::OutOfRange("region of " + std::to_string(reg.bytes()) + " bytes at offset " +
+                              std::to_string(reg.offset()) + " runs past its memory object of " +
+                              std::to_string(reg.object_bytes()) + " bytes");
+  }
+  if (reg.bytes() < layout->span_bytes()) {
+    return Status::OutOfRange("region of " + std::to_string(reg.bytes()) +
                               " bytes cannot hold its layout's " +
                               std::to_string(layout->span_bytes()) + " bytes");
   }
+  const int64_t layers = layout->spec().layers;
   if (!engine.regions.empty()) {
     const Region& first = *engine.regions.front();
-    if (first.layout.spec().layers != layout->spec().layers) {
+    if (first.layout.spec().layers != layers) {
       return Status::Incompatible("every region of an engine must have the same layer count (" +
                                   std::to_string(first.layout.spec().layers) + " vs " +
-                                  std::to_string(layout->spec().layers) + ")");
+                                  std::to_string(layers) + ")");
     }
-    if (first.where.kind != kind) {
+    if ((first.where.kind == MemoryKind::kHost) != host) {
       return Status::Incompatible("an engine registers host caches or GPU caches, not both");
     }
+  }
+  const bool wants_events = !host && engine.regions.empty();
+  if (!wants_events && reg.layer_events_size() > 0) {
+    return Status::InvalidArgument(host ? "host regions have no layer events"
+                                        : "layer events come with the engine's first GPU region");
+  }
+  if (wants_events && reg.layer_events_size() != layers) {
+    return Status::InvalidArgument(std::to_string(reg.layer_events_size()) + " layer events for " +
+                                   std::to_string(layers) + " layers");
   }
   return layout;
 }
 
+}  // namespace
+
 Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
-  // The fd arrived with this message's bytes; claim it first so that it is closed on every path.
-  const int fd = engine.conn->TakeFd();
-  if (fd < 0) return Status::InvalidArgument("RegisterRegion came without a memory fd");
-  if (reg.offset() >= reg.bytes()) {
-    close(fd);
-    return Status::OutOfRange("RegisterRegion's offset " + std::to_string(reg.offset()) +
-                              " lies outside its " + std::to_string(reg.bytes()) +
-                              "-byte memory object");
-  }
-  auto layout =
-      CheckRegistration(engine, reg.layout(), reg.bytes() - reg.offset(), MemoryKind::kHost);
-  if (!layout.ok()) {
-    close(fd);
-    return layout.status();
-  }
-  // kvd populates what it maps, so it maps the layout's span alone: a 1 KiB layout that names a
-  // 1 GiB memfd (sparse, or other caches of the engine sharing it) costs kvd 1 KiB of pages.
-  KV_ASSIGN_OR_RETURN(SharedMemory memory,
-                      SharedMemory::Adopt(fd, layout->span_bytes(), reg.offset()));
+  // The fd arrived with this message's bytes, or none did; claimed first so that it is closed
+  // on every path.
+  kv::UniqueFd fd(engine.conn->TakeFd());
+  KV_ASSIGN_OR_RETURN(KvRegion layout, CheckRegistration(engine, reg, fd.valid()));
   auto region = std::make_shared<Region>();
-  region->layout = *layout;
-  region->base = memory.data();
-  region->bytes = memory.size();
-  region->where = MemoryLocation::Host();
-  region->host = std::move(memory);
+  region->layout = std::move(layout);
+  std::shared_ptr<gpu::ImportedLayerEvents> events;
+  if (reg.has_memfd()) {
+    // kvd populates what it maps, so it maps the layout's span alone: a 1 KiB layout that names
+    // a 1 GiB memfd (sparse, or other caches of the engine sharing it) costs kvd 1 KiB of pages.
+    // Adopt bounds it by the object's real size.
+    KV_ASSIGN_OR_RETURN(
+        region->host, SharedMemory::Adopt(fd.release(), region->layout.span_bytes(), reg.offset()));
+    region->base = region->host.data();
+    region->bytes = region->host.size();
+    region->where = MemoryLocation::Host();
+  } else {
+    if (!transport_->supports(MemoryKind::kCuda)) {
+      return Status::Unsupported("kvd " + options_.name + "'s transport " +
+                                 std::string(transport_->name()) +
+                                 " cannot reach GPU memory (start kvd with --transport ipc, nccl "
+                                 "or ucx)");
+    }
+    auto device = gpu::DeviceWithUuid(reg.location().device_uuid());
+    if (!device.ok()) return device.status().WithContext("GPU region");
+    if (!engine.regions.empty() && engine.regions.front()->where.device != *device) {
+      return Status::InvalidArgument("every GPU cache of an engine must live on one device");
+    }
+    auto mapping = reg.has_vmm_fd()
+                       ? gpu::OpenVmmMemory(std::move(fd), reg.object_bytes(), *device, *device)
+                       : gpu::OpenIpcMemory(reg.cuda_ipc(), *device);
+    if (!mapping.ok()) return mapping.status().WithContext("opening the engine's GPU region");
+    // What the driver says the allocation spans, not what the engine claimed, bounds the region.
+    const uint64_t mapped = (*mapping)->bytes();
+    if (reg.offset() > mapped || reg.bytes() > mapped - reg.offset()) {
+      return Status::OutOfRange("GPU region of " + std::to_string(reg.bytes()) +
+                                " bytes at offset " + std::to_string(reg.offset()) +
+                                " runs past the " + std::to_string(mapped) + " bytes kvd opened");
+    }
+    if (reg.layer_events_size() > 0) {
+      std::vector<std::string> handles(reg.layer_events().begin(), reg.layer_events().end());
+      KV_ASSIGN_OR_RETURN(events, gpu::ImportedLayerEvents::Import(handles, *device));
+    }
+    region->base = static_cast<char*>((*mapping)->base()) + reg.offset();
+    region->bytes = reg.bytes();
+    region->where = MemoryLocation::Cuda(*device);
+    region->gpu = std::move(mapping).value();
+  }
   KV_ASSIGN_OR_RETURN(region->registration,
                       transport_->register_memory(region->base, region->bytes, region->where));
+  if (region->gpu) {
+    spdlog::info("kvd {}: engine {} rank {} registered a GPU region of {} bytes on device {} ({})",
+                 options_.name, engine.instance, engine.tp_rank, region->bytes,
+                 region->where.device, reg.has_vmm_fd() ? "VMM fd" : "CUDA IPC");
+  }
+  if (events) engine.layer_events = std::move(events);
   engine.regions.push_back(std::move(region));
   return static_cast<uint32_t>(engine.regions.size() - 1);
 }

@@ -7,6 +7,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "daemon/daemon.h"
 #include "daemon/membership/membership.h"
 #include "daemon/peer_auth.h"
+#include "transport/transport.h"
 
 namespace {
 
@@ -33,6 +35,7 @@ constexpr const char* kUsage =
     "           [--max-peer-connections-per-address N] [--max-source-requests N]\n"
     "           [--max-requests-per-peer N] [--ucx-net-devices LIST]\n"
     "           [--metrics-listen HOST:PORT] [--etcd http://HOST:PORT [--etcd-lease-s S]]\n"
+    "           [--transport-opt KEY=VALUE ...]\n"
     "\n"
     "The KV-cache transfer daemon of one node. Local engines connect to --socket (a unix socket,\n"
     "mode 0600, same user only); peer daemons connect to --listen (port 0 picks a free port; the\n"
@@ -72,7 +75,50 @@ constexpr const char* kUsage =
     "  SECURITY.md and the counters in `kvctl status`.\n"
     "--ucx-net-devices: UCX_NET_DEVICES for --transport ucx (e.g. eth1 or mlx5_0:1): where UCX\n"
     "  listens and sends. Default: lo without --auth-secret-file (and without --insecure), else\n"
-    "  UCX's choice (every interface).\n";
+    "  UCX's choice (every interface).\n"
+    "--transport-opt KEY=VALUE (repeatable): a setting of the transport; the keys of each\n"
+    "  backend in this build are listed below. kvd passes --device and --ucx-net-devices itself.\n"
+    "  kvd sets NCCL_NVLS_ENABLE=0 in its environment before NCCL starts (NVLink multicast is\n"
+    "  not allowed on shared machines; point-to-point never needs it). UCX still reads its own\n"
+    "  UCX_* variables; a --transport-opt UCX_* wins over them.\n";
+
+// Every backend of this build with the settings it takes, for --help.
+std::string TransportSettingsHelp() {
+  std::string out = "\ntransport settings (--transport-opt KEY=VALUE):\n";
+  for (const std::string& name : kv::transport::AvailableTransports()) {
+    auto info = kv::transport::DescribeTransport(name);
+    if (!info.ok()) continue;
+    out += "  " + name + (info->settings.empty() ? ": none\n" : ":\n");
+    for (const kv::transport::SettingInfo& s : info->settings) {
+      char line[256];
+      std::snprintf(line, sizeof line, "    %-20s %s\n", s.key, s.help);
+      out += line;
+    }
+  }
+  return out;
+}
+
+// "KEY=VALUE" into the daemon's transport settings. The keys kvd derives from its own flags are
+// refused here, so that there is one way to say each thing.
+bool AddTransportOpt(const std::string& text, kv::daemon::DaemonOptions& options,
+                     std::string* error) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    *error = "--transport-opt '" + text + "' is not KEY=VALUE";
+    return false;
+  }
+  const std::string key = text.substr(0, eq);
+  if (key == "device") {
+    *error = "--transport-opt device: use --device";
+    return false;
+  }
+  if (key == "UCX_NET_DEVICES" || key == "NET_DEVICES") {
+    *error = "--transport-opt " + key + ": use --ucx-net-devices";
+    return false;
+  }
+  options.transport_settings.emplace_back(key, text.substr(eq + 1));
+  return true;
+}
 
 // Peer security flags (SECURITY.md) and their defaults; --insecure is a switch.
 const std::map<std::string, std::string> kSecurityFlags = {
@@ -135,6 +181,9 @@ bool ParseBytes(std::string text, uint64_t* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything can start NCCL, which reads it from the environment only (nccl_transport.h).
+  ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+  kv::daemon::DaemonOptions options;
   std::map<std::string, std::string> flags;
   const std::map<std::string, std::string> known = {
       {"name", "kvd"},        {"listen", "127.0.0.1:0"},
@@ -150,6 +199,7 @@ int main(int argc, char** argv) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
+      std::fputs(TransportSettingsHelp().c_str(), stdout);
       return 0;
     }
     if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "' (see --help)");
@@ -166,6 +216,11 @@ int main(int argc, char** argv) {
     } else {
       return Fail("--" + name + " needs a value");
     }
+    if (name == "transport-opt") {  // repeatable
+      std::string error;
+      if (!AddTransportOpt(value, options, &error)) return Fail(error);
+      continue;
+    }
     if (!flags.count(name)) return Fail("unknown flag --" + name + " (see --help)");
     flags[name] = value;
   }
@@ -181,7 +236,6 @@ int main(int argc, char** argv) {
   logger->set_level(level);
   spdlog::set_default_logger(std::move(logger));
 
-  kv::daemon::DaemonOptions options;
   options.name = flags["name"];
   options.listen = flags["listen"];
   options.socket_path = flags["socket"];
@@ -225,6 +279,26 @@ int main(int argc, char** argv) {
   if (options.ucx_net_devices.empty() && options.auth_secret.empty() && !options.insecure_peers &&
       std::getenv("UCX_NET_DEVICES") == nullptr) {
     options.ucx_net_devices = "lo";
+  }
+  // The transport: its settings must be ones it takes (a typo is an error, not a default).
+  auto backend = kv::transport::DescribeTransport(options.transport_name);
+  if (!backend.ok()) return Fail(backend.status().ToString());
+  if (backend->capabilities.ucx_config) {
+    // The ucx backend turns on UCX's shared-memory peer-failure support through its config, over
+    // the environment; a choice made in kvd's environment still wins, passed on as a setting.
+    for (const char* name :
+         {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_MM_ERROR_HANDLING"}) {
+      const bool given =
+          std::any_of(options.transport_settings.begin(), options.transport_settings.end(),
+                      [&](const auto& s) { return s.first == name || "UCX_" + s.first == name; });
+      if (const char* value = std::getenv(name); value != nullptr && !given) {
+        options.transport_settings.emplace_back(name, value);
+      }
+    }
+  }
+  if (kv::Status s = kv::transport::CheckSettings(backend->name, {options.transport_settings});
+      !s.ok()) {
+    return Fail(s.message() + " (see --help)");
   }
   if (flags["transfer-token"] == "required" || flags["transfer-token"] == "optional") {
     options.require_transfer_token = flags["transfer-token"] == "required";

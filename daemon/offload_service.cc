@@ -144,20 +144,19 @@ Status CheckOffloadsInFlight(const Engine& engine) {
 }
 
 // What a store and a load check before their copy, and what the copy needs: the keys and block
-// ids, the engine's region (it rides with the completion), the region's layout placed where its
-// bytes are (the pool picks its copy path by it), the event the copy waits for, and the pool,
-// created on first use.
+// ids, the engine's region (it rides with the completion; the pool picks its copy path by where
+// its bytes are), the event the copy waits for, and the pool, created on first use.
 struct OffloadCopy {
   std::vector<BlockKey> keys;         // the pool's (OffloadService::Namespaced)
   std::vector<BlockKey> engine_keys;  // as the engine named them
   std::vector<int64_t> blocks;
   std::shared_ptr<Region> region;
-  KvRegion layout;
   void* ready_event = nullptr;
   OffloadPool* pool = nullptr;
 
   offload::BlockTransfer transfer() const {
-    return {&layout, static_cast<std::byte*>(region->base), keys, blocks, ready_event};
+    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, ready_event,
+            region->where};
   }
 };
 
@@ -176,19 +175,12 @@ Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Messag
   copy.keys = core.offload_->Namespaced(engine.offload_namespace, copy.keys,
                                         std::is_same_v<Message, proto::OffloadStore>);
   KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
-  const Region& region = *copy.region;
-  if (region.where.kind == MemoryKind::kHost) {
-    copy.layout = region.layout;
-  } else {
-    KV_ASSIGN_OR_RETURN(copy.layout, KvRegion::Create(region.layout.spec(), region.where));
-    if constexpr (std::is_same_v<Message, proto::OffloadStore>) {
-      if (!engine.layer_events) {
-        return Status::InvalidArgument("storing GPU caches needs the engine's layer events");
-      }
+  if constexpr (std::is_same_v<Message, proto::OffloadStore>) {
+    if (copy.region->where.kind == MemoryKind::kCuda) {
       copy.ready_event = engine.layer_events->event(engine.layer_events->layers() - 1);
     }
   }
-  KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.layout));
+  KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.region->layout));
   return copy;
 }
 

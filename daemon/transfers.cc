@@ -8,6 +8,7 @@
 #include "daemon/peer_auth.h"
 #include "protocol/wire_layout.h"
 #include "layout/plan.h"
+#include "layout/rank_pairs.h"
 
 namespace kv::daemon {
 
@@ -47,14 +48,6 @@ std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
   return out;
 }
 
-// Whether src holds at least one global head dst holds: pairs without one have nothing to move.
-bool SharesHead(const KvRegion& src, const KvRegion& dst) {
-  for (int64_t h = 0; h < src.size(Axis::kH); ++h) {
-    if (dst.local_head(src.global_head(h)) >= 0) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 // ---- source side --------------------------------------------------------------------------------
@@ -62,9 +55,6 @@ bool SharesHead(const KvRegion& src, const KvRegion& dst) {
 Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   KV_RETURN_IF_ERROR(CheckRequestId(save.request_id()));
   if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
-  if (engine.regions.front()->where.kind == MemoryKind::kCuda && !engine.layer_events) {
-    return Status::InvalidArgument("GPU caches need their layer events before save_layer");
-  }
   const int layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
   if (save.layer() < 0 || save.layer() >= layers) {
     return Status::OutOfRange("layer " + std::to_string(save.layer()) + " out of range [0, " +
@@ -167,7 +157,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
                                    " ranks of " + std::to_string(destination_tp));
   }
   std::vector<DestinationRank> destination;
-  // Each decode rank at most once: SendLayers picks the source rank of a replicated cache by it.
+  // Each decode rank at most once: SendLayers pairs ranks by their layouts' TP ranks.
   std::vector<bool> named(destination_tp, false);
   for (const auto& wire : want.ranks()) {
     if (wire.tp_rank() < 0 || wire.tp_rank() >= destination_tp || named[wire.tp_rank()]) {
@@ -353,9 +343,11 @@ Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, i
       }
       for (size_t i = 0; i < dst.layouts.size(); ++i) {
         const std::shared_ptr<Region>& src = engine->regions[i];
-        if (!SharesHead(src->layout, dst.layouts[i])) continue;
-        // Replicated caches (MLA) are whole on every source rank: one rank feeds each destination.
-        if (src->layout.spec().replicated && dst.tp_rank % request.tp_size != r) continue;
+        // Which source rank feeds which destination rank (layout/rank_pairs.h): every head slot
+        // of the destination from exactly one rank that holds it (with MLA or replicated heads,
+        // one copy of several); a pair that moves anything moves every head the two share.
+        KV_ASSIGN_OR_RETURN(std::optional<RankPair> pair, PairOf(src->layout, dst.layouts[i]));
+        if (!pair) continue;
         TransferSpec spec;
         spec.src_blocks = rank.blocks;
         spec.dst_blocks = dst.blocks;

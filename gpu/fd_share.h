@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "base/status.h"
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 #include "base/unique_fd.h"
 
 namespace kv::gpu {

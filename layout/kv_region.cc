@@ -100,10 +100,9 @@ char AxisName(Axis a) {
   return kAxisNames[Index(a)];
 }
 
-Result<KvRegion> KvRegion::Create(const LayoutSpec& input, MemoryLocation where) {
+Result<KvRegion> KvRegion::Create(const LayoutSpec& input) {
   KvRegion r;
   r.spec_ = input;
-  r.where_ = where;
   LayoutSpec& spec = r.spec_;
   KV_ASSIGN_OR_RETURN(r.order_, NormalizeOrder(spec.order));
   KV_RETURN_IF_ERROR(CheckPositive("layers", spec.layers));
@@ -112,9 +111,6 @@ Result<KvRegion> KvRegion::Create(const LayoutSpec& input, MemoryLocation where)
   KV_RETURN_IF_ERROR(CheckPositive("block_size", spec.block_size));
   KV_RETURN_IF_ERROR(CheckPositive("content_bytes", spec.content_bytes));
   KV_RETURN_IF_ERROR(ResolveTensorParallel(spec));
-  if (where.kind == MemoryKind::kCuda && where.device < 0)
-    return Status::InvalidArgument("a CUDA region needs a device ordinal, got " +
-                                   std::to_string(where.device));
 
   r.sizes_ = {spec.layers,       spec.blocks, spec.heads, spec.block_size, r.has_kv_axis() ? 2 : 1,
               spec.content_bytes};

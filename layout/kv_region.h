@@ -1,4 +1,5 @@
-// KvRegion: one registered KV cache described by vLLM's standardized layout model.
+// KvRegion: the shape of one KV cache in vLLM's standardized layout model. Only the shape: where
+// a cache's bytes live is its memory's business (kvd's Region, the connector's KvCache).
 //
 // A region is a logical tensor over axes L (layer), B (block), H (local KV head), N (token slot
 // in a block), C (content bytes of one head-token) and optionally S (K/V, size 2), stored in any
@@ -35,11 +36,9 @@ class KvRegion {
   // bytes so that offset arithmetic can never wrap. Creating a region from another's spec()
   // gives the same region. Errors: kInvalidArgument naming the field, kOutOfRange when the
   // strides reach past region_bytes.
-  static Result<KvRegion> Create(const LayoutSpec& spec,
-                                 MemoryLocation where = MemoryLocation::Host());
+  static Result<KvRegion> Create(const LayoutSpec& spec);
 
   const LayoutSpec& spec() const { return spec_; }
-  MemoryLocation location() const { return where_; }
   // The order with L always present ("LSBNHC" for a spec of "SBNHC").
   const std::string& order() const { return order_; }
 
@@ -89,7 +88,6 @@ class KvRegion {
 
  private:
   LayoutSpec spec_;
-  MemoryLocation where_;
   std::string order_;
   std::array<int64_t, kNumAxes> sizes_{};
   std::array<int64_t, kNumAxes> strides_{};

@@ -19,7 +19,7 @@ void ToWire(const LayoutSpec& spec, proto::Layout* out) {
   out->set_replicated(spec.replicated);
 }
 
-Result<KvRegion> FromWire(const proto::Layout& wire, MemoryLocation where) {
+Result<KvRegion> FromWire(const proto::Layout& wire) {
   if (wire.strides_size() != 0 && wire.strides_size() != kNumAxes) {
     return Status::InvalidArgument("layout carries " + std::to_string(wire.strides_size()) +
                                    " strides, expected 0 or " + std::to_string(kNumAxes));
@@ -40,7 +40,7 @@ Result<KvRegion> FromWire(const proto::Layout& wire, MemoryLocation where) {
   spec.tp_size = wire.tp_size();
   spec.total_heads = wire.total_heads();
   spec.replicated = wire.replicated();
-  return KvRegion::Create(spec, where);
+  return KvRegion::Create(spec);
 }
 
 void ToWire(const Status& status, proto::Error* out) {

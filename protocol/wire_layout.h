@@ -11,7 +11,7 @@
 namespace kv::proto {
 
 void ToWire(const LayoutSpec& spec, proto::Layout* out);
-Result<KvRegion> FromWire(const proto::Layout& wire, MemoryLocation where = MemoryLocation::Host());
+Result<KvRegion> FromWire(const proto::Layout& wire);
 
 // Status <-> proto::Error.
 void ToWire(const Status& status, proto::Error* out);

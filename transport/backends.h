@@ -17,6 +17,8 @@ using BackendFactory = Result<std::unique_ptr<Transport>> (*)(const TransportOpt
 struct Backend {
   const char* name;
   BackendFactory create;
+  Capabilities capabilities;
+  std::span<const SettingInfo> settings;  // documented next to where the backend parses them
 };
 
 // Every backend of this build, most preferred first. Static storage; thread-safe.

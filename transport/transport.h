@@ -76,8 +76,34 @@ using Completion = std::function<void(Status)>;
 using NotificationHandler = std::function<void(std::string_view message)>;
 
 struct TransportOptions {
-  // Backend-specific tuning, e.g. {"UCX_TLS", "tcp"}; empty means the backend's defaults.
+  // Backend-specific tuning, e.g. {"UCX_TLS", "tcp"}; empty means the backend's defaults. The
+  // only way to tune a backend: no backend reads (or sets) environment variables.
   std::vector<std::pair<std::string, std::string>> settings;
+};
+
+// One setting a backend takes as its own (`kvd --transport-opt KEY=VALUE`; `kvd --help` lists
+// them): its key, and its values and default in words.
+struct SettingInfo {
+  const char* key;
+  const char* help;
+};
+
+// What a backend does that its callers must know before they create one, so that they decide by
+// capability, never by a backend's name.
+struct Capabilities {
+  // Its copies run on one CUDA device of this process, named by its "device" setting (kvd
+  // passes --device), on GPUs the engines compute on (kvd warns when MPS is off).
+  bool device_copies = false;
+  // Every setting that is not one of its own keys is a UCX configuration variable, with or
+  // without the "UCX_" prefix (UCX_TLS=tcp, UCX_NET_DEVICES=eth0), applied through
+  // ucp_config_modify; UCX itself still reads its UCX_* environment variables.
+  bool ucx_config = false;
+};
+
+struct BackendInfo {
+  std::string_view name;
+  Capabilities capabilities;
+  std::span<const SettingInfo> settings;  // its own keys; static storage
 };
 
 class Transport {
@@ -160,5 +186,13 @@ Result<std::unique_ptr<Transport>> CreateTransport(std::string_view backend,
                                                    const TransportOptions& options = {});
 // The backends this build has, in order of preference for "auto".
 std::vector<std::string> AvailableTransports();
+// What `backend` can do and which settings it takes ("auto": the first available), without
+// creating one. kUnsupported, like CreateTransport, for a backend this build lacks.
+Result<BackendInfo> DescribeTransport(std::string_view backend);
+// Whether `backend` takes every key in `options`, once: one of its own, or any key where it takes
+// UCX configuration. kInvalidArgument naming the first key it does not take (and the keys it
+// does) or the first given twice. CreateTransport is less strict (nccl and cuda_ipc pass over keys
+// they do not know): callers that take settings from a user check them first.
+Status CheckSettings(std::string_view backend, const TransportOptions& options);
 
 }  // namespace kv::transport

@@ -155,7 +155,7 @@ Result<StoreTicket> OffloadPool::Store(const BlockTransfer& req, Completion done
   KV_RETURN_IF_ERROR(CheckRequest(req));
   const KvRegion& engine = *req.region;
   KV_ASSIGN_OR_RETURN(KvRegion pool, PoolView(engine));
-  KV_ASSIGN_OR_RETURN(PageMover * mover, MoverFor(engine.location()));
+  KV_ASSIGN_OR_RETURN(PageMover * mover, MoverFor(req.where));
   const int64_t shard = ShardOf(engine);
 
   StoreTicket ticket;
@@ -295,7 +295,7 @@ Result<LoadTicket> OffloadPool::Load(const BlockTransfer& req, LayerDone on_laye
     }
   }
   KV_ASSIGN_OR_RETURN(KvRegion pool, PoolView(engine));
-  KV_ASSIGN_OR_RETURN(PageMover * mover, MoverFor(engine.location()));
+  KV_ASSIGN_OR_RETURN(PageMover * mover, MoverFor(req.where));
   const int64_t shard = ShardOf(engine);
 
   std::vector<PoolKey> pinned;

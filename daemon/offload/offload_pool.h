@@ -65,13 +65,14 @@ struct PoolOptions {
 
 // The engine side of a store or a load: which of its blocks hold which keys.
 struct BlockTransfer {
-  const KvRegion* region = nullptr;  // the engine's cache: layout and memory (host or cuda:N)
+  const KvRegion* region = nullptr;  // the engine's cache: its layout
   std::byte* base = nullptr;         // the region's base address in this process
   std::span<const BlockKey> keys;
   std::span<const int64_t> blocks;  // blocks[i] holds (store) or receives (load) keys[i]
   // cudaEvent_t recorded by the engine after the kernels that wrote (store) or last read (load)
   // these blocks; the copy waits for it on the device. Null for host regions or "no wait".
   void* ready_event = nullptr;
+  MemoryLocation where = MemoryLocation::Host();  // where base points: host or cuda:N
 };
 
 struct StoreTicket {

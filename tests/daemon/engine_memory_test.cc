@@ -14,6 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "daemon/daemon.h"
 #include "base/framing.h"
@@ -82,9 +85,8 @@ class EngineMemory : public ::testing::Test {
   Status Call(const proto::EngineMessage& m, int memory_fd) {
     std::string frame;
     KV_RETURN_IF_ERROR(kv::AppendFrame(m.SerializeAsString(), &frame));
-    const ssize_t n = memory_fd >= 0
-                          ? kv::SendWithFd(fd_, frame.data(), frame.size(), memory_fd)
-                          : send(fd_, frame.data(), frame.size(), MSG_NOSIGNAL);
+    const ssize_t n = memory_fd >= 0 ? kv::SendWithFd(fd_, frame.data(), frame.size(), memory_fd)
+                                     : send(fd_, frame.data(), frame.size(), MSG_NOSIGNAL);
     if (n != static_cast<ssize_t>(frame.size())) return Status::IoError("short send");
     kv::FrameDecoder decoder;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -107,27 +109,48 @@ class EngineMemory : public ::testing::Test {
     return Status::Timeout("no reply");
   }
 
-  Status Register(uint64_t bytes, bool seal) {
+  // A memfd of `bytes`, sealed against resizing when `seal`; -1 when it could not be made.
+  static int Memfd(uint64_t bytes, bool seal) {
+    const int memfd = memfd_create("engine", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0) return -1;
+    if (ftruncate(memfd, static_cast<off_t>(bytes)) != 0 ||
+        (seal && fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)) {
+      close(memfd);
+      return -1;
+    }
+    return memfd;
+  }
+
+  // A host region of a 1 KiB layout at byte 0 of a memfd of `object_bytes`, as the connector
+  // registers one.
+  proto::EngineMessage HostRegion(uint64_t object_bytes, int64_t layers = 1) {
     LayoutSpec spec;
-    spec.layers = 1;
+    spec.layers = layers;
     spec.blocks = 1;
     spec.heads = 1;
     spec.block_size = 16;
-    spec.content_bytes = 64;  // a 1 KiB layout
-    const int memfd = memfd_create("engine", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (memfd < 0 || ftruncate(memfd, static_cast<off_t>(bytes)) != 0) {
-      return Status::IoError("memfd");
-    }
-    if (seal && fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
-      return Status::IoError("seal");
-    }
+    spec.content_bytes = 64 / layers;  // a 1 KiB layout
     proto::EngineMessage m;
     m.set_seq(++seq_);
-    kv::proto::ToWire(spec, m.mutable_register_region()->mutable_layout());
-    m.mutable_register_region()->set_bytes(bytes);
+    auto* reg = m.mutable_register_region();
+    kv::proto::ToWire(spec, reg->mutable_layout());
+    reg->set_bytes(1024);
+    reg->set_object_bytes(object_bytes);
+    reg->set_memfd(true);
+    return m;
+  }
+
+  // `m` with a memfd of `object_bytes` beside it.
+  Status CallWithMemfd(const proto::EngineMessage& m, uint64_t object_bytes, bool seal = true) {
+    const int memfd = Memfd(object_bytes, seal);
+    if (memfd < 0) return Status::IoError("memfd");
     Status s = Call(m, memfd);
     close(memfd);
     return s;
+  }
+
+  Status Register(uint64_t bytes, bool seal) {
+    return CallWithMemfd(HostRegion(bytes), bytes, seal);
   }
 
   std::filesystem::path dir_;
@@ -153,6 +176,99 @@ TEST_F(EngineMemory, KvdMapsOnlyTheLayoutsSpanOfALargeObject) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(daemon_->Snapshot().regions(), 1u);
   EXPECT_LT(daemon_->Snapshot().resident_bytes(), before + (uint64_t{64} << 20));
+}
+
+// One RegisterRegion serves host and GPU memory; its checks refuse every message whose share,
+// location, fd, bounds and layer events do not agree, and kvd serves the engine afterwards.
+TEST_F(EngineMemory, ARegistrationWhosePartsDisagreeIsRefused) {
+  struct Case {
+    std::string what;
+    std::function<void(proto::RegisterRegion*)> change;
+    bool with_fd;
+    Code code;
+    std::string says;
+  };
+  const std::string uuid(16, '\x7f');
+  const std::vector<Case> cases = {
+      {"no share", [](auto* r) { r->clear_share(); }, true, Code::kInvalidArgument, "no share"},
+      {"a memfd without its fd", [](auto*) {}, false, Code::kInvalidArgument, "without"},
+      {"a memfd of GPU memory", [&](auto* r) { r->mutable_location()->set_device_uuid(uuid); },
+       true, Code::kInvalidArgument, "GPU memory is shared through"},
+      {"cuda_ipc of host memory", [](auto* r) { r->set_cuda_ipc(std::string(64, 'h')); }, false,
+       Code::kInvalidArgument, "host memory is shared as a memfd"},
+      {"cuda_ipc with an fd",
+       [&](auto* r) {
+         r->mutable_location()->set_device_uuid(uuid);
+         r->set_cuda_ipc(std::string(64, 'h'));
+       },
+       true, Code::kInvalidArgument, "came with an fd"},
+      {"a short IPC handle",
+       [&](auto* r) {
+         r->mutable_location()->set_device_uuid(uuid);
+         r->set_cuda_ipc("short");
+       },
+       false, Code::kInvalidArgument, "IPC handle"},
+      {"layer events on host memory", [](auto* r) { r->add_layer_events("e"); }, true,
+       Code::kInvalidArgument, "no layer events"},
+      {"a region past its object", [](auto* r) { r->set_offset(4096 - 512); }, true,
+       Code::kOutOfRange, "runs past"},
+      {"a region smaller than its layout", [](auto* r) { r->set_bytes(512); }, true,
+       Code::kOutOfRange, "cannot hold"},
+      {"an object larger than the memfd",
+       [](auto* r) {
+         r->set_object_bytes(1 << 20);
+         r->set_offset(8192);
+       },
+       true, Code::kOutOfRange, ""},
+      {"a layout of another TP rank", [](auto* r) { r->mutable_layout()->set_tp_size(2); }, true,
+       Code::kInvalidArgument, "TP rank"},
+  };
+  for (const Case& c : cases) {
+    proto::EngineMessage m = HostRegion(4096);
+    c.change(m.mutable_register_region());
+    const Status s = c.with_fd ? CallWithMemfd(m, 4096) : Call(m, -1);
+    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << c.what << ": " << s.ToString();
+  }
+  EXPECT_EQ(daemon_->Snapshot().regions(), 0u);
+  EXPECT_TRUE(Register(4096, /*seal=*/true).ok());
+  EXPECT_EQ(daemon_->Snapshot().regions(), 1u);
+}
+
+// After a host region, the engine's regions stay host memory of its layer count.
+TEST_F(EngineMemory, LaterRegionsAgreeWithTheFirst) {
+  ASSERT_TRUE(Register(4096, /*seal=*/true).ok());
+  Status layers = CallWithMemfd(HostRegion(4096, /*layers=*/2), 4096);
+  EXPECT_EQ(layers.code(), Code::kIncompatible) << layers.ToString();
+  EXPECT_NE(layers.message().find("layer count"), std::string::npos) << layers.ToString();
+  proto::EngineMessage gpu = HostRegion(4096);
+  gpu.mutable_register_region()->mutable_location()->set_device_uuid(std::string(16, 'u'));
+  gpu.mutable_register_region()->set_cuda_ipc(std::string(64, 'h'));
+  Status mixed = Call(gpu, -1);
+  EXPECT_EQ(mixed.code(), Code::kIncompatible) << mixed.ToString();
+  EXPECT_NE(mixed.message().find("not both"), std::string::npos) << mixed.ToString();
+  EXPECT_EQ(daemon_->Snapshot().regions(), 1u);
+}
+
+// A GPU region goes through the same message and checks: its first region must carry one layer
+// event per layer, and a kvd whose transport cannot reach GPU memory says so (this kvd runs the
+// local transport).
+TEST_F(EngineMemory, AGpuRegionTakesTheSamePath) {
+  proto::EngineMessage m = HostRegion(1 << 20);
+  auto* reg = m.mutable_register_region();
+  reg->mutable_location()->set_device_uuid(std::string(16, 'u'));
+  reg->set_cuda_ipc(std::string(64, 'h'));
+  Status no_events = Call(m, -1);
+  EXPECT_EQ(no_events.code(), Code::kInvalidArgument) << no_events.ToString();
+  EXPECT_NE(no_events.message().find("0 layer events for 1 layers"), std::string::npos)
+      << no_events.ToString();
+  reg->add_layer_events(std::string(64, 'e'));
+  m.set_seq(++seq_);
+  Status unreachable = Call(m, -1);
+  EXPECT_EQ(unreachable.code(), Code::kUnsupported) << unreachable.ToString();
+  EXPECT_NE(unreachable.message().find("cannot reach GPU memory"), std::string::npos)
+      << unreachable.ToString();
+  EXPECT_EQ(daemon_->Snapshot().regions(), 0u);
 }
 
 }  // namespace

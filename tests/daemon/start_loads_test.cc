@@ -204,11 +204,13 @@ TEST_F(StartLoadsTest, ASecondLoadOfOneRequestLeavesTheFirstIntact) {
   ASSERT_NO_FATAL_FAILURE(ExpectLoaded("s", 5, 0x30));
 }
 
-// What kvd does with the wire form itself, whoever sends it: engines of the previous protocol
-// are still served, and kvd checks a batch without the connector's help.
+// What kvd does with the wire form itself, whoever sends it: engines of the protocols kvd speaks
+// (OLDEST_ENGINE_PROTOCOL to PROTOCOL_VERSION) are served, others refused, and kvd checks a batch
+// without the connector's help.
 TEST(StartLoadsWire, KvdServesOlderEnginesAndChecksBatchesItself) {
   auto d = StartDaemon("d");
   ASSERT_TRUE(d);
+  int engines = 0;
   auto raw_engine = [&](uint32_t version) -> std::unique_ptr<connector::ConnectorCore::Client> {
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return nullptr;
@@ -220,7 +222,8 @@ TEST(StartLoadsWire, KvdServesOlderEnginesAndChecksBatchesItself) {
     if (!client.ok()) return nullptr;
     proto::EngineMessage hello;
     hello.mutable_hello()->set_protocol_version(version);
-    hello.mutable_hello()->set_instance("raw-" + std::to_string(version));
+    hello.mutable_hello()->set_instance("raw-" + std::to_string(version) + "-" +
+                                        std::to_string(++engines));
     hello.mutable_hello()->set_tp_size(1);
     Status said = (*client)->Call(hello).status();
     EXPECT_EQ(said.ok(),
@@ -235,7 +238,7 @@ TEST(StartLoadsWire, KvdServesOlderEnginesAndChecksBatchesItself) {
   ASSERT_TRUE(raw_engine(proto::PROTOCOL_VERSION + 1));
   auto old_engine = raw_engine(proto::OLDEST_ENGINE_PROTOCOL);
   ASSERT_TRUE(old_engine);
-  // The single form, as an engine of protocol 2 sends it, is answered as before.
+  // The single form, as the oldest engine kvd serves sends it, is answered as before.
   proto::EngineMessage single;
   single.mutable_start_load()->set_request_id("r");
   auto one = old_engine->Call(single);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <mutex>
@@ -448,6 +449,9 @@ int DeviceCount() {
 }
 
 Result<Peer> StartPeer(const SideSpec& spec, const Settings& settings) {
+  // The peers are programs of their own here: NVLink multicast off before NCCL starts, as kvd's
+  // main() does (no library sets it; nccl_transport.h).
+  ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   KV_ASSIGN_OR_RETURN(auto process, ChildProcess::Start([spec, settings](Channel& channel) {
                         return PeerBody(channel, spec, settings).Run();
                       }));

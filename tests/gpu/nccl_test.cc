@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "tests/gpu/gpu_peers.h"
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 
 namespace kv::transport::gputest {
 namespace {

@@ -16,6 +16,8 @@
 namespace kv::offload {
 namespace {
 
+const MemoryLocation kCuda0 = MemoryLocation::Cuda(0);
+
 bool HaveDevice() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -65,7 +67,7 @@ class OffloadPoolGpu : public ::testing::TestWithParam<Variant> {};
 TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   const std::string order = GetParam().order;
-  auto region = KvRegion::Create(Shape(order, 32), MemoryLocation::Cuda(0));
+  auto region = KvRegion::Create(Shape(order, 32));
   ASSERT_TRUE(region.ok()) << region.status().ToString();
   PoolOptions options;
   options.slot_layout = Shape(order, 1);
@@ -94,7 +96,7 @@ TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   std::vector<int64_t> sources = {3, 4, 5, 9}, targets = {20, 21, 22, 10};
   std::byte* base = static_cast<std::byte*>(dev);
   std::promise<Status> stored;
-  auto st = (*pool)->Store({&*region, base, keys, sources, written},
+  auto st = (*pool)->Store({&*region, base, keys, sources, written, kCuda0},
                            [&](Status s) { stored.set_value(s); });
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   ASSERT_TRUE(Wait(stored.get_future()).ok());
@@ -102,7 +104,7 @@ TEST_P(OffloadPoolGpu, DevicePagesRoundTripThroughThePinnedPool) {
   std::promise<Status> loaded;
   std::vector<int64_t> layers;
   auto ld = (*pool)->Load(
-      {&*region, base, keys, targets, nullptr}, [&](int64_t l) { layers.push_back(l); },
+      {&*region, base, keys, targets, nullptr, kCuda0}, [&](int64_t l) { layers.push_back(l); },
       [&](Status s) { loaded.set_value(s); });
   ASSERT_TRUE(ld.ok()) << ld.status().ToString();
   ASSERT_TRUE(Wait(loaded.get_future()).ok());
@@ -181,7 +183,7 @@ TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   LayoutSpec shape = Shape("LBNHC", 32);
   shape.layers = 8;
-  auto region = KvRegion::Create(shape, MemoryLocation::Cuda(0));
+  auto region = KvRegion::Create(shape);
   ASSERT_TRUE(region.ok()) << region.status().ToString();
   DeviceBuffer cache(region->span_bytes());
   PoolOptions options;
@@ -194,7 +196,7 @@ TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
   const std::vector<int64_t> blocks = {1, 2, 3, 4}, targets = {10, 11, 12, 13};
   std::promise<Status> stored;
   ASSERT_TRUE((*pool)
-                  ->Store({&*region, cache.base(), keys, blocks, nullptr},
+                  ->Store({&*region, cache.base(), keys, blocks, nullptr, kCuda0},
                           [&](Status s) { stored.set_value(s); })
                   .ok());
   ASSERT_TRUE(Wait(stored.get_future()).ok());
@@ -205,8 +207,8 @@ TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
   auto submitted = std::async(std::launch::async, [&] {
     return (*pool)
         ->Load(
-            {&*region, cache.base(), keys, targets, gate.event()}, [&](int64_t) { ++layers; },
-            [&](Status s) { loaded.set_value(s); })
+            {&*region, cache.base(), keys, targets, gate.event(), kCuda0},
+            [&](int64_t) { ++layers; }, [&](Status s) { loaded.set_value(s); })
         .status();
   });
   const bool returned = submitted.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
@@ -222,7 +224,7 @@ TEST(OffloadPoolGpuOrdering, PerLayerLoadNeverWaitsForTheEnginesEventOnSubmit) {
 // its slot is never handed out again, and the device's copies are refused from then on.
 TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  auto region = KvRegion::Create(Shape("BLNHC", 8), MemoryLocation::Cuda(0));
+  auto region = KvRegion::Create(Shape("BLNHC", 8));
   ASSERT_TRUE(region.ok()) << region.status().ToString();
   DeviceBuffer cache(region->span_bytes());
   PoolOptions options;
@@ -237,7 +239,7 @@ TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
   std::promise<Status> stored;
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE((*pool)
-                  ->Store({&*region, cache.base(), keys, blocks, gate.event()},
+                  ->Store({&*region, cache.base(), keys, blocks, gate.event(), kCuda0},
                           [&](Status s) { stored.set_value(s); })
                   .ok());
   const Status s = Wait(stored.get_future());
@@ -250,7 +252,8 @@ TEST(OffloadPoolGpuOrdering, StuckCopyTimesOutAndItsSlotsAreNotReused) {
   ASSERT_TRUE(probe.ok());
   EXPECT_EQ((*probe)[0], OffloadPool::KeyState::kAbsent);
   auto again = (*pool)->Store(
-      {&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr}, [](Status) {});
+      {&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr, kCuda0},
+      [](Status) {});
   EXPECT_EQ(again.status().code(), Code::kUnavailable) << again.status().ToString();
   gate.Open();
 }

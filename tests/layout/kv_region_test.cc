@@ -97,13 +97,6 @@ TEST(KvRegion, NormalisedSpecRecreatesTheSameRegion) {
   EXPECT_EQ(again.span_bytes(), first.span_bytes());
 }
 
-TEST(KvRegion, CudaRegionNeedsADevice) {
-  EXPECT_FALSE(KvRegion::Create(Llama("LBNHC"), MemoryLocation{MemoryKind::kCuda, -1}).ok());
-  auto r = KvRegion::Create(Llama("LBNHC"), MemoryLocation::Cuda(1));
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->location(), MemoryLocation::Cuda(1));
-}
-
 TEST(KvRegion, RejectsOverlappingStrides) {
   LayoutSpec s = Llama("LBNHC");
   s.strides[int(Axis::kN)] = 256;

@@ -444,12 +444,13 @@ TEST(OffloadPool, LoadsWithoutLayerWaitersAreOnePhase) {
 TEST(OffloadPool, GpuPagesNeedAPinnedPool) {
   auto pool = MakePool(4);  // on this machine (or with pinning off in a test) not pinned
   if (pool->stats().pinned_memory) GTEST_SKIP() << "the pool was pinned: a GPU is present";
-  auto region = KvRegion::Create(Shape("LBNHC", 4), MemoryLocation::Cuda(0));
+  auto region = KvRegion::Create(Shape("LBNHC", 4));
   ASSERT_TRUE(region.ok());
   std::vector<std::byte> fake(region->span_bytes());
   auto keys = Keys({1});
   std::vector<int64_t> b0 = {0};
-  Status s = StoreAndWait(*pool, {&*region, fake.data(), keys, b0, nullptr});
+  Status s =
+      StoreAndWait(*pool, {&*region, fake.data(), keys, b0, nullptr, MemoryLocation::Cuda(0)});
   EXPECT_EQ(s.code(), Code::kUnavailable);
   EXPECT_NE(s.message().find("not pinned"), std::string::npos) << s.message();
   EXPECT_EQ(pool->stats().used_slots, 0u);

@@ -26,6 +26,44 @@ TEST(TransportFactory, ListsLocalAndRefusesUnknownBackends) {
   EXPECT_EQ((*automatic)->name(), names.front());
 }
 
+// Every backend of the build describes itself: what it can do and the keys it takes, which
+// CheckSettings holds callers' settings to.
+TEST(TransportFactory, DescribesEveryBackendAndChecksSettings) {
+  for (const std::string& name : AvailableTransports()) {
+    auto info = DescribeTransport(name);
+    ASSERT_TRUE(info.ok()) << name << ": " << info.status().ToString();
+    EXPECT_EQ(info->name, name);
+    for (const SettingInfo& s : info->settings) {
+      EXPECT_NE(std::string(s.key), "") << name;
+      EXPECT_NE(std::string(s.help), "") << name << " " << s.key;
+      // A setting with its documented key passes the check (its value is the backend's to judge).
+      EXPECT_TRUE(CheckSettings(name, {{{s.key, "1"}}}).ok()) << name << " " << s.key;
+    }
+    // GPU backends take the device kvd gives them; ucx its network devices.
+    if (info->capabilities.device_copies) {
+      EXPECT_TRUE(CheckSettings(name, {{{"device", "0"}}}).ok()) << name;
+    }
+    if (info->capabilities.ucx_config) {
+      EXPECT_TRUE(CheckSettings(name, {{{"UCX_NET_DEVICES", "lo"}, {"TLS", "tcp"}}}).ok());
+    } else {
+      Status typo = CheckSettings(name, {{{"no_such_key", "1"}}});
+      EXPECT_EQ(typo.code(), Code::kInvalidArgument) << name;
+      EXPECT_NE(typo.message().find("no_such_key"), std::string::npos) << typo.message();
+    }
+    Status twice = CheckSettings(name, {{{"UCX_TLS", "tcp"}, {"UCX_TLS", "shm"}}});
+    EXPECT_EQ(twice.code(), Code::kInvalidArgument) << name;
+  }
+  auto automatic = DescribeTransport("auto");
+  ASSERT_TRUE(automatic.ok());
+  EXPECT_EQ(automatic->name, AvailableTransports().front());
+  EXPECT_EQ(DescribeTransport("carrier-pigeon").status().code(), Code::kUnsupported);
+  auto local = DescribeTransport("local");
+  ASSERT_TRUE(local.ok());
+  EXPECT_FALSE(local->capabilities.device_copies);
+  EXPECT_FALSE(local->capabilities.ucx_config);
+  EXPECT_TRUE(local->settings.empty());
+}
+
 class LocalPair : public ::testing::Test {
  protected:
   void SetUp() override {

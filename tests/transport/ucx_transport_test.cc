@@ -27,9 +27,11 @@ TransportOptions Tls(const std::string& tls) {
 
 class UcxPair : public ::testing::TestWithParam<std::string> {
  public:
+  // The settings of both transports.
+  virtual TransportOptions Options() const { return Tls(GetParam()); }
   void SetUp() override {
-    auto a = CreateTransport("ucx", Tls(GetParam()));
-    auto b = CreateTransport("ucx", Tls(GetParam()));
+    auto a = CreateTransport("ucx", Options());
+    auto b = CreateTransport("ucx", Options());
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     initiator = std::move(*a);
@@ -321,13 +323,10 @@ INSTANTIATE_TEST_SUITE_P(Tls, UcxPair, ::testing::Values("tcp", "shm"),
 // wait in the transport's queue.
 class UcxPairSmallBound : public UcxPair {
  public:
-  void SetUp() override {
-    ::setenv("KV_UCX_MAX_INFLIGHT_BYTES", "1048576", 1);
-    UcxPair::SetUp();
-  }
-  void TearDown() override {
-    UcxPair::TearDown();
-    ::unsetenv("KV_UCX_MAX_INFLIGHT_BYTES");
+  TransportOptions Options() const override {
+    TransportOptions options = Tls(GetParam());
+    options.settings.emplace_back("max_inflight_bytes", "1048576");
+    return options;
   }
 };
 
@@ -364,18 +363,27 @@ INSTANTIATE_TEST_SUITE_P(Tls, UcxPairSmallBound, ::testing::Values("tcp", "shm")
 
 TEST(UcxTransport, UnparsableInFlightBoundIsRejected) {
   for (const char* bad : {"0", "12abc", "", "-5", "99999999999999999999999"}) {
-    ::setenv("KV_UCX_MAX_INFLIGHT_BYTES", bad, 1);
-    auto t = CreateTransport("ucx");
+    auto t = CreateTransport("ucx", {{{"max_inflight_bytes", bad}}});
     EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << "'" << bad << "'";
   }
-  ::unsetenv("KV_UCX_MAX_INFLIGHT_BYTES");
 }
 
 TEST(UcxTransport, UnknownPutPathIsRejected) {
-  ::setenv("KV_UCX_PUT_PATH", "emulated", 1);
-  auto t = CreateTransport("ucx");
-  ::unsetenv("KV_UCX_PUT_PATH");
+  auto t = CreateTransport("ucx", {{{"put_path", "emulated"}}});
   EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
+  for (const char* good : {"auto", "am", "rma"}) {
+    auto ok = CreateTransport("ucx", {{{"put_path", good}}});
+    EXPECT_TRUE(ok.ok()) << good << ": " << ok.status().ToString();
+  }
+}
+
+// The backend's own keys never reach UCX (which would refuse them), whatever else is set.
+TEST(UcxTransport, OwnSettingsAndUcxSettingsTogether) {
+  auto t = CreateTransport("ucx", {{{"max_inflight_bytes", "4194304"},
+                                    {"UCX_TLS", "tcp"},
+                                    {"put_path", "am"},
+                                    {"staging_slots", "2"}}});
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
 }
 
 TEST(UcxTransport, UnparsableSettingIsRejected) {

@@ -35,8 +35,26 @@ Status Flags::Parse(int argc, char** argv) {
       value = argv[++i];
     }
     values_[name] = value;
+    if (it->repeated) repeated_[name].push_back(value);
   }
   return Status::Ok();
+}
+
+std::vector<std::string> Flags::all(const std::string& name) const {
+  auto it = repeated_.find(name);
+  return it == repeated_.end() ? std::vector<std::string>() : it->second;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Flags::key_values(
+    const std::string& name) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& item : all(name)) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Status::InvalidArgument("--" + name + ": '" + item + "' is not KEY=VALUE");
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return out;
 }
 
 std::optional<int> Flags::ParseOrExit(const char* command, const char* usage, int argc,

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -20,6 +21,7 @@ struct FlagSpec {
   std::string name;  // without "--"
   std::string help;
   bool is_switch = false;  // takes no value: present or absent
+  bool repeated = false;   // may be given more than once; all() has every value, str() the last
 };
 
 class Flags {
@@ -43,12 +45,19 @@ class Flags {
   // Accepts "4096", "64K", "4M", "1G" (powers of 1024).
   Result<uint64_t> bytes(const std::string& name, uint64_t fallback) const;
   const std::vector<std::string>& positional() const { return positional_; }
+  // Every value of a repeated flag, in the order given; empty when absent.
+  std::vector<std::string> all(const std::string& name) const;
+  // Every value of a repeated flag as KEY=VALUE pairs ("--transport-opt UCX_TLS=tcp"), in order;
+  // kInvalidArgument naming the flag for a value without '=' or with an empty key.
+  Result<std::vector<std::pair<std::string, std::string>>> key_values(
+      const std::string& name) const;
 
   std::string Help() const;  // one line per flag, aligned
 
  private:
   std::vector<FlagSpec> spec_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> repeated_;
   std::vector<std::string> positional_;
 };
 

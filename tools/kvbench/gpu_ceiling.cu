@@ -82,7 +82,8 @@ Status Nccl(ncclResult_t r, const char* what) {
 
 Result<double> NcclSeconds(int src, int dst, const DeviceBuffer& from, const DeviceBuffer& to,
                            uint64_t bytes, int iters) {
-  setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast is not allowed on shared machines
+  // NCCL_NVLS_ENABLE=0 comes from kvbench's main(): NVLink multicast is not allowed on shared
+  // machines.
   ncclComm_t comms[2];
   int devices[2] = {src, dst};
   KV_RETURN_IF_ERROR(Nccl(ncclCommInitAll(comms, 2, devices), "ncclCommInitAll"));

@@ -42,6 +42,9 @@ struct Config {
   int src_device = 0, dst_device = 1;
   uint64_t staging = 32ull << 20;
   std::string ipc_path = "auto";
+  // --transport-opt: given to both backends after the flags' own (each passes over keys it does
+  // not take).
+  std::vector<std::pair<std::string, std::string>> settings;
 };
 
 struct Case {
@@ -130,9 +133,11 @@ int BaselineMain(Channel& channel, const Config& c, uint64_t bytes) {
 // ---- Receiver children: register, wait, verify ----------------------------------------------
 
 transport::TransportOptions Options(const Config& c, int device) {
-  return {{{"device", std::to_string(device)},
-           {"staging_bytes", std::to_string(c.staging)},
-           {"copy_path", c.ipc_path}}};
+  transport::TransportOptions options{{{"device", std::to_string(device)},
+                                       {"staging_bytes", std::to_string(c.staging)},
+                                       {"copy_path", c.ipc_path}}};
+  options.settings.insert(options.settings.end(), c.settings.begin(), c.settings.end());
+  return options;
 }
 
 int ReceiverMain(Channel& channel, const Config& c, const Case& k, int rank) {
@@ -346,6 +351,9 @@ int GpuTransportMain(int argc, char** argv) {
       {"ipc-path", "cuda_ipc copy path: auto (the kernels' chooser), kernel or engine"},
       {"src-device", "prefill GPU (default 0)"},
       {"dst-device", "decode GPU (default 1)"},
+      {"transport-opt",
+       "KEY=VALUE (repeatable): a setting of both transports (kvd --help), e.g. lanes=4", false,
+       true},
       {"help", "show this help", true},
   });
   if (Status s = flags.Parse(argc, argv); !s.ok()) {
@@ -392,6 +400,19 @@ int GpuTransportMain(int argc, char** argv) {
   }
   c.staging = *staging;
   c.ipc_path = flags.str("ipc-path", "auto");
+  auto opts = flags.key_values("transport-opt");
+  if (!opts.ok()) {
+    std::fprintf(stderr, "kvbench gpu-transport: %s\n", opts.status().message().c_str());
+    return 2;
+  }
+  for (const auto& [key, value] : *opts) {
+    if (key == "device" || key == "staging_bytes" || key == "copy_path") {
+      std::fprintf(stderr, "kvbench gpu-transport: --transport-opt %s: use its own flag\n",
+                   key.c_str());
+      return 2;
+    }
+    c.settings.emplace_back(key, value);
+  }
   if (c.ipc_path != "auto" && c.ipc_path != "kernel" && c.ipc_path != "engine") {
     std::fprintf(stderr, "kvbench gpu-transport: --ipc-path is auto, kernel or engine\n");
     return 2;

@@ -69,7 +69,7 @@ Status WaitFor(std::future<Status> done) {
 }  // namespace
 
 Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& engine,
-                            std::byte* base) {
+                            std::byte* base, MemoryLocation where) {
   offload::PoolOptions options;
   options.slot_layout = engine.spec();
   const uint64_t block_bytes =
@@ -92,7 +92,7 @@ Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& en
 
     std::promise<Status> stored;
     auto start = Clock::now();
-    auto ticket = pool->Store({&engine, base, keys, sources, nullptr},
+    auto ticket = pool->Store({&engine, base, keys, sources, nullptr, where},
                               [&](Status s) { stored.set_value(std::move(s)); });
     if (!ticket.ok()) return ticket.status().WithContext("store");
     KV_RETURN_IF_ERROR(WaitFor(stored.get_future()));
@@ -102,7 +102,7 @@ Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& en
     start = Clock::now();
     offload::LayerDone on_layer;
     if (config.per_layer) on_layer = [](int64_t) {};
-    auto load = pool->Load({&engine, base, keys, targets, nullptr}, on_layer,
+    auto load = pool->Load({&engine, base, keys, targets, nullptr, where}, on_layer,
                            [&](Status s) { loaded.set_value(std::move(s)); });
     if (!load.ok()) return load.status().WithContext("load");
     KV_RETURN_IF_ERROR(WaitFor(loaded.get_future()));
@@ -132,7 +132,8 @@ Status RunHost(const OffloadBenchConfig& config, OffloadReport* report) {
                         KvRegion::Create(config.Spec(order, config.engine_blocks)));
     std::vector<std::byte> cache(engine.span_bytes(), std::byte{1});
     Progress(order + ": pool store/load of " + std::to_string(config.batch) + " blocks");
-    KV_ASSIGN_OR_RETURN(PoolTiming pool, TimePool(config, engine, cache.data()));
+    KV_ASSIGN_OR_RETURN(PoolTiming pool,
+                        TimePool(config, engine, cache.data(), MemoryLocation::Host()));
 
     Progress(order + ": references (one memcpy; one memcpy per page)");
     std::vector<std::byte> flat(pool.bytes);

@@ -178,7 +178,7 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
     auto blocks = PickBlocks(config.batch, engine.size(Axis::kB), config.scattered,
                              static_cast<uint32_t>(round));
     std::promise<Status> done;
-    auto ticket = pool->Store({&engine, base, keys, blocks, nullptr},
+    auto ticket = pool->Store({&engine, base, keys, blocks, nullptr, MemoryLocation::Cuda(0)},
                               [&](Status s) { done.set_value(std::move(s)); });
     if (!ticket.ok()) return ticket.status();
     auto f = done.get_future();
@@ -199,15 +199,14 @@ Result<BusyRow> MeasureBusy(const OffloadBenchConfig& config, const KvRegion& en
 
 Status RunOrder(const OffloadBenchConfig& config, const std::string& order, int sms,
                 OffloadReport* report) {
-  KV_ASSIGN_OR_RETURN(KvRegion engine, KvRegion::Create(config.Spec(order, config.engine_blocks),
-                                                        MemoryLocation::Cuda(0)));
+  KV_ASSIGN_OR_RETURN(KvRegion engine, KvRegion::Create(config.Spec(order, config.engine_blocks)));
   DeviceMemory cache;
   KV_CUDA_OK("cudaMalloc of the engine cache", cudaMalloc(&cache.ptr, engine.span_bytes()));
   KV_CUDA_OK("cudaMemset", cudaMemset(cache.ptr, 1, engine.span_bytes()));
   std::byte* base = static_cast<std::byte*>(cache.ptr);
 
   Progress(order + ": pool store/load of " + std::to_string(config.batch) + " blocks");
-  KV_ASSIGN_OR_RETURN(PoolTiming pool, TimePool(config, engine, base));
+  KV_ASSIGN_OR_RETURN(PoolTiming pool, TimePool(config, engine, base, MemoryLocation::Cuda(0)));
 
   Progress(order + ": references (one pinned cudaMemcpyAsync; one per page)");
   PinnedMemory flat;

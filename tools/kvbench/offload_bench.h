@@ -96,6 +96,6 @@ struct PoolTiming {
   uint64_t load_runs = 0;
 };
 Result<PoolTiming> TimePool(const OffloadBenchConfig& config, const KvRegion& engine,
-                            std::byte* base);
+                            std::byte* base, MemoryLocation where);
 
 }  // namespace kv::bench

@@ -33,7 +33,7 @@ With --daemon SOCKET it uses a running kvd started with --offload-bytes large en
 it).
 
 With --gpu the engine's cache is cudaMalloc'ed on device 0 and registered with
-RegisterGpuKvCaches, so kvd reaches it through CUDA IPC; that needs --daemon (a kvd started with
+RegisterKvCaches, so kvd reaches it through CUDA IPC; that needs --daemon (a kvd started with
 --transport ipc --device 0 --offload-bytes N): CUDA IPC cannot open memory of its own process.
 The pool is then driven directly on the same device memory, and the ceilings are one pinned
 cudaMemcpyAsync of the same bytes, device to host for a store and back for a load.
@@ -187,7 +187,7 @@ int OffloadKvdMain(int argc, char** argv) {
     return fail(Status::InvalidArgument(
         "--gpu needs --daemon: CUDA IPC cannot open memory of its own process"));
   }
-  auto engine = KvRegion::Create(spec, gpu ? MemoryLocation::Cuda(0) : MemoryLocation::Host());
+  auto engine = KvRegion::Create(spec);
   if (!engine.ok()) return fail(engine.status());
   // The engine's cache: device memory under --gpu (also what the pool is timed on), else host
   // memory for the pool (kvd allocates the engine's own host cache).
@@ -210,7 +210,8 @@ int OffloadKvdMain(int argc, char** argv) {
   auto kvd = TimeThroughKvd(config, spec, flags.str("daemon"), key_base, gpu ? base : nullptr);
   if (!kvd.ok()) return fail(kvd.status());
   std::fprintf(stderr, "offload-kvd: %s: the same on the pool directly\n", order.c_str());
-  auto pool = TimePool(config, *engine, base);
+  auto pool =
+      TimePool(config, *engine, base, gpu ? MemoryLocation::Cuda(0) : MemoryLocation::Host());
   if (!pool.ok()) return fail(pool.status());
   std::fprintf(stderr, "offload-kvd: ceiling: one %s of %.1f MiB\n",
                gpu ? "pinned cudaMemcpyAsync" : "memcpy", kvd->bytes / 1048576.0);

@@ -62,27 +62,31 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 // The ceiling pd is held to: `kvbench transport` of the same backend, with the same UCX settings
-// (this process's environment, inherited by the child and the kvds alike), for runs of the size
+// (this process's environment, inherited by the child and the kvds alike, and the same
+// --transport-opt settings), for runs of the size
 // kvd posted on average, on the same kind of memory kvd moves: memory registered with the
 // transport (--user-memory), as kvd registers the engines' shared memory, not memory the
 // transport allocated itself (a faster path UCX offers only to its own segments); cycling
 // through a wave's worth of distinct bytes (--footprint), as kvd does, rather than rewriting one
 // batch that stays in the CPU caches; median of 3 rounds.
 std::string CeilingCommand(const std::string& backend, uint64_t run_bytes, uint64_t runs_per_batch,
-                           uint64_t footprint, const std::string& binary = "kvbench") {
-  return binary + " transport --backend " + backend + " --user-memory --size " +
-         std::to_string(run_bytes) + " --runs-per-batch " +
-         std::to_string(std::max<uint64_t>(1, runs_per_batch)) + " --footprint " +
-         std::to_string(footprint) + " --iters 200 --rounds 3";
+                           uint64_t footprint, const std::vector<std::string>& transport_opts,
+                           const std::string& binary = "kvbench") {
+  std::string command = binary + " transport --backend " + backend + " --user-memory --size " +
+                        std::to_string(run_bytes) + " --runs-per-batch " +
+                        std::to_string(std::max<uint64_t>(1, runs_per_batch)) + " --footprint " +
+                        std::to_string(footprint) + " --iters 200 --rounds 3";
+  for (const std::string& opt : transport_opts) command += " --transport-opt '" + opt + "'";
+  return command;
 }
 
 // Runs CeilingCommand in a child process. 0 when it could not be measured (reason on stderr).
 double MeasureCeiling(const std::string& backend, uint64_t run_bytes, uint64_t runs_per_batch,
-                      uint64_t footprint) {
+                      uint64_t footprint, const std::vector<std::string>& transport_opts) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string command =
-      CeilingCommand(backend, run_bytes, runs_per_batch, footprint, "'" + self + "'") +
-      " --no-ceiling --json";
+  const std::string command = CeilingCommand(backend, run_bytes, runs_per_batch, footprint,
+                                             transport_opts, "'" + self + "'") +
+                              " --no-ceiling --json";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return 0;
   std::string out;
@@ -173,6 +177,10 @@ int PdMain(int argc, char** argv) {
        "where the KV caches live: host (default) or cuda (prefill on GPU 0, decode on GPU 1, "
        "or GPU 0 with one GPU)"},
       {"transport", "transport of the kvds started here: auto|ucx|nccl|ipc (default auto)"},
+      {"transport-opt",
+       "KEY=VALUE (repeatable): a setting of the kvds' transport, passed to them as kvd "
+       "--transport-opt (keys: kvd --help), and to the ucx ceiling run",
+       false, true},
       {"requests", "requests to move (default 32)"},
       {"tokens", "prompt tokens per request (default 512)"},
       {"layers", "layers (default 16)"},
@@ -361,7 +369,14 @@ int PdMain(int argc, char** argv) {
   // Issue 19: the kvds started here authenticate each other with the secret when given one. The
   // decode engines here ask before the prefill finished (layer streaming), without the request's
   // transfer token, which a kvd with a secret requires by default: they allow it.
-  std::vector<std::string> security_args;
+  std::vector<std::string> security_args, transport_args;
+  auto transport_opts = flags.key_values("transport-opt");  // checked by the kvds themselves
+  if (!transport_opts.ok()) return Fail(transport_opts.status().message());
+  if (!transport_opts->empty() && !prefill_socket.empty())
+    return Fail("--transport-opt is for the kvds started here");
+  for (const auto& [key, value] : *transport_opts) {
+    transport_args.insert(transport_args.end(), {"--transport-opt", key + "=" + value});
+  }
   if (flags.has("auth-secret-file")) {
     if (!prefill_socket.empty()) return Fail("--auth-secret-file is for the kvds started here");
     security_args = {"--auth-secret-file", flags.str("auth-secret-file"), "--transfer-token",
@@ -379,13 +394,16 @@ int PdMain(int argc, char** argv) {
     o.socket_path = (dir / "prefill.sock").string();
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", "0"};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
+    o.extra_args.insert(o.extra_args.end(), transport_args.begin(), transport_args.end());
     auto p = kv::harness::KvdProcess::Start(o);
     if (!p.ok()) return Fail("starting " + o.binary + ": " + p.status().ToString());
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
+    o.extra_args = {"--log-level", "warn"};  // the prefill's, less what is added below again
     if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
+    o.extra_args.insert(o.extra_args.end(), transport_args.begin(), transport_args.end());
     auto d = kv::harness::KvdProcess::Start(o);
     if (!d.ok()) return Fail("starting " + o.binary + ": " + d.status().ToString());
     decode_kvd = std::move(*d);
@@ -472,9 +490,11 @@ int PdMain(int argc, char** argv) {
     // A wave moves distinct pages, more than the CPU caches hold: so does the ceiling.
     const uint64_t wave_bytes = std::min<uint64_t>(
         r.bytes / std::max(r.verified, 1) * std::max(c.window, 1), uint64_t{4} << 30);
-    ceiling = MeasureCeiling(transport, run_bytes, runs_per_batch, wave_bytes);
-    ceiling_command =
-        ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch, wave_bytes) : "";
+    ceiling = MeasureCeiling(transport, run_bytes, runs_per_batch, wave_bytes,
+                             flags.all("transport-opt"));
+    ceiling_command = ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch, wave_bytes,
+                                                   flags.all("transport-opt"))
+                                  : "";
   }
   if (cuda) {
     stop_kvds();  // the ceilings get the GPUs to themselves

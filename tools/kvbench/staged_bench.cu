@@ -226,6 +226,8 @@ int StagedMain(int argc, char** argv) {
       {"staging-bytes", "the decorator's slot size (default: its own, 16M)"},
       {"staging-slots", "slots per link (default: its own, 4)"},
       {"tls", "UCX_TLS (default: UCX's choice)"},
+      {"transport-opt", "KEY=VALUE (repeatable): a setting of the ucx transport (kvd --help)",
+       false, true},
       {"help", "this text", true},
   });
   Status parsed = flags.Parse(argc, argv);
@@ -257,6 +259,10 @@ int StagedMain(int argc, char** argv) {
   }
   if (*slots != 0) c.options.settings.push_back({"staging_slots", std::to_string(*slots)});
   if (flags.has("tls")) c.options.settings.push_back({"UCX_TLS", flags.str("tls")});
+  auto opts = flags.key_values("transport-opt");
+  if (!opts.ok()) return Fail(opts.status().message());
+  c.options.settings.insert(c.options.settings.end(), opts->begin(), opts->end());
+  if (Status s = transport::CheckSettings("ucx", c.options); !s.ok()) return Fail(s.message());
   return Bench(c);
 }
 

@@ -266,6 +266,10 @@ int TransportMain(int argc, char** argv) {
       {"window", "batches kept in flight (default 32)"},
       {"rounds", "measurements of each side, alternating; the median is reported (default 3)"},
       {"tls", "UCX_TLS for both kvd and ucx_perftest, e.g. tcp (default: UCX's choice)"},
+      {"transport-opt",
+       "KEY=VALUE (repeatable): a setting of the transport (keys: kvd --help); UCX_* ones reach "
+       "ucx_perftest's environment too",
+       false, true},
       {"user-memory", "register plain heap memory instead of the transport's own allocation", true},
       {"footprint",
        "bytes each side's batches cycle through, e.g. 256M (default: one batch): larger than "
@@ -334,6 +338,13 @@ int TransportMain(int argc, char** argv) {
     c.options.settings.push_back({"UCX_TLS", flags.str("tls")});
     c.env.push_back({"UCX_TLS", flags.str("tls")});
   }
+  auto opts = flags.key_values("transport-opt");
+  if (!opts.ok()) return Fail(opts.status().message());
+  for (const auto& [key, value] : *opts) {
+    c.options.settings.push_back({key, value});
+    if (key.rfind("UCX_", 0) == 0) c.env.push_back({key, value});
+  }
+  if (Status s = transport::CheckSettings(c.backend, c.options); !s.ok()) return Fail(s.message());
   return Bench(c);
 }
 

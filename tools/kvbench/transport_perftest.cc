@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace kv::bench {
@@ -30,17 +31,30 @@ class Process {
                                bool capture) {
     int out[2] = {-1, -1};
     if (capture && ::pipe2(out, O_CLOEXEC) != 0) return Status::IoError("pipe2 failed");
+    // The child's environment: ours, with `env` over it; built before fork (no allocation after).
+    std::vector<std::string> entries;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      const bool overridden = std::any_of(env.begin(), env.end(), [&](const auto& kv) {
+        return entry.size() > kv.first.size() && entry.substr(0, kv.first.size()) == kv.first &&
+               entry[kv.first.size()] == '=';
+      });
+      if (!overridden) entries.emplace_back(entry);
+    }
+    for (const auto& [k, v] : env) entries.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& e : entries) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
     pid_t pid = ::fork();
     if (pid < 0) return Status::IoError(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
       int sink = capture ? out[1] : ::open("/dev/null", O_WRONLY);
       ::dup2(sink, STDOUT_FILENO);
       ::dup2(sink, STDERR_FILENO);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
+      ::execvpe(args[0], args.data(), envp.data());
       ::_exit(127);
     }
     if (capture) ::close(out[1]);

@@ -2,10 +2,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "layout/plan.h"
+#include "layout/rank_pairs.h"
 #include "tools/common/cli.h"
 #include "tools/kvctl/human_bytes.h"
 #include "tools/kvctl/layout_json.h"
@@ -14,6 +16,7 @@ namespace kv::tools {
 namespace {
 
 constexpr size_t kRunsShown = 8;
+constexpr size_t kPairsShown = 16;
 
 cli::Flags PlanFlags() {
   return {
@@ -23,7 +26,10 @@ cli::Flags PlanFlags() {
       {"dst-blocks", "destination block ids in token order"},
       {"tokens", "tokens of the request; block t/block_size holds token t"},
       {"layers", "layer range FIRST-LAST (inclusive) or one layer; default every layer"},
-      {"json", "print {\"runs\": [[src_offset, dst_offset, length], ...], \"bytes\": N}", true},
+      {"json",
+       "print {\"runs\": [[src_offset, dst_offset, length], ...], \"bytes\": N, \"pairs\": "
+       "[[src_rank, dst_rank, first_head, heads], ...]}",
+       true},
       {"help", "this text", true},
   };
 }
@@ -37,6 +43,10 @@ void PrintHelp(const cli::Flags& flags) {
       "destination. The plan is a list of runs (src_offset, dst_offset, length) in bytes from\n"
       "each region's base, merged wherever one continues another on both sides, so the run\n"
       "count is the minimum; executors post one descriptor per run.\n\n"
+      "The rank pairing of the two TP sizes is printed too: which source rank feeds which\n"
+      "destination rank with which global heads (every destination head from exactly one source\n"
+      "rank; with MLA or replicated heads, one copy of several). kvd sends the files' two ranks\n"
+      "nothing, and the plan is empty, where the pairing gives them no heads.\n\n"
       "flags:\n%s\n%s\n"
       "example:\n"
       "  kvctl plan --src tools/examples/prefill_lbnhc.json --dst "
@@ -75,7 +85,7 @@ Status ParseLayers(const std::string& text, TransferSpec& spec) {
   return Status::Ok();
 }
 
-void PrintJson(const Plan& plan) {
+void PrintJson(const Plan& plan, const std::vector<RankPair>& pairs) {
   std::string out = "{\"runs\": [";
   for (size_t i = 0; i < plan.runs.size(); ++i) {
     const Run& r = plan.runs[i];
@@ -83,8 +93,47 @@ void PrintJson(const Plan& plan) {
     out += "[" + std::to_string(r.src_offset) + ", " + std::to_string(r.dst_offset) + ", " +
            std::to_string(r.length) + "]";
   }
-  out += "], \"bytes\": " + std::to_string(plan.bytes) + "}\n";
+  out += "], \"bytes\": " + std::to_string(plan.bytes) + ", \"pairs\": [";
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const RankPair& p = pairs[i];
+    if (i > 0) out += ", ";
+    out += "[" + std::to_string(p.src_rank) + ", " + std::to_string(p.dst_rank) + ", " +
+           std::to_string(p.first_head) + ", " + std::to_string(p.heads) + "]";
+  }
+  out += "]}\n";
   std::fputs(out.c_str(), stdout);
+}
+
+std::string HeadRange(int64_t first, int64_t count) {
+  return "[" + std::to_string(first) + ", " + std::to_string(first + count) + ")";
+}
+
+// The pairing of the two TP sizes, and what it gives the files' two ranks.
+void PrintPairs(const KvRegion& src, const KvRegion& dst, const std::vector<RankPair>& pairs,
+                const std::optional<RankPair>& mine) {
+  std::printf("rank pairs  %zu for source tp %d -> destination tp %d:\n", pairs.size(),
+              src.spec().tp_size, dst.spec().tp_size);
+  const size_t shown = std::min(pairs.size(), kPairsShown);
+  for (size_t i = 0; i < shown; ++i) {
+    const RankPair& p = pairs[i];
+    std::printf("  source %d -> destination %d  heads %s\n", p.src_rank, p.dst_rank,
+                HeadRange(p.first_head, p.heads).c_str());
+  }
+  if (shown < pairs.size()) std::printf("  ... %zu more\n", pairs.size() - shown);
+  const int s = src.spec().tp_rank, d = dst.spec().tp_rank;
+  if (mine) {
+    std::printf("this pair   source %d -> destination %d moves heads %s\n", s, d,
+                HeadRange(mine->first_head, mine->heads).c_str());
+    return;
+  }
+  std::string from;
+  for (const RankPair& p : pairs) {
+    if (p.dst_rank == d) from += (from.empty() ? "" : ", ") + std::to_string(p.src_rank);
+  }
+  std::printf(
+      "this pair   source %d -> destination %d moves nothing: destination %d takes its "
+      "heads from source %s\n",
+      s, d, d, from.c_str());
 }
 
 void PrintSummary(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec,
@@ -151,10 +200,17 @@ int PlanMain(int argc, char** argv) {
   }
   auto plan = PlanTransfer(*src, *dst, spec);
   if (!plan.ok()) return Fail(plan.status());
+  auto pairs = PairRanks(TpShape::Of(*src), TpShape::Of(*dst));
+  if (!pairs.ok()) return Fail(pairs.status());
+  auto mine = PairOf(*src, *dst);
+  if (!mine.ok()) return Fail(mine.status());
+  // Ranks the pairing does not pair (another copy feeds the destination): kvd sends nothing.
+  if (!mine->has_value()) *plan = Plan{};
   if (flags.has("json")) {
-    PrintJson(*plan);
+    PrintJson(*plan, *pairs);
   } else {
     PrintSummary(*src, *dst, spec, *plan);
+    PrintPairs(*src, *dst, *pairs, *mine);
   }
   return 0;
 }

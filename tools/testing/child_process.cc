@@ -1,5 +1,6 @@
 #include "tools/testing/child_process.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -14,51 +15,17 @@
 
 namespace kv::harness {
 
-Channel::~Channel() {
-  ::close(fd_);
+Channel::Channel(int fd) : socket_(fd) {
+  // The framed socket polls on EAGAIN: its reads and writes must not block past a deadline.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
 }
 
 Status Channel::Send(std::string_view message) {
-  if (message.size() > kMaxMessage)
-    return Status::InvalidArgument("message of " + std::to_string(message.size()) + " bytes");
-  uint32_t n = static_cast<uint32_t>(message.size());
-  std::string frame(reinterpret_cast<const char*>(&n), sizeof n);
-  frame.append(message);
-  size_t sent = 0;
-  while (sent < frame.size()) {
-    ssize_t w = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Status::Unavailable(std::string("channel send: ") + std::strerror(errno));
-    sent += static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
-
-Status Channel::ReadExactly(char* out, size_t n, Clock::time_point deadline) {
-  size_t got = 0;
-  while (got < n) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return Status::Timeout("no message from the other process in time");
-    pollfd p{fd_, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1000)));
-    if (rc < 0 && errno != EINTR) return Status::IoError(std::strerror(errno));
-    if (rc <= 0) continue;
-    ssize_t r = ::recv(fd_, out + got, n - got, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return Status::Unavailable("the other process closed the channel");
-    got += static_cast<size_t>(r);
-  }
-  return Status::Ok();
+  return socket_.SendFrame(message, Clock::now() + std::chrono::minutes(1));
 }
 
 Result<std::string> Channel::Receive(Clock::time_point deadline) {
-  uint32_t n = 0;
-  KV_RETURN_IF_ERROR(ReadExactly(reinterpret_cast<char*>(&n), sizeof n, deadline));
-  if (n > kMaxMessage)
-    return Status::InvalidArgument("channel frame of " + std::to_string(n) + " bytes");
-  std::string message(n, '\0');
-  KV_RETURN_IF_ERROR(ReadExactly(message.data(), n, deadline));
-  return message;
+  return ReceiveFrame(socket_.fd(), reader_, deadline);
 }
 
 Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(

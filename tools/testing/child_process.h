@@ -14,31 +14,29 @@
 #include <string>
 #include <string_view>
 
+#include "base/framed_socket.h"
 #include "transport/transport.h"
 
 namespace kv::harness {
 
 using Clock = std::chrono::steady_clock;
 
-// Length-prefixed messages over a stream socket. Every receive is bounded by a deadline.
+// Framed messages (base/framed_socket.h) over the socketpair. Every call is bounded by a deadline.
 class Channel {
  public:
-  explicit Channel(int fd) : fd_(fd) {}
-  ~Channel();
+  explicit Channel(int fd);  // takes ownership of a connected stream socket
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // kUnavailable when the other end is gone.
+  // kUnavailable when the other end is gone, kTimeout when it stopped reading for a minute.
   Status Send(std::string_view message);
   // kTimeout past the deadline, kUnavailable when the other end closed, kInvalidArgument for a
-  // frame above kMaxMessage.
+  // frame above kMaxFrameBytes.
   Result<std::string> Receive(Clock::time_point deadline);
 
-  static constexpr uint32_t kMaxMessage = 16u << 20;
-
  private:
-  Status ReadExactly(char* out, size_t n, Clock::time_point deadline);
-  int fd_;
+  Socket socket_;
+  FrameReader reader_;
 };
 
 class ChildProcess {

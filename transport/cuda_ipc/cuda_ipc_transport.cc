@@ -23,7 +23,7 @@
 #include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
@@ -535,6 +535,16 @@ class CudaIpcTransport final : public Transport, public DeviceOrdered {
 };
 
 }  // namespace
+
+std::span<const SettingInfo> CudaIpcSettings() {
+  static constexpr SettingInfo kSettings[] = {
+      {"device", "CUDA ordinal of the copy streams (kvd: --device)"},
+      {"socket_dir", "directory of the side-channel unix sockets (/tmp)"},
+      {"connect_timeout_ms", "connects to a peer's side channel (5000)"},
+      {"copy_path", "auto|kernel|engine: force the copy kernel or the copy engine (auto)"},
+  };
+  return kSettings;
+}
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
   int count = 0;

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "transport/transport.h"
 
@@ -38,5 +39,7 @@ namespace kv::transport {
 
 // kUnsupported when no CUDA device is visible.
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
+// The settings above, documented.
+std::span<const SettingInfo> CudaIpcSettings();
 
 }  // namespace kv::transport

@@ -39,7 +39,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 #include "transport/nccl/region_table.h"
 #include "transport/transport.h"
 

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -13,7 +12,7 @@
 
 #include "base/codec.h"
 #include "transport/cuda_ipc/device_ordered.h"
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/nccl_link.h"
@@ -46,23 +45,6 @@ Status LoadKernels(int device) {
   KV_RETURN_IF_ERROR(nccl::LoadNcclKernels(device));
   loaded.push_back(device);
   return Status::Ok();
-}
-
-// KVD_NCCL_SETTINGS="key=value,key=value": settings for runs where the caller passes none (kvd
-// takes no transport settings on its command line); the caller's own settings win.
-TransportOptions WithEnvironment(TransportOptions options) {
-  const char* env = std::getenv("KVD_NCCL_SETTINGS");
-  std::string_view rest = env != nullptr ? env : "";
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    const size_t eq = item.find('=');
-    if (eq == std::string_view::npos) continue;
-    options.settings.emplace_back(std::string(item.substr(0, eq)),
-                                  std::string(item.substr(eq + 1)));
-  }
-  return options;
 }
 
 class NcclRegistration final : public MemoryRegistration {
@@ -296,15 +278,27 @@ class NcclTransport final : public Transport, public DeviceOrdered {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& given) {
-  const TransportOptions options = WithEnvironment(given);
+std::span<const SettingInfo> NcclSettings() {
+  static constexpr SettingInfo kSettings[] = {
+      {"device", "CUDA ordinal of the copies and communicators (kvd: --device)"},
+      {"listen_host", "host of the TCP side channel (127.0.0.1)"},
+      {"staging_bytes", "a staging slot and the chunk size; both sides allow it (33554432)"},
+      {"staging_slots", "staging slots per side and direction, 1..64 (4)"},
+      {"lanes", "communicators per direction the sender opens, 1..4 (2)"},
+      {"copy_ctas", "grid of the gather/scatter kernels, 0 = one CTA per SM (16)"},
+      {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
+      {"host_gate", "1: wait for an engine event on the host, 0: on the device (1)"},
+      {"timeout_ms", "connects, communicator creation and control messages (30000)"},
+  };
+  return kSettings;
+}
+
+Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
     return Status::Unsupported("nccl: no CUDA device visible");
   }
-  // NVLink multicast can take shared machines' GPUs out of service; p2p never needs it.
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   int current = 0;
   cudaGetDevice(&current);
   LinkOptions link;

@@ -14,8 +14,9 @@
 //
 // Also implements DeviceOrdered (device_ordered.h): a put's gathers can wait on a CUDA event.
 //
-// NCCL_NVLS_ENABLE is forced to 0 in this process when the backend is created: NVLink multicast
-// is not allowed on the shared machines, and point-to-point never needs it.
+// NVLink multicast (NVLS) is not allowed on the shared machines and point-to-point never needs
+// it, but NCCL takes it from the environment only: the program's main() sets NCCL_NVLS_ENABLE=0
+// before NCCL starts (kvd and kvbench do); this library sets no environment variable.
 //
 // Settings: "device" (CUDA ordinal; default the current device), "listen_host" (default
 // 127.0.0.1), "staging_bytes" (one staging slot and the chunk size; default 32 MiB; both sides
@@ -26,12 +27,13 @@
 // it; 0 = never; default 8 MiB), "host_gate" (1: a put's engine event that has not fired at
 // post time is polled on the host, not waited on by the device; the event must then outlive the
 // batch, as DeviceOrdered says; default 1, see nccl_link.h), "timeout_ms" (connects, communicator
-// creation and control messages; default 30000). The environment variable
-// KVD_NCCL_SETTINGS="key=value,..." adds settings the caller did not pass (kvd passes only
-// "device"). Staging memory: staging_slots × staging_bytes per side, direction and link.
+// creation and control messages; default 30000); `kvd --transport-opt KEY=VALUE` passes them
+// (they replace the environment variable KVD_NCCL_SETTINGS). Staging memory: staging_slots ×
+// staging_bytes per side, direction and link.
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "transport/transport.h"
 
@@ -39,5 +41,7 @@ namespace kv::transport {
 
 // kUnsupported when no CUDA device is visible.
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
+// The settings above, documented.
+std::span<const SettingInfo> NcclSettings();
 
 }  // namespace kv::transport

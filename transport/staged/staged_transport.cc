@@ -339,6 +339,15 @@ Result<Config> ParseConfig(const TransportOptions& options) {
 
 }  // namespace staged
 
+std::span<const SettingInfo> StagedSettings() {
+  static constexpr SettingInfo kSettings[] = {
+      {"staging_bytes", "bytes of a pinned staging slot for GPU regions (16777216, >= 4096)"},
+      {"staging_slots", "staging slots per link and direction, 2..64 (4)"},
+      {"stage_host", "1: stage host regions too, with memcpy (tests; 0)"},
+  };
+  return kSettings;
+}
+
 Result<std::unique_ptr<Transport>> CreateStagedTransport(BackendFactory inner,
                                                          const TransportOptions& options) {
   KV_ASSIGN_OR_RETURN(staged::Config config, staged::ParseConfig(options));

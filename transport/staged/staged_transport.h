@@ -60,6 +60,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "transport/backends.h"
 #include "transport/transport.h"
@@ -69,5 +70,7 @@ namespace kv::transport {
 // Creates the inner transport with `options` less the settings above, and wraps it.
 Result<std::unique_ptr<Transport>> CreateStagedTransport(BackendFactory inner,
                                                          const TransportOptions& options);
+// The settings above, documented.
+std::span<const SettingInfo> StagedSettings();
 
 }  // namespace kv::transport

@@ -46,16 +46,6 @@ bool LocalRegions::CopyIn(uint64_t address, const void* data, uint64_t length) {
   return false;
 }
 
-Result<Engine::PutPath> Engine::PutPathFromEnvironment() {
-  const char* text = std::getenv(kPutPathVariable);
-  const std::string_view value = text == nullptr ? "auto" : text;
-  if (value == "auto") return PutPath::kAuto;
-  if (value == "am") return PutPath::kMessages;
-  if (value == "rma") return PutPath::kRma;
-  return Status::InvalidArgument(std::string(kPutPathVariable) + "='" + std::string(value) +
-                                 "' must be auto, am or rma");
-}
-
 bool Engine::UseAmPuts(ucp_ep_h ep) const {
   if (put_path_ != PutPath::kAuto) return put_path_ == PutPath::kMessages;
   // UCX 1.13 has no query for an endpoint's lanes; its printed configuration lists a "put[n]"

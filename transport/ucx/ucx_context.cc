@@ -1,6 +1,5 @@
 #include "transport/ucx/ucx_context.h"
 
-#include <cstdlib>
 #include <string>
 
 namespace kv::transport::ucx {
@@ -42,11 +41,15 @@ Result<ContextPtr> CreateContext(const TransportOptions& options) {
     return FromUcs(s, "ucp_config_read");
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw_config);
   // Peer-failure support for the posix and sysv transports (MM_ reaches both through UCX's
-  // transport-level table); an explicit choice in the environment or the settings wins.
-  if (std::getenv("UCX_POSIX_ERROR_HANDLING") == nullptr &&
-      std::getenv("UCX_SYSV_ERROR_HANDLING") == nullptr &&
-      std::getenv("UCX_MM_ERROR_HANDLING") == nullptr)
-    (void)ucp_config_modify(config.get(), "MM_ERROR_HANDLING", "y");
+  // transport-level table), set through the config, not the environment; a choice in the
+  // settings wins.
+  bool error_handling_chosen = false;
+  for (const auto& [name, value] : options.settings) {
+    const std::string key = name.rfind("UCX_", 0) == 0 ? name.substr(4) : name;
+    error_handling_chosen = error_handling_chosen || key == "POSIX_ERROR_HANDLING" ||
+                            key == "SYSV_ERROR_HANDLING" || key == "MM_ERROR_HANDLING";
+  }
+  if (!error_handling_chosen) (void)ucp_config_modify(config.get(), "MM_ERROR_HANDLING", "y");
   for (const auto& [name, value] : options.settings) {
     std::string key = name.rfind("UCX_", 0) == 0 ? name.substr(4) : name;
     if (ucp_config_modify(config.get(), key.c_str(), value.c_str()) != UCS_OK)

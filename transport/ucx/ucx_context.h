@@ -29,11 +29,15 @@ struct WorkerDeleter {
 };
 using WorkerPtr = std::unique_ptr<std::remove_pointer_t<ucp_worker_h>, WorkerDeleter>;
 
-// Features RMA, AM and WAKEUP; settings applied through ucp_config_modify. Unless the settings
-// or the environment say otherwise, the posix and sysv transports get peer-failure support
-// (UCX_MM_ERROR_HANDLING=y): without it UCX 1.13 cannot use shared memory for endpoints in peer
-// error-handling mode and falls back to TCP on one host. A dead peer over shared memory is then
-// found by UCX's keepalive (UCX_KEEPALIVE_INTERVAL) or, sooner, by the batch deadline.
+// Features RMA, AM and WAKEUP; UCX reads its UCX_* environment variables, then every setting (a
+// UCX configuration variable, with or without "UCX_") is applied through ucp_config_modify, so a
+// setting wins over the environment. Unless the settings name POSIX_, SYSV_ or
+// MM_ERROR_HANDLING, the posix and sysv transports get peer-failure support
+// (MM_ERROR_HANDLING=y, through ucp_config_modify too, so it also wins over those variables in
+// the environment; kvd forwards them as settings): without it UCX 1.13 cannot use shared memory
+// for endpoints in peer error-handling mode and falls back to TCP on one host. A dead peer over
+// shared memory is then found by UCX's keepalive (UCX_KEEPALIVE_INTERVAL) or, sooner, by the
+// batch deadline.
 Result<ContextPtr> CreateContext(const TransportOptions& options);
 Result<WorkerPtr> CreateWorker(ucp_context_h context);
 // The worker's address as bytes a peer can pass to ucp_ep_create.

@@ -27,8 +27,8 @@
 //    so it arrives after the data of every batch posted before it (to a peer that takes puts as
 //    messages: after every batch posted before it finished); notifications leave in the order
 //    notify() was called.
-//  * At most max_bytes_in_flight (kMaxBytesInFlight unless the environment sets
-//    KV_UCX_MAX_INFLIGHT_BYTES) of a peer's batches are handed to UCX at once; later batches, and
+//  * At most max_bytes_in_flight (kMaxBytesInFlight unless the setting max_inflight_bytes says
+//    otherwise, EngineOptions) of a peer's batches are handed to UCX at once; later batches, and
 //    the notifications behind them, wait in the peer's queue in call order and go out as earlier
 //    batches complete (on the progress thread, with no hop). Without the bound a notification's
 //    active message queues behind every fragment posted before it was *sent*: with a wave of
@@ -64,7 +64,6 @@ inline constexpr unsigned kPutEndAmId = 19;   // header PutHeader (bytes: the ba
 inline constexpr unsigned kPutAckAmId = 20;   // header PutHeader (bytes: 0 landed, 1 refused)
 // A run goes out in messages of at most this much: the receiver assembles each before copying.
 inline constexpr uint64_t kPutChunk = 256 << 10;
-inline constexpr const char* kPutPathVariable = "KV_UCX_PUT_PATH";  // auto (default), am, rma
 inline constexpr size_t kMaxNotification = 64 << 10;
 inline constexpr auto kSyncTimeout = std::chrono::seconds(10);
 // An endpoint close still unfinished after this is abandoned, so that its worker can go.
@@ -82,7 +81,16 @@ inline constexpr auto kBusySpin = std::chrono::milliseconds(50);  // batches in 
 // same thread), little enough that a notification waits for a few ms of data at most. A batch
 // larger than the bound goes out alone.
 inline constexpr uint64_t kMaxBytesInFlight = 16 << 20;
-inline constexpr const char* kMaxInFlightVariable = "KV_UCX_MAX_INFLIGHT_BYTES";
+
+// How puts travel (the ucx setting put_path): chosen per endpoint (auto: as active messages where
+// the endpoint has no RMA lane, ucx_am_put.cc), or forced to messages (am) or to RMA (rma).
+enum class PutPath { kAuto, kMessages, kRma };
+
+// The engine's own tuning, from the ucx backend's settings (ucx_transport.h).
+struct EngineOptions {
+  uint64_t max_bytes_in_flight = kMaxBytesInFlight;  // per peer, > 0
+  PutPath put_path = PutPath::kAuto;
+};
 
 class Engine;
 struct Peer;
@@ -216,7 +224,7 @@ class Engine {
  public:
   // Creates the first worker, sets up wake-up (the workers' fds + an eventfd in one epoll set)
   // and starts the progress thread.
-  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, uint64_t max_bytes_in_flight);
+  static Result<std::unique_ptr<Engine>> Create(ContextPtr context, const EngineOptions& options);
   ~Engine();  // stops the progress thread; aborts whatever is still in flight
 
   ucp_context_h context() const { return context_.get(); }
@@ -244,7 +252,7 @@ class Engine {
 
  private:
   friend struct WorkerSlot;
-  Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd, uint64_t max_bytes_in_flight);
+  Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd, const EngineOptions& options);
   Result<std::shared_ptr<WorkerSlot>> OpenWorker();
   void CloseWorker(WorkerSlot* slot);  // from ~WorkerSlot
   void Loop();
@@ -255,12 +263,9 @@ class Engine {
   void FailPeer(PeerId id, const Status& reason);
   void ReapClosedEndpoints();
   // ---- The active-message put path (ucx_am_put.cc) -----------------------------------------
-  // How puts travel (KV_UCX_PUT_PATH): chosen per endpoint, or forced to messages or to RMA.
-  enum class PutPath { kAuto, kMessages, kRma };
-  static Result<PutPath> PutPathFromEnvironment();
   Status SetAmHandlers(WorkerSlot* slot);
-  // Whether puts to this endpoint travel as active messages (KV_UCX_PUT_PATH; auto: when the
-  // endpoint has no RMA lane).
+  // Whether puts to this endpoint travel as active messages (put_path; auto: when the endpoint
+  // has no RMA lane).
   bool UseAmPuts(ucp_ep_h ep) const;
   void StartAm(Peer* peer, BatchState* batch);
   void BatchFlushed(BatchState* batch, ucs_status_t status);
@@ -328,7 +333,7 @@ class Engine {
   std::set<BatchState*> in_flight_;
   NotificationHandler handler_;
   LocalRegions regions_;
-  PutPath put_path_ = PutPath::kAuto;
+  const PutPath put_path_;
   uint64_t next_put_seq_ = 1;
   std::unordered_map<uint64_t, BatchState*> am_batches_;  // started put batches by seq
   struct Ack {

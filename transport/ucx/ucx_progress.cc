@@ -22,7 +22,7 @@ WorkerSlot::~WorkerSlot() {
   engine->CloseWorker(this);
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, uint64_t max_bytes_in_flight) {
+Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, const EngineOptions& options) {
   UniqueFd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
   if (wake.get() < 0 || epoll.get() < 0)
@@ -33,8 +33,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, uint64_t max_
   if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &event) != 0)
     return Status::IoError(std::string("epoll_ctl: ") + std::strerror(errno));
   std::unique_ptr<Engine> engine(
-      new Engine(std::move(context), std::move(wake), std::move(epoll), max_bytes_in_flight));
-  KV_ASSIGN_OR_RETURN(engine->put_path_, PutPathFromEnvironment());
+      new Engine(std::move(context), std::move(wake), std::move(epoll), options));
   KV_ASSIGN_OR_RETURN(engine->shared_, engine->OpenWorker());
   engine->shared_address_ = engine->shared_->address;
   engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
@@ -42,11 +41,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, uint64_t max_
 }
 
 Engine::Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd,
-               uint64_t max_bytes_in_flight)
+               const EngineOptions& options)
     : context_(std::move(context)),
       wake_fd_(std::move(wake_fd)),
       epoll_fd_(std::move(epoll_fd)),
-      max_bytes_in_flight_(max_bytes_in_flight) {}
+      max_bytes_in_flight_(options.max_bytes_in_flight),
+      put_path_(options.put_path) {}
 
 Result<std::shared_ptr<WorkerSlot>> Engine::OpenWorker() {
   KV_ASSIGN_OR_RETURN(WorkerPtr worker, CreateWorker(context_.get()));

@@ -2,14 +2,13 @@
 // progress thread (ucx_progress.cc). Rules on deadlines, failure and lifetime: ucx_engine.h.
 #include "transport/ucx/ucx_transport.h"
 
-#include <charconv>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
 
 #include "base/codec.h"
 #include "transport/run_check.h"
+#include "transport/settings.h"
 #include "transport/ucx/ucx_engine.h"
 
 namespace kv::transport {
@@ -260,28 +259,52 @@ class UcxTransport final : public Transport {
   PeerId next_peer_ = 1;
 };
 
-// The per-peer bound on bytes handed to UCX (ucx_engine.h), from the environment, as UCX's own
-// tuning is.
-Result<uint64_t> MaxBytesInFlight() {
-  const char* text = std::getenv(ucx::kMaxInFlightVariable);
-  if (text == nullptr) return ucx::kMaxBytesInFlight;
-  const std::string_view value(text);
-  uint64_t bytes = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), bytes);
-  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || bytes == 0)
-    return Status::InvalidArgument(std::string(ucx::kMaxInFlightVariable) + "='" +
-                                   std::string(value) + "' must be a byte count > 0");
-  return bytes;
+constexpr SettingInfo kSettings[] = {
+    {"max_inflight_bytes", "a peer's bytes handed to UCX at once; more wait (16777216)"},
+    {"put_path", "auto|am|rma: puts as kvd's messages or UCX's RMA; auto: am without RMA lane"},
+    {"UCX_*", "any UCX configuration variable, e.g. UCX_TLS=tcp; wins over the environment"},
+};
+
+// The engine's own settings; every other one is UCX's (ucx_transport.h).
+bool IsEngineSetting(const std::string& key) {
+  return key == "max_inflight_bytes" || key == "put_path";
+}
+
+Result<ucx::EngineOptions> ParseEngineOptions(const TransportOptions& options) {
+  ucx::EngineOptions engine;
+  KV_ASSIGN_OR_RETURN(int64_t bound, IntSetting(options, "ucx", "max_inflight_bytes",
+                                                static_cast<int64_t>(ucx::kMaxBytesInFlight), 1));
+  engine.max_bytes_in_flight = static_cast<uint64_t>(bound);
+  for (const auto& [k, v] : options.settings) {  // the first one counts, as in IntSetting
+    if (k != "put_path") continue;
+    if (v == "am") {
+      engine.put_path = ucx::PutPath::kMessages;
+    } else if (v == "rma") {
+      engine.put_path = ucx::PutPath::kRma;
+    } else if (v != "auto") {
+      return Status::InvalidArgument("ucx setting put_path='" + v + "' must be auto, am or rma");
+    }
+    break;
+  }
+  return engine;
 }
 
 }  // namespace
 
+std::span<const SettingInfo> UcxSettings() {
+  return kSettings;
+}
+
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
-  KV_ASSIGN_OR_RETURN(uint64_t max_in_flight, MaxBytesInFlight());
-  KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(options));
+  KV_ASSIGN_OR_RETURN(ucx::EngineOptions engine_options, ParseEngineOptions(options));
+  TransportOptions ucx_config;
+  for (const auto& setting : options.settings) {
+    if (!IsEngineSetting(setting.first)) ucx_config.settings.push_back(setting);
+  }
+  KV_ASSIGN_OR_RETURN(ucx::ContextPtr context, ucx::CreateContext(ucx_config));
   bool cuda = ucx::ContextSupports(context.get(), MemoryKind::kCuda);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                      Engine::Create(std::move(context), max_in_flight));
+                      Engine::Create(std::move(context), engine_options));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(engine), cuda));
 }
 

@@ -1,7 +1,7 @@
 // CudaPdEngines: the P/D simulator's engines on GPUs (`kvbench pd --memory cuda`).
 //
 // Every rank cudaMallocs its cache on its side's device (prefill ranks on one GPU, decode ranks
-// on another, or the same one) and registers it with RegisterGpuKvCaches. Everything a rank does
+// on another, or the same one) and registers it with RegisterKvCaches. Everything a rank does
 // is queued on its own stream, with no host synchronisation between layers:
 //   prefill: Forward (a kernel that waits layer_time), Write (K/V generated on the device from
 //     connector/pd_pattern.h as finite bf16, stored by the token-writing kernel, then the decode

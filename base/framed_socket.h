@@ -1,9 +1,10 @@
-// A message channel over a stream socket (unix or TCP), used by the GPU backends next to their
-// data path: peer identity, batch headers, acks, notifications, and liveness (EOF = peer gone).
+// A framed message socket (unix or TCP): the side channel of the GPU backends (peer identity,
+// batch headers, acks, notifications; EOF = peer gone) and the channel of the test harnesses.
 //
-// Messages are frames: a little-endian u32 length, then that many bytes. A frame longer than
-// kMaxFrameBytes is a protocol violation. Sending blocks until the frame is written or the
-// deadline passes; receiving is incremental (FrameReader) so one thread can poll many channels.
+// Frames are framing.h's (a little-endian u32 length, then that many bytes), decoded by the same
+// FrameDecoder kvd's control plane uses. A frame longer than kMaxFrameBytes is a protocol
+// violation. Sending blocks until the frame is written or the deadline passes; receiving is
+// incremental (FrameReader) so one thread can poll many sockets.
 //
 // Thread-safety: Socket::SendFrame may be called from several threads at once (frames are never
 // interleaved); reading belongs to one thread.
@@ -11,11 +12,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "base/framing.h"
 #include "base/status.h"
 
 namespace kv {
@@ -69,18 +72,18 @@ class Listener {
   std::string unix_path_;
 };
 
-// Reassembles frames from whatever a non-blocking read returns.
+// Reassembles frames from whatever a non-blocking read returns (a FrameDecoder fed by recv).
 class FrameReader {
  public:
   // Reads what is available. kUnavailable on EOF or a reset; kInvalidArgument on an oversized
-  // frame (the channel is then unusable).
+  // frame (the socket is then unusable).
   Status ReadAvailable(int fd);
   // The next complete frame, if any.
   std::optional<std::string> Next();
 
  private:
-  std::string buffer_;
-  size_t consumed_ = 0;
+  FrameDecoder decoder_{kMaxFrameBytes};
+  std::deque<std::string> ready_;
 };
 
 // Waits until `fd` is readable or the deadline passes. True when readable (or hung up).

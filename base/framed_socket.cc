@@ -1,4 +1,4 @@
-#include "base/side_channel.h"
+#include "base/framed_socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -146,33 +146,26 @@ Result<Socket> Socket::Connect(std::string_view endpoint, SteadyTime deadline) {
 }
 
 Status Socket::SendFrame(std::string_view payload, SteadyTime deadline) {
-  if (payload.size() > kMaxFrameBytes) {
-    return Status::InvalidArgument("frame of " + std::to_string(payload.size()) +
-                                   " bytes exceeds the limit of " + std::to_string(kMaxFrameBytes));
-  }
-  uint32_t n = static_cast<uint32_t>(payload.size());
-  char header[4] = {static_cast<char>(n), static_cast<char>(n >> 8), static_cast<char>(n >> 16),
-                    static_cast<char>(n >> 24)};
+  std::string frame;
+  KV_RETURN_IF_ERROR(AppendFrame(payload, &frame, kMaxFrameBytes));
   std::lock_guard lock(send_mu_);
-  std::string_view parts[2] = {std::string_view(header, 4), payload};
-  for (std::string_view part : parts) {
-    while (!part.empty()) {
-      ssize_t wrote = ::send(fd_, part.data(), part.size(), MSG_NOSIGNAL);
-      if (wrote > 0) {
-        part.remove_prefix(static_cast<size_t>(wrote));
-        continue;
-      }
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-          return Status::Timeout("side channel send blocked past the deadline");
-        }
-        pollfd p{fd_, POLLOUT, 0};
-        ::poll(&p, 1, PollTimeoutMs(deadline));
-        continue;
-      }
-      return Status::Unavailable(std::string("side channel send: ") + std::strerror(errno));
+  std::string_view rest = frame;
+  while (!rest.empty()) {
+    ssize_t wrote = ::send(fd_, rest.data(), rest.size(), MSG_NOSIGNAL);
+    if (wrote > 0) {
+      rest.remove_prefix(static_cast<size_t>(wrote));
+      continue;
     }
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Status::Timeout("framed socket send blocked past the deadline");
+      }
+      pollfd p{fd_, POLLOUT, 0};
+      ::poll(&p, 1, PollTimeoutMs(deadline));
+      continue;
+    }
+    return Status::Unavailable(std::string("framed socket send: ") + std::strerror(errno));
   }
   return Status::Ok();
 }
@@ -246,39 +239,30 @@ Result<Socket> Listener::Accept() {
 
 Status FrameReader::ReadAvailable(int fd) {
   char chunk[64 << 10];
+  Status end = Status::Ok();  // EOF or a reset: reported after the frames read before it
   while (true) {
     ssize_t got = ::recv(fd, chunk, sizeof(chunk), 0);
     if (got > 0) {
-      buffer_.append(chunk, static_cast<size_t>(got));
+      decoder_.Append(chunk, static_cast<size_t>(got));
       continue;
     }
-    if (got == 0) return Status::Unavailable("peer closed the side channel");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-    return Status::Unavailable(std::string("side channel read: ") + std::strerror(errno));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    end = got == 0 ? Status::Unavailable("peer closed the framed socket")
+                   : Status::Unavailable(std::string("framed socket read: ") + std::strerror(errno));
+    break;
   }
-  if (buffer_.size() - consumed_ >= 4) {
-    const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data() + consumed_);
-    uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-    if (n > kMaxFrameBytes) {
-      return Status::InvalidArgument("peer sent a frame of " + std::to_string(n) +
-                                     " bytes, over the limit of " + std::to_string(kMaxFrameBytes));
-    }
+  while (true) {
+    KV_ASSIGN_OR_RETURN(std::optional<std::string> frame, decoder_.Next());
+    if (!frame) return end;
+    ready_.push_back(std::move(*frame));
   }
-  return Status::Ok();
 }
 
 std::optional<std::string> FrameReader::Next() {
-  if (buffer_.size() - consumed_ < 4) return std::nullopt;
-  const auto* p = reinterpret_cast<const unsigned char*>(buffer_.data() + consumed_);
-  uint32_t n = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-  if (n > kMaxFrameBytes || buffer_.size() - consumed_ - 4 < n) return std::nullopt;
-  std::string frame = buffer_.substr(consumed_ + 4, n);
-  consumed_ += 4 + n;
-  if (consumed_ == buffer_.size() || consumed_ > (1u << 20)) {
-    buffer_.erase(0, consumed_);
-    consumed_ = 0;
-  }
+  if (ready_.empty()) return std::nullopt;
+  std::string frame = std::move(ready_.front());
+  ready_.pop_front();
   return frame;
 }
 

@@ -124,6 +124,11 @@ Status Daemon::Core::Start() {
     if (on_gpu) WarnWithoutMps();
   }
   event_gate_ = std::make_unique<EventGate>(transport_.get());
+  if (!options_.etcd_url.empty()) {
+    membership::ResolverOptions resolver;
+    resolver.etcd_url = options_.etcd_url;
+    KV_ASSIGN_OR_RETURN(resolver_, membership::PeerResolver::Start(std::move(resolver)));
+  }
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
     offload.capacity_bytes = options_.offload_bytes;

@@ -303,21 +303,25 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
   const offload::BlockTransfer transfer = copy.transfer();
   const uint64_t engine_id = engine.id;
   const std::string id = m.request_id();
+  // The last layer is reported with the op's completion, once the pool has closed its books on
+  // the load (its pins and byte counts): an engine that waited for every layer then sees the
+  // pool's status as of this load. Without per-layer reports every layer is reported then.
+  const int64_t layers = region->layout.spec().layers;
+  const int64_t first_at_end = m.per_layer() ? layers - 1 : 0;
   offload::LayerDone on_layer;
   if (m.per_layer()) {
-    on_layer = [this, engine_id, id](int64_t layer) {
+    on_layer = [this, engine_id, id, first_at_end](int64_t layer) {
+      if (layer >= first_at_end) return;
       asio::post(io_, [this, engine_id, id, layer] {
         SendToEngine(engine_id, LayerReadyMessage(id, layer));
       });
     };
   }
-  // Without per-layer reports the engine still waits on layers: every one is ready at the end.
-  const int64_t report_at_end = m.per_layer() ? 0 : region->layout.spec().layers;
   auto figures = std::make_shared<std::pair<uint64_t, uint64_t>>();  // as in OffloadStore
-  auto on_done = [this, engine_id, id, region, report_at_end, figures](Status s) {
-    asio::post(io_, [this, engine_id, id, s, report_at_end, figures] {
+  auto on_done = [this, engine_id, id, region, first_at_end, layers, figures](Status s) {
+    asio::post(io_, [this, engine_id, id, s, first_at_end, layers, figures] {
       std::vector<proto::DaemonMessage> events;
-      for (int64_t l = 0; s.ok() && l < report_at_end; ++l) {
+      for (int64_t l = first_at_end; s.ok() && l < layers; ++l) {
         events.push_back(LayerReadyMessage(id, l));
       }
       events.push_back(RequestDoneMessage(id, /*sent=*/false, s, figures->first, figures->second));

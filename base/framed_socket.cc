@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -185,6 +186,7 @@ Result<Listener> Listener::Listen(std::string_view endpoint) {
     if (::bind(l.fd(), reinterpret_cast<sockaddr*>(&un), sizeof(un)) != 0) {
       return Errno("bind " + ep.path);
     }
+    if (::chmod(ep.path.c_str(), 0600) != 0) return Errno("chmod " + ep.path);
     l.unix_path_ = ep.path;
     l.endpoint_ = "unix:" + ep.path;
   } else {
@@ -225,14 +227,28 @@ Listener& Listener::operator=(Listener&& other) noexcept {
 }
 
 Result<Socket> Listener::Accept() {
-  int fd = ::accept4(socket_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd >= 0) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // fails harmlessly on unix
-    return Socket(fd);
+  while (true) {
+    int fd = ::accept4(socket_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Socket();
+      return Errno("accept");
+    }
+    Socket peer(fd);
+    if (!unix_path_.empty()) {
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      const uid_t self = ::geteuid();
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+          (cred.uid != self && cred.uid != 0)) {
+        ++refused_;
+        continue;  // closes it
+      }
+    } else {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    return peer;
   }
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Socket();
-  return Errno("accept");
 }
 
 // ---- FrameReader --------------------------------------------------------------------------------

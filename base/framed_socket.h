@@ -52,6 +52,11 @@ class Socket {
 
 // A listening socket. Listen("unix:/path") binds a fresh path (an existing file is removed and
 // the path unlinked again on destruction); Listen("tcp:127.0.0.1:0") picks a free port.
+//
+// A unix listener serves its own user only: the path is made 0600, and Accept closes a peer whose
+// credentials (SO_PEERCRED) name another user than this process's (root excepted), so the GPU
+// backends' side channels and the VMM fd server hand nothing to another account on the host.
+// TCP listeners authenticate above this layer.
 class Listener {
  public:
   static Result<Listener> Listen(std::string_view endpoint);
@@ -65,11 +70,14 @@ class Listener {
   const std::string& endpoint() const { return endpoint_; }
   // A pending connection, or an invalid Socket when none is waiting.
   Result<Socket> Accept();
+  // Unix peers of another user that Accept closed.
+  uint64_t refused() const { return refused_; }
 
  private:
   Socket socket_;
   std::string endpoint_;
   std::string unix_path_;
+  uint64_t refused_ = 0;
 };
 
 // Reassembles frames from whatever a non-blocking read returns (a FrameDecoder fed by recv).

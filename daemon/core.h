@@ -25,6 +25,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,28 +38,29 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/shared_memory.h"
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
 #include "daemon/event_gate.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
-#include "base/shared_memory.h"
-#include "layout/kv_region.h"
-#include "layout/plan.h"
+#include "daemon/setup_worker.h"
 #include "gpu/ipc_memory.h"
 #include "gpu/layer_events.h"
+#include "layout/kv_region.h"
+#include "layout/plan.h"
 
 namespace kv::daemon {
 
 using Clock = std::chrono::steady_clock;
 
-// One registered KV region, host or GPU memory alike (engine_session.cc, HandleRegister): its
-// shape, the memory object that holds its bytes and keeps them mapped here, where that object
-// lives, and the transport registration. A host region is the engine's memfd mapped into kvd; a
-// GPU region is the engine's allocation opened through CUDA IPC, or through its fd for a VMM
-// allocation. Shared: batches and offload copies in flight hold it, so the mapping outlives an
-// engine's disconnect until they finish.
+// One registered KV region, host or GPU memory alike (engine_session.cc, StartRegister,
+// OpenRegion): its shape, the memory object that holds its bytes and keeps them mapped here, where
+// that object lives, and the transport registration. A host region is the engine's memfd mapped
+// into kvd; a GPU region is the engine's allocation opened through CUDA IPC, or through its fd for
+// a VMM allocation. Shared: batches and offload copies in flight hold it, so the mapping outlives
+// an engine's disconnect until they finish.
 struct Region {
   KvRegion layout;       // the shape only: where the bytes are is `where`
   void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
@@ -69,6 +71,27 @@ struct Region {
   std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
   // Declared last so it is released first, while the memory it names is still mapped.
   std::unique_ptr<transport::MemoryRegistration> registration;
+};
+
+// An engine's or a peer's messages that arrived while a setup step of theirs ran on the setup
+// worker (setup_worker.h): handled in arrival order once it finished, so that what was sent
+// after a registration, a hello or a Want sees its effect. Bounded by kMaxHeldBytes (then the
+// connection closes). Engines send one fd-carrying RegisterRegion at a time (the connector
+// waits for each reply); one that pipelines more than EngineLimits' one queued fd is closed.
+struct HeldMessages {
+  bool busy = false;  // a setup step is in flight
+  std::deque<std::string> messages;
+  size_t bytes = 0;
+};
+inline constexpr size_t kMaxHeldBytes = size_t{64} << 20;
+// Setup steps in flight at once: one per engine and peer at most, so this bounds those too.
+inline constexpr size_t kMaxSetupJobs = 1024;
+
+// A region opened and registered on the setup worker (OpenRegion), for the io thread.
+struct OpenedRegion {
+  std::shared_ptr<Region> region;
+  std::shared_ptr<kv::gpu::ImportedLayerEvents> events;  // with a GPU engine's first region
+  bool vmm = false;
 };
 
 struct Engine {
@@ -84,6 +107,7 @@ struct Engine {
   // layer l out of this engine's regions waits in the event gate until event(l) fired.
   std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
   int offload_in_flight = 0;  // stores and loads accepted and not yet completed
+  HeldMessages held;          // while its registration is opened off the io thread
 };
 
 struct Peer {
@@ -108,6 +132,7 @@ struct Peer {
   // The peer's regions imported into the transport, by packed descriptor: every request into a
   // region shares one import instead of a blocking round trip to the transport's thread each.
   std::map<std::string, std::shared_ptr<transport::RemoteMemory>> imported;
+  HeldMessages held;  // while its transport connect or a Want's imports run off the io thread
 };
 
 struct SourceRank {
@@ -277,9 +302,21 @@ class Daemon::Core {
                      proto::Reply* payload = nullptr);
   void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
   Status HandleHello(Engine& engine, const proto::EngineHello& hello);
-  // Host and GPU memory alike: validates the message and the fd beside it, opens the memory
-  // (and a GPU engine's layer events, with its first region) and registers it with the transport.
-  Result<uint32_t> HandleRegister(Engine& engine, const proto::RegisterRegion& reg);
+  // Host and GPU memory alike: validates the message and the fd beside it, then has the setup
+  // worker open the memory (and a GPU engine's layer events, with its first region) and
+  // register it with the transport (OpenRegion); RegisterDone replies to `seq` with the region
+  // id. An error here is the reply (nothing was started).
+  Status StartRegister(Engine& engine, uint64_t seq, const proto::RegisterRegion& reg);
+  // The setup worker's thread: uses options_ and transport_ only.
+  Result<OpenedRegion> OpenRegion(const proto::RegisterRegion& reg, const KvRegion& layout,
+                                  UniqueFd fd, int first_device);
+  void RegisterDone(uint64_t engine_id, uint64_t seq, Result<OpenedRegion> opened);
+  // Queues `body` if a setup step of its sender is in flight (true), closing `conn` past
+  // kMaxHeldBytes.
+  bool Hold(HeldMessages& held, Connection& conn, const std::string& body);
+  // After a setup step: handles the held messages in order, until one starts another step.
+  void ReleaseEngine(uint64_t engine_id);
+  void ReleasePeer(uint64_t peer_id);
   // Every load as StartLoad would take it, one result each. Takes the engine's id, not the
   // engine: a load's failure may close the engine (its send backlog overflows) mid-batch.
   Result<proto::LoadResults> StartLoads(uint64_t engine_id, const proto::StartLoads& batch);
@@ -297,7 +334,11 @@ class Daemon::Core {
   Result<uint64_t> PeerFor(const std::string& address);
   void OnPeerMessage(uint64_t peer_id, const std::string& body);
   void OnPeerClosed(uint64_t peer_id, const Status& why);
+  // Checks the hello, then has the setup worker connect the transport (connect_endpoint);
+  // PeerConnected makes the peer ready.
   Status HandlePeerHello(Peer& peer, const proto::PeerHello& hello);
+  void PeerConnected(uint64_t peer_id, std::string name, int ranks,
+                     Result<transport::PeerId> connected);
   void SendToPeer(uint64_t peer_id, proto::PeerMessage message);
   proto::PeerHello BuildHello() const;
   // The peer's transport end and our hello: only once the peer is authenticated.
@@ -320,9 +361,16 @@ class Daemon::Core {
   void FailSave(uint64_t engine_id, const std::string& request_id, const Status& why);
   Result<proto::TransferParams> RequestFinished(Engine& engine, const proto::RequestFinished& m);
   Status StartLoad(Engine& engine, const proto::StartLoad& load);
-  Status OnWant(Peer& peer, const proto::WantRequest& want);
+  // A Want naming regions of the peer not imported yet has the setup worker import them first
+  // (held messages as for a hello); refusals go back to the peer as Fail.
+  void HandleWant(Peer& peer, const proto::WantRequest& want);
+  void RefuseWant(uint64_t peer_id, const proto::WantRequest& want, const Status& why);
+  // Every region of the Want imported (the peer's cache, else `fresh`): never blocks.
+  using Imports = std::map<std::string, std::shared_ptr<transport::RemoteMemory>>;
+  Status OnWant(Peer& peer, const proto::WantRequest& want, const Imports& fresh = {});
   Result<std::shared_ptr<transport::RemoteMemory>> ImportRemote(Peer& peer,
-                                                                const std::string& descriptor);
+                                                                const std::string& descriptor,
+                                                                const Imports& fresh);
   void OnConfirm(Peer& peer, const std::string& request_id);
   void OnPeerFail(Peer& peer, const proto::Fail& fail);
   void OnNotification(const std::string& message);
@@ -435,6 +483,9 @@ class Daemon::Core {
   // notices go through it too. Destroyed first in Shutdown: what it holds names the transport,
   // the pool and regions.
   std::unique_ptr<EventGate> event_gate_;
+  // Blocking setup steps off the io thread (setup_worker.h). Shut down right after the io
+  // thread: what it still holds was made by the transport.
+  std::unique_ptr<SetupWorker> setup_;
 
   uint64_t transfers_done_ = 0;
   uint64_t transfers_failed_ = 0;

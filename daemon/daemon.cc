@@ -124,6 +124,9 @@ Status Daemon::Core::Start() {
     if (on_gpu) WarnWithoutMps();
   }
   event_gate_ = std::make_unique<EventGate>(transport_.get());
+  // Two threads: one stalled step (a peer that does not answer the transport's connect) leaves
+  // the other to the rest; each engine and peer has at most one step in flight.
+  setup_ = std::make_unique<SetupWorker>(io_, 2, kMaxSetupJobs);
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
     offload.capacity_bytes = options_.offload_bytes;
@@ -329,6 +332,18 @@ void Daemon::Core::Sweep() {
   });
 }
 
+bool Daemon::Core::Hold(HeldMessages& held, Connection& conn, const std::string& body) {
+  if (!held.busy) return false;
+  if (held.bytes + body.size() > kMaxHeldBytes) {
+    conn.Close(Status::ResourceExhausted(conn.label() + ": " + std::to_string(held.bytes) +
+                                         " bytes of messages wait behind its setup step"));
+    return true;
+  }
+  held.bytes += body.size();
+  held.messages.push_back(body);
+  return true;
+}
+
 Status Daemon::Core::AttachEngine(int fd) {
   if (stopped_) {
     close(fd);
@@ -445,6 +460,8 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
     io_.stop();
     io_thread_.join();
   }
+  // Waits for the steps running; what they made goes before the transport.
+  if (setup_) setup_->Shutdown();
   // Fails what still waits for an engine's event (nothing of it started), before the pool and
   // the transport it would have gone to.
   event_gate_.reset();

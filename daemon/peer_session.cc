@@ -230,6 +230,7 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
   Peer* peer = FindPeer(peer_id);
   if (peer == nullptr) return;
   peer->last_heard = Clock::now();
+  if (Hold(peer->held, *peer->conn, body)) return;
   proto::PeerMessage m;
   if (!m.ParseFromString(body)) {
     peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": malformed message"));
@@ -264,18 +265,9 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
   switch (m.body_case()) {
     case proto::PeerMessage::kHeartbeat:
       return;
-    case proto::PeerMessage::kWant: {
-      Status s = OnWant(*peer, m.want());
-      if (!s.ok()) {
-        spdlog::warn("kvd {}: refused request {} from {}: {}", options_.name,
-                     m.want().request_id().substr(0, kMaxRequestIdBytes), peer->name, s.ToString());
-        proto::PeerMessage fail;
-        fail.mutable_fail()->set_request_id(m.want().request_id().substr(0, kMaxRequestIdBytes));
-        ToWire(s, fail.mutable_fail()->mutable_error());
-        SendToPeer(peer_id, std::move(fail));
-      }
+    case proto::PeerMessage::kWant:
+      HandleWant(*peer, m.want());
       return;
-    }
     case proto::PeerMessage::kConfirm:
       OnConfirm(*peer, m.confirm().request_id());
       return;
@@ -373,17 +365,59 @@ Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) 
   }
   KV_RETURN_IF_ERROR(CheckPeerLayouts(options_.name, BuildHello(), hello));
   const uint64_t endpoint = std::exchange(peer.transport_endpoint, 0);  // consumed either way
-  KV_ASSIGN_OR_RETURN(peer.transport_peer,
-                      transport_->connect_endpoint(hello.transport_address(), endpoint));
-  peer.name = hello.node_name();
-  peer.ready = true;
-  spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer.name, hello.ranks_size());
-  auto queued = std::move(peer.queued);
-  peer.queued.clear();
-  // By id, not through `peer`: a send that fails closes the connection and erases the peer.
-  const uint64_t id = peer.id;
-  for (auto& m : queued) SendToPeer(id, std::move(m));
+  // A UCX connect is a round trip to the peer's worker: off the io thread, so that a peer that
+  // stalls it delays no one else. Its later messages wait in peer.held meanwhile.
+  auto work = [this, address = hello.transport_address(), endpoint]() -> Result<transport::PeerId> {
+    return transport_->connect_endpoint(address, endpoint);
+  };
+  auto done = [this, id = peer.id, name = hello.node_name(),
+               ranks = hello.ranks_size()](Result<transport::PeerId> connected) {
+    PeerConnected(id, name, ranks, std::move(connected));
+  };
+  const Status submitted = setup_->Submit<transport::PeerId>(
+      Clock::now() + options_.handshake_timeout, std::move(work), std::move(done));
+  if (!submitted.ok()) {
+    transport_->release_endpoint(endpoint);
+    return submitted;
+  }
+  peer.held.busy = true;
   return Status::Ok();
+}
+
+void Daemon::Core::PeerConnected(uint64_t peer_id, std::string name, int ranks,
+                                 Result<transport::PeerId> connected) {
+  Peer* peer = FindPeer(peer_id);
+  if (peer == nullptr) {
+    if (connected.ok()) transport_->disconnect(*connected);  // it left meanwhile
+    return;
+  }
+  if (!connected.ok()) {
+    peer->conn->Close(connected.status().WithContext(peer->conn->label()));
+    return;
+  }
+  peer->transport_peer = *connected;
+  peer->name = std::move(name);
+  peer->ready = true;
+  spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer->name, ranks);
+  auto queued = std::move(peer->queued);
+  peer->queued.clear();
+  // By id, not through `peer`: a send that fails closes the connection and erases the peer.
+  for (auto& m : queued) SendToPeer(peer_id, std::move(m));
+  ReleasePeer(peer_id);
+}
+
+void Daemon::Core::ReleasePeer(uint64_t peer_id) {
+  if (Peer* p = FindPeer(peer_id)) p->held.busy = false;
+  // Looked up again after each message: its handler may close the connection, or start another
+  // setup step (which releases the rest when it is done).
+  for (Peer* p = FindPeer(peer_id); p != nullptr && !p->held.busy && !p->held.messages.empty();
+       p = FindPeer(peer_id)) {
+    std::string body = std::move(p->held.messages.front());
+    p->held.messages.pop_front();
+    p->held.bytes -= body.size();
+    OnPeerMessage(peer_id, body);
+    FlushSendsIfDue();
+  }
 }
 
 void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {

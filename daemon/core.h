@@ -1,9 +1,12 @@
 // Daemon::Core: the state behind a Daemon. Private to daemon/; split over daemon.cc (lifecycle,
 // listeners, status), engine_session.cc (the engine protocol), peer_session.cc (the peer
-// protocol, heartbeats) and transfers.cc (the request state machines).
+// protocol, heartbeats) and transfers.cc (the request state machines). Its engines and their
+// regions are a Registry (registry.h), its peer kvds Peers (peers.h); the blocking setup steps
+// (registrations, transport connects, imports) run on a SetupWorker (setup_worker.h).
 //
 // Threading: everything here is touched only on the io thread, except what is marked otherwise.
-// Transport completions and notifications hop onto the io thread with asio::post.
+// Transport completions, notifications and setup steps' results hop onto the io thread with
+// asio::post.
 //
 // Request states, source side (the kvd of the prefill engines):
 //   kCollecting       engines save layers; the destination is not known yet
@@ -45,6 +48,8 @@
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
+#include "daemon/peers.h"
+#include "daemon/registry.h"
 #include "daemon/setup_worker.h"
 #include "gpu/ipc_memory.h"
 #include "gpu/layer_events.h"
@@ -54,86 +59,6 @@
 namespace kv::daemon {
 
 using Clock = std::chrono::steady_clock;
-
-// One registered KV region, host or GPU memory alike (engine_session.cc, StartRegister,
-// OpenRegion): its shape, the memory object that holds its bytes and keeps them mapped here, where
-// that object lives, and the transport registration. A host region is the engine's memfd mapped
-// into kvd; a GPU region is the engine's allocation opened through CUDA IPC, or through its fd for
-// a VMM allocation. Shared: batches and offload copies in flight hold it, so the mapping outlives
-// an engine's disconnect until they finish.
-struct Region {
-  KvRegion layout;       // the shape only: where the bytes are is `where`
-  void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
-  uint64_t bytes = 0;    // of where.device (CUDA IPC mappings are device pointers in kvd too)
-  // The memory object's location: host for `host`, the device `gpu` was opened on for `gpu`.
-  MemoryLocation where;
-  SharedMemory host;                               // host regions: the engine's memfd
-  std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
-  // Declared last so it is released first, while the memory it names is still mapped.
-  std::unique_ptr<transport::MemoryRegistration> registration;
-};
-
-// An engine's or a peer's messages that arrived while a setup step of theirs ran on the setup
-// worker (setup_worker.h): handled in arrival order once it finished, so that what was sent
-// after a registration, a hello or a Want sees its effect. Bounded by kMaxHeldBytes (then the
-// connection closes). Engines send one fd-carrying RegisterRegion at a time (the connector
-// waits for each reply); one that pipelines more than EngineLimits' one queued fd is closed.
-struct HeldMessages {
-  bool busy = false;  // a setup step is in flight
-  std::deque<std::string> messages;
-  size_t bytes = 0;
-};
-inline constexpr size_t kMaxHeldBytes = size_t{64} << 20;
-// Setup steps in flight at once: one per engine and peer at most, so this bounds those too.
-inline constexpr size_t kMaxSetupJobs = 1024;
-
-// A region opened and registered on the setup worker (OpenRegion), for the io thread.
-struct OpenedRegion {
-  std::shared_ptr<Region> region;
-  std::shared_ptr<kv::gpu::ImportedLayerEvents> events;  // with a GPU engine's first region
-  bool vmm = false;
-};
-
-struct Engine {
-  uint64_t id = 0;
-  std::shared_ptr<Connection> conn;
-  bool hello = false;
-  std::string instance;
-  std::string offload_namespace;  // the pool's key namespace: EngineHello's, else instance
-  int tp_rank = 0;
-  int tp_size = 1;
-  std::vector<std::shared_ptr<Region>> regions;
-  // GPU engines: the engine's per-layer events, opened with its first region. A copy of
-  // layer l out of this engine's regions waits in the event gate until event(l) fired.
-  std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
-  int offload_in_flight = 0;  // stores and loads accepted and not yet completed
-  HeldMessages held;          // while its registration is opened off the io thread
-};
-
-struct Peer {
-  uint64_t id = 0;
-  std::shared_ptr<Connection> conn;                          // null while connecting
-  std::shared_ptr<boost::asio::ip::tcp::socket> connecting;  // until the dial completes
-  std::string dialed_address;                                // set when we dialed it
-  std::string name;                                          // from its hello
-  std::string remote_ip;  // of an accepted connection, for the per-address limit
-  // Peer authentication (peer_auth.h): authenticated once the peer's proof matched (or at once
-  // without a secret). `name` is bound to the proof: its hello must carry the same.
-  bool authenticated = false;
-  bool dialed = false;      // this side dialed the connection (the role inside the proofs)
-  std::string our_nonce;    // sent in our challenge
-  std::string their_nonce;  // from theirs; empty until it came
-  int requests = 0;         // source requests bound to it (max_requests_per_peer)
-  bool ready = false;       // hello exchanged and transport connected
-  transport::PeerId transport_peer = 0;
-  uint64_t transport_endpoint = 0;  // open_endpoint()'s, until connect_endpoint() takes it
-  Clock::time_point last_heard;
-  std::vector<proto::PeerMessage> queued;  // sent once ready
-  // The peer's regions imported into the transport, by packed descriptor: every request into a
-  // region shares one import instead of a blocking round trip to the transport's thread each.
-  std::map<std::string, std::shared_ptr<transport::RemoteMemory>> imported;
-  HeldMessages held;  // while its transport connect or a Want's imports run off the io thread
-};
 
 struct SourceRank {
   uint64_t engine_id = 0;
@@ -320,7 +245,7 @@ class Daemon::Core {
   // Every load as StartLoad would take it, one result each. Takes the engine's id, not the
   // engine: a load's failure may close the engine (its send backlog overflows) mid-batch.
   Result<proto::LoadResults> StartLoads(uint64_t engine_id, const proto::StartLoads& batch);
-  Engine* FindEngine(uint64_t id);
+  Engine* FindEngine(uint64_t id) { return registry_.Find(id); }
 
   // ---- gpu_regions.cc ----
   // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
@@ -349,7 +274,7 @@ class Daemon::Core {
   void RefusePeer(Peer& peer, const Status& why);
   // Whether a new connection from `ip` fits the limits; counts the refusal if not.
   Status AdmitPeerConnection(const boost::asio::ip::address& ip);
-  Peer* FindPeer(uint64_t id);
+  Peer* FindPeer(uint64_t id) { return peers_.Find(id); }
 
   // ---- transfers.cc ----
   Status NewToken(std::string* out);  // a random 128-bit capability
@@ -458,8 +383,8 @@ class Daemon::Core {
   bool draining_ = false;
 
   uint64_t next_id_ = 1;
-  std::map<uint64_t, Engine> engines_;
-  std::map<uint64_t, Peer> peers_;
+  Registry registry_;
+  Peers peers_;
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
   std::vector<Retired> retired_;

@@ -20,8 +20,7 @@ void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
     }
   }
   const uint64_t id = next_id_++;
-  Engine& engine = engines_[id];
-  engine.id = id;
+  Engine& engine = registry_.Add(id);
   engine.conn = Connection::Adopt(io_, fd, EngineLimits(), "engine " + std::to_string(id));
   engine.conn->Start(
       [this, id](std::string body) {
@@ -29,11 +28,6 @@ void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
         FlushSendsIfDue();
       },
       [this, id](const Status& why) { OnEngineClosed(id, why); });
-}
-
-Engine* Daemon::Core::FindEngine(uint64_t id) {
-  auto it = engines_.find(id);
-  return it == engines_.end() ? nullptr : &it->second;
 }
 
 void Daemon::Core::ReplyToEngine(Engine& engine, uint64_t seq, const Status& status,
@@ -149,11 +143,9 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
   if (hello.instance().empty() || hello.instance().size() > kMaxRequestIdBytes) {
     return Status::InvalidArgument("instance name must have 1 to 256 bytes");
   }
-  for (const auto& [id, other] : engines_) {
-    if (other.hello && other.instance == hello.instance() && other.tp_rank == hello.tp_rank()) {
-      return Status::AlreadyExists("instance " + hello.instance() + " rank " +
-                                   std::to_string(hello.tp_rank()) + " is already connected");
-    }
+  if (registry_.HasRank(hello.instance(), hello.tp_rank())) {
+    return Status::AlreadyExists("instance " + hello.instance() + " rank " +
+                                 std::to_string(hello.tp_rank()) + " is already connected");
   }
   engine.hello = true;
   engine.instance = hello.instance();
@@ -376,19 +368,18 @@ void Daemon::Core::ReleaseEngine(uint64_t engine_id) {
 }
 
 void Daemon::Core::OnEngineClosed(uint64_t engine_id, const Status& why) {
-  auto it = engines_.find(engine_id);
-  if (it == engines_.end()) return;
+  Engine* engine = FindEngine(engine_id);
+  if (engine == nullptr) return;
   if (why.ok()) {
-    spdlog::info("kvd {}: engine {} rank {} disconnected", options_.name, it->second.instance,
-                 it->second.tp_rank);
+    spdlog::info("kvd {}: engine {} rank {} disconnected", options_.name, engine->instance,
+                 engine->tp_rank);
   } else {
-    spdlog::warn("kvd {}: closed engine {}: {}", options_.name, it->second.instance,
-                 why.ToString());
+    spdlog::warn("kvd {}: closed engine {}: {}", options_.name, engine->instance, why.ToString());
   }
   FailRequestsOfEngine(engine_id,
-                       Status::Aborted("engine " + it->second.instance + " rank " +
-                                       std::to_string(it->second.tp_rank) + " disconnected"));
-  engines_.erase(engine_id);
+                       Status::Aborted("engine " + engine->instance + " rank " +
+                                       std::to_string(engine->tp_rank) + " disconnected"));
+  registry_.Remove(engine_id);
 }
 
 }  // namespace kv::daemon

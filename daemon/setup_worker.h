@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -100,5 +101,19 @@ class SetupWorker {
   std::map<uint64_t, std::unique_ptr<Job>> finished_;  // until the io thread takes them
   std::vector<std::thread> threads_;
 };
+
+// An engine's or a peer's messages that arrived while a setup step of theirs ran on the setup
+// worker (setup_worker.h): handled in arrival order once it finished, so that what was sent
+// after a registration, a hello or a Want sees its effect. Bounded by kMaxHeldBytes (then the
+// connection closes). Engines send one fd-carrying RegisterRegion at a time (the connector
+// waits for each reply); one that pipelines more than EngineLimits' one queued fd is closed.
+struct HeldMessages {
+  bool busy = false;  // a setup step is in flight
+  std::deque<std::string> messages;
+  size_t bytes = 0;
+};
+inline constexpr size_t kMaxHeldBytes = size_t{64} << 20;
+// Setup steps in flight at once: one per engine and peer at most, so this bounds those too.
+inline constexpr size_t kMaxSetupJobs = 1024;
 
 }  // namespace kv::daemon

@@ -16,7 +16,6 @@ namespace {
 
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr int kMaxBlocksPerRequest = 1 << 20;
-constexpr size_t kMaxImportsPerPeer = 4096;
 
 // Block ids from an engine or a peer, checked against every region they will index.
 template <typename Ids>
@@ -142,60 +141,6 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   return params;
 }
 
-void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
-  // Regions of the peer not imported yet (the first Want into each): imported on the setup
-  // worker, a round trip to the transport's thread or a CUDA IPC open each.
-  std::vector<std::string> missing;
-  size_t named = 0;
-  for (const auto& rank : want.ranks()) {
-    named += static_cast<size_t>(rank.descriptors_size());
-    for (const std::string& d : rank.descriptors()) {
-      if (!peer.imported.count(d)) missing.push_back(d);
-    }
-  }
-  if (missing.empty() || named > static_cast<size_t>(kMaxTpSize) * kMaxRegionsPerEngine) {
-    const Status s = OnWant(peer, want);  // and a Want too large to be one is refused there
-    if (!s.ok()) RefuseWant(peer.id, want, s);
-    return;
-  }
-  std::sort(missing.begin(), missing.end());
-  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-  auto work = [this, transport_peer = peer.transport_peer, missing]() -> Result<Imports> {
-    Imports fresh;
-    for (const std::string& d : missing) {
-      KV_ASSIGN_OR_RETURN(std::shared_ptr<transport::RemoteMemory> remote,
-                          transport_->import_remote(transport_peer, d));
-      fresh.emplace(d, std::move(remote));
-    }
-    return fresh;
-  };
-  auto done = [this, id = peer.id, want](Result<Imports> fresh) {
-    Peer* p = FindPeer(id);
-    if (p == nullptr) return;  // gone: the imports close here
-    const Status s = fresh.ok() ? OnWant(*p, want, *fresh) : fresh.status();
-    if (!s.ok()) RefuseWant(id, want, s);
-    ReleasePeer(id);
-  };
-  const Status submitted =
-      setup_->Submit<Imports>(Clock::now() + options_.lease, std::move(work), std::move(done));
-  if (!submitted.ok()) {
-    RefuseWant(peer.id, want, submitted);
-    return;
-  }
-  peer.held.busy = true;
-}
-
-void Daemon::Core::RefuseWant(uint64_t peer_id, const proto::WantRequest& want, const Status& why) {
-  Peer* peer = FindPeer(peer_id);
-  if (peer == nullptr) return;
-  spdlog::warn("kvd {}: refused request {} from {}: {}", options_.name,
-               want.request_id().substr(0, kMaxRequestIdBytes), peer->name, why.ToString());
-  proto::PeerMessage fail;
-  fail.mutable_fail()->set_request_id(want.request_id().substr(0, kMaxRequestIdBytes));
-  ToWire(why, fail.mutable_fail()->mutable_error());
-  SendToPeer(peer_id, std::move(fail));
-}
-
 Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Imports& fresh) {
   KV_RETURN_IF_ERROR(CheckRequestId(want.request_id()));
   if (want.tokens() <= 0 || want.tokens() > kMaxTokens) {
@@ -293,22 +238,6 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Im
   request.destination = std::move(destination);
   PumpSource(request);
   return Status::Ok();
-}
-
-Result<std::shared_ptr<transport::RemoteMemory>> Daemon::Core::ImportRemote(
-    Peer& peer, const std::string& descriptor, const Imports& fresh) {
-  auto it = peer.imported.find(descriptor);
-  if (it != peer.imported.end()) return it->second;
-  auto made = fresh.find(descriptor);
-  if (made == fresh.end()) {
-    return Status::Internal("region descriptor was not imported before the Want");  // HandleWant
-  }
-  std::shared_ptr<transport::RemoteMemory> remote = made->second;
-  // A peer whose engines re-register leaves stale entries: bounded, and dropped all at once
-  // (requests in flight hold their own references).
-  if (peer.imported.size() >= kMaxImportsPerPeer) peer.imported.clear();
-  peer.imported.emplace(descriptor, remote);
-  return remote;
 }
 
 void Daemon::Core::PumpSource(SourceRequest& request) {

@@ -280,7 +280,11 @@ Result<std::string> ReceiveFrame(int fd, FrameReader& reader, SteadyTime deadlin
   while (true) {
     if (auto frame = reader.Next()) return std::move(*frame);
     if (!WaitReadable(fd, deadline)) return Status::Timeout("no frame from peer before deadline");
-    KV_RETURN_IF_ERROR(reader.ReadAvailable(fd));
+    // A peer that sends and closes delivers its last frame with the EOF: hand the frame out
+    // first; the next call reports the EOF.
+    const Status read = reader.ReadAvailable(fd);
+    if (auto frame = reader.Next()) return std::move(*frame);
+    KV_RETURN_IF_ERROR(read);
   }
 }
 

@@ -10,13 +10,17 @@
 //
 // Request states, source side (the kvd of the prefill engines):
 //   kCollecting       engines save layers; the destination is not known yet
-//   kStreaming        destination known (WantRequest); each layer goes out once every prefill
-//                     rank saved it (push) or once every rank finished the request (pull)
-//   kAwaitingConfirm  every layer posted and announced; blocks held until the destination
-//                     confirms and every rank finished the request, or it fails, or the lease
-//                     ends — then the engines hear RequestDone(sent)
+//   kStreaming        a destination known (WantRequest); each layer goes out once every
+//                     prefill rank saved it (push) or once every rank finished the request
+//                     (pull). Decode ranks behind several kvds (TP across hosts) make one
+//                     destination per kvd, each wanting its share of the ranks
+//   kAwaitingConfirm  every decode rank wanted, every layer posted to each destination and
+//                     announced; blocks held until every destination confirms and every rank
+//                     finished the request, or it fails, or the lease ends — then the engines
+//                     hear RequestDone(sent)
 // Destination side (the kvd of the decode engines):
-//   kGathering        decode ranks call start_load; waits for all tp_size of them
+//   kGathering        decode ranks call start_load; waits for every rank of the instance that
+//                     this kvd serves (all tp_size of them, unless some are behind another kvd)
 //   kRequested        WantRequest sent; LayerNotices arrive, each forwarded as LayerReady
 //   (complete)        every layer in place: Confirm to the source, RequestDone(received)
 // Failure anywhere ends the request on both sides with RequestDone carrying the error.
@@ -45,6 +49,7 @@
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
 #include "daemon/event_gate.h"
+#include "daemon/membership/peer_resolver.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
@@ -87,6 +92,25 @@ inline uint64_t NextRequestGeneration() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+// Layer 0's plan per (prefill rank, index into the destination's ranks, region), shifted to each
+// layer pushed: a request is planned once, not once per layer. `source` is the region it was
+// planned from; a rank whose engine registered anew is planned again.
+struct LayerPlanOf {
+  std::shared_ptr<Region> source;
+  LayerPlan plan;
+};
+
+// One destination kvd of a source request: the decode ranks it wants (every rank, or its share
+// where the decode instance's ranks sit behind several kvds) and what it was sent.
+struct SourceDestination {
+  uint64_t peer_id = 0;
+  std::vector<DestinationRank> ranks;
+  std::string notice_token;  // the destination's, echoed in every LayerNotice
+  std::vector<bool> sent;    // per layer
+  bool confirmed = false;    // the destination has every layer
+  std::map<std::tuple<int, size_t, size_t>, LayerPlanOf> layer_plans;
+};
+
 struct SourceRequest {
   enum class State { kCollecting, kStreaming, kAwaitingConfirm };
   std::string id;
@@ -96,34 +120,41 @@ struct SourceRequest {
   int tp_size = 1;
   int layers = 0;
   std::map<int, SourceRank> ranks;  // by prefill TP rank
-  uint64_t peer_id = 0;             // valid from kStreaming
+  // From kStreaming: the first WantRequest fixes mode, tokens and the decode TP size; the
+  // destinations' ranks are disjoint, and once they cover all destination_tp ranks no more come.
   proto::TransferMode mode = proto::MODE_PUSH;
   int64_t tokens = 0;
-  std::vector<DestinationRank> destination;
-  std::vector<bool> sent;  // per layer
-  // Layer 0's plan per (prefill rank, index into destination, region), shifted to each layer
-  // pushed: a request is planned once, not once per layer. `source` is the region it was
-  // planned from; a rank whose engine registered anew is planned again.
-  struct LayerPlanOf {
-    std::shared_ptr<Region> source;
-    LayerPlan plan;
-  };
-  std::map<std::tuple<int, size_t, size_t>, LayerPlanOf> layer_plans;
+  int destination_tp = 0;
+  std::vector<SourceDestination> destinations;
   int batches_in_flight = 0;
-  bool confirmed = false;  // the destination has every layer
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
   // The request's capability (peer_auth.h): issued to the engine by RequestFinished, presented
   // by the destination's WantRequest (transfers.cc, OnWant).
   std::string token;
-  std::string notice_token;                  // the destination's, echoed in every LayerNotice
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
-  // Released only once confirmed and every rank called request_finished: the engine must not
-  // hear "sent" for a request it has not finished, however fast the push was.
+  // Decode ranks some destination wants.
+  int wanted_ranks() const {
+    int n = 0;
+    for (const auto& d : destinations) n += static_cast<int>(d.ranks.size());
+    return n;
+  }
+  SourceDestination* destination_of(uint64_t peer_id) {
+    for (auto& d : destinations) {
+      if (d.peer_id == peer_id) return &d;
+    }
+    return nullptr;
+  }
+  // Released only once every decode rank was wanted, every destination confirmed and every
+  // prefill rank called request_finished: the engine must not hear "sent" for a request it has
+  // not finished, however fast the push was.
   bool releasable() const {
-    if (!confirmed) return false;
+    if (destinations.empty() || wanted_ranks() < destination_tp) return false;
+    for (const auto& d : destinations) {
+      if (!d.confirmed) return false;
+    }
     for (const auto& [r, rank] : ranks) {
       if (!rank.finished) return false;
     }
@@ -176,7 +207,11 @@ struct DestRequest {
   std::string instance;
   int tp_size = 1;
   int layers = 0;
-  std::string peer_address;
+  std::string peer_address;  // HOST:PORT, or a daemon name (peer_resolver.h)
+  // A daemon name's address: non-zero while it is looked up (the lookup's ticket), then the
+  // address it resolved to (PeerAddressOf, peer_session.cc).
+  uint64_t resolving = 0;
+  std::string resolved_address;
   uint64_t peer_id = 0;
   proto::TransferMode mode = proto::MODE_PUSH;
   int64_t tokens = 0;
@@ -257,6 +292,10 @@ class Daemon::Core {
   // remote_ip: of an accepted connection (the per-address limit), empty for one we dialed.
   void ServePeer(int fd, std::string dialed_address, std::string remote_ip = {});
   Result<uint64_t> PeerFor(const std::string& address);
+  // The address a load's source is dialed at: its peer_address, or that daemon name's address
+  // from resolver_ (cached, else looked up off this thread: then nullopt, and RequestLoad runs
+  // again once it resolved). nullopt after failing the request (a name it cannot resolve).
+  std::optional<std::string> PeerAddressOf(DestRequest& request);
   void OnPeerMessage(uint64_t peer_id, const std::string& body);
   void OnPeerClosed(uint64_t peer_id, const Status& why);
   // Checks the hello, then has the setup worker connect the transport (connect_endpoint);
@@ -302,7 +341,7 @@ class Daemon::Core {
   void PumpSource(SourceRequest& request);
   // Plans and posts layers [begin, end) for every (source rank, destination rank) pair sharing
   // a head, then announces each layer to the destination.
-  Status SendLayers(SourceRequest& request, int begin, int end);
+  Status SendLayers(SourceRequest& request, SourceDestination& destination, int begin, int end);
   void OnBatchDone(const std::string& request_id, uint64_t generation, const Status& status,
                    uint64_t bytes);
 
@@ -347,7 +386,9 @@ class Daemon::Core {
   void RecycleRuns(std::vector<Run> runs);
   void RequestLoad(DestRequest& request);
   // request_id by value: callers pass the id held by the request these functions erase.
-  void FinishSource(std::string request_id, const Status& status, bool tell_peer);
+  // tell_peer: a failure is sent to every destination but `told` (the peer that reported it).
+  void FinishSource(std::string request_id, const Status& status, bool tell_peer,
+                    uint64_t told = 0);
   void FinishDest(std::string request_id, const Status& status, bool tell_peer);
   void FailRequestsOfEngine(uint64_t engine_id, const Status& why);
   void FailRequestsOfPeer(uint64_t peer_id, const Status& why);
@@ -424,6 +465,8 @@ class Daemon::Core {
   boost::asio::steady_timer accept_backoff_{io_};
   bool accept_starved_ = false;  // in an EMFILE episode: logged once
   metrics::Metrics metrics_;
+  // Daemon names in start_load (options_.etcd_url); its callbacks post to io_.
+  std::unique_ptr<membership::PeerResolver> resolver_;
   // Declared last, so destroyed first: its thread renders from the members above.
   std::unique_ptr<metrics::HttpServer> metrics_server_;
 };

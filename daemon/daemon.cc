@@ -127,6 +127,11 @@ Status Daemon::Core::Start() {
   // Two threads: one stalled step (a peer that does not answer the transport's connect) leaves
   // the other to the rest; each engine and peer has at most one step in flight.
   setup_ = std::make_unique<SetupWorker>(io_, 2, kMaxSetupJobs);
+  if (!options_.etcd_url.empty()) {
+    membership::ResolverOptions resolver;
+    resolver.etcd_url = options_.etcd_url;
+    KV_ASSIGN_OR_RETURN(resolver_, membership::PeerResolver::Start(std::move(resolver)));
+  }
   if (options_.offload_bytes > 0) {
     OffloadOptions offload;
     offload.capacity_bytes = options_.offload_bytes;

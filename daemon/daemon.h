@@ -78,6 +78,10 @@ struct DaemonOptions {
   int max_requests_per_peer = 16384;
   // "HOST:PORT": serve Prometheus metrics at http://HOST:PORT/metrics (daemon/metrics/).
   std::string metrics_listen;
+  // "http://HOST:PORT" of etcd: a start_load whose peer is a daemon name (no ':') instead of
+  // HOST:PORT finds that kvd's address among etcd's members (daemon/membership/peer_resolver.h).
+  // Empty: such loads fail. Registering this kvd there is membership.h's, not the Daemon's.
+  std::string etcd_url;
 };
 
 class Daemon {

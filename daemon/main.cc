@@ -53,6 +53,9 @@ constexpr const char* kUsage =
     "  /kvd/members/NAME, on a lease of --etcd-lease-s seconds (10) kept alive; removed on a\n"
     "  clean exit. `kvctl cluster --etcd URL` lists the live daemons. Optional: static peers\n"
     "  work without it, and an unreachable etcd is logged and retried, never waited for.\n"
+    "  Transfer params may then name their source kvd by its --name instead of HOST:PORT: the\n"
+    "  name's address comes from etcd (cached; a lost peer's name is looked up again), so a\n"
+    "  prefill kvd restarted on another port is found again.\n"
     "--offload-bytes: host memory for the CPU offload pool (0: none). Allocated at start (huge\n"
     "  pages where reserved, pinned with a GPU); the first engine to store, look up or load fixes\n"
     "  the block shape, and the pool keeps its blocks across engine restarts. `kvctl status` and\n"
@@ -250,6 +253,7 @@ int main(int argc, char** argv) {
   }
   options.offload_copy = flags["offload-copy"];
   options.metrics_listen = flags["metrics-listen"];
+  options.etcd_url = flags["etcd"];  // also resolves daemon names in transfer params
   {
     char* end = nullptr;
     errno = 0;

@@ -51,11 +51,11 @@ std::string Daemon::Core::RenderMetrics() {
 }
 
 void Daemon::Core::CountRequest(const SourceRequest& request, const Status& status) {
-  // A request that never learnt its destination (kCollecting) has no peer to count it under.
-  const Peer* peer = FindPeer(request.peer_id);
-  const std::string name = request.state == SourceRequest::State::kCollecting ? ""
-                           : peer                                             ? peer->name
-                                                                              : "gone";
+  // A request that never learnt its destination (kCollecting) has no peer to count it under;
+  // one whose decode ranks sat behind several kvds counts under the first that asked.
+  const Peer* peer =
+      request.destinations.empty() ? nullptr : FindPeer(request.destinations.front().peer_id);
+  const std::string name = request.destinations.empty() ? "" : peer ? peer->name : "gone";
   metrics_.RequestDone(metrics::Role::kSource, name, transport_name(), status.ok(), request.bytes,
                        Clock::now() - request.started);
 }

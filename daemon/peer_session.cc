@@ -192,6 +192,7 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
         Peer* p = FindPeer(id);
         if (p == nullptr) return;
         if (ec) {
+          if (resolver_) resolver_->Forget(address);  // a name there is looked up anew
           FailRequestsOfPeer(
               id, Status::Unavailable("connect to kvd at " + address + ": " + ec.message()));
           peers_.Remove(id);
@@ -201,6 +202,40 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
         ServePeer(socket->release(), address);
       });
   return id;
+}
+
+std::optional<std::string> Daemon::Core::PeerAddressOf(DestRequest& request) {
+  if (!membership::IsDaemonName(request.peer_address)) return request.peer_address;
+  if (!request.resolved_address.empty()) return request.resolved_address;
+  const std::string& name = request.peer_address;
+  if (!resolver_) {
+    FinishDest(request.id,
+               Status::InvalidArgument("peer '" + name +
+                                       "' is a daemon name (no ':'), and this kvd has no --etcd "
+                                       "to resolve it: give HOST:PORT"),
+               false);
+    return std::nullopt;
+  }
+  if (auto cached = resolver_->Cached(name)) return *cached;
+  if (request.resolving != 0) return std::nullopt;  // asked already
+  const uint64_t ticket = request.resolving = next_id_++;
+  resolver_->Resolve(name, [this, id = request.id, ticket](Result<std::string> address) {
+    // The resolver's thread: back to the io thread, where the request may have ended since
+    // (its lease, its engine gone), or a new one of the same id begun.
+    asio::post(io_, [this, id, ticket, address = std::move(address)] {
+      auto it = loads_.find(id);
+      if (it == loads_.end() || it->second.resolving != ticket) return;
+      DestRequest& request = it->second;
+      request.resolving = 0;
+      if (!address.ok()) {
+        FinishDest(id, address.status().WithContext("peer " + request.peer_address), false);
+        return;
+      }
+      request.resolved_address = *address;
+      RequestLoad(request);
+    });
+  });
+  return std::nullopt;
 }
 
 void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
@@ -416,6 +451,8 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   } else {
     spdlog::warn("kvd {}: lost {}: {}", options_.name, who, why.ToString());
   }
+  // A daemon name cached at this address is looked up again: the kvd may come back elsewhere.
+  if (resolver_ && peer->dialed) resolver_->Forget(peer->dialed_address);
   FailRequestsOfPeer(
       peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
   if (peer->ready) event_gate_->Disconnect(peer->transport_peer);  // and the transport's

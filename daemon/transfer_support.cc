@@ -85,13 +85,14 @@ void Daemon::Core::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
 
 void Daemon::Core::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
   std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    if (r.state != SourceRequest::State::kCollecting && r.peer_id == peer_id) sources.push_back(id);
+  for (auto& [id, r] : sources_) {
+    if (r.destination_of(peer_id) != nullptr) sources.push_back(id);
   }
   for (const auto& [id, r] : loads_) {
     if (r.state == DestRequest::State::kRequested && r.peer_id == peer_id) loads.push_back(id);
   }
-  for (const auto& id : sources) FinishSource(id, why, false);
+  // A request's other destinations (decode ranks behind other kvds) hear it from us.
+  for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true, /*told=*/peer_id);
   for (const auto& id : loads) FinishDest(id, why, false);
 }
 

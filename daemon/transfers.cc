@@ -78,7 +78,6 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
     request.instance = engine.instance;
     request.tp_size = engine.tp_size;
     request.layers = layers;
-    request.sent.assign(layers, false);
   } else if (request.instance != engine.instance) {
     return Status::AlreadyExists("request " + request.id + " belongs to instance " +
                                  request.instance);
@@ -147,17 +146,22 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Im
     return Status::InvalidArgument("tokens " + std::to_string(want.tokens()) +
                                    " out of range (0, " + std::to_string(kMaxTokens) + "]");
   }
-  if (want.ranks_size() < 1 || want.ranks_size() > kMaxTpSize) {
+  // The decode TP size: every rank in one Want (0: an older kvd), or only the ranks behind the
+  // asking kvd where the decode instance's ranks sit behind several.
+  const int destination_tp =
+      want.tp_size() > 0 ? static_cast<int>(std::min<uint32_t>(want.tp_size(), kMaxTpSize + 1))
+                         : want.ranks_size();
+  if (want.ranks_size() < 1 || want.ranks_size() > destination_tp || destination_tp > kMaxTpSize) {
     return Status::InvalidArgument("destination names " + std::to_string(want.ranks_size()) +
-                                   " ranks");
+                                   " ranks of " + std::to_string(destination_tp));
   }
   std::vector<DestinationRank> destination;
-  // Every decode rank, once each: SendLayers pairs ranks by their layouts' TP ranks.
-  std::vector<bool> named(want.ranks_size(), false);
+  // Each decode rank at most once: SendLayers pairs ranks by their layouts' TP ranks.
+  std::vector<bool> named(destination_tp, false);
   for (const auto& wire : want.ranks()) {
-    if (wire.tp_rank() < 0 || wire.tp_rank() >= want.ranks_size() || named[wire.tp_rank()]) {
+    if (wire.tp_rank() < 0 || wire.tp_rank() >= destination_tp || named[wire.tp_rank()]) {
       return Status::InvalidArgument("destination rank " + std::to_string(wire.tp_rank()) +
-                                     " is out of range [0, " + std::to_string(want.ranks_size()) +
+                                     " is out of range [0, " + std::to_string(destination_tp) +
                                      ") or named twice");
     }
     named[wire.tp_rank()] = true;
@@ -222,20 +226,37 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Im
   // The destination's lease bounds how long this side holds the blocks, within our own limit.
   auto lease = options_.lease;
   if (want.lease_ms() > 0) lease = std::min(lease, std::chrono::milliseconds(want.lease_ms()));
+  const auto mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
   if (created) {
     request.id = want.request_id();
     request.deadline = Clock::now() + lease;
-  } else if (request.state != SourceRequest::State::kCollecting) {
-    return Status::AlreadyExists("request " + request.id + " already has a destination");
+  } else if (!request.destinations.empty()) {
+    // Another kvd's share of the decode ranks (TP across hosts): the same request, the rest of
+    // its ranks. Anything else is a second destination for ranks already served.
+    if (request.destination_tp != destination_tp || request.mode != mode ||
+        request.tokens != want.tokens()) {
+      return Status::InvalidArgument("request " + request.id +
+                                     ": destinations disagree on the decode TP size, mode or "
+                                     "tokens");
+    }
+    for (const auto& d : request.destinations) {
+      for (const auto& r : d.ranks) {
+        if (named[r.tp_rank] || d.peer_id == peer.id) {
+          return Status::AlreadyExists("request " + request.id + " already has a destination");
+        }
+      }
+    }
   }
   Trace("want", want.request_id(), -1);
   request.state = SourceRequest::State::kStreaming;
-  request.peer_id = peer.id;
   ++peer.requests;  // until FinishSource
-  request.mode = want.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
+  request.mode = mode;
   request.tokens = want.tokens();
-  request.notice_token = want.notice_token();
-  request.destination = std::move(destination);
+  request.destination_tp = destination_tp;
+  SourceDestination& to = request.destinations.emplace_back();
+  to.peer_id = peer.id;
+  to.ranks = std::move(destination);
+  to.notice_token = want.notice_token();
   PumpSource(request);
   return Status::Ok();
 }
@@ -255,43 +276,52 @@ void Daemon::Core::PumpSource(SourceRequest& request) {
     for (int l = 0; l < request.layers; ++l) {
       if (!ready(l)) return;
     }
-    Status s = SendLayers(request, 0, request.layers);
-    if (!s.ok()) {
-      FinishSource(request.id, s.WithContext("request " + request.id), /*tell_peer=*/true);
-      return;
-    }
-    request.sent.assign(request.layers, true);
-    request.state = SourceRequest::State::kAwaitingConfirm;
-    return;
   }
   bool all_sent = true;
-  for (int l = 0; l < request.layers; ++l) {
-    if (request.sent[l]) continue;
-    if (!ready(l)) {
-      all_sent = false;
+  // By index: a destination wanted later (another kvd's ranks) is appended, never moved.
+  for (size_t d = 0; d < request.destinations.size(); ++d) {
+    SourceDestination& to = request.destinations[d];
+    if (to.sent.empty()) to.sent.assign(request.layers, false);
+    if (request.mode == proto::MODE_PULL) {
+      if (to.sent.front()) continue;
+      Status s = SendLayers(request, to, 0, request.layers);
+      if (!s.ok()) {
+        FinishSource(request.id, s.WithContext("request " + request.id), /*tell_peer=*/true);
+        return;
+      }
+      to.sent.assign(request.layers, true);
       continue;
     }
-    Status s = SendLayers(request, l, l + 1);
-    if (!s.ok()) {
-      FinishSource(request.id,
-                   s.WithContext("request " + request.id + " layer " + std::to_string(l)),
-                   /*tell_peer=*/true);
-      return;
+    for (int l = 0; l < request.layers; ++l) {
+      if (to.sent[l]) continue;
+      if (!ready(l)) {
+        all_sent = false;
+        continue;
+      }
+      Status s = SendLayers(request, to, l, l + 1);
+      if (!s.ok()) {
+        FinishSource(request.id,
+                     s.WithContext("request " + request.id + " layer " + std::to_string(l)),
+                     /*tell_peer=*/true);
+        return;
+      }
+      to.sent[l] = true;
     }
-    request.sent[l] = true;
   }
-  if (all_sent) request.state = SourceRequest::State::kAwaitingConfirm;
+  if (all_sent && request.wanted_ranks() == request.destination_tp) {
+    request.state = SourceRequest::State::kAwaitingConfirm;
+  }
 }
 
-Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
-  Peer* peer = FindPeer(request.peer_id);
+Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, int begin, int end) {
+  Peer* peer = FindPeer(to.peer_id);
   if (peer == nullptr || !peer->ready) return Status::Unavailable("destination peer is gone");
   uint64_t range_bytes = 0, range_runs = 0;
   for (const auto& [r, rank] : request.ranks) {
     Engine* engine = FindEngine(rank.engine_id);
     if (engine == nullptr) return Status::Aborted("prefill rank " + std::to_string(r) + " left");
-    for (size_t d = 0; d < request.destination.size(); ++d) {
-      const DestinationRank& dst = request.destination[d];
+    for (size_t d = 0; d < to.ranks.size(); ++d) {
+      const DestinationRank& dst = to.ranks[d];
       if (dst.layouts.size() != engine->regions.size()) {
         return Status::Incompatible("prefill rank has " + std::to_string(engine->regions.size()) +
                                     " regions, decode rank " + std::to_string(dst.tp_rank) +
@@ -312,7 +342,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
         spec.layer_end = end;
         const LayerPlan* layer_plan = nullptr;
         if (end - begin == 1) {
-          auto& cached = request.layer_plans[{r, d, i}];
+          auto& cached = to.layer_plans[{r, d, i}];
           if (cached.source != src) {
             KV_ASSIGN_OR_RETURN(cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec,
                                                                transport_->takes_run_groups()));
@@ -348,7 +378,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, int begin, int end) {
     notice.set_source(options_.name);
     notice.set_request_id(request.id);
     notice.set_layer(layer);
-    notice.set_notice_token(request.notice_token);
+    notice.set_notice_token(to.notice_token);
     if (layer == end - 1) {
       notice.set_bytes(range_bytes);
       notice.set_runs(range_runs);
@@ -370,8 +400,10 @@ void Daemon::Core::OnBatchDone(const std::string& request_id, uint64_t generatio
 
 void Daemon::Core::OnConfirm(Peer& peer, const std::string& request_id) {
   auto it = sources_.find(request_id);
-  if (it == sources_.end() || it->second.peer_id != peer.id) return;
-  it->second.confirmed = true;
+  if (it == sources_.end()) return;
+  SourceDestination* to = it->second.destination_of(peer.id);
+  if (to == nullptr) return;
+  to->confirmed = true;
   if (it->second.releasable()) FinishSource(request_id, Status::Ok(), /*tell_peer=*/false);
 }
 
@@ -379,8 +411,9 @@ void Daemon::Core::OnPeerFail(Peer& peer, const proto::Fail& fail) {
   const Status why = FromWire(fail.error()).WithContext("peer " + peer.name);
   const Status failure = why.ok() ? Status::Aborted("peer " + peer.name + " failed it") : why;
   auto s = sources_.find(fail.request_id());
-  if (s != sources_.end() && s->second.peer_id == peer.id) {
-    FinishSource(fail.request_id(), failure, false);
+  if (s != sources_.end() && s->second.destination_of(peer.id) != nullptr) {
+    // Its other destinations (decode ranks behind other kvds) hear it from us.
+    FinishSource(fail.request_id(), failure, /*tell_peer=*/true, /*told=*/peer.id);
   }
   auto d = loads_.find(fail.request_id());
   if (d != loads_.end() && d->second.peer_id == peer.id) {
@@ -388,19 +421,20 @@ void Daemon::Core::OnPeerFail(Peer& peer, const proto::Fail& fail) {
   }
 }
 
-void Daemon::Core::FinishSource(std::string request_id, const Status& status, bool tell_peer) {
+void Daemon::Core::FinishSource(std::string request_id, const Status& status, bool tell_peer,
+                                uint64_t told) {
   auto it = sources_.find(request_id);
   if (it == sources_.end()) return;
   SourceRequest request = std::move(it->second);
   sources_.erase(it);
-  if (request.state != SourceRequest::State::kCollecting) {
-    if (Peer* peer = FindPeer(request.peer_id); peer != nullptr) --peer->requests;
-  }
-  if (tell_peer && !status.ok() && request.state != SourceRequest::State::kCollecting) {
-    proto::PeerMessage fail;
-    fail.mutable_fail()->set_request_id(request_id);
-    ToWire(status, fail.mutable_fail()->mutable_error());
-    SendToPeer(request.peer_id, std::move(fail));
+  for (const SourceDestination& to : request.destinations) {
+    if (Peer* peer = FindPeer(to.peer_id); peer != nullptr) --peer->requests;
+    if (tell_peer && !status.ok() && to.peer_id != told) {
+      proto::PeerMessage fail;
+      fail.mutable_fail()->set_request_id(request_id);
+      ToWire(status, fail.mutable_fail()->mutable_error());
+      SendToPeer(to.peer_id, std::move(fail));
+    }
   }
   if (!status.ok()) {
     spdlog::warn("kvd {}: request {} failed: {}", options_.name, request_id, status.ToString());
@@ -412,6 +446,20 @@ void Daemon::Core::FinishSource(std::string request_id, const Status& status, bo
 }
 
 // ---- destination side ---------------------------------------------------------------------------
+
+namespace {
+
+// Engines of `instance` connected to this kvd with their caches registered: the decode ranks a
+// request of that instance waits for here.
+int RanksHere(const std::map<uint64_t, Engine>& engines, const std::string& instance) {
+  int n = 0;
+  for (const auto& [id, engine] : engines) {
+    if (engine.hello && engine.instance == instance && !engine.regions.empty()) ++n;
+  }
+  return n;
+}
+
+}  // namespace
 
 Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
   KV_RETURN_IF_ERROR(CheckRequestId(load.request_id()));
@@ -449,15 +497,27 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
     return Status::AlreadyExists("request " + request.id + " already loading on rank " +
                                  std::to_string(engine.tp_rank));
   }
+  if (request.state != DestRequest::State::kGathering) {
+    return Status::AlreadyExists("request " + request.id + " was asked for without rank " +
+                                 std::to_string(engine.tp_rank) +
+                                 " (it connected to this kvd after the other ranks' start_load)");
+  }
   request.ranks[engine.tp_rank] =
       LoadRank{engine.id, std::vector<int64_t>(load.block_ids().begin(), load.block_ids().end()),
                engine.regions};
-  if (static_cast<int>(request.ranks.size()) == request.tp_size) RequestLoad(request);
+  // Every rank of the instance this kvd serves: all tp_size of them, or this kvd's share where
+  // the decode ranks sit behind several kvds (TP across hosts), each asking for its own.
+  if (static_cast<int>(request.ranks.size()) >=
+      std::min(request.tp_size, RanksHere(registry_.engines(), request.instance))) {
+    RequestLoad(request);
+  }
   return Status::Ok();
 }
 
 void Daemon::Core::RequestLoad(DestRequest& request) {
-  auto peer_id = PeerFor(request.peer_address);
+  const std::optional<std::string> address = PeerAddressOf(request);
+  if (!address) return;  // its name is being looked up, or the request failed
+  auto peer_id = PeerFor(*address);
   if (!peer_id.ok()) {
     FinishDest(request.id, peer_id.status(), false);
     return;
@@ -477,6 +537,7 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
   want->set_lease_ms(static_cast<uint32_t>(options_.lease.count()));
   want->set_transfer_token(request.transfer_token);
   want->set_notice_token(request.notice_token);
+  want->set_tp_size(static_cast<uint32_t>(request.tp_size));
   for (const auto& [r, rank] : request.ranks) {
     proto::DestinationRank* wire = want->add_ranks();
     wire->set_tp_rank(r);

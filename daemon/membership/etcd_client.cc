@@ -208,6 +208,17 @@ Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t
   return Post("/v3/kv/put", json + "}").status();
 }
 
+Result<std::optional<std::string>> EtcdClient::Get(const std::string& key) const {
+  KV_ASSIGN_OR_RETURN(std::string body,
+                      Post("/v3/kv/range", "{\"key\": \"" + Base64Encode(key) + "\"}"));
+  KV_ASSIGN_OR_RETURN(pt::ptree tree, ParseJson(body));
+  auto kvs = tree.get_child_optional("kvs");
+  if (!kvs || kvs->empty()) return std::optional<std::string>();
+  KV_ASSIGN_OR_RETURN(std::string value,
+                      Base64Decode(kvs->begin()->second.get<std::string>("value", "")));
+  return std::optional<std::string>(std::move(value));
+}
+
 Result<std::vector<std::pair<std::string, std::string>>> EtcdClient::Prefix(
     const std::string& prefix) const {
   // The range [prefix, prefix with its last byte + 1): every key that starts with prefix.

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,8 @@ class EtcdClient {
   Status Revoke(int64_t lease) const;
   // lease 0: no lease.
   Status Put(const std::string& key, const std::string& value, int64_t lease) const;
+  // The value of `key`; nullopt when etcd has no such key.
+  Result<std::optional<std::string>> Get(const std::string& key) const;
   // Every (key, value) whose key starts with `prefix`.
   Result<std::vector<std::pair<std::string, std::string>>> Prefix(const std::string& prefix) const;
 

@@ -47,7 +47,9 @@ enum class Mode { kPush, kPull };
 // and handed over by the scheduler (as vLLM's kv_transfer_params).
 struct TransferParams {
   std::string peer_name{};     // the source kvd
-  std::string peer_address{};  // its TCP address, HOST:PORT
+  // Its TCP address, HOST:PORT; or its daemon name (kvd --name, no ':'), which the decode side's
+  // kvd resolves through etcd when run with --etcd (a restarted source is found again).
+  std::string peer_address{};
   std::string request_id{};
   std::vector<int64_t> remote_block_ids{};  // prefill rank 0's blocks (informational)
   int64_t tokens = 0;  // prompt tokens to move; the decode side knows its prompt length

@@ -193,6 +193,7 @@ enum { KV_MODE_PUSH = 0, KV_MODE_PULL = 1 };
 typedef struct {
   size_t struct_size;
   char peer_name[KV_MAX_ID_BYTES + 1];
+  /* HOST:PORT of the source kvd, or its daemon name (no ':') for a decode kvd run with --etcd */
   char peer_address[KV_MAX_ID_BYTES + 1];
   char request_id[KV_MAX_ID_BYTES + 1];
   /* The source kvd's capability for this request, lowercase hex (empty: none). A secret. */

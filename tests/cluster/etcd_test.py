@@ -5,8 +5,10 @@ Host 3 runs Debian's etcd; kvds on hosts 1 and 2 register in it with a 3 s lease
 `kvctl cluster --etcd URL --json` (run on host 1) lists both with their peer addresses; with
 etcd's link down, P/D between them still moves every byte (etcd is never on a transfer's path);
 a SIGKILLed kvd leaves the list within its lease; a kvd that exits cleanly leaves at once.
+Case `names`: transfer params naming the prefill kvd by daemon name (kvbench pd --peer-by-name),
+resolved through etcd, across a restart of the prefill kvd on another port and an etcd outage.
 
-usage: etcd_test.py etcd --build BUILD_DIR   (exit 0 pass, 1 fail, 77 skip)
+usage: etcd_test.py etcd|names --build BUILD_DIR   (exit 0 pass, 1 fail, 77 skip)
 """
 
 import json
@@ -44,21 +46,26 @@ def wait_for(predicate, timeout, step=0.1):
     return None
 
 
-def case_etcd(build):
+def start_etcd(c, build):
+    """Debian's etcd on host 3 of `c`; its client URL once it answers."""
     etcd = shutil.which("etcd")
     if etcd is None:
         raise Skip("etcd is not installed (Debian's etcd-server; bash tools/setup.sh installs it)")
+    url = f"http://{c.address(2)}:2379"
+    c.spawn([etcd, "--data-dir", os.path.join(c.dir, "etcd"), "--name", "kvtest",
+             "--listen-client-urls", url, "--advertise-client-urls", url,
+             "--listen-peer-urls", "http://127.0.0.1:2380",
+             "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+             "--initial-cluster", "kvtest=http://127.0.0.1:2380"],
+            host=2, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(c.dir, "etcd.log"), "wb"))
+    assert wait_for(lambda: members(c, build, url) is not None, 20), "etcd did not start"
+    return url
+
+
+def case_etcd(build):
     with Cluster(3, build) as c:
-        host = c.address(2)
-        url = f"http://{host}:2379"
-        c.spawn([etcd, "--data-dir", os.path.join(c.dir, "etcd"), "--name", "kvtest",
-                 "--listen-client-urls", url, "--advertise-client-urls", url,
-                 "--listen-peer-urls", "http://127.0.0.1:2380",
-                 "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-                 "--initial-cluster", "kvtest=http://127.0.0.1:2380"],
-                host=2, stdout=subprocess.DEVNULL,
-                stderr=open(os.path.join(c.dir, "etcd.log"), "wb"))
-        assert wait_for(lambda: members(c, build, url) is not None, 20), "etcd did not start"
+        url = start_etcd(c, build)
 
         args = ["--etcd", url, "--etcd-lease-s", str(LEASE_S), "--heartbeat-ms", "200"]
         p = c.start_kvd(0, "prefill", args=args)
@@ -99,5 +106,75 @@ def case_etcd(build):
         assert clean_s < LEASE_S, f"clean exit took {clean_s:.2f} s"
 
 
+def expect_verified(r, what):
+    assert r["exit"] == 0 and r["verified"] == r["requests"] and r["failed"] == 0, f"{what}: {r}"
+    assert r["guard_bytes_written"] == 0, f"{what}: bytes outside the blocks: {r}"
+
+
+def listed_at(c, build, url, name, address, timeout):
+    """Waits until etcd lists `name` at `address`; the members, or None."""
+    return wait_for(lambda: (m := members(c, build, url)) and m.get(name, {}).get("address")
+                    == address and m, timeout)
+
+
+def case_names(build):
+    """Transfer params that name the prefill kvd by its daemon name, resolved through etcd by
+    the decode kvd: a prefill kvd restarted on another port is found again; with etcd
+    unreachable, a name already resolved keeps working, static addresses too, and a name that
+    must be looked up fails in bounded time, logged."""
+    with Cluster(3, build) as c:
+        url = start_etcd(c, build)
+        args = ["--etcd", url, "--etcd-lease-s", str(LEASE_S)]
+        p = c.start_kvd(0, "prefill", args=args)
+        # info: the resolver's "resolves to" and "unreachable" lines are what the test reads.
+        d = c.start_kvd(1, "decode", args=args + ["--log-level", "info"])
+        assert listed_at(c, build, url, "prefill", p.listen, 5), members(c, build, url)
+
+        by_name = SMALL + ["--peer-by-name"]
+        expect_verified(kvbench_pd(build, p, d, by_name + ["--tag", "first"]), "by name")
+        assert f"peer name prefill resolves to {p.listen}" in read(d.log), "no lookup logged"
+
+        # etcd unreachable: the name resolved before keeps its address; static ones never asked.
+        c.link(2, up=False)
+        started = time.monotonic()
+        expect_verified(kvbench_pd(build, p, d, by_name + ["--tag", "cached"]), "cached name")
+        expect_verified(kvbench_pd(build, p, d, SMALL + ["--tag", "static"]), "static address")
+        print(f"  etcd down: by name (cached) and by address in {time.monotonic() - started:.2f} s")
+
+        # The prefill kvd restarted on another port while etcd is away: the decode kvd lost its
+        # session, forgot the old address, and cannot look the name up: those loads fail, within
+        # the resolver's 1 s etcd timeout, not kvbench's own 8 s.
+        p.kill()
+        p2 = c.start_kvd(0, "prefill", port=p.port + 1, args=args, label="prefill.2")
+        one_wave = ["--requests", "8", "--window", "8", "--tokens", "256", "--layers", "8",
+                    "--timeout-ms", "8000", "--peer-by-name", "--tag", "unresolved"]
+        started = time.monotonic()
+        r = kvbench_pd(build, p2, d, one_wave, timeout=60)
+        failed_s = time.monotonic() - started
+        assert r["exit"] != 0 and r["failed"] == r["requests"], f"etcd down, name unknown: {r}"
+        assert failed_s < 6, f"loads of an unresolvable name took {failed_s:.1f} s to fail"
+        assert "unreachable" in read(d.log), "the decode kvd did not log etcd's absence"
+        why = [x for x in read(d.log).splitlines() if "load of unresolved-req-" in x]
+        assert why and "etcd" in why[0], f"the loads failed for another reason: {why[:1]}"
+        print(f"  etcd down, name not cached: every load failed, kvbench done in {failed_s:.2f} s")
+        print(f"    {why[0][why[0].find('load of'):][:200]}")
+        expect_verified(kvbench_pd(build, p2, d, SMALL + ["--tag", "static2"]),
+                        "static address to the restarted kvd, etcd down")
+
+        # etcd back: the new kvd registers its new address, and the name finds it.
+        c.link(2, up=True)
+        assert listed_at(c, build, url, "prefill", p2.listen, LEASE_S + 5), \
+            f"the restarted prefill is not listed at {p2.listen}: {members(c, build, url)}"
+        r = kvbench_pd(build, p2, d, by_name + ["--tag", "again"])
+        expect_verified(r, "by name after the restart")
+        assert f"peer name prefill resolves to {p2.listen}" in read(d.log), "no new lookup logged"
+        print(f"  restarted prefill on port {p2.port} (was {p.port}) found by name")
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 if __name__ == "__main__":
-    sys.exit(kvcluster.main({"etcd": case_etcd}, sys.argv))
+    sys.exit(kvcluster.main({"etcd": case_etcd, "names": case_names}, sys.argv))

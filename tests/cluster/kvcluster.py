@@ -215,7 +215,7 @@ class Cluster:
                      "netem"] + spec.split(), check=False)
             if r.returncode != 0:
                 if "unknown" in r.stderr.lower() or "not found" in r.stderr.lower():
-                    raise Skip(f"the kernel has no netem qdisc (sch_netem): {r.stderr.strip()}")
+                    raise Skip(f"tc netem {spec}: {r.stderr.strip()} ({netem_absence()})")
                 raise RuntimeError(f"tc netem {spec} on {dev}: {r.stderr.strip()}")
 
     def secret_file(self):
@@ -296,6 +296,32 @@ class Cluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def netem_absence():
+    """Why `tc qdisc add ... netem` is refused here, as precisely as the kernel tells: its build
+    config (/proc/config.gz, where the kernel exposes it) and whether it loads modules at all."""
+    release = os.uname().release
+    built = None
+    try:
+        import gzip
+        with gzip.open("/proc/config.gz", "rt") as f:
+            for line in f:
+                if line.startswith("CONFIG_NET_SCH_NETEM=") or "CONFIG_NET_SCH_NETEM is not" in line:
+                    built = line.strip()
+    except OSError:
+        pass
+    modules = os.path.isdir(f"/lib/modules/{release}")
+    if built is not None and built.endswith("=y"):
+        return f"kernel {release} has sch_netem built in, yet refused it"
+    if built is not None and built.endswith("=m"):
+        return (f"kernel {release} builds sch_netem as a module, not loaded"
+                + ("" if modules else f", and /lib/modules/{release} does not exist to load it"))
+    if built is not None:
+        return (f"kernel {release} was built without sch_netem ({built} in /proc/config.gz)"
+                + ("" if modules else f"; it has no /lib/modules/{release} either"))
+    return (f"kernel {release} has no sch_netem loaded"
+            + ("" if modules else f" and no /lib/modules/{release} to load it from"))
+
+
 def drain_to(proc, path):
     """Copies the rest of proc's stdout into `path` on a thread. spdlog and UCX write there too,
     and a pipe nobody reads fills up and blocks kvd mid-transfer."""
@@ -343,9 +369,12 @@ def _read_line(proc, timeout):
 
 def kvbench_pd(build, prefill, decode, args=(), timeout=120, background=False):
     """`kvbench pd` against the two kvds (their unix sockets: a path socket is reachable from
-    every network namespace). Returns the parsed JSON, or the Popen when background."""
+    every network namespace); `decode` may be a list of kvds, decode rank r behind the
+    r % n-th. Returns the parsed JSON, or the Popen when background."""
+    decodes = decode if isinstance(decode, (list, tuple)) else [decode]
     cmd = [os.path.join(build, "bin", "kvbench"), "pd", "--prefill-daemon", prefill.socket,
-           "--decode-daemon", decode.socket, "--no-ceiling", "--json"] + list(args)
+           "--decode-daemon", ",".join(d.socket for d in decodes), "--no-ceiling",
+           "--json"] + list(args)
     if background:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -1,22 +1,27 @@
 // Unit tests of the pieces behind --metrics-listen and --etcd that need no root, no etcd and no
 // second process: the exposition text, the HTTP endpoint, base64 and member records, and the
-// bounds on every call to an etcd that is not there.
+// bounds on every call to an etcd that is not there, and the resolution of peer names (against a
+// stand-in that answers like etcd).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/membership/etcd_client.h"
 #include "daemon/membership/membership.h"
+#include "daemon/membership/peer_resolver.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 
@@ -240,6 +245,218 @@ TEST(Etcd, MembershipWithASilentEtcdStartsAndStopsPromptly) {
   o.ttl = std::chrono::seconds(10);
   o.etcd_url = "ftp://x";
   EXPECT_FALSE(membership::Membership::Start(o).ok());
+}
+
+TEST(PeerNames, AddressesHaveAColonNamesDoNot) {
+  EXPECT_TRUE(membership::IsDaemonName("prefill-3"));
+  EXPECT_FALSE(membership::IsDaemonName("10.0.0.1:7000"));
+  EXPECT_FALSE(membership::IsDaemonName("[::1]:7000"));
+  EXPECT_FALSE(membership::IsDaemonName(""));
+}
+
+// Every callback of a resolver's lookups, collected; Wait is bounded.
+struct Answers {
+  std::mutex mu;
+  std::vector<Result<std::string>> got;
+  membership::PeerResolver::Done Collect() {
+    return [this](Result<std::string> r) {
+      std::lock_guard lock(mu);
+      got.push_back(std::move(r));
+    };
+  }
+  bool Wait(size_t n, std::chrono::milliseconds bound) {
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (std::chrono::steady_clock::now() < until) {
+      {
+        std::lock_guard lock(mu);
+        if (got.size() >= n) return true;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+};
+
+TEST(PeerNames, ASilentEtcdFailsEveryWaiterOnceWithinItsTimeout) {
+  SilentListener silent;
+  membership::ResolverOptions o;
+  o.etcd_url = "http://127.0.0.1:" + std::to_string(silent.port);
+  o.timeout = 200ms;
+  auto resolver = membership::PeerResolver::Start(o);
+  ASSERT_TRUE(resolver.ok()) << resolver.status().ToString();
+  Answers answers;
+  const auto start = std::chrono::steady_clock::now();
+  (*resolver)->Resolve("a", answers.Collect());
+  (*resolver)->Resolve("a", answers.Collect());  // shares the first one's lookup
+  (*resolver)->Resolve("b", answers.Collect());
+  ASSERT_TRUE(answers.Wait(3, 3s));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s) << "two lookups of 200 ms";
+  std::this_thread::sleep_for(50ms);
+  std::lock_guard lock(answers.mu);
+  ASSERT_EQ(answers.got.size(), 3u) << "one answer per waiter";
+  for (const auto& r : answers.got) {
+    EXPECT_FALSE(r.ok());
+    EXPECT_TRUE(r.status().code() == Code::kTimeout || r.status().code() == Code::kUnavailable)
+        << r.status().ToString();
+  }
+  EXPECT_FALSE((*resolver)->Cached("a").has_value());
+}
+
+TEST(PeerNames, StopsPromptlyWithLookupsPending) {
+  SilentListener silent;
+  membership::ResolverOptions o;
+  o.etcd_url = "http://127.0.0.1:" + std::to_string(silent.port);
+  o.timeout = 300ms;
+  auto resolver = membership::PeerResolver::Start(o);
+  ASSERT_TRUE(resolver.ok());
+  Answers answers;
+  for (const char* name : {"a", "b", "c", "d"}) (*resolver)->Resolve(name, answers.Collect());
+  std::this_thread::sleep_for(50ms);
+  const auto start = std::chrono::steady_clock::now();
+  resolver->reset();
+  // At most the lookup in progress; the queued ones are dropped, their callbacks never called.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  std::lock_guard lock(answers.mu);
+  EXPECT_LE(answers.got.size(), 1u);
+}
+
+// An etcd stand-in on loopback: answers every POST /v3/kv/range with the member record of
+// `address` (none when empty), as etcd's JSON gateway does; counts the lookups.
+class FakeEtcd {
+ public:
+  FakeEtcd() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    listen(fd_, 16);
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    url_ = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeEtcd() {
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  void Set(std::string address) {
+    std::lock_guard lock(mu_);
+    address_ = std::move(address);
+  }
+  int lookups() const { return lookups_; }
+  const std::string& url() const { return url_; }
+
+ private:
+  void Serve() {
+    while (true) {
+      const int c = accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string in;
+      char buf[4096];
+      // The whole request: headers, then Content-Length bytes of body.
+      while (true) {
+        const size_t end = in.find("\r\n\r\n");
+        const size_t at = in.find("Content-Length: ");
+        if (end != std::string::npos && at != std::string::npos &&
+            in.size() >= end + 4 + std::stoul(in.substr(at + 16))) {
+          break;
+        }
+        const ssize_t n = read(c, buf, sizeof(buf));
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      std::string body = "{}";
+      {
+        std::lock_guard lock(mu_);
+        if (!address_.empty()) {
+          membership::Member m;
+          m.name = "prefill";
+          m.address = address_;
+          body = "{\"kvs\": [{\"key\": \"" + membership::Base64Encode("/kvd/members/prefill") +
+                 "\", \"value\": \"" + membership::Base64Encode(membership::MemberJson(m)) +
+                 "\"}]}";
+        }
+      }
+      ++lookups_;
+      const std::string out =
+          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+          "Content-Length: " +
+          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+      (void)!write(c, out.data(), out.size());
+      close(c);
+    }
+  }
+  int fd_ = -1;
+  std::string url_;
+  std::mutex mu_;
+  std::string address_;
+  std::atomic<int> lookups_{0};
+  std::thread thread_;
+};
+
+TEST(PeerNames, CachesUntilTheAddressFailsThenLooksUpAgain) {
+  FakeEtcd etcd;
+  etcd.Set("10.0.0.1:7000");
+  membership::ResolverOptions o;
+  o.etcd_url = etcd.url();
+  o.refresh = 1h;  // no background refresh in this test
+  auto made = membership::PeerResolver::Start(o);
+  ASSERT_TRUE(made.ok());
+  membership::PeerResolver& resolver = **made;
+  Answers answers;
+  resolver.Resolve("prefill", answers.Collect());
+  ASSERT_TRUE(answers.Wait(1, 3s));
+  ASSERT_TRUE(answers.got[0].ok()) << answers.got[0].status().ToString();
+  EXPECT_EQ(*answers.got[0], "10.0.0.1:7000");
+  EXPECT_EQ(resolver.Cached("prefill"), "10.0.0.1:7000");
+
+  // The kvd restarts on another port: the cached address stands until it fails...
+  etcd.Set("10.0.0.1:7001");
+  EXPECT_EQ(resolver.Cached("prefill"), "10.0.0.1:7000");
+  EXPECT_EQ(etcd.lookups(), 1) << "a cached name costs no lookup";
+  resolver.Forget("10.0.0.2:9");  // another address: nothing changes
+  EXPECT_EQ(resolver.Cached("prefill"), "10.0.0.1:7000");
+  // ... then the next request looks the name up again.
+  resolver.Forget("10.0.0.1:7000");
+  EXPECT_FALSE(resolver.Cached("prefill").has_value());
+  resolver.Resolve("prefill", answers.Collect());
+  ASSERT_TRUE(answers.Wait(2, 3s));
+  ASSERT_TRUE(answers.got[1].ok()) << answers.got[1].status().ToString();
+  EXPECT_EQ(*answers.got[1], "10.0.0.1:7001");
+
+  // etcd no longer lists it: NotFound, and the name leaves the cache.
+  etcd.Set("");
+  resolver.Forget("10.0.0.1:7001");
+  resolver.Resolve("prefill", answers.Collect());
+  ASSERT_TRUE(answers.Wait(3, 3s));
+  EXPECT_EQ(answers.got[2].status().code(), Code::kNotFound) << answers.got[2].status().ToString();
+  EXPECT_FALSE(resolver.Cached("prefill").has_value());
+}
+
+TEST(PeerNames, AStaleAddressIsUsedAtOnceAndRefreshedBehind) {
+  FakeEtcd etcd;
+  etcd.Set("10.0.0.1:7000");
+  membership::ResolverOptions o;
+  o.etcd_url = etcd.url();
+  o.refresh = 1ms;
+  auto made = membership::PeerResolver::Start(o);
+  ASSERT_TRUE(made.ok());
+  Answers answers;
+  (*made)->Resolve("prefill", answers.Collect());
+  ASSERT_TRUE(answers.Wait(1, 3s));
+  etcd.Set("10.0.0.1:7001");
+  std::this_thread::sleep_for(5ms);
+  EXPECT_EQ((*made)->Cached("prefill"), "10.0.0.1:7000") << "stale, yet served without waiting";
+  // The background lookup it queued brings the new address, bounded.
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while ((*made)->Cached("prefill") != "10.0.0.1:7001" &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ((*made)->Cached("prefill"), "10.0.0.1:7001");
+  EXPECT_GE(etcd.lookups(), 2);
 }
 
 }  // namespace

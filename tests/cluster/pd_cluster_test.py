@@ -5,8 +5,10 @@ Every case moves K/V with `kvbench pd` (the engine simulator: every byte verifie
 checked to stay zero) against a prefill kvd on host 1 and a decode kvd on host 2. Cases:
 
   pd         push, pull, and TP 1 -> 2 with a layout change, between the hosts
+  tp_hosts   TP 1 -> 2 with the decode ranks on two hosts (three hosts in all)
   netem      5 ms delay and 1 % loss on the prefill host's link: every request completes, exact
   slow_link  that link limited to 16 Mbit/s: every request completes, no heartbeat is missed
+  slow_host  a third host with 50 ms delay fed by the same prefill kvd does not slow 1 -> 2
   link_down  the link taken down mid-run for 7 s: requests fail within the lease, nothing is
              written outside their blocks; the link back up, new requests succeed, nothing
              restarted
@@ -93,6 +95,59 @@ def case_pd(build):
         assert any(x["address"].startswith(c.address(0)) for x in peers), peers
 
 
+def case_tp_hosts(build):
+    """TP 1 -> 2 with the decode ranks on two hosts: decode rank 0 behind the kvd of host 2,
+    rank 1 behind the kvd of host 3. Each decode kvd asks the prefill kvd for its own rank's
+    share of every request (WantRequest.tp_size); the source streams each share to its own
+    host, and releases a request once both confirmed."""
+    with Cluster(3, build) as c:
+        p = c.start_kvd(0, "prefill")
+        d0 = c.start_kvd(1, "decode-0")
+        d1 = c.start_kvd(2, "decode-1")
+        tp = ["--requests", "8", "--window", "8", "--tokens", "256", "--layers", "8",
+              "--decode-tp", "2"]
+        cases = {"push": tp + ["--mode", "push"], "pull": tp + ["--mode", "pull"],
+                 "push BLHNC bs32": tp + ["--decode-order", "BLHNC", "--decode-block-size", "32"]}
+        for mode, args in cases.items():
+            rx = [c.rx_bytes(1), c.rx_bytes(2)]
+            r = kvbench_pd(build, p, [d0, d1], args + ["--tag", mode.replace(" ", "-")])
+            expect_all_verified(r, f"TP 1->2 across hosts, {mode}")
+            report(f"TP 1->2 on hosts 2+3, {mode}", r)
+            # Each rank's half of the heads crossed its own host's veth.
+            for host, before in ((1, rx[0]), (2, rx[1])):
+                crossed = c.rx_bytes(host) - before
+                assert crossed >= r["bytes"] // 2, \
+                    f"{mode}: host {host + 1} received {crossed} bytes of {r['bytes']} / 2"
+        for d in (d0, d1):
+            peers = counters(build, d).get("peers", [])
+            assert any(x["address"].startswith(c.address(0)) for x in peers), (d.name, peers)
+        # The prefill kvd released every request: nothing held, nothing failed.
+        s = counters(build, p)
+        assert s["transfers_in_flight"] == 0 and s["transfers_failed"] == 0, s
+
+        # One decode host dies mid-wave: the source fails the requests and tells the other
+        # decode kvd, whose loads end at once, not at their 30 s lease.
+        failed_before = counters(build, d0)["transfers_failed"]
+        before = counters(build, d1).get("bytes_received", 0)
+        bench = kvbench_pd(build, p, [d0, d1], SLOW_WAVE + ["--decode-tp", "2", "--tag", "kill"],
+                           background=True)
+        c.children.append(bench)
+        assert wait_until(lambda: counters(build, d1).get("bytes_received", 0) > before, 15), \
+            "no bytes reached decode-1 in 15 s"
+        d1.kill()
+        killed = time.monotonic()
+        failed = wait_until(
+            lambda: (s := counters(build, d0)) and s["transfers_failed"] >= failed_before + 8
+            and s["transfers_in_flight"] == 0, 10)
+        fail_s = time.monotonic() - killed
+        assert failed, f"decode-0 still has requests in flight {fail_s:.1f} s after decode-1 died"
+        r = finish(bench, 60)
+        assert r["failed"] == r["requests"] and r["guard_bytes_written"] == 0, r
+        print(f"  decode-1 SIGKILLed -> decode-0's share failed in {fail_s * 1000:.0f} ms "
+              "(told by the source; lease 30 s)")
+        assert fail_s < 5, f"decode-0's loads failed {fail_s:.1f} s after decode-1 died"
+
+
 # 1 MiB requests: TCP with 10 ms RTT and 1 % loss moves a few MB/s (Mathis: ~1.8 MB/s per
 # connection), and a wave must end well inside kvd's 30 s lease. 8 MiB in all: ~5 s.
 SLOW = ["--requests", "8", "--window", "4", "--tokens", "64", "--layers", "4",
@@ -107,6 +162,43 @@ def case_netem(build):
         r = kvbench_pd(build, p, d, SLOW, timeout=240)
         expect_all_verified(r, "netem delay 5ms loss 1%")
         report("netem 5ms 1%", r)
+
+
+def case_slow_host(build):
+    """One slow host does not slow the other two: a prefill kvd on host 1 feeds a decode kvd on
+    host 2 and one on host 3, whose link has 50 ms of delay each way (netem). The transfers
+    1 -> 2 keep at least half the throughput they had alone while 1 -> 3 runs beside them, and
+    every byte of both arrives. Needs netem: skips on kernels without sch_netem."""
+    with Cluster(3, build) as c:
+        c.netem(2, "delay 50ms")  # first: skip before anything starts where netem is missing
+        p = c.start_kvd(0, "prefill")
+        fast = c.start_kvd(1, "decode-fast")
+        slow = c.start_kvd(2, "decode-slow")
+        # Warm both peer sessions, then the fast pair alone: the figure to hold.
+        for d, tag in ((fast, "warm-fast"), (slow, "warm-slow")):
+            expect_all_verified(kvbench_pd(build, p, d, SMALL + ["--tag", tag], timeout=120), tag)
+        alone = kvbench_pd(build, p, fast, SMALL + ["--tag", "alone"])
+        expect_all_verified(alone, "1 -> 2 alone")
+        report("1 -> 2 alone", alone)
+        # 1 -> 3 in the background for longer than the fast run takes; 1 -> 2 beside it.
+        before = counters(build, slow).get("bytes_received", 0)
+        bench = kvbench_pd(build, p, slow, SMALL + ["--requests", "64", "--tag", "slow",
+                                                     "--timeout-ms", "60000"], background=True)
+        c.children.append(bench)
+        assert wait_until(lambda: counters(build, slow).get("bytes_received", 0) > before, 30), \
+            "no bytes reached the slow host in 30 s"
+        beside = kvbench_pd(build, p, fast, SMALL + ["--tag", "beside"])
+        still_running = bench.poll() is None
+        behind = finish(bench, 180)
+        expect_all_verified(beside, "1 -> 2 beside the slow host")
+        expect_all_verified(behind, "1 -> 3, the slow host")
+        report("1 -> 2 beside 1 -> 3", beside)
+        report("1 -> 3 (50 ms)", behind)
+        assert still_running, "the slow host's run ended before the fast one: no overlap measured"
+        assert behind["p50_ms"] >= 50, f"the 50 ms delay did not apply to host 3: {behind}"
+        ratio = beside["gbps"] / alone["gbps"]
+        print(f"  1 -> 2 beside the slow host: {ratio:.2f} of its throughput alone")
+        assert ratio >= 0.5, f"the slow host slowed 1 -> 2 to {ratio:.2f} of its throughput"
 
 
 def case_slow_link(build):
@@ -254,6 +346,7 @@ def case_restart(build):
 
 
 CASES = {"pd": case_pd, "netem": case_netem, "slow_link": case_slow_link,
+         "slow_host": case_slow_host, "tp_hosts": case_tp_hosts,
          "link_down": case_link_down,
          "link_flap": case_link_flap, "restart": case_restart}
 

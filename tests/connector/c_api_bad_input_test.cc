@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kv/kv_connector.h"
-#include "tests/common/c_api_layout.h"
+#include "tests/support/c_api_layout.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/common/c_api_layout.h"
+#include "tests/support/c_api_layout.h"
 
 namespace {
 

@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <filesystem>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "protocol/kvd.pb.h"
 #include "tools/kvbench/pd/pd_sim.h"
 #include "tools/testing/kvd_process.h"
 
@@ -137,6 +140,58 @@ TEST_F(PdProcesses, PullTp1To2MlaOverUcx) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->verified, c.requests) << r->first_error;
   EXPECT_EQ(r->guard_bytes_written, 0u);
+}
+
+// TP 1 -> 2 with the decode ranks behind two kvds (TP across hosts, here on one): each decode
+// kvd asks the prefill kvd for its own rank's share; every byte of both ranks verified, push
+// and pull, head-split and replicated (MLA) caches, and the prefill kvd holds nothing after.
+TEST_F(PdProcesses, Tp1To2WithTheDecodeRanksBehindTwoKvds) {
+  prefill_ = Spawn("prefill");
+  decode_ = Spawn("decode-0");
+  auto decode1 = Spawn("decode-1");
+  ASSERT_TRUE(prefill_ && decode_ && decode1);
+  const std::string p = prefill_->socket_path();
+  const std::vector<std::string> d = {decode_->socket_path(), decode1->socket_path()};
+  for (bool mla : {false, true}) {
+    for (auto mode : {connector::Mode::kPush, connector::Mode::kPull}) {
+      PdConfig c = Small();
+      c.decode_tp = 2;
+      c.mla = mla;
+      c.mode = mode;
+      c.tag =
+          std::string(mla ? "mla-" : "heads-") + (mode == connector::Mode::kPull ? "pull" : "push");
+      auto r = connector::RunPd(
+          c, [p](const ConnectorOptions& o) { return Connector::Open(p, o); },
+          [d](const ConnectorOptions& o) { return Connector::Open(d[o.tp_rank % 2], o); });
+      ASSERT_TRUE(r.ok()) << c.tag << ": " << r.status().ToString();
+      EXPECT_EQ(r->verified, c.requests) << c.tag << ": " << r->first_error;
+      EXPECT_EQ(r->guard_bytes_written, 0u) << c.tag;
+    }
+  }
+  auto status = connector::QueryDaemonStatus(p, std::chrono::milliseconds(2000));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(status->transfers_in_flight(), 0u);
+  EXPECT_EQ(status->transfers_failed(), 0u);
+  EXPECT_EQ(status->transfers_done(), 4u * Small().requests);
+}
+
+// Transfer params naming the source kvd by daemon name need a decode kvd with --etcd to resolve
+// it (tests/cluster/etcd_test.py, names): without one every load fails at once, saying so.
+TEST_F(PdProcesses, APeerNameWithoutEtcdFailsTheLoadsAtOnce) {
+  prefill_ = Spawn("prefill");
+  decode_ = Spawn("decode");
+  ASSERT_TRUE(prefill_ && decode_);
+  PdConfig c = Small();
+  c.requests = 3;
+  c.window = 3;
+  c.peer_by_name = true;
+  c.stop_at_failed_wave = true;  // the prefill kvd holds the saved requests until their lease
+  const auto start = std::chrono::steady_clock::now();
+  auto r = Run(c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->failed, c.requests);
+  EXPECT_NE(r->first_error.find("--etcd"), std::string::npos) << r->first_error;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, c.timeout) << "failed by kvd, not waited out";
 }
 
 TEST_F(PdProcesses, PrefillKvdKilledMidRunFailsRequestsAndDecodeServesTheNextRun) {

@@ -24,7 +24,7 @@
 #include "base/framing.h"
 #include "daemon/peer_auth.h"
 #include "protocol/kvd.pb.h"
-#include "tests/daemon/spy_transport.h"
+#include "tests/support/spy_transport.h"
 #include "transport/transport.h"
 
 namespace kv {

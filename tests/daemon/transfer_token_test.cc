@@ -11,7 +11,7 @@
 #include "daemon/daemon.h"
 #include "daemon/peer_auth.h"
 #include "protocol/kvd.pb.h"
-#include "tests/daemon/spy_transport.h"
+#include "tests/support/spy_transport.h"
 #include "transport/transport.h"
 
 namespace kv {

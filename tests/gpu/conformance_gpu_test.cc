@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "tests/gpu/gpu_peers.h"
-#include "tests/transport/conformance_suite.h"
+#include "tests/support/gpu_peers.h"
+#include "tests/support/conformance_suite.h"
 
 namespace kv::transport::conformance {
 namespace {

@@ -1,14 +1,13 @@
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/decode_attention.h"
 #include "kernels/half.h"
-#include "tests/kernels/attention_problem.h"
-#include "tests/kernels/cuda_test_util.h"
+#include "tests/support/attention_problem.h"
+#include "tests/support/cuda_test_util.h"
 
 namespace kv::kernels {
 namespace {
@@ -142,48 +141,6 @@ TEST(GpuDecodeAttention, LeadingEmptyTilesAndEmptySequences) {
     const int64_t row = p.args.num_q_heads * head_dim;  // sequence 1's outputs are all zero
     for (int64_t i = row; i < 2 * row; ++i) ASSERT_EQ(got[i], 0.0f) << "element " << i;
   }
-}
-
-// Writes one problem, the gathered K/V and the kernel's output for tests/kernels/sdpa_check.py
-// (torch's scaled_dot_product_attention) when KV_SDPA_DUMP names a folder.
-TEST(GpuDecodeAttention, DumpForTorchComparison) {
-  KV_SKIP_WITHOUT_CUDA();
-  const char* dir = std::getenv("KV_SDPA_DUMP");
-  if (!dir) GTEST_SKIP() << "KV_SDPA_DUMP not set";
-  std::mt19937_64 rng(71);
-  auto p =
-      testing::MakeAttentionProblem(rng, "LHBNC", 128, 2, 4, 16, 3, 1000, DType::kBFloat16, true);
-  const auto got = RunOnDevice(p);
-  const StridedKv& kv = p.layout.kv;
-  const int64_t d = 128, hq = p.args.num_q_heads;
-  std::ofstream meta(std::string(dir) + "/meta.txt");
-  meta << p.args.num_seqs << " " << hq << " " << kv.heads << " " << d << " " << p.args.scale;
-  for (int32_t len : p.seq_lens) meta << " " << len;
-  meta << "\n";
-  auto write = [&](const std::string& name, const std::vector<float>& v) {
-    std::ofstream f(std::string(dir) + "/" + name, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  };
-  std::vector<float> q(p.query.size());
-  for (size_t i = 0; i < q.size(); ++i) q[i] = LoadElement(&p.query[i], p.paged.dtype);
-  write("q.f32", q);
-  write("out.f32", got);
-  std::vector<float> k, v;  // per sequence [kv_heads][len][d], sequences back to back
-  for (int64_t s = 0; s < p.args.num_seqs; ++s) {
-    for (int64_t h = 0; h < kv.heads; ++h) {
-      for (int64_t j = 0; j < p.seq_lens[s]; ++j) {
-        const int64_t block = p.block_table[s * p.args.block_table_stride + j / kv.block_size];
-        const uint64_t at = kv.offset(p.layer, block, h, j % kv.block_size, 0);
-        for (int64_t i = 0; i < d; ++i) {
-          k.push_back(LoadElement(&p.cache[at + i * 2], p.paged.dtype));
-          v.push_back(LoadElement(&p.cache[at + (d + i) * 2], p.paged.dtype));
-        }
-      }
-    }
-  }
-  write("k.f32", k);
-  write("v.f32", v);
-  SUCCEED() << "dumped to " << dir;
 }
 
 }  // namespace

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "kernels/plan_copy.h"
-#include "tests/kernels/cuda_test_util.h"
-#include "tests/kernels/plan_copy_groups.h"
+#include "tests/support/cuda_test_util.h"
+#include "tests/support/plan_copy_groups.h"
 
 namespace kv::kernels {
 namespace {

@@ -11,7 +11,7 @@
 #include "connector/connector.h"
 #include "daemon/daemon.h"
 #include "kv/kv_connector.h"
-#include "tests/common/c_api_layout.h"
+#include "tests/support/c_api_layout.h"
 #include "gpu/ipc_memory.h"
 
 namespace kv {

@@ -3,8 +3,8 @@
 #include <vector>
 
 #include "kernels/write_tokens.h"
-#include "tests/kernels/cuda_test_util.h"
-#include "tests/kernels/random_layout.h"
+#include "tests/support/cuda_test_util.h"
+#include "tests/support/random_layout.h"
 
 namespace kv::kernels {
 namespace {

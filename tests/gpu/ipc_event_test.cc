@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "tests/gpu/gpu_peers.h"
+#include "tests/support/gpu_peers.h"
 #include "gpu/ipc_event.h"
 #include "gpu/layer_events.h"
 

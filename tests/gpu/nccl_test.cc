@@ -8,7 +8,7 @@
 #include <future>
 #include <thread>
 
-#include "tests/gpu/gpu_peers.h"
+#include "tests/support/gpu_peers.h"
 #include "base/framed_socket.h"
 
 namespace kv::transport::gputest {

@@ -271,7 +271,7 @@ TEST(OffloadPoolGpuOrdering, AStoreWhoseEventNeverFiresFailsAloneAndFreesItsSlot
   std::promise<Status> beside;
   ASSERT_TRUE(
       (*pool)
-          ->Store({&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr},
+          ->Store({&*region, cache.base(), Keys(20, 1), std::span(blocks).first(1), nullptr, kCuda0},
                   [&](Status s) { beside.set_value(s); })
           .ok());
   ASSERT_TRUE(Wait(beside.get_future()).ok());
@@ -290,7 +290,7 @@ TEST(OffloadPoolGpuOrdering, AStoreWhoseEventNeverFiresFailsAloneAndFreesItsSlot
   // The same keys store again, and the device's copies were never held up.
   std::promise<Status> again;
   ASSERT_TRUE((*pool)
-                  ->Store({&*region, cache.base(), keys, blocks, nullptr},
+                  ->Store({&*region, cache.base(), keys, blocks, nullptr, kCuda0},
                           [&](Status s) { again.set_value(s); })
                   .ok());
   EXPECT_TRUE(Wait(again.get_future()).ok());

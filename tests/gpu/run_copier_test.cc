@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/plan_copy.h"
-#include "tests/kernels/plan_copy_groups.h"
+#include "tests/support/plan_copy_groups.h"
 
 namespace kv::gpu {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "tests/gpu/gpu_peers.h"
+#include "tests/support/gpu_peers.h"
 
 namespace kv::transport::gputest {
 namespace {

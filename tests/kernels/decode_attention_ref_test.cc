@@ -6,7 +6,7 @@
 
 #include "kernels/decode_attention.h"
 #include "kernels/half.h"
-#include "tests/kernels/attention_problem.h"
+#include "tests/support/attention_problem.h"
 
 namespace kv::kernels {
 namespace {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/gather.h"
-#include "tests/kernels/random_layout.h"
+#include "tests/support/random_layout.h"
 
 namespace kv::kernels {
 namespace {

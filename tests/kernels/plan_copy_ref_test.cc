@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/plan_copy.h"
-#include "tests/kernels/plan_copy_groups.h"
+#include "tests/support/plan_copy_groups.h"
 
 namespace kv::kernels {
 namespace {

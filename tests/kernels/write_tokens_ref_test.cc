@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/write_tokens.h"
-#include "tests/kernels/random_layout.h"
+#include "tests/support/random_layout.h"
 
 namespace kv::kernels {
 namespace {

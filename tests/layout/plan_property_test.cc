@@ -8,7 +8,7 @@
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "tests/layout/plan_reference.h"
+#include "tests/support/plan_reference.h"
 
 namespace kv {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "tests/layout/plan_reference.h"
+#include "tests/support/plan_reference.h"
 
 namespace kv {
 namespace {

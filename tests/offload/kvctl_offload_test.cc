@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/common/cli_capture.h"
+#include "tests/support/cli_capture.h"
 
 namespace kv {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "tests/transport/test_support.h"
+#include "tests/support/test_support.h"
 #include "transport/transport.h"
 
 namespace kv::transport {

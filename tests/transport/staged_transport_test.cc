@@ -4,7 +4,7 @@
 // reaps the target on every path.
 #include <signal.h>
 
-#include "tests/transport/target_process.h"
+#include "tests/support/target_process.h"
 #include "tools/testing/child_process.h"
 #include "transport/staged/chunker.h"
 #include "transport/staged/wire.h"

@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "tests/transport/target_process.h"
+#include "tests/support/target_process.h"
 #include "tools/testing/child_process.h"
 #include "transport/transport.h"
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <thread>
 
-#include "tests/transport/test_support.h"
+#include "tests/support/test_support.h"
 #include "base/codec.h"
 #include "transport/transport.h"
 

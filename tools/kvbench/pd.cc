@@ -170,7 +170,9 @@ GpuFigures GpuReport(const PdConfig& c, const connector::PdResult& r,
 int PdMain(int argc, char** argv) {
   cli::Flags flags({
       {"prefill-daemon", "unix socket of a running prefill kvd (default: start one here)"},
-      {"decode-daemon", "unix socket of a running decode kvd (default: start one here)"},
+      {"decode-daemon",
+       "unix socket of a running decode kvd (default: start one here); a comma-separated list "
+       "puts decode rank r behind kvd r % n (TP across hosts)"},
       {"memory",
        "where the KV caches live: host (default) or cuda (prefill on GPU 0, decode on GPU 1, "
        "or GPU 0 with one GPU)"},
@@ -219,6 +221,13 @@ int PdMain(int argc, char** argv) {
       {"keep-going",
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
+       true},
+      {"tag",
+       "prefix of the engines' instance names and the request ids (TAG-prefill, TAG-req-0): "
+       "several runs at once against the same kvds (default: none)"},
+      {"peer-by-name",
+       "the decode engines name the prefill kvd by its daemon name in their transfer params, "
+       "not by its address: the decode kvd resolves it through etcd (kvd --etcd)",
        true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
@@ -309,6 +318,8 @@ int PdMain(int argc, char** argv) {
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
   c.stop_at_failed_wave = !flags.has("keep-going");
+  c.tag = flags.str("tag", "");
+  c.peer_by_name = flags.has("peer-by-name");
   for (bool prefill : {true, false}) {
     auto spec = connector::PdLayout(c, prefill, 0);
     if (!spec.ok()) return Fail(spec.status().message());
@@ -400,6 +411,17 @@ int PdMain(int argc, char** argv) {
     decode_socket = decode_kvd->socket_path();
   }
 
+  // Decode rank r connects to the r % n-th of a list (the decode ranks behind several kvds);
+  // figures and health checks read the first.
+  std::vector<std::string> decode_sockets;
+  for (size_t at = 0; at <= decode_socket.size();) {
+    const size_t comma = std::min(decode_socket.find(',', at), decode_socket.size());
+    if (comma > at) decode_sockets.push_back(decode_socket.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (decode_sockets.empty()) return Fail("--decode-daemon names no socket");
+  decode_socket = decode_sockets.front();
+
   if (!json) {
     std::printf(
         "kvbench pd: %d requests x %lld tokens, %lld layers, %lld heads x %lld dim, "
@@ -428,8 +450,10 @@ int PdMain(int argc, char** argv) {
   };
   auto result = connector::RunPd(
       c, [&](const ConnectorOptions& o) { return Connector::Open(prefill_socket, o); },
-      [&](const ConnectorOptions& o) { return Connector::Open(decode_socket, o); }, progress,
-      gpu.get());
+      [&](const ConnectorOptions& o) {
+        return Connector::Open(decode_sockets[o.tp_rank % decode_sockets.size()], o);
+      },
+      progress, gpu.get());
   if (!json) std::fprintf(stderr, "\n");
   if (!result.ok())
     return Fail(result.status().ToString() + DaemonsGone(prefill_socket, decode_socket));

@@ -29,7 +29,8 @@ EXTRA_KEYS = {
     "timeout_s": (float, 30.0, "bound of every blocking call into kvd"),
     "lease_s": (float, 30.0, "advertised in the params; the prefill kvd's --lease-ms decides"),
     "kvd_peer_address": (str, None, "the address the decode side dials (default: the prefill "
-                                    "kvd's listen address)"),
+                                    "kvd's listen address), or the prefill kvd's --name: a "
+                                    "decode kvd run with --etcd finds its address there"),
 }
 
 

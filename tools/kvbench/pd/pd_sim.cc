@@ -102,7 +102,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     const int tp = prefill ? c.prefill_tp : c.decode_tp;
     for (int r = 0; r < tp; ++r) {
       KV_ASSIGN_OR_RETURN(LayoutSpec spec, PdLayout(c, prefill, r));
-      ConnectorOptions options{.instance = prefill ? "prefill" : "decode",
+      const std::string side = prefill ? "prefill" : "decode";
+      ConnectorOptions options{.instance = c.tag.empty() ? side : c.tag + "-" + side,
                                .tp_rank = r,
                                .tp_size = tp,
                                .timeout = c.timeout};
@@ -150,8 +151,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     const auto src_blocks = WaveBlocks(c, wave, count, np, true);
     const auto dst_blocks = WaveBlocks(c, wave, count, nd, false);
     for (int j = 0; j < count; ++j) {
-      ids[j] = warmup ? "warmup-" + std::to_string(first + j + c.warmup_waves * c.window)
-                      : "req-" + std::to_string(first + j);
+      ids[j] = (c.tag.empty() ? "" : c.tag + "-") +
+               (warmup ? "warmup-" + std::to_string(first + j + c.warmup_waves * c.window)
+                       : "req-" + std::to_string(first + j));
       seeds[j] = pattern::Seed(ids[j]);
     }
     std::vector<std::atomic<bool>> failed(count);
@@ -229,7 +231,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         std::vector<LoadSpec> loads;
         for (int j = 0; j < count; ++j) {
           TransferParams params;
-          params.peer_address = source.listen_address();
+          params.peer_address = c.peer_by_name ? source.name() : source.listen_address();
           params.request_id = ids[j];
           params.tokens = c.tokens;
           params.mode = c.mode;

@@ -62,6 +62,13 @@ struct PdConfig {
   // without --keep-going) instead of starting more waves against a dead kvd; that wave does not
   // wait for the sources to release its requests.
   bool stop_at_failed_wave = false;
+  // Prefixes the engines' instance names and the request ids ("TAG-prefill", "TAG-req-0"), so
+  // that several runs share the same kvds at once (tests/cluster: one prefill kvd feeding two
+  // decode hosts). Empty: "prefill", "decode", "req-N" as before.
+  std::string tag;
+  // The decode engines' transfer params name the prefill kvd by its daemon name instead of its
+  // address (a decode kvd with --etcd resolves it).
+  bool peer_by_name = false;
 };
 
 struct PdResult {

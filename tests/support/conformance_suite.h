@@ -20,8 +20,8 @@
 #include <memory>
 #include <string>
 
-#include "tests/transport/conformance_backends.h"
-#include "tests/transport/conformance_side.h"
+#include "tests/support/conformance_backends.h"
+#include "tests/support/conformance_side.h"
 
 namespace kv::transport::conformance {
 

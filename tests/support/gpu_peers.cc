@@ -1,4 +1,4 @@
-#include "tests/gpu/gpu_peers.h"
+#include "tests/support/gpu_peers.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <random>
 #include <thread>
 
-#include "tests/gpu/held_stream.h"
+#include "tests/support/held_stream.h"
 #include "base/codec.h"
 #include "daemon/event_gate.h"
 #include "gpu/cuda_util.h"

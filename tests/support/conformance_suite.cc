@@ -1,6 +1,6 @@
 // The cases of the transport conformance suite (see conformance_suite.h); every binary that
 // instantiates TransportConformance compiles this file.
-#include "tests/transport/conformance_suite.h"
+#include "tests/support/conformance_suite.h"
 
 #include <algorithm>
 #include <chrono>

@@ -9,7 +9,7 @@
 
 #include "kernels/decode_attention.h"
 #include "kernels/half.h"
-#include "tests/kernels/random_layout.h"
+#include "tests/support/random_layout.h"
 
 namespace kv::kernels::testing {
 

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/transport/conformance_backends.h"
+#include "tests/support/conformance_backends.h"
 #include "tools/testing/child_process.h"
 #include "transport/transport.h"
 

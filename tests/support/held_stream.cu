@@ -1,4 +1,4 @@
-#include "tests/gpu/held_stream.h"
+#include "tests/support/held_stream.h"
 
 namespace kv::transport::gputest {
 namespace {

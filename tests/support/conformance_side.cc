@@ -1,4 +1,4 @@
-#include "tests/transport/conformance_side.h"
+#include "tests/support/conformance_side.h"
 
 #include <sys/socket.h>
 
@@ -9,7 +9,7 @@
 #include <map>
 #include <mutex>
 
-#include "tests/transport/test_support.h"
+#include "tests/support/test_support.h"
 #include "base/codec.h"
 
 namespace kv::transport::conformance {

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/transport/test_support.h"
+#include "tests/support/test_support.h"
 #include "tools/testing/child_process.h"
 #include "transport/transport.h"
 

@@ -226,7 +226,18 @@ TEST(StalledHandshake, DoesNotDelayAnotherEnginesLayerReady) {
   for (int l = 0; l < spec.layers; ++l) ASSERT_TRUE((*source)->SaveLayer("warm", l, block).ok());
   for (int l = 0; l < spec.layers; ++l) ASSERT_TRUE((*sink)->WaitLayer("warm", l).ok());
 
-  // A load from the other peer: the decode kvd dials it, and its transport connect stalls.
+  // A load from the other peer: the decode kvd dials it, and its transport connect stalls until
+  // released, at the latest when this test ends (a failed assertion included).
+  struct Release {
+    StallingTransport::Gate* gate;
+    ~Release() {
+      {
+        std::lock_guard lock(gate->mu);
+        gate->released = true;
+      }
+      gate->cv.notify_all();
+    }
+  } release{gate.get()};
   {
     std::lock_guard lock(gate->mu);
     gate->armed = true;
@@ -249,9 +260,7 @@ TEST(StalledHandshake, DoesNotDelayAnotherEnginesLayerReady) {
   {
     std::lock_guard lock(gate->mu);
     still_stalled = gate->stalled;
-    gate->released = true;
   }
-  gate->cv.notify_all();
   EXPECT_LT(took.count(), 500) << "layer-ready took " << took.count() << " ms";
   EXPECT_TRUE(still_stalled) << "the stalled handshake ended before the layer was ready";
   ASSERT_TRUE((*source)->SaveLayer("r", 1, block).ok());

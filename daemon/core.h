@@ -1,9 +1,12 @@
 // Daemon::Core: the state behind a Daemon. Private to daemon/; split over daemon.cc (lifecycle,
 // listeners, status), engine_session.cc (the engine protocol), peer_session.cc (the peer
-// protocol, heartbeats) and transfers.cc (the request state machines).
+// protocol, heartbeats) and transfers.cc (the request state machines). Its engines and their
+// regions are a Registry (registry.h), its peer kvds Peers (peers.h); the blocking setup steps
+// (registrations, transport connects, imports) run on a SetupWorker (setup_worker.h).
 //
 // Threading: everything here is touched only on the io thread, except what is marked otherwise.
-// Transport completions and notifications hop onto the io thread with asio::post.
+// Transport completions, notifications and setup steps' results hop onto the io thread with
+// asio::post.
 //
 // Request states, source side (the kvd of the prefill engines):
 //   kCollecting       engines save layers; the destination is not known yet
@@ -29,6 +32,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,6 +45,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/shared_memory.h"
 #include "daemon/connection.h"
 #include "daemon/daemon.h"
 #include "daemon/event_gate.h"
@@ -48,72 +53,17 @@
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/offload_service.h"
-#include "base/shared_memory.h"
-#include "layout/kv_region.h"
-#include "layout/plan.h"
+#include "daemon/peers.h"
+#include "daemon/registry.h"
+#include "daemon/setup_worker.h"
 #include "gpu/ipc_memory.h"
 #include "gpu/layer_events.h"
+#include "layout/kv_region.h"
+#include "layout/plan.h"
 
 namespace kv::daemon {
 
 using Clock = std::chrono::steady_clock;
-
-// One registered KV region, host or GPU memory alike (engine_session.cc, HandleRegister): its
-// shape, the memory object that holds its bytes and keeps them mapped here, where that object
-// lives, and the transport registration. A host region is the engine's memfd mapped into kvd; a
-// GPU region is the engine's allocation opened through CUDA IPC, or through its fd for a VMM
-// allocation. Shared: batches and offload copies in flight hold it, so the mapping outlives an
-// engine's disconnect until they finish.
-struct Region {
-  KvRegion layout;       // the shape only: where the bytes are is `where`
-  void* base = nullptr;  // kvd's address of the region's byte 0: host memory, or device memory
-  uint64_t bytes = 0;    // of where.device (CUDA IPC mappings are device pointers in kvd too)
-  // The memory object's location: host for `host`, the device `gpu` was opened on for `gpu`.
-  MemoryLocation where;
-  SharedMemory host;                               // host regions: the engine's memfd
-  std::shared_ptr<kv::gpu::IpcMemory> gpu;  // GPU regions: the opened allocation
-  // Declared last so it is released first, while the memory it names is still mapped.
-  std::unique_ptr<transport::MemoryRegistration> registration;
-};
-
-struct Engine {
-  uint64_t id = 0;
-  std::shared_ptr<Connection> conn;
-  bool hello = false;
-  std::string instance;
-  std::string offload_namespace;  // the pool's key namespace: EngineHello's, else instance
-  int tp_rank = 0;
-  int tp_size = 1;
-  std::vector<std::shared_ptr<Region>> regions;
-  // GPU engines: the engine's per-layer events, opened with its first region. A copy of
-  // layer l out of this engine's regions waits in the event gate until event(l) fired.
-  std::shared_ptr<kv::gpu::ImportedLayerEvents> layer_events;
-  int offload_in_flight = 0;  // stores and loads accepted and not yet completed
-};
-
-struct Peer {
-  uint64_t id = 0;
-  std::shared_ptr<Connection> conn;                          // null while connecting
-  std::shared_ptr<boost::asio::ip::tcp::socket> connecting;  // until the dial completes
-  std::string dialed_address;                                // set when we dialed it
-  std::string name;                                          // from its hello
-  std::string remote_ip;  // of an accepted connection, for the per-address limit
-  // Peer authentication (peer_auth.h): authenticated once the peer's proof matched (or at once
-  // without a secret). `name` is bound to the proof: its hello must carry the same.
-  bool authenticated = false;
-  bool dialed = false;      // this side dialed the connection (the role inside the proofs)
-  std::string our_nonce;    // sent in our challenge
-  std::string their_nonce;  // from theirs; empty until it came
-  int requests = 0;         // source requests bound to it (max_requests_per_peer)
-  bool ready = false;       // hello exchanged and transport connected
-  transport::PeerId transport_peer = 0;
-  uint64_t transport_endpoint = 0;  // open_endpoint()'s, until connect_endpoint() takes it
-  Clock::time_point last_heard;
-  std::vector<proto::PeerMessage> queued;  // sent once ready
-  // The peer's regions imported into the transport, by packed descriptor: every request into a
-  // region shares one import instead of a blocking round trip to the transport's thread each.
-  std::map<std::string, std::shared_ptr<transport::RemoteMemory>> imported;
-};
 
 struct SourceRank {
   uint64_t engine_id = 0;
@@ -312,13 +262,25 @@ class Daemon::Core {
                      proto::Reply* payload = nullptr);
   void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
   Status HandleHello(Engine& engine, const proto::EngineHello& hello);
-  // Host and GPU memory alike: validates the message and the fd beside it, opens the memory
-  // (and a GPU engine's layer events, with its first region) and registers it with the transport.
-  Result<uint32_t> HandleRegister(Engine& engine, const proto::RegisterRegion& reg);
+  // Host and GPU memory alike: validates the message and the fd beside it, then has the setup
+  // worker open the memory (and a GPU engine's layer events, with its first region) and
+  // register it with the transport (OpenRegion); RegisterDone replies to `seq` with the region
+  // id. An error here is the reply (nothing was started).
+  Status StartRegister(Engine& engine, uint64_t seq, const proto::RegisterRegion& reg);
+  // The setup worker's thread: uses options_ and transport_ only.
+  Result<OpenedRegion> OpenRegion(const proto::RegisterRegion& reg, const KvRegion& layout,
+                                  UniqueFd fd, int first_device);
+  void RegisterDone(uint64_t engine_id, uint64_t seq, Result<OpenedRegion> opened);
+  // Queues `body` if a setup step of its sender is in flight (true), closing `conn` past
+  // kMaxHeldBytes.
+  bool Hold(HeldMessages& held, Connection& conn, const std::string& body);
+  // After a setup step: handles the held messages in order, until one starts another step.
+  void ReleaseEngine(uint64_t engine_id);
+  void ReleasePeer(uint64_t peer_id);
   // Every load as StartLoad would take it, one result each. Takes the engine's id, not the
   // engine: a load's failure may close the engine (its send backlog overflows) mid-batch.
   Result<proto::LoadResults> StartLoads(uint64_t engine_id, const proto::StartLoads& batch);
-  Engine* FindEngine(uint64_t id);
+  Engine* FindEngine(uint64_t id) { return registry_.Find(id); }
 
   // ---- gpu_regions.cc ----
   // Posts `batch` out of `engine`'s regions; for a GPU engine and an `event_layer` >= 0 the
@@ -336,7 +298,11 @@ class Daemon::Core {
   std::optional<std::string> PeerAddressOf(DestRequest& request);
   void OnPeerMessage(uint64_t peer_id, const std::string& body);
   void OnPeerClosed(uint64_t peer_id, const Status& why);
+  // Checks the hello, then has the setup worker connect the transport (connect_endpoint);
+  // PeerConnected makes the peer ready.
   Status HandlePeerHello(Peer& peer, const proto::PeerHello& hello);
+  void PeerConnected(uint64_t peer_id, std::string name, int ranks,
+                     Result<transport::PeerId> connected);
   void SendToPeer(uint64_t peer_id, proto::PeerMessage message);
   proto::PeerHello BuildHello() const;
   // The peer's transport end and our hello: only once the peer is authenticated.
@@ -347,7 +313,7 @@ class Daemon::Core {
   void RefusePeer(Peer& peer, const Status& why);
   // Whether a new connection from `ip` fits the limits; counts the refusal if not.
   Status AdmitPeerConnection(const boost::asio::ip::address& ip);
-  Peer* FindPeer(uint64_t id);
+  Peer* FindPeer(uint64_t id) { return peers_.Find(id); }
 
   // ---- transfers.cc ----
   Status NewToken(std::string* out);  // a random 128-bit capability
@@ -359,9 +325,16 @@ class Daemon::Core {
   void FailSave(uint64_t engine_id, const std::string& request_id, const Status& why);
   Result<proto::TransferParams> RequestFinished(Engine& engine, const proto::RequestFinished& m);
   Status StartLoad(Engine& engine, const proto::StartLoad& load);
-  Status OnWant(Peer& peer, const proto::WantRequest& want);
+  // A Want naming regions of the peer not imported yet has the setup worker import them first
+  // (held messages as for a hello); refusals go back to the peer as Fail.
+  void HandleWant(Peer& peer, const proto::WantRequest& want);
+  void RefuseWant(uint64_t peer_id, const proto::WantRequest& want, const Status& why);
+  // Every region of the Want imported (the peer's cache, else `fresh`): never blocks.
+  using Imports = std::map<std::string, std::shared_ptr<transport::RemoteMemory>>;
+  Status OnWant(Peer& peer, const proto::WantRequest& want, const Imports& fresh = {});
   Result<std::shared_ptr<transport::RemoteMemory>> ImportRemote(Peer& peer,
-                                                                const std::string& descriptor);
+                                                                const std::string& descriptor,
+                                                                const Imports& fresh);
   void OnConfirm(Peer& peer, const std::string& request_id);
   void OnPeerFail(Peer& peer, const proto::Fail& fail);
   void OnNotification(const std::string& message);
@@ -451,8 +424,8 @@ class Daemon::Core {
   bool draining_ = false;
 
   uint64_t next_id_ = 1;
-  std::map<uint64_t, Engine> engines_;
-  std::map<uint64_t, Peer> peers_;
+  Registry registry_;
+  Peers peers_;
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
   std::vector<Retired> retired_;
@@ -476,6 +449,9 @@ class Daemon::Core {
   // notices go through it too. Destroyed first in Shutdown: what it holds names the transport,
   // the pool and regions.
   std::unique_ptr<EventGate> event_gate_;
+  // Blocking setup steps off the io thread (setup_worker.h). Shut down right after the io
+  // thread: what it still holds was made by the transport.
+  std::unique_ptr<SetupWorker> setup_;
 
   uint64_t transfers_done_ = 0;
   uint64_t transfers_failed_ = 0;

@@ -124,6 +124,9 @@ Status Daemon::Core::Start() {
     if (on_gpu) WarnWithoutMps();
   }
   event_gate_ = std::make_unique<EventGate>(transport_.get());
+  // Two threads: one stalled step (a peer that does not answer the transport's connect) leaves
+  // the other to the rest; each engine and peer has at most one step in flight.
+  setup_ = std::make_unique<SetupWorker>(io_, 2, kMaxSetupJobs);
   if (!options_.etcd_url.empty()) {
     membership::ResolverOptions resolver;
     resolver.etcd_url = options_.etcd_url;
@@ -271,7 +274,7 @@ Status Daemon::Core::AdmitPeerConnection(const asio::ip::address& ip) {
   }
   const std::string address = ip.to_string();
   int total = 0, unauthenticated = 0, same_address = 0;
-  for (const auto& [id, peer] : peers_) {
+  for (const auto& [id, peer] : peers_.all()) {
     if (!peer.conn) continue;
     ++total;
     // Of those others opened: this kvd's own dials still authenticating must not lock peers out.
@@ -304,7 +307,7 @@ void Daemon::Core::Sweep() {
   ExpireRequests(now);
   const auto silence = options_.heartbeat_interval * options_.missed_heartbeats;
   std::vector<uint64_t> dead;
-  for (auto& [id, peer] : peers_) {
+  for (auto& [id, peer] : peers_.all()) {
     if (now - peer.last_heard > (peer.ready ? silence : options_.handshake_timeout)) {
       dead.push_back(id);
     } else if (peer.ready) {
@@ -332,6 +335,18 @@ void Daemon::Core::Sweep() {
   sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Sweep();
   });
+}
+
+bool Daemon::Core::Hold(HeldMessages& held, Connection& conn, const std::string& body) {
+  if (!held.busy) return false;
+  if (held.bytes + body.size() > kMaxHeldBytes) {
+    conn.Close(Status::ResourceExhausted(conn.label() + ": " + std::to_string(held.bytes) +
+                                         " bytes of messages wait behind its setup step"));
+    return true;
+  }
+  held.bytes += body.size();
+  held.messages.push_back(body);
+  return true;
 }
 
 Status Daemon::Core::AttachEngine(int fd) {
@@ -363,22 +378,16 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_resident_bytes(ResidentBytes());
   s.set_transport(transport_ ? std::string(transport_->name()) : "");
   s.set_listen_address(listen_address_);
-  for (const auto& [id, peer] : peers_) {
+  for (const auto& [id, peer] : peers_.all()) {
     auto* p = s.add_peers();
     p->set_name(peer.name);
     p->set_address(peer.dialed_address.empty() ? peer.conn->label() : peer.dialed_address);
     p->set_state(peer.ready ? "ready" : peer.conn ? "handshake" : "connecting");
   }
-  uint32_t engines = 0, regions = 0;
-  uint64_t region_bytes = 0;
-  for (const auto& [id, engine] : engines_) {
-    engines += engine.hello ? 1 : 0;  // not kvctl's own connection
-    regions += static_cast<uint32_t>(engine.regions.size());
-    for (const auto& r : engine.regions) region_bytes += r->bytes;
-  }
-  s.set_engines(engines);
-  s.set_regions(regions);
-  s.set_region_bytes(region_bytes);
+  const Registry::Totals totals = registry_.totals();
+  s.set_engines(totals.engines);
+  s.set_regions(totals.regions);
+  s.set_region_bytes(totals.region_bytes);
   s.set_transfers_in_flight(static_cast<uint32_t>(sources_.size() + loads_.size()));
   s.set_transfers_done(transfers_done_);
   s.set_transfers_failed(transfers_failed_);
@@ -389,14 +398,9 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_peer_auth(!options_.auth_secret.empty() ? "secret"
                   : options_.insecure_peers     ? "insecure"
                                                 : "loopback-only");
-  uint32_t connections = 0, unauthenticated = 0;
-  for (const auto& [id, peer] : peers_) {
-    if (!peer.conn) continue;
-    ++connections;
-    if (!peer.authenticated) ++unauthenticated;
-  }
-  s.set_peer_connections(connections);
-  s.set_unauthenticated_connections(unauthenticated);
+  const Peers::Counts counts = peers_.counts();
+  s.set_peer_connections(counts.connections);
+  s.set_unauthenticated_connections(counts.unauthenticated);
   s.set_peers_refused(peers_refused_);
   s.set_auth_failures(auth_failures_);
   if (offload_) *s.mutable_offload() = offload_->Snapshot();
@@ -428,8 +432,8 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
         }
         sweep_timer_.cancel();
         std::vector<std::shared_ptr<Connection>> conns;
-        for (auto& [id, e] : engines_) conns.push_back(e.conn);
-        for (auto& [id, p] : peers_) {
+        for (const auto& [id, e] : registry_.engines()) conns.push_back(e.conn);
+        for (auto& [id, p] : peers_.all()) {
           if (p.conn) conns.push_back(p.conn);
         }
         for (auto& c : conns) c->Close(Status::Unavailable("kvd " + options_.name + " stopping"));
@@ -450,6 +454,8 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
     io_.stop();
     io_thread_.join();
   }
+  // Waits for the steps running; what they made goes before the transport.
+  if (setup_) setup_->Shutdown();
   // Fails what still waits for an engine's event (nothing of it started), before the pool and
   // the transport it would have gone to.
   event_gate_.reset();
@@ -459,8 +465,8 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
   sources_.clear();
   loads_.clear();
   retired_.clear();
-  engines_.clear();
-  peers_.clear();
+  registry_.Clear();
+  peers_.Clear();
   transport_.reset();
 }
 

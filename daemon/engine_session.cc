@@ -20,8 +20,7 @@ void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
     }
   }
   const uint64_t id = next_id_++;
-  Engine& engine = engines_[id];
-  engine.id = id;
+  Engine& engine = registry_.Add(id);
   engine.conn = Connection::Adopt(io_, fd, EngineLimits(), "engine " + std::to_string(id));
   engine.conn->Start(
       [this, id](std::string body) {
@@ -29,11 +28,6 @@ void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
         FlushSendsIfDue();
       },
       [this, id](const Status& why) { OnEngineClosed(id, why); });
-}
-
-Engine* Daemon::Core::FindEngine(uint64_t id) {
-  auto it = engines_.find(id);
-  return it == engines_.end() ? nullptr : &it->second;
 }
 
 void Daemon::Core::ReplyToEngine(Engine& engine, uint64_t seq, const Status& status,
@@ -53,6 +47,7 @@ void Daemon::Core::SendToEngine(uint64_t engine_id, const proto::DaemonMessage& 
 void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) {
   Engine* engine = FindEngine(engine_id);
   if (engine == nullptr) return;
+  if (Hold(engine->held, *engine->conn, body)) return;
   proto::EngineMessage m;
   if (!m.ParseFromString(body)) {
     engine->conn->Close(Status::InvalidArgument(engine->conn->label() + ": malformed message"));
@@ -84,10 +79,9 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
   };
   switch (m.body_case()) {
     case proto::EngineMessage::kRegisterRegion: {
-      auto id = HandleRegister(*engine, m.register_region());
-      proto::Reply reply;
-      if (id.ok()) reply.set_region_id(*id);
-      reply_to(id.status(), &reply);
+      // Answered once the setup worker opened and registered the memory (RegisterDone).
+      const Status s = StartRegister(*engine, m.seq(), m.register_region());
+      if (!s.ok()) reply_to(s);
       return;
     }
     case proto::EngineMessage::kSaveLayer: {
@@ -149,11 +143,9 @@ Status Daemon::Core::HandleHello(Engine& engine, const proto::EngineHello& hello
   if (hello.instance().empty() || hello.instance().size() > kMaxRequestIdBytes) {
     return Status::InvalidArgument("instance name must have 1 to 256 bytes");
   }
-  for (const auto& [id, other] : engines_) {
-    if (other.hello && other.instance == hello.instance() && other.tp_rank == hello.tp_rank()) {
-      return Status::AlreadyExists("instance " + hello.instance() + " rank " +
-                                   std::to_string(hello.tp_rank()) + " is already connected");
-    }
+  if (registry_.HasRank(hello.instance(), hello.tp_rank())) {
+    return Status::AlreadyExists("instance " + hello.instance() + " rank " +
+                                 std::to_string(hello.tp_rank()) + " is already connected");
   }
   engine.hello = true;
   engine.instance = hello.instance();
@@ -263,14 +255,42 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRe
 
 }  // namespace
 
-Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::RegisterRegion& reg) {
+Status Daemon::Core::StartRegister(Engine& engine, uint64_t seq, const proto::RegisterRegion& reg) {
   // The fd arrived with this message's bytes, or none did; claimed first so that it is closed
   // on every path.
   kv::UniqueFd fd(engine.conn->TakeFd());
   KV_ASSIGN_OR_RETURN(KvRegion layout, CheckRegistration(engine, reg, fd.valid()));
+  if (!reg.has_memfd() && !transport_->supports(MemoryKind::kCuda)) {
+    return Status::Unsupported("kvd " + options_.name + "'s transport " +
+                               std::string(transport_->name()) +
+                               " cannot reach GPU memory (start kvd with --transport ipc, nccl "
+                               "or ucx)");
+  }
+  // Opening and registering a slab takes from milliseconds (a memfd's pages) to seconds (CUDA
+  // IPC, pinning): off the io thread, with this engine's later messages held until it is done.
+  const int first_device = engine.regions.empty() ? -1 : engine.regions.front()->where.device;
+  auto work = [this, reg, layout = std::move(layout),
+               fd = std::make_shared<UniqueFd>(std::move(fd)),
+               first_device]() -> Result<OpenedRegion> {
+    return OpenRegion(reg, layout, std::move(*fd), first_device);
+  };
+  auto done = [this, id = engine.id, seq](Result<OpenedRegion> opened) {
+    RegisterDone(id, seq, std::move(opened));
+  };
+  KV_RETURN_IF_ERROR(setup_->Submit<OpenedRegion>(Clock::now() + options_.lease, std::move(work),
+                                                  std::move(done)));
+  engine.held.busy = true;
+  return Status::Ok();
+}
+
+// The setup worker's thread: touches nothing of the Core but its options and the transport
+// (thread-safe).
+Result<OpenedRegion> Daemon::Core::OpenRegion(const proto::RegisterRegion& reg,
+                                              const KvRegion& layout, UniqueFd fd,
+                                              int first_device) {
+  OpenedRegion out;
   auto region = std::make_shared<Region>();
-  region->layout = std::move(layout);
-  std::shared_ptr<gpu::ImportedLayerEvents> events;
+  region->layout = layout;
   if (reg.has_memfd()) {
     // kvd populates what it maps, so it maps the layout's span alone: a 1 KiB layout that names
     // a 1 GiB memfd (sparse, or other caches of the engine sharing it) costs kvd 1 KiB of pages.
@@ -281,15 +301,9 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
     region->bytes = region->host.size();
     region->where = MemoryLocation::Host();
   } else {
-    if (!transport_->supports(MemoryKind::kCuda)) {
-      return Status::Unsupported("kvd " + options_.name + "'s transport " +
-                                 std::string(transport_->name()) +
-                                 " cannot reach GPU memory (start kvd with --transport ipc, nccl "
-                                 "or ucx)");
-    }
     auto device = gpu::DeviceWithUuid(reg.location().device_uuid());
     if (!device.ok()) return device.status().WithContext("GPU region");
-    if (!engine.regions.empty() && engine.regions.front()->where.device != *device) {
+    if (first_device >= 0 && first_device != *device) {
       return Status::InvalidArgument("every GPU cache of an engine must live on one device");
     }
     auto mapping = reg.has_vmm_fd()
@@ -305,7 +319,7 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
     }
     if (reg.layer_events_size() > 0) {
       std::vector<std::string> handles(reg.layer_events().begin(), reg.layer_events().end());
-      KV_ASSIGN_OR_RETURN(events, gpu::ImportedLayerEvents::Import(handles, *device));
+      KV_ASSIGN_OR_RETURN(out.events, gpu::ImportedLayerEvents::Import(handles, *device));
     }
     region->base = static_cast<char*>((*mapping)->base()) + reg.offset();
     region->bytes = reg.bytes();
@@ -314,30 +328,58 @@ Result<uint32_t> Daemon::Core::HandleRegister(Engine& engine, const proto::Regis
   }
   KV_ASSIGN_OR_RETURN(region->registration,
                       transport_->register_memory(region->base, region->bytes, region->where));
-  if (region->gpu) {
-    spdlog::info("kvd {}: engine {} rank {} registered a GPU region of {} bytes on device {} ({})",
-                 options_.name, engine.instance, engine.tp_rank, region->bytes,
-                 region->where.device, reg.has_vmm_fd() ? "VMM fd" : "CUDA IPC");
+  out.vmm = reg.has_vmm_fd();
+  out.region = std::move(region);
+  return out;
+}
+
+void Daemon::Core::RegisterDone(uint64_t engine_id, uint64_t seq, Result<OpenedRegion> opened) {
+  Engine* engine = FindEngine(engine_id);
+  if (engine == nullptr) return;  // left meanwhile: what was opened closes here
+  proto::Reply reply;
+  if (opened.ok()) {
+    std::shared_ptr<Region>& region = opened->region;
+    if (region->gpu) {
+      spdlog::info(
+          "kvd {}: engine {} rank {} registered a GPU region of {} bytes on device {} ({})",
+          options_.name, engine->instance, engine->tp_rank, region->bytes, region->where.device,
+          opened->vmm ? "VMM fd" : "CUDA IPC");
+    }
+    if (opened->events) engine->layer_events = std::move(opened->events);
+    engine->regions.push_back(std::move(region));
+    reply.set_region_id(static_cast<uint32_t>(engine->regions.size() - 1));
   }
-  if (events) engine.layer_events = std::move(events);
-  engine.regions.push_back(std::move(region));
-  return static_cast<uint32_t>(engine.regions.size() - 1);
+  ReplyToEngine(*engine, seq, opened.status(), &reply);
+  ReleaseEngine(engine_id);
+}
+
+void Daemon::Core::ReleaseEngine(uint64_t engine_id) {
+  if (Engine* p = FindEngine(engine_id)) p->held.busy = false;
+  // Looked up again after each message: its handler may close the connection, or start another
+  // setup step (which releases the rest when it is done).
+  for (Engine* p = FindEngine(engine_id);
+       p != nullptr && !p->held.busy && !p->held.messages.empty(); p = FindEngine(engine_id)) {
+    std::string body = std::move(p->held.messages.front());
+    p->held.messages.pop_front();
+    p->held.bytes -= body.size();
+    OnEngineMessage(engine_id, body);
+    FlushSendsIfDue();
+  }
 }
 
 void Daemon::Core::OnEngineClosed(uint64_t engine_id, const Status& why) {
-  auto it = engines_.find(engine_id);
-  if (it == engines_.end()) return;
+  Engine* engine = FindEngine(engine_id);
+  if (engine == nullptr) return;
   if (why.ok()) {
-    spdlog::info("kvd {}: engine {} rank {} disconnected", options_.name, it->second.instance,
-                 it->second.tp_rank);
+    spdlog::info("kvd {}: engine {} rank {} disconnected", options_.name, engine->instance,
+                 engine->tp_rank);
   } else {
-    spdlog::warn("kvd {}: closed engine {}: {}", options_.name, it->second.instance,
-                 why.ToString());
+    spdlog::warn("kvd {}: closed engine {}: {}", options_.name, engine->instance, why.ToString());
   }
   FailRequestsOfEngine(engine_id,
-                       Status::Aborted("engine " + it->second.instance + " rank " +
-                                       std::to_string(it->second.tp_rank) + " disconnected"));
-  engines_.erase(engine_id);
+                       Status::Aborted("engine " + engine->instance + " rank " +
+                                       std::to_string(engine->tp_rank) + " disconnected"));
+  registry_.Remove(engine_id);
 }
 
 }  // namespace kv::daemon

@@ -1,6 +1,6 @@
 // GPU engines in kvd: batches out of their regions held until their per-layer events fired
 // (daemon/event_gate.h). Their regions are registered as host ones are (engine_session.cc,
-// HandleRegister).
+// StartRegister).
 #include <spdlog/spdlog.h>
 
 #include "daemon/core.h"

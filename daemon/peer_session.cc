@@ -3,6 +3,7 @@
 // and queued messages flow. Heartbeats keep it alive; see Core::Sweep.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <utility>
 
@@ -15,18 +16,13 @@ namespace kv::daemon {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-Peer* Daemon::Core::FindPeer(uint64_t id) {
-  auto it = peers_.find(id);
-  return it == peers_.end() ? nullptr : &it->second;
-}
-
 proto::PeerHello Daemon::Core::BuildHello() const {
   proto::PeerHello hello;
   hello.set_protocol_version(proto::PEER_PROTOCOL);
   hello.set_node_name(options_.name);
   hello.set_transport(std::string(transport_->name()));
   hello.set_transport_address(transport_->address());
-  for (const auto& [id, engine] : engines_) {
+  for (const auto& [id, engine] : registry_.engines()) {
     if (!engine.hello) continue;
     proto::RankInfo* rank = hello.add_ranks();
     rank->set_tp_rank(engine.tp_rank);
@@ -37,15 +33,9 @@ proto::PeerHello Daemon::Core::BuildHello() const {
 }
 
 void Daemon::Core::ServePeer(int fd, std::string dialed_address, std::string remote_ip) {
-  uint64_t id = 0;
-  for (auto& [pid, peer] : peers_) {
-    if (!dialed_address.empty() && peer.dialed_address == dialed_address && !peer.conn) id = pid;
-  }
-  if (id == 0) {
-    id = next_id_++;
-    peers_[id].id = id;
-  }
-  Peer& peer = peers_[id];
+  Peer* dialing = dialed_address.empty() ? nullptr : peers_.Dialed(dialed_address);
+  Peer& peer = dialing != nullptr && !dialing->conn ? *dialing : peers_.Add(next_id_++);
+  const uint64_t id = peer.id;
   peer.connecting.reset();
   peer.dialed = !dialed_address.empty();
   peer.dialed_address = std::move(dialed_address);
@@ -169,9 +159,7 @@ Status Daemon::Core::OnAuthMessage(Peer& peer, const proto::PeerMessage& m) {
 }
 
 Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
-  for (auto& [id, peer] : peers_) {
-    if (peer.dialed_address == address) return id;
-  }
+  if (Peer* dialed = peers_.Dialed(address)) return dialed->id;
   // A peer that dialed us is found by the address it listens on only after its hello; matching
   // by name is not possible before it, so a second session may be dialed. Both are valid.
   const size_t colon = address.rfind(':');
@@ -194,8 +182,7 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
                                "loopback peers only (--insecure opens it)");
   }
   const uint64_t id = next_id_++;
-  Peer& peer = peers_[id];
-  peer.id = id;
+  Peer& peer = peers_.Add(id);
   peer.dialed_address = address;
   peer.last_heard = Clock::now();
   peer.connecting = std::make_shared<tcp::socket>(io_);
@@ -208,7 +195,7 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
           if (resolver_) resolver_->Forget(address);  // a name there is looked up anew
           FailRequestsOfPeer(
               id, Status::Unavailable("connect to kvd at " + address + ": " + ec.message()));
-          peers_.erase(id);
+          peers_.Remove(id);
           return;
         }
         socket->set_option(tcp::no_delay(true));
@@ -265,6 +252,7 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
   Peer* peer = FindPeer(peer_id);
   if (peer == nullptr) return;
   peer->last_heard = Clock::now();
+  if (Hold(peer->held, *peer->conn, body)) return;
   proto::PeerMessage m;
   if (!m.ParseFromString(body)) {
     peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": malformed message"));
@@ -299,18 +287,9 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
   switch (m.body_case()) {
     case proto::PeerMessage::kHeartbeat:
       return;
-    case proto::PeerMessage::kWant: {
-      Status s = OnWant(*peer, m.want());
-      if (!s.ok()) {
-        spdlog::warn("kvd {}: refused request {} from {}: {}", options_.name,
-                     m.want().request_id().substr(0, kMaxRequestIdBytes), peer->name, s.ToString());
-        proto::PeerMessage fail;
-        fail.mutable_fail()->set_request_id(m.want().request_id().substr(0, kMaxRequestIdBytes));
-        ToWire(s, fail.mutable_fail()->mutable_error());
-        SendToPeer(peer_id, std::move(fail));
-      }
+    case proto::PeerMessage::kWant:
+      HandleWant(*peer, m.want());
       return;
-    }
     case proto::PeerMessage::kConfirm:
       OnConfirm(*peer, m.confirm().request_id());
       return;
@@ -408,17 +387,59 @@ Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) 
   }
   KV_RETURN_IF_ERROR(CheckPeerLayouts(options_.name, BuildHello(), hello));
   const uint64_t endpoint = std::exchange(peer.transport_endpoint, 0);  // consumed either way
-  KV_ASSIGN_OR_RETURN(peer.transport_peer,
-                      transport_->connect_endpoint(hello.transport_address(), endpoint));
-  peer.name = hello.node_name();
-  peer.ready = true;
-  spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer.name, hello.ranks_size());
-  auto queued = std::move(peer.queued);
-  peer.queued.clear();
-  // By id, not through `peer`: a send that fails closes the connection and erases the peer.
-  const uint64_t id = peer.id;
-  for (auto& m : queued) SendToPeer(id, std::move(m));
+  // A UCX connect is a round trip to the peer's worker: off the io thread, so that a peer that
+  // stalls it delays no one else. Its later messages wait in peer.held meanwhile.
+  auto work = [this, address = hello.transport_address(), endpoint]() -> Result<transport::PeerId> {
+    return transport_->connect_endpoint(address, endpoint);
+  };
+  auto done = [this, id = peer.id, name = hello.node_name(),
+               ranks = hello.ranks_size()](Result<transport::PeerId> connected) {
+    PeerConnected(id, name, ranks, std::move(connected));
+  };
+  const Status submitted = setup_->Submit<transport::PeerId>(
+      Clock::now() + options_.handshake_timeout, std::move(work), std::move(done));
+  if (!submitted.ok()) {
+    transport_->release_endpoint(endpoint);
+    return submitted;
+  }
+  peer.held.busy = true;
   return Status::Ok();
+}
+
+void Daemon::Core::PeerConnected(uint64_t peer_id, std::string name, int ranks,
+                                 Result<transport::PeerId> connected) {
+  Peer* peer = FindPeer(peer_id);
+  if (peer == nullptr) {
+    if (connected.ok()) transport_->disconnect(*connected);  // it left meanwhile
+    return;
+  }
+  if (!connected.ok()) {
+    peer->conn->Close(connected.status().WithContext(peer->conn->label()));
+    return;
+  }
+  peer->transport_peer = *connected;
+  peer->name = std::move(name);
+  peer->ready = true;
+  spdlog::info("kvd {}: peer {} ready ({} ranks)", options_.name, peer->name, ranks);
+  auto queued = std::move(peer->queued);
+  peer->queued.clear();
+  // By id, not through `peer`: a send that fails closes the connection and erases the peer.
+  for (auto& m : queued) SendToPeer(peer_id, std::move(m));
+  ReleasePeer(peer_id);
+}
+
+void Daemon::Core::ReleasePeer(uint64_t peer_id) {
+  if (Peer* p = FindPeer(peer_id)) p->held.busy = false;
+  // Looked up again after each message: its handler may close the connection, or start another
+  // setup step (which releases the rest when it is done).
+  for (Peer* p = FindPeer(peer_id); p != nullptr && !p->held.busy && !p->held.messages.empty();
+       p = FindPeer(peer_id)) {
+    std::string body = std::move(p->held.messages.front());
+    p->held.messages.pop_front();
+    p->held.bytes -= body.size();
+    OnPeerMessage(peer_id, body);
+    FlushSendsIfDue();
+  }
 }
 
 void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
@@ -436,7 +457,74 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
       peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
   if (peer->ready) event_gate_->Disconnect(peer->transport_peer);  // and the transport's
   if (peer->transport_endpoint != 0) transport_->release_endpoint(peer->transport_endpoint);
-  peers_.erase(peer_id);
+  peers_.Remove(peer_id);
+}
+
+// ---- a Want's imports (the request itself: transfers.cc, OnWant) ----
+
+void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
+  // Regions of the peer not imported yet (the first Want into each): imported on the setup
+  // worker, a round trip to the transport's thread or a CUDA IPC open each.
+  std::vector<std::string> missing;
+  size_t named = 0;
+  for (const auto& rank : want.ranks()) {
+    named += static_cast<size_t>(rank.descriptors_size());
+    for (const std::string& d : rank.descriptors()) {
+      if (!Peers::Imported(peer, d)) missing.push_back(d);
+    }
+  }
+  if (missing.empty() || named > static_cast<size_t>(kMaxTpSize) * kMaxRegionsPerEngine) {
+    const Status s = OnWant(peer, want);  // and a Want too large to be one is refused there
+    if (!s.ok()) RefuseWant(peer.id, want, s);
+    return;
+  }
+  std::sort(missing.begin(), missing.end());
+  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  auto work = [this, transport_peer = peer.transport_peer, missing]() -> Result<Imports> {
+    Imports fresh;
+    for (const std::string& d : missing) {
+      KV_ASSIGN_OR_RETURN(std::shared_ptr<transport::RemoteMemory> remote,
+                          transport_->import_remote(transport_peer, d));
+      fresh.emplace(d, std::move(remote));
+    }
+    return fresh;
+  };
+  auto done = [this, id = peer.id, want](Result<Imports> fresh) {
+    Peer* p = FindPeer(id);
+    if (p == nullptr) return;  // gone: the imports close here
+    const Status s = fresh.ok() ? OnWant(*p, want, *fresh) : fresh.status();
+    if (!s.ok()) RefuseWant(id, want, s);
+    ReleasePeer(id);
+  };
+  const Status submitted =
+      setup_->Submit<Imports>(Clock::now() + options_.lease, std::move(work), std::move(done));
+  if (!submitted.ok()) {
+    RefuseWant(peer.id, want, submitted);
+    return;
+  }
+  peer.held.busy = true;
+}
+
+void Daemon::Core::RefuseWant(uint64_t peer_id, const proto::WantRequest& want, const Status& why) {
+  Peer* peer = FindPeer(peer_id);
+  if (peer == nullptr) return;
+  spdlog::warn("kvd {}: refused request {} from {}: {}", options_.name,
+               want.request_id().substr(0, kMaxRequestIdBytes), peer->name, why.ToString());
+  proto::PeerMessage fail;
+  fail.mutable_fail()->set_request_id(want.request_id().substr(0, kMaxRequestIdBytes));
+  ToWire(why, fail.mutable_fail()->mutable_error());
+  SendToPeer(peer_id, std::move(fail));
+}
+
+Result<std::shared_ptr<transport::RemoteMemory>> Daemon::Core::ImportRemote(
+    Peer& peer, const std::string& descriptor, const Imports& fresh) {
+  if (auto cached = Peers::Imported(peer, descriptor)) return cached;
+  auto made = fresh.find(descriptor);
+  if (made == fresh.end()) {
+    return Status::Internal("region descriptor was not imported before the Want");  // HandleWant
+  }
+  Peers::Remember(peer, descriptor, made->second);
+  return made->second;
 }
 
 }  // namespace kv::daemon

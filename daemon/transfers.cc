@@ -16,7 +16,6 @@ namespace {
 
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr int kMaxBlocksPerRequest = 1 << 20;
-constexpr size_t kMaxImportsPerPeer = 4096;
 
 // Block ids from an engine or a peer, checked against every region they will index.
 template <typename Ids>
@@ -141,7 +140,7 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   return params;
 }
 
-Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
+Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Imports& fresh) {
   KV_RETURN_IF_ERROR(CheckRequestId(want.request_id()));
   if (want.tokens() <= 0 || want.tokens() > kMaxTokens) {
     return Status::InvalidArgument("tokens " + std::to_string(want.tokens()) +
@@ -179,7 +178,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
     for (int i = 0; i < wire.regions_size(); ++i) {
       KV_ASSIGN_OR_RETURN(KvRegion layout, FromWire(wire.regions(i)));
       rank.layouts.push_back(layout);
-      KV_ASSIGN_OR_RETURN(auto remote, ImportRemote(peer, wire.descriptors(i)));
+      KV_ASSIGN_OR_RETURN(auto remote, ImportRemote(peer, wire.descriptors(i), fresh));
       if (remote->length() < layout.span_bytes()) {
         return Status::OutOfRange("destination region of " + std::to_string(remote->length()) +
                                   " bytes cannot hold its layout's " +
@@ -260,19 +259,6 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want) {
   to.notice_token = want.notice_token();
   PumpSource(request);
   return Status::Ok();
-}
-
-Result<std::shared_ptr<transport::RemoteMemory>> Daemon::Core::ImportRemote(
-    Peer& peer, const std::string& descriptor) {
-  auto it = peer.imported.find(descriptor);
-  if (it != peer.imported.end()) return it->second;
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<transport::RemoteMemory> remote,
-                      transport_->import_remote(peer.transport_peer, descriptor));
-  // A peer whose engines re-register leaves stale entries: bounded, and dropped all at once
-  // (requests in flight hold their own references).
-  if (peer.imported.size() >= kMaxImportsPerPeer) peer.imported.clear();
-  peer.imported.emplace(descriptor, remote);
-  return remote;
 }
 
 void Daemon::Core::PumpSource(SourceRequest& request) {
@@ -522,7 +508,7 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
   // Every rank of the instance this kvd serves: all tp_size of them, or this kvd's share where
   // the decode ranks sit behind several kvds (TP across hosts), each asking for its own.
   if (static_cast<int>(request.ranks.size()) >=
-      std::min(request.tp_size, RanksHere(engines_, request.instance))) {
+      std::min(request.tp_size, RanksHere(registry_.engines(), request.instance))) {
     RequestLoad(request);
   }
   return Status::Ok();

@@ -264,8 +264,9 @@ Status FrameReader::ReadAvailable(int fd) {
     }
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    end = got == 0 ? Status::Unavailable("peer closed the framed socket")
-                   : Status::Unavailable(std::string("framed socket read: ") + std::strerror(errno));
+    end = got == 0
+              ? Status::Unavailable("peer closed the framed socket")
+              : Status::Unavailable(std::string("framed socket read: ") + std::strerror(errno));
     break;
   }
   while (true) {

@@ -65,13 +65,14 @@ TEST(FramedSocket, NothingByTheDeadlineIsATimeout) {
 }
 
 // A unix listener serves its own user: another account cannot reach the path (0600), and one that
-// reaches it anyway (the test opens the path up) is closed at accept. Needs root to be another user.
+// reaches it anyway (the test opens the path up) is closed at accept. Needs root to be another
+// user.
 TEST(FramedSocket, AUnixListenerRefusesAnotherUser) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
   const std::string path = "/tmp/kv_framed_socket_test." + std::to_string(::getpid());
   auto listener = Listener::Listen("unix:" + path);
   ASSERT_TRUE(listener.ok()) << listener.status().ToString();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(0, ::stat(path.c_str(), &st));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   auto as_nobody = [&](bool open_path) {
@@ -90,7 +91,8 @@ TEST(FramedSocket, AUnixListenerRefusesAnotherUser) {
       EXPECT_TRUE(peer.ok());
       EXPECT_FALSE(peer.ok() && peer->valid()) << "another user's connection was accepted";
       int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      if (::waitpid(pid, &status, WNOHANG) == pid)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       ::usleep(1000);
     }
     ::kill(pid, SIGKILL);

@@ -13,6 +13,7 @@
 #include "connector/connector.h"
 #include "daemon/daemon.h"
 #include "protocol/kvd.pb.h"
+#include "tests/support/forwarding_transport.h"
 
 namespace kv {
 namespace {
@@ -24,35 +25,10 @@ constexpr auto kTimeout = std::chrono::milliseconds(5000);
 
 // Forwards to a real backend, but never moves a batch: each one fails as soon as it is posted.
 // Counts the layer notices kvd hands it.
-class FailingTransport final : public transport::Transport {
+class FailingTransport final : public testing::ForwardingTransport {
  public:
   FailingTransport(std::unique_ptr<transport::Transport> inner, std::atomic<int>* notices)
-      : inner_(std::move(inner)), notices_(notices) {}
-  std::string_view name() const override { return inner_->name(); }
-  std::string address() const override { return inner_->address(); }
-  bool supports(MemoryKind kind) const override { return inner_->supports(kind); }
-  Result<std::unique_ptr<transport::MemoryRegistration>> register_memory(
-      void* base, uint64_t length, MemoryLocation where) override {
-    return inner_->register_memory(base, length, where);
-  }
-  Result<std::unique_ptr<transport::MemoryRegistration>> allocate_memory(
-      uint64_t length, MemoryLocation where) override {
-    return inner_->allocate_memory(length, where);
-  }
-  Result<transport::PeerId> connect(std::string_view peer_address) override {
-    return inner_->connect(peer_address);
-  }
-  Result<LocalEndpoint> open_endpoint() override { return inner_->open_endpoint(); }
-  Result<transport::PeerId> connect_endpoint(std::string_view peer_address,
-                                             uint64_t endpoint) override {
-    return inner_->connect_endpoint(peer_address, endpoint);
-  }
-  void release_endpoint(uint64_t endpoint) override { inner_->release_endpoint(endpoint); }
-  void disconnect(transport::PeerId peer) override { inner_->disconnect(peer); }
-  Result<std::unique_ptr<transport::RemoteMemory>> import_remote(transport::PeerId peer,
-                                                                 std::string_view packed) override {
-    return inner_->import_remote(peer, packed);
-  }
+      : ForwardingTransport(std::move(inner)), notices_(notices) {}
   Status post(const transport::Batch&, transport::Completion done) override {
     done(Status::Unavailable("injected: the batch did not land"));
     return Status::Ok();
@@ -60,14 +36,10 @@ class FailingTransport final : public transport::Transport {
   Status notify(transport::PeerId peer, std::string message) override {
     proto::LayerNotice notice;
     if (notice.ParseFromString(message) && notice.request_id() == "r") ++*notices_;
-    return inner_->notify(peer, std::move(message));
-  }
-  void set_notification_handler(transport::NotificationHandler handler) override {
-    inner_->set_notification_handler(std::move(handler));
+    return inner().notify(peer, std::move(message));
   }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   std::atomic<int>* notices_;
 };
 

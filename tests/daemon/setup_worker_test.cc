@@ -15,6 +15,7 @@
 
 #include "connector/connector.h"
 #include "daemon/daemon.h"
+#include "tests/support/forwarding_transport.h"
 
 namespace kv {
 namespace {
@@ -124,7 +125,7 @@ TEST(SetupWorker, BoundedQueueAndShutdownDestroysUndeliveredResults) {
 
 // Forwards to a real backend; once armed, the next connect_endpoint blocks until released (at
 // most 10 s), as a UCX connect to a peer that does not answer.
-class StallingTransport final : public transport::Transport {
+class StallingTransport final : public testing::ForwardingTransport {
  public:
   struct Gate {
     std::mutex mu;
@@ -134,18 +135,7 @@ class StallingTransport final : public transport::Transport {
     bool released = false;
   };
   StallingTransport(std::unique_ptr<transport::Transport> inner, std::shared_ptr<Gate> gate)
-      : inner_(std::move(inner)), gate_(std::move(gate)) {}
-  std::string_view name() const override { return inner_->name(); }
-  std::string address() const override { return inner_->address(); }
-  bool supports(MemoryKind kind) const override { return inner_->supports(kind); }
-  Result<std::unique_ptr<transport::MemoryRegistration>> register_memory(
-      void* base, uint64_t length, MemoryLocation where) override {
-    return inner_->register_memory(base, length, where);
-  }
-  Result<transport::PeerId> connect(std::string_view peer_address) override {
-    return inner_->connect(peer_address);
-  }
-  Result<LocalEndpoint> open_endpoint() override { return inner_->open_endpoint(); }
+      : ForwardingTransport(std::move(inner)), gate_(std::move(gate)) {}
   Result<transport::PeerId> connect_endpoint(std::string_view peer_address,
                                              uint64_t endpoint) override {
     std::unique_lock lock(gate_->mu);
@@ -157,26 +147,10 @@ class StallingTransport final : public transport::Transport {
       gate_->stalled = false;
     }
     lock.unlock();
-    return inner_->connect_endpoint(peer_address, endpoint);
-  }
-  void release_endpoint(uint64_t endpoint) override { inner_->release_endpoint(endpoint); }
-  void disconnect(transport::PeerId peer) override { inner_->disconnect(peer); }
-  Result<std::unique_ptr<transport::RemoteMemory>> import_remote(transport::PeerId peer,
-                                                                 std::string_view packed) override {
-    return inner_->import_remote(peer, packed);
-  }
-  Status post(const transport::Batch& batch, transport::Completion done) override {
-    return inner_->post(batch, std::move(done));
-  }
-  Status notify(transport::PeerId peer, std::string message) override {
-    return inner_->notify(peer, std::move(message));
-  }
-  void set_notification_handler(transport::NotificationHandler handler) override {
-    inner_->set_notification_handler(std::move(handler));
+    return inner().connect_endpoint(peer_address, endpoint);
   }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   std::shared_ptr<Gate> gate_;
 };
 

@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/forwarding_transport.h"
 #include "transport/transport.h"
 
 namespace kv::testing {
 
-class SpyTransport final : public transport::Transport {
+class SpyTransport final : public ForwardingTransport {
  public:
   struct Counters {
     std::atomic<int> endpoints_opened{0};
@@ -23,44 +24,17 @@ class SpyTransport final : public transport::Transport {
   };
 
   SpyTransport(std::unique_ptr<transport::Transport> inner, std::shared_ptr<Counters> counters)
-      : inner_(std::move(inner)), counters_(std::move(counters)) {}
-  std::string_view name() const override { return inner_->name(); }
-  std::string address() const override { return inner_->address(); }
-  bool supports(MemoryKind kind) const override { return inner_->supports(kind); }
-  bool takes_run_groups() const override { return inner_->takes_run_groups(); }
-  Result<std::unique_ptr<transport::MemoryRegistration>> register_memory(
-      void* base, uint64_t length, MemoryLocation where) override {
-    return inner_->register_memory(base, length, where);
-  }
-  Result<std::unique_ptr<transport::MemoryRegistration>> allocate_memory(
-      uint64_t length, MemoryLocation where) override {
-    return inner_->allocate_memory(length, where);
-  }
+      : ForwardingTransport(std::move(inner)), counters_(std::move(counters)) {}
   Result<transport::PeerId> connect(std::string_view peer_address) override {
-    return Record(inner_->connect(peer_address));
+    return Record(inner().connect(peer_address));
   }
   Result<LocalEndpoint> open_endpoint() override {
     ++counters_->endpoints_opened;
-    return inner_->open_endpoint();
+    return inner().open_endpoint();
   }
   Result<transport::PeerId> connect_endpoint(std::string_view peer_address,
                                              uint64_t endpoint) override {
-    return Record(inner_->connect_endpoint(peer_address, endpoint));
-  }
-  void release_endpoint(uint64_t endpoint) override { inner_->release_endpoint(endpoint); }
-  void disconnect(transport::PeerId peer) override { inner_->disconnect(peer); }
-  Result<std::unique_ptr<transport::RemoteMemory>> import_remote(transport::PeerId peer,
-                                                                 std::string_view packed) override {
-    return inner_->import_remote(peer, packed);
-  }
-  Status post(const transport::Batch& batch, transport::Completion done) override {
-    return inner_->post(batch, std::move(done));
-  }
-  Status notify(transport::PeerId peer, std::string message) override {
-    return inner_->notify(peer, std::move(message));
-  }
-  void set_notification_handler(transport::NotificationHandler handler) override {
-    inner_->set_notification_handler(std::move(handler));
+    return Record(inner().connect_endpoint(peer_address, endpoint));
   }
   // As a hostile kvd: sends `message` as a notification to every peer connected so far. True
   // when there was one and every send was accepted.
@@ -71,7 +45,7 @@ class SpyTransport final : public transport::Transport {
       peers = counters_->peers;
     }
     bool ok = !peers.empty();
-    for (transport::PeerId peer : peers) ok = inner_->notify(peer, message).ok() && ok;
+    for (transport::PeerId peer : peers) ok = inner().notify(peer, message).ok() && ok;
     return ok;
   }
 
@@ -84,7 +58,6 @@ class SpyTransport final : public transport::Transport {
     }
     return peer;
   }
-  std::unique_ptr<transport::Transport> inner_;
   std::shared_ptr<Counters> counters_;
 };
 

@@ -481,6 +481,19 @@ inline constexpr int kMaxRegionsPerEngine = 64;
 // timeline (tools/pd_timeline.py reads them).
 void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes = 0);
 
+// Limits of one transfer request (transfers.cc, destination.cc).
+inline constexpr int64_t kMaxTokens = int64_t{1} << 24;
+inline constexpr int kMaxBlocksPerRequest = 1 << 20;
+// Block ids from an engine or a peer, checked against every region they will index, and enough of
+// them for `tokens` (0: no token count to check). transfer_support.cc.
+Status CheckBlocks(std::span<const int64_t> ids, const std::vector<const KvRegion*>& regions,
+                   int64_t tokens);
+// The layouts of an engine's registered regions, for CheckBlocks.
+std::vector<const KvRegion*> LayoutsOf(const Engine& engine);
+// Protobuf's repeated ids as a span.
+inline std::span<const int64_t> IdsOf(const google::protobuf::RepeatedField<int64_t>& ids) {
+  return {ids.data(), static_cast<size_t>(ids.size())};
+}
 // Destination block ids named twice (transfer_support.cc): refused, each would take two sources.
 Status CheckDistinctBlocks(std::span<const int64_t> ids);
 

@@ -10,6 +10,35 @@
 
 namespace kv::daemon {
 
+Status CheckBlocks(std::span<const int64_t> ids, const std::vector<const KvRegion*>& regions,
+                   int64_t tokens) {
+  if (ids.empty() || ids.size() > kMaxBlocksPerRequest) {
+    return Status::InvalidArgument("a request names 1 to " + std::to_string(kMaxBlocksPerRequest) +
+                                   " blocks, not " + std::to_string(ids.size()));
+  }
+  for (const KvRegion* region : regions) {
+    const int64_t blocks = region->spec().blocks;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= blocks) {
+        return Status::OutOfRange("block id " + std::to_string(id) + " out of range [0, " +
+                                  std::to_string(blocks) + ")");
+      }
+    }
+    if (tokens > 0 && static_cast<int64_t>(ids.size()) * region->spec().block_size < tokens) {
+      return Status::InvalidArgument(std::to_string(ids.size()) + " blocks of " +
+                                     std::to_string(region->spec().block_size) +
+                                     " tokens cannot hold " + std::to_string(tokens) + " tokens");
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<const KvRegion*> LayoutsOf(const Engine& engine) {
+  std::vector<const KvRegion*> out;
+  for (const auto& r : engine.regions) out.push_back(&r->layout);
+  return out;
+}
+
 // Destination block ids are written to: one named twice would take two source blocks' bytes
 // (a peer's doing, or an engine's bug), so both are refused.
 Status CheckDistinctBlocks(std::span<const int64_t> ids) {

@@ -1,0 +1,186 @@
+// The destination (decode) side of daemon/core.h's request state machines: a load asked of the
+// prefill kvd, its layers landing, its end; the source side is in transfers.cc.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+
+#include "daemon/core.h"
+#include "daemon/peer_auth.h"
+#include "layout/plan.h"
+#include "layout/rank_pairs.h"
+#include "protocol/wire_layout.h"
+
+namespace kv::daemon {
+
+namespace {
+
+// Engines of `instance` connected to this kvd with their caches registered: the decode ranks a
+// request of that instance waits for here.
+int RanksHere(const std::map<uint64_t, Engine>& engines, const std::string& instance) {
+  int n = 0;
+  for (const auto& [id, engine] : engines) {
+    if (engine.hello && engine.instance == instance && !engine.regions.empty()) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
+  KV_RETURN_IF_ERROR(CheckRequestId(load.request_id()));
+  if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
+  if (load.tokens() <= 0 || load.tokens() > kMaxTokens) {
+    return Status::InvalidArgument("tokens " + std::to_string(load.tokens()) +
+                                   " out of range (0, " + std::to_string(kMaxTokens) + "]");
+  }
+  if (load.peer_address().empty() || load.peer_address().size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument("start_load needs the source kvd's address");
+  }
+  KV_RETURN_IF_ERROR(CheckBlocks(IdsOf(load.block_ids()), LayoutsOf(engine), load.tokens()));
+  KV_RETURN_IF_ERROR(
+      CheckDistinctBlocks({load.block_ids().data(), static_cast<size_t>(load.block_ids().size())}));
+  const auto mode = load.mode() == proto::MODE_PULL ? proto::MODE_PULL : proto::MODE_PUSH;
+  auto [it, created] = loads_.try_emplace(load.request_id());
+  DestRequest& request = it->second;
+  if (created) {
+    request.id = load.request_id();
+    request.instance = engine.instance;
+    request.tp_size = engine.tp_size;
+    request.layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
+    request.peer_address = load.peer_address();
+    request.mode = mode;
+    request.tokens = load.tokens();
+    request.ready.assign(request.layers, false);
+    request.deadline = Clock::now() + options_.lease;
+    request.transfer_token = load.transfer_token().substr(0, 64);
+  } else if (request.instance != engine.instance || request.peer_address != load.peer_address() ||
+             request.tokens != load.tokens() || request.mode != mode) {
+    return Status::InvalidArgument("request " + request.id +
+                                   ": ranks disagree on the source, tokens or mode");
+  }
+  if (request.ranks.count(engine.tp_rank)) {
+    return Status::AlreadyExists("request " + request.id + " already loading on rank " +
+                                 std::to_string(engine.tp_rank));
+  }
+  if (request.state != DestRequest::State::kGathering) {
+    return Status::AlreadyExists("request " + request.id + " was asked for without rank " +
+                                 std::to_string(engine.tp_rank) +
+                                 " (it connected to this kvd after the other ranks' start_load)");
+  }
+  request.ranks[engine.tp_rank] =
+      LoadRank{engine.id, std::vector<int64_t>(load.block_ids().begin(), load.block_ids().end()),
+               engine.regions};
+  // Every rank of the instance this kvd serves: all tp_size of them, or this kvd's share where
+  // the decode ranks sit behind several kvds (TP across hosts), each asking for its own.
+  if (static_cast<int>(request.ranks.size()) >=
+      std::min(request.tp_size, RanksHere(registry_.engines(), request.instance))) {
+    RequestLoad(request);
+  }
+  return Status::Ok();
+}
+
+void Daemon::Core::RequestLoad(DestRequest& request) {
+  const std::optional<std::string> address = PeerAddressOf(request);
+  if (!address) return;  // its name is being looked up, or the request failed
+  auto peer_id = PeerFor(*address);
+  if (!peer_id.ok()) {
+    FinishDest(request.id, peer_id.status(), false);
+    return;
+  }
+  request.peer_id = *peer_id;
+  if (Status s = NewToken(&request.notice_token); !s.ok()) {
+    FinishDest(request.id, s, false);
+    return;
+  }
+  request.state = DestRequest::State::kRequested;
+  Trace("request", request.id, -1);
+  proto::PeerMessage message;
+  proto::WantRequest* want = message.mutable_want();
+  want->set_request_id(request.id);
+  want->set_mode(request.mode);
+  want->set_tokens(request.tokens);
+  want->set_lease_ms(static_cast<uint32_t>(options_.lease.count()));
+  want->set_transfer_token(request.transfer_token);
+  want->set_notice_token(request.notice_token);
+  want->set_tp_size(static_cast<uint32_t>(request.tp_size));
+  for (const auto& [r, rank] : request.ranks) {
+    proto::DestinationRank* wire = want->add_ranks();
+    wire->set_tp_rank(r);
+    for (const auto& region : rank.regions) {
+      ToWire(region->layout.spec(), wire->add_regions());
+      wire->add_descriptors(region->registration->packed_descriptor());
+    }
+    for (int64_t b : rank.blocks) wire->add_block_ids(b);
+  }
+  SendToPeer(request.peer_id, std::move(message));
+}
+
+void Daemon::Core::OnNotification(const std::string& message) {
+  proto::LayerNotice notice;
+  if (!notice.ParseFromString(message)) {
+    spdlog::warn("kvd {}: dropped a malformed transport notification", options_.name);
+    return;
+  }
+  auto it = loads_.find(notice.request_id());
+  if (it == loads_.end()) return;  // failed or finished already: late news
+  DestRequest& request = it->second;
+  Peer* peer = FindPeer(request.peer_id);
+  if (peer == nullptr || peer->name != notice.source() || notice.layer() < 0 ||
+      notice.layer() >= request.layers || request.ready[notice.layer()]) {
+    return;
+  }
+  // Only the request's own source knows the token (it rode our WantRequest over the
+  // authenticated control connection): a notice forged by another peer is ignored.
+  if (!auth::Equal(request.notice_token, notice.notice_token())) {
+    spdlog::warn("kvd {}: ignored a layer notice for {} without its token", options_.name,
+                 request.id);
+    return;
+  }
+  request.ready[notice.layer()] = true;
+  Trace("notice", request.id, notice.layer());
+  request.bytes += notice.bytes();
+  request.runs += notice.runs();
+  bytes_received_ += notice.bytes();
+  proto::DaemonMessage ready;
+  ready.mutable_layer_ready()->set_request_id(request.id);
+  ready.mutable_layer_ready()->set_layer(notice.layer());
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, ready);
+  if (std::all_of(request.ready.begin(), request.ready.end(), [](bool b) { return b; })) {
+    proto::PeerMessage confirm;
+    confirm.mutable_confirm()->set_request_id(request.id);
+    SendToPeer(request.peer_id, std::move(confirm));
+    FinishDest(request.id, Status::Ok(), false);
+  }
+}
+
+void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool tell_peer) {
+  auto it = loads_.find(request_id);
+  if (it == loads_.end()) return;
+  DestRequest request = std::move(it->second);
+  loads_.erase(it);
+  const bool requested = request.state == DestRequest::State::kRequested;
+  if (tell_peer && !status.ok() && requested) {
+    proto::PeerMessage fail;
+    fail.mutable_fail()->set_request_id(request_id);
+    ToWire(status, fail.mutable_fail()->mutable_error());
+    SendToPeer(request.peer_id, std::move(fail));
+  }
+  if (!status.ok()) {
+    spdlog::warn("kvd {}: load of {} failed: {}", options_.name, request_id, status.ToString());
+    // The source may still have writes in flight into these regions: keep them mapped.
+    if (requested) {
+      Retired retired{{}, Clock::now() + options_.lease};
+      for (const auto& [r, rank] : request.ranks) {
+        retired.regions.insert(retired.regions.end(), rank.regions.begin(), rank.regions.end());
+      }
+      retired_.push_back(std::move(retired));
+    }
+  }
+  (status.ok() ? transfers_done_ : transfers_failed_)++;
+  CountRequest(request, status);
+  auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
+}
+
+}  // namespace kv::daemon

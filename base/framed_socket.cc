@@ -8,9 +8,11 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -147,18 +149,39 @@ Result<Socket> Socket::Connect(std::string_view endpoint, SteadyTime deadline) {
 }
 
 Status Socket::SendFrame(std::string_view payload, SteadyTime deadline) {
-  std::string frame;
-  KV_RETURN_IF_ERROR(AppendFrame(payload, &frame, kMaxFrameBytes));
+  // framing.h's header, then the payload in place: one sendmsg of two pieces, no copy of the
+  // payload (batch headers and notices of the GPU backends go through here).
+  if (payload.size() > kMaxFrameBytes) {
+    return Status::InvalidArgument("frame of " + std::to_string(payload.size()) +
+                                   " bytes exceeds the limit of " + std::to_string(kMaxFrameBytes));
+  }
+  char header[kFrameHeaderBytes];
+  PutFrameHeader(static_cast<uint32_t>(payload.size()), header);
   std::lock_guard lock(send_mu_);
-  std::string_view rest = frame;
-  while (!rest.empty()) {
-    ssize_t wrote = ::send(fd_, rest.data(), rest.size(), MSG_NOSIGNAL);
-    if (wrote > 0) {
-      rest.remove_prefix(static_cast<size_t>(wrote));
+  std::string_view parts[2] = {std::string_view(header, kFrameHeaderBytes), payload};
+  size_t first = 0;
+  while (first < 2) {
+    iovec iov[2];
+    int count = 0;
+    for (size_t i = first; i < 2; ++i) {
+      iov[count++] = {const_cast<char*>(parts[i].data()), parts[i].size()};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    ssize_t wrote = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (wrote >= 0) {
+      for (size_t left = static_cast<size_t>(wrote); first < 2;) {
+        const size_t take = std::min(left, parts[first].size());
+        parts[first].remove_prefix(take);
+        left -= take;
+        if (!parts[first].empty()) break;
+        ++first;
+      }
       continue;
     }
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (std::chrono::steady_clock::now() >= deadline) {
         return Status::Timeout("framed socket send blocked past the deadline");
       }

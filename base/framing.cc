@@ -10,10 +10,8 @@ Status AppendFrame(std::string_view body, std::string* out, uint32_t max_bytes) 
                                    " bytes exceeds the frame limit of " +
                                    std::to_string(max_bytes));
   }
-  const uint32_t n = static_cast<uint32_t>(body.size());
-  const char header[kFrameHeaderBytes] = {
-      static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
-      static_cast<char>((n >> 16) & 0xff), static_cast<char>((n >> 24) & 0xff)};
+  char header[kFrameHeaderBytes];
+  PutFrameHeader(static_cast<uint32_t>(body.size()), header);
   out->append(header, kFrameHeaderBytes);
   out->append(body);
   return Status::Ok();

@@ -18,6 +18,11 @@ namespace kv {
 inline constexpr uint32_t kDefaultMaxFrameBytes = 4u << 20;
 inline constexpr size_t kFrameHeaderBytes = 4;
 
+// Writes the little-endian length prefix of a frame of `n` bytes.
+inline void PutFrameHeader(uint32_t n, char out[kFrameHeaderBytes]) {
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) out[i] = static_cast<char>(n >> (8 * i));
+}
+
 // Appends the length prefix and `body` to `out`. kInvalidArgument when body exceeds max_bytes.
 Status AppendFrame(std::string_view body, std::string* out,
                    uint32_t max_bytes = kDefaultMaxFrameBytes);

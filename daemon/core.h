@@ -219,6 +219,7 @@ struct DestRequest {
   std::vector<bool> ready;        // per layer
   std::string transfer_token;     // from the engine's StartLoad, into the WantRequest
   std::string notice_token;       // ours, random: a LayerNotice must echo it
+  uint64_t write_grant = 0;       // the source's writes into our blocks (write_grants.h)
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
@@ -461,6 +462,7 @@ class Daemon::Core {
   uint64_t batches_posted_ = 0;
   uint64_t peers_refused_ = 0;
   uint64_t auth_failures_ = 0;
+  uint64_t registrations_refused_ = 0;  // over max_registered_bytes (engine_session.cc)
   // EMFILE / ENFILE on accept: the acceptor waits this long before trying again.
   boost::asio::steady_timer accept_backoff_{io_};
   bool accept_starved_ = false;  // in an EMFILE episode: logged once

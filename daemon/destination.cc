@@ -159,6 +159,7 @@ void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool
   if (it == loads_.end()) return;
   DestRequest request = std::move(it->second);
   loads_.erase(it);
+  if (request.write_grant != 0) transport_->revoke_writes(request.write_grant);  // write_grants.h
   const bool requested = request.state == DestRequest::State::kRequested;
   if (tell_peer && !status.ok() && requested) {
     proto::PeerMessage fail;

@@ -9,6 +9,7 @@
 
 #include "daemon/core.h"
 #include "daemon/peer_auth.h"
+#include "daemon/write_grants.h"
 #include "protocol/wire_layout.h"
 
 namespace kv::daemon {
@@ -244,6 +245,19 @@ void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
   if (!peer->ready) {
     peer->queued.push_back(std::move(message));
     return;
+  }
+  // Issue 19 (write_grants.h): as its Want leaves, a push request's source may write into the
+  // request's blocks, and nowhere else, until the request ends.
+  if (message.has_want() && message.want().mode() == proto::MODE_PUSH) {
+    auto load = loads_.find(message.want().request_id());
+    if (load != loads_.end() && load->second.write_grant == 0) {
+      auto grant = GrantLoadWrites(*transport_, peer->transport_peer, load->second.ranks);
+      if (!grant.ok()) {
+        FinishDest(std::string(load->first), grant.status(), false);
+        return;
+      }
+      load->second.write_grant = *grant;
+    }
   }
   (void)peer->conn->Send(message);
 }

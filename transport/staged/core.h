@@ -169,6 +169,20 @@ class Core final : public Transport {
   Status post(const Batch& batch, Completion done) override;
   Status notify(PeerId peer, std::string message) override;
   void set_notification_handler(NotificationHandler handler) override;
+  // Grants apply to what the inner transport registered (passed-through memory). A staged
+  // region takes no grant (OK, nothing checked): its scatter is checked against the
+  // registration only (a known gap, SECURITY.md).
+  bool checks_write_grants() const override { return inner_->checks_write_grants(); }
+  Status guard_writes(const MemoryRegistration& memory) override {
+    if (dynamic_cast<const StagedRegistration*>(&memory) != nullptr) return Status::Ok();
+    return inner_->guard_writes(memory);
+  }
+  Status grant_writes(uint64_t grant, PeerId peer, const MemoryRegistration& memory,
+                      std::span<const WriteRange> ranges) override {
+    if (dynamic_cast<const StagedRegistration*>(&memory) != nullptr) return Status::Ok();
+    return inner_->grant_writes(grant, peer, memory, ranges);
+  }
+  void revoke_writes(uint64_t grant) override { inner_->revoke_writes(grant); }
 
   void ForgetRegion(uint64_t id);
   uint64_t instance() const { return instance_; }

@@ -90,7 +90,7 @@ struct TransportOptions {
   // Backend-specific tuning, e.g. {"UCX_TLS", "tcp"}; empty means the backend's defaults. The
   // only way to tune a backend: no backend reads (or sets) environment variables.
   std::vector<std::pair<std::string, std::string>> settings;
-  PeerAuth auth;
+  PeerAuth auth = {};  // the side channels of backends that have one (nccl)
 };
 
 // One setting a backend takes as its own (`kvd --transport-opt KEY=VALUE`; `kvd --help` lists

@@ -413,7 +413,8 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
     proto::InstanceBytes& i = instances[engine.instance];
     i.set_instance(engine.instance);
     i.set_engines(i.engines() + 1);
-    for (const auto& region : engine.regions) i.set_registered_bytes(i.registered_bytes() + region->bytes);
+    for (const auto& region : engine.regions)
+      i.set_registered_bytes(i.registered_bytes() + region->bytes);
   }
   for (auto& [name, i] : instances) *s.add_instances() = std::move(i);
   if (offload_) *s.mutable_offload() = offload_->Snapshot();

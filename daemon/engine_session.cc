@@ -268,10 +268,10 @@ uint64_t InstanceBytes(const std::map<uint64_t, Engine>& engines, const std::str
 Status CheckRegisteredBytes(uint64_t registered, uint64_t adding, uint64_t limit,
                             const std::string& instance) {
   if (adding <= limit && registered <= limit - adding) return Status::Ok();
-  return Status::ResourceExhausted(
-      "engine instance '" + instance + "' would register " + std::to_string(registered) + " + " +
-      std::to_string(adding) + " bytes, above this kvd's limit of " + std::to_string(limit) +
-      " bytes per instance (kvd --max-registered-bytes)");
+  return Status::ResourceExhausted("engine instance '" + instance + "' would register " +
+                                   std::to_string(registered) + " + " + std::to_string(adding) +
+                                   " bytes, above this kvd's limit of " + std::to_string(limit) +
+                                   " bytes per instance (kvd --max-registered-bytes)");
 }
 
 }  // namespace

@@ -14,7 +14,9 @@ namespace kv::daemon::auth {
 using crypto::AppendField;
 using crypto::HmacSha256;
 
-Result<std::string> RandomBytes(size_t n) { return crypto::RandomBytes(n); }
+Result<std::string> RandomBytes(size_t n) {
+  return crypto::RandomBytes(n);
+}
 
 std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
                   std::string_view prover_name, std::string_view verifier_name,
@@ -61,7 +63,9 @@ std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body) 
   return HmacSha256(key, message);
 }
 
-bool Equal(std::string_view a, std::string_view b) { return crypto::ConstantTimeEqual(a, b); }
+bool Equal(std::string_view a, std::string_view b) {
+  return crypto::ConstantTimeEqual(a, b);
+}
 
 Status CheckSecret(std::string_view secret) {
   if (secret.size() < kMinSecretBytes || secret.size() > kMaxSecretBytes) {

@@ -46,8 +46,8 @@ std::vector<transport::Transport::WriteRange> BlockWriteRanges(const KvRegion& l
   size_t out = 0;
   for (const auto& r : ranges) {
     if (out > 0 && r.offset <= ranges[out - 1].offset + ranges[out - 1].length) {
-      const uint64_t end = std::max(ranges[out - 1].offset + ranges[out - 1].length,
-                                    r.offset + r.length);
+      const uint64_t end =
+          std::max(ranges[out - 1].offset + ranges[out - 1].length, r.offset + r.length);
       ranges[out - 1].length = end - ranges[out - 1].offset;
     } else {
       ranges[out++] = r;

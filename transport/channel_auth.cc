@@ -158,9 +158,9 @@ ChannelHandshake::Step ChannelHandshake::OnFrame(std::string_view frame) {
   if (type == kRefused) {
     std::string_view reason;
     if (!r.bytes(&reason)) reason = "(no reason)";
-    return Fail(Status::Incompatible("refused by the peer: " +
-                                     std::string(reason.substr(0, kMaxReason))),
-                false);
+    return Fail(
+        Status::Incompatible("refused by the peer: " + std::string(reason.substr(0, kMaxReason))),
+        false);
   }
   switch (state_) {
     case State::kWaitChallenge:
@@ -241,8 +241,8 @@ Result<std::string> DialHandshake(Socket& socket, FrameReader& reader, const Pee
     if (handshake.done()) return handshake.peer_name();
     auto frame = ReceiveFrame(socket.fd(), reader, deadline);
     if (!frame.ok()) {
-      return frame.status().WithContext("side channel handshake with " +
-                                        std::string(label) + " peer");
+      return frame.status().WithContext("side channel handshake with " + std::string(label) +
+                                        " peer");
     }
     step = handshake.OnFrame(*frame);
   }

@@ -19,9 +19,9 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "base/status.h"
 
 namespace kv::transport {
 

@@ -27,7 +27,9 @@ constexpr std::string_view kUniqueId = "the unique id";
 const std::string kSecret(32, 's');
 const std::string kOtherSecret(32, 'o');
 
-SteadyTime Later() { return std::chrono::steady_clock::now() + 30s; }
+SteadyTime Later() {
+  return std::chrono::steady_clock::now() + 30s;
+}
 
 struct AcceptorResult {
   Status status;
@@ -151,8 +153,7 @@ TEST(ChannelAuth, AnotherChannelsLabelIsRefused) {
   auto socket = Socket::Connect(listener->endpoint(), Later());
   ASSERT_TRUE(socket.ok());
   FrameReader reader;
-  auto dialed =
-      DialHandshake(*socket, reader, {kSecret, false, "decode"}, "kvd-other/1", Later());
+  auto dialed = DialHandshake(*socket, reader, {kSecret, false, "decode"}, "kvd-other/1", Later());
   EXPECT_EQ(dialed.status().code(), Code::kIncompatible) << dialed.status().ToString();
   AcceptorResult result = accepted.get();
   EXPECT_FALSE(result.done);

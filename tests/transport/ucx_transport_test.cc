@@ -7,8 +7,8 @@
 #include <string_view>
 #include <thread>
 
-#include "tests/support/test_support.h"
 #include "base/codec.h"
+#include "tests/support/test_support.h"
 #include "transport/transport.h"
 
 namespace kv::transport {

@@ -234,8 +234,8 @@ class NcclTransport final : public Transport {
         if (!accepted.ok() || !accepted->valid()) break;
         if (pending.size() >= kMaxHandshakes) continue;  // closes it: too many unfinished hellos
         if (!AdmitPeer(auth_, accepted->fd()).ok()) continue;  // closes it
-        Handshake& h = pending.emplace_back(std::move(accepted).value(), auth_,
-                                            now + options_.init_timeout);
+        Handshake& h =
+            pending.emplace_back(std::move(accepted).value(), auth_, now + options_.init_timeout);
         h.auth.Begin();  // the acceptor sends nothing before the dialer's challenge
       }
     }

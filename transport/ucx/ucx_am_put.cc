@@ -61,9 +61,9 @@ Status LocalRegions::Grant(uint64_t grant, PeerId peer, uint64_t token,
   for (const Transport::WriteRange& r : ranges) {
     if (r.length == 0) continue;
     if (r.offset > size || r.length > size - r.offset) {
-      return Status::OutOfRange("ucx: a write grant of " + std::to_string(r.length) +
-                                " bytes at " + std::to_string(r.offset) +
-                                " runs past the registration's " + std::to_string(size));
+      return Status::OutOfRange("ucx: a write grant of " + std::to_string(r.length) + " bytes at " +
+                                std::to_string(r.offset) + " runs past the registration's " +
+                                std::to_string(size));
     }
     g->intervals.emplace_back(base + r.offset, base + r.offset + r.length);
   }

@@ -52,9 +52,9 @@
 #include <utility>
 #include <vector>
 
+#include "base/unique_fd.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_context.h"
-#include "base/unique_fd.h"
 
 namespace kv::transport::ucx {
 
@@ -139,7 +139,7 @@ class LocalRegions {
     std::vector<std::pair<uint64_t, uint64_t>> intervals;  // absolute [start, end), merged
   };
   std::mutex mu_;
-  std::map<uint64_t, Range> ranges_;  // by token
+  std::map<uint64_t, Range> ranges_;                                    // by token
   std::map<std::pair<uint64_t, PeerId>, std::vector<Granted>> grants_;  // by (token, peer)
   std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, PeerId>>> by_grant_;
   uint64_t next_ = 1;

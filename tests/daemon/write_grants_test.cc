@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 
@@ -90,6 +91,7 @@ class GrantSpy : public testing::ForwardingTransport {
       std::lock_guard lock(mu);
       granted.insert(grant);
     }
+    if (grant_nothing) return ForwardingTransport::grant_writes(grant, peer, memory, {});
     return ForwardingTransport::grant_writes(grant, peer, memory, ranges);
   }
   void revoke_writes(uint64_t grant) override {
@@ -101,6 +103,7 @@ class GrantSpy : public testing::ForwardingTransport {
   }
   std::mutex mu;
   std::set<uint64_t> granted, revoked;
+  bool grant_nothing = false;  // a decode kvd that grants no range: every put must be refused
 };
 
 const transport::TransportOptions kAmPuts{{{"UCX_TLS", "tcp"}, {"put_path", "am"}}};
@@ -164,6 +167,48 @@ TEST_P(GrantedPd, EveryByteLandsThroughTheGrantsAndEveryGrantIsRevoked) {
   EXPECT_EQ(decode->Snapshot().transfers_failed(), 0u);
   std::lock_guard lock(spy->mu);
   EXPECT_EQ(spy->granted.size(), static_cast<size_t>(c.requests));
+  EXPECT_EQ(spy->revoked, spy->granted);
+}
+
+// The negative of the above: where the decode kvd grants the source nothing, its puts are
+// refused (the requests fail, no byte lands) instead of landing in the guarded regions.
+TEST(GrantedPdRefusal, PutsOutsideTheGrantsAreRefusedAndTheRequestsFail) {
+  auto source_transport = transport::CreateTransport("ucx", kAmPuts);
+  auto sink_transport = transport::CreateTransport("ucx", kAmPuts);
+  if (!source_transport.ok() && source_transport.status().code() == Code::kUnsupported) {
+    GTEST_SKIP() << "this build has no ucx transport";
+  }
+  ASSERT_TRUE(source_transport.ok() && sink_transport.ok());
+  auto spy_owned = std::make_unique<GrantSpy>(std::move(*sink_transport));
+  spy_owned->grant_nothing = true;
+  GrantSpy* spy = spy_owned.get();
+  auto prefill = Start("prefill-node", std::move(*source_transport));
+  auto decode = Start("decode-node", std::move(spy_owned));
+  ASSERT_TRUE(prefill && decode);
+  connector::PdConfig c;
+  c.requests = 2;
+  c.window = 1;
+  c.tokens = 40;
+  c.layers = 2;
+  c.heads = 2;
+  c.head_dim = 16;
+  c.timeout = std::chrono::milliseconds(20000);
+  auto r = connector::RunPd(
+      c,
+      [&](const connector::ConnectorOptions& o) {
+        return connector::Connector::OpenEmbedded(prefill, o);
+      },
+      [&](const connector::ConnectorOptions& o) {
+        return connector::Connector::OpenEmbedded(decode, o);
+      });
+  // RunPd stops at the first failed wave, or reports the failures.
+  if (r.ok()) {
+    EXPECT_EQ(r->verified, 0) << "a put landed outside every grant";
+    EXPECT_GT(r->failed, 0);
+  }
+  EXPECT_EQ(decode->Snapshot().transfers_done(), 0u);
+  std::lock_guard lock(spy->mu);
+  EXPECT_FALSE(spy->granted.empty());
   EXPECT_EQ(spy->revoked, spy->granted);
 }
 

@@ -83,7 +83,7 @@ TEST(GpuNcclAuth, WithTheSecretAPutLands) {
     ASSERT_TRUE(peer.ok()) << peer.status().ToString();
     auto remote = (*sender)->import_remote(*peer, (*remote_reg)->packed_descriptor());
     ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-    const std::vector<Run> runs = {{0, 0, kBytes}};
+    const std::vector<kv::Run> runs = {{0, 0, kBytes}};
     std::promise<Status> done;
     Batch batch{Op::kPut, local->get(), remote->get(), runs, Clock::now() + 30s};
     ASSERT_TRUE((*sender)->post(batch, [&](Status s) { done.set_value(s); }).ok());

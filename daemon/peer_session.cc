@@ -246,9 +246,10 @@ void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
     peer->queued.push_back(std::move(message));
     return;
   }
-  // Issue 19 (write_grants.h): as its Want leaves, a push request's source may write into the
-  // request's blocks, and nowhere else, until the request ends.
-  if (message.has_want() && message.want().mode() == proto::MODE_PUSH) {
+  // Issue 19 (write_grants.h): as its Want leaves, the request's source may write into the
+  // request's blocks, and nowhere else, until the request ends (pull too: the source puts the
+  // whole request once it finished).
+  if (message.has_want()) {
     auto load = loads_.find(message.want().request_id());
     if (load != loads_.end() && load->second.write_grant == 0) {
       auto grant = GrantLoadWrites(*transport_, peer->transport_peer, load->second.ranks);

@@ -1,6 +1,7 @@
 // The destination side's write grants (issue 19; Transport::guard_writes in transport.h): kvd
-// guards every host region an engine registers, and a push request's source may write into it
-// only the request's destination blocks, from the moment the Want leaves (Core::SendToPeer)
+// guards every host region an engine registers, and a request's source may write into it
+// only the request's destination blocks (push and pull alike: in pull the source puts the whole
+// request once it finished), from the moment the Want leaves (Core::SendToPeer)
 // until the request ends (Core::FinishDest revokes). Where the transport has a checked put path
 // (ucx's put messages), a write outside a live grant of its sender is refused and the sender's
 // endpoint closed; other backends check the registration's bounds only.

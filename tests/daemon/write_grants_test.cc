@@ -152,6 +152,8 @@ TEST_P(GrantedPd, EveryByteLandsThroughTheGrantsAndEveryGrantIsRevoked) {
     c.decode_tp = 2;
   } else if (variant == "sbnhc") {
     c.decode_order = "SBNHC";
+  } else if (variant == "pull") {
+    c.mode = connector::Mode::kPull;  // the source puts the whole request once it finished
   }
   auto r = connector::RunPd(
       c,
@@ -214,7 +216,7 @@ TEST(GrantedPdRefusal, PutsOutsideTheGrantsAreRefusedAndTheRequestsFail) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GrantedPd,
                          ::testing::Values("lbnhc", "blhnc_blocks32_tp2", "random_ids_tp1_to_2",
-                                           "sbnhc"));
+                                           "sbnhc", "pull"));
 
 }  // namespace
 }  // namespace kv::daemon

@@ -44,31 +44,11 @@ Status LocalRegions::Guard(uint64_t token) {
   return Status::Ok();
 }
 
-Status LocalRegions::Grant(uint64_t grant, PeerId peer, uint64_t token,
-                           std::span<const Transport::WriteRange> ranges) {
-  if (grant == 0 || peer == 0) return Status::InvalidArgument("ucx: grant and peer must be set");
-  std::lock_guard lock(mu_);
-  auto region = ranges_.find(token);
-  if (region == ranges_.end()) return Status::NotFound("ucx: no such host registration");
-  const uint64_t base = region->second.base, size = region->second.length;
-  std::vector<Granted>& granted = grants_[{token, peer}];
-  auto g = std::find_if(granted.begin(), granted.end(),
-                        [grant](const Granted& x) { return x.grant == grant; });
-  if (g == granted.end()) {
-    g = granted.insert(granted.end(), Granted{grant, {}});
-    by_grant_[grant].emplace_back(token, peer);
-  }
-  for (const Transport::WriteRange& r : ranges) {
-    if (r.length == 0) continue;
-    if (r.offset > size || r.length > size - r.offset) {
-      return Status::OutOfRange("ucx: a write grant of " + std::to_string(r.length) + " bytes at " +
-                                std::to_string(r.offset) + " runs past the registration's " +
-                                std::to_string(size));
-    }
-    g->intervals.emplace_back(base + r.offset, base + r.offset + r.length);
-  }
-  // Sorted and merged: a put is then found by one binary search.
-  auto& v = g->intervals;
+namespace {
+
+// Sorts `v` and merges overlapping or touching intervals: a put is then found by one binary
+// search.
+void SortAndMerge(std::vector<std::pair<uint64_t, uint64_t>>& v) {
   std::sort(v.begin(), v.end());
   size_t out = 0;
   for (size_t i = 0; i < v.size(); ++i) {
@@ -79,6 +59,47 @@ Status LocalRegions::Grant(uint64_t grant, PeerId peer, uint64_t token,
     }
   }
   v.resize(out);
+}
+
+}  // namespace
+
+Status LocalRegions::Grant(uint64_t grant, PeerId peer, uint64_t token,
+                           std::span<const Transport::WriteRange> ranges) {
+  if (grant == 0 || peer == 0) return Status::InvalidArgument("ucx: grant and peer must be set");
+  uint64_t base = 0, size = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto region = ranges_.find(token);
+    if (region == ranges_.end()) return Status::NotFound("ucx: no such host registration");
+    base = region->second.base;
+    size = region->second.length;
+  }
+  // Checked, sorted and merged without the lock: the progress thread copies under it.
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  intervals.reserve(ranges.size());
+  for (const Transport::WriteRange& r : ranges) {
+    if (r.length == 0) continue;
+    if (r.offset > size || r.length > size - r.offset) {
+      return Status::OutOfRange("ucx: a write grant of " + std::to_string(r.length) + " bytes at " +
+                                std::to_string(r.offset) + " runs past the registration's " +
+                                std::to_string(size));
+    }
+    intervals.emplace_back(base + r.offset, base + r.offset + r.length);
+  }
+  SortAndMerge(intervals);
+  std::lock_guard lock(mu_);
+  if (ranges_.count(token) == 0) return Status::NotFound("ucx: no such host registration");
+  std::vector<Granted>& granted = grants_[{token, peer}];
+  auto g = std::find_if(granted.begin(), granted.end(),
+                        [grant](const Granted& x) { return x.grant == grant; });
+  if (g == granted.end()) {
+    granted.push_back(Granted{grant, std::move(intervals)});
+    by_grant_[grant].emplace_back(token, peer);
+    return Status::Ok();
+  }
+  // More ranges for a grant this region has already: rare (a request names a region once).
+  g->intervals.insert(g->intervals.end(), intervals.begin(), intervals.end());
+  SortAndMerge(g->intervals);
   return Status::Ok();
 }
 

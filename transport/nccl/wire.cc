@@ -30,6 +30,29 @@ bool GetRanges(ByteReader& r, uint64_t bytes_left, std::vector<Range>* out) {
   return true;
 }
 
+constexpr uint64_t kStridedBytes = 32;
+
+void PutStrided(ByteWriter& w, std::span<const Strided> strided) {
+  w.u64(strided.size());
+  for (const Strided& g : strided) {
+    w.u64(g.offset).u64(g.length).u64(g.count).u64(static_cast<uint64_t>(g.stride));
+  }
+}
+
+bool GetStrided(ByteReader& r, uint64_t bytes_left, std::vector<Strided>* out) {
+  uint64_t n = 0;
+  if (!r.u64(&n) || n > bytes_left / kStridedBytes) return false;
+  out->resize(n);
+  for (Strided& g : *out) {
+    uint64_t stride = 0;
+    if (!r.u64(&g.offset) || !r.u64(&g.length) || !r.u64(&g.count) || !r.u64(&stride)) {
+      return false;
+    }
+    g.stride = static_cast<int64_t>(stride);
+  }
+  return true;
+}
+
 Status Malformed(const char* what) {
   return Status::InvalidArgument(std::string("malformed ") + what + " message from peer");
 }
@@ -64,6 +87,7 @@ std::string EncodeData(const DataMsg& msg) {
   ByteWriter w = Start(MsgType::kData);
   w.u64(msg.seq).u64(msg.reply_to).u64(msg.region_id).u64(msg.chunk_bytes).u64(msg.direct_bytes);
   PutRanges(w, msg.ranges);
+  PutStrided(w, msg.strided);
   return w.take();
 }
 
@@ -113,7 +137,8 @@ Result<DataMsg> DecodeData(std::string_view frame) {
   DataMsg msg;
   if (!Open(MsgType::kData, &r) || !r.u64(&msg.seq) || !r.u64(&msg.reply_to) ||
       !r.u64(&msg.region_id) || !r.u64(&msg.chunk_bytes) || !r.u64(&msg.direct_bytes) ||
-      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end() || msg.chunk_bytes < kMinChunkBytes) {
+      !GetRanges(r, frame.size(), &msg.ranges) || !GetStrided(r, frame.size(), &msg.strided) ||
+      !r.at_end() || msg.chunk_bytes < kMinChunkBytes) {
     return Malformed("data");
   }
   return msg;
@@ -154,13 +179,34 @@ Result<std::string> DecodeNote(std::string_view frame) {
   return std::string(text);
 }
 
-Result<uint64_t> TotalBytes(std::span<const Range> ranges) {
+Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided) {
   uint64_t total = 0;
   for (const Range& r : ranges) {
     if (r.length > UINT64_MAX - total) return Status::InvalidArgument("batch size overflows");
     total += r.length;
   }
+  for (const Strided& g : strided) {
+    if (g.length != 0 && g.count > (UINT64_MAX - total) / g.length) {
+      return Status::InvalidArgument("batch size overflows");
+    }
+    total += g.count * g.length;
+  }
   return total;
+}
+
+Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {
+  std::vector<RunGroup> groups;
+  groups.reserve(strided.size());
+  for (const Strided& g : strided) {
+    if (g.length == 0 || g.length > chunk_bytes) {
+      return Status::InvalidArgument("rows of " + std::to_string(g.length) +
+                                     " bytes: a staged row holds 1 to " +
+                                     std::to_string(chunk_bytes) + " bytes");
+    }
+    groups.push_back({g.offset, g.offset, g.length, g.count, g.stride, g.stride});
+  }
+  // Both sides of each group are its rows in the region: in range, and apart on the destination.
+  return ValidateGroups(groups, region_bytes, region_bytes);
 }
 
 Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction direction) {
@@ -190,6 +236,36 @@ Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction 
     out.starts.push_back(out.runs.size());
     out.bytes.push_back(used);
   }
+  return out;
+}
+
+GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
+                        Direction direction) {
+  GroupChunks out;
+  out.starts.push_back(0);
+  uint64_t used = 0;  // bytes of the current chunk already assigned
+  auto close = [&] {
+    out.starts.push_back(out.groups.size());
+    out.bytes.push_back(used);
+    used = 0;
+  };
+  for (const Strided& g : strided) {
+    if (g.length == 0 || g.length > chunk_bytes) continue;  // refused by CheckStrided
+    for (uint64_t row = 0; row < g.count;) {
+      if (chunk_bytes - used < g.length) close();
+      const uint64_t take = std::min(g.count - row, (chunk_bytes - used) / g.length);
+      const uint64_t at = g.offset + row * static_cast<uint64_t>(g.stride);
+      const auto packed = static_cast<int64_t>(g.length);
+      if (direction == Direction::kGather) {
+        out.groups.push_back(RunGroup{at, used, g.length, take, g.stride, packed});
+      } else {
+        out.groups.push_back(RunGroup{used, at, g.length, take, packed, g.stride});
+      }
+      used += take * g.length;
+      row += take;
+    }
+  }
+  if (used > 0) close();
   return out;
 }
 

@@ -506,6 +506,8 @@ Status Link::Put(const char* local_base, std::span<const Run> runs,
     job.gather.push_back({r.src_offset, r.length});
   }
   // Rows travel staged, so a group whose rows do not fit a chunk goes as ranges.
+  job.data.strided.reserve(groups.size());
+  job.rows.reserve(groups.size());
   for (const RunGroup& g : groups) {
     if (g.length > job.data.chunk_bytes) {
       for (uint64_t i = 0; i < g.count; ++i) {

@@ -34,6 +34,9 @@ struct SendJob {
   std::string frame;          // kFrame: sent as is
   DataMsg data;               // kData: the announcement (ranges in the receiver's view)
   std::vector<Range> gather;  // kData: the same bytes in our region, same order
+  // kData of a put: its run groups, split into data.strided and `rows` by the sender thread
+  // (SplitGroups), off the thread that posts.
+  std::vector<RunGroup> groups;
   std::vector<Strided> rows;  // kData: data.strided's rows in our region, same order
   const char* local_base = nullptr;
   bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
@@ -165,7 +168,7 @@ struct Link::Impl {
     return {options.device, options.chunk_bytes, options.slots, options.copy_ctas};
   }
 
-  Status SendData(const SendJob& job) {
+  Status SendData(SendJob& job) {
     if (lanes_out.count() == 0) {
       std::vector<std::string> ids;
       for (int i = 0; i < options.lanes; ++i) {
@@ -180,9 +183,30 @@ struct Link::Impl {
     if (!out) {
       KV_ASSIGN_OR_RETURN(out, Staging::Create(Staged(), failed));
     }
+    SplitGroups(job);
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
     return out->Send(lanes_out, job.local_base, job.gather, job.rows, job.data.chunk_bytes,
                      job.data.direct_bytes, job.deadline);
+  }
+
+  // A put's groups as rows, in the receiver's view (the announcement) and ours (the gather).
+  // Rows travel staged, so a group whose rows do not fit a chunk goes as ranges.
+  static void SplitGroups(SendJob& job) {
+    job.data.strided.reserve(job.groups.size());
+    job.rows.reserve(job.groups.size());
+    for (const RunGroup& g : job.groups) {
+      if (g.length > job.data.chunk_bytes) {
+        for (uint64_t i = 0; i < g.count; ++i) {
+          const Run r = g.row(i);
+          job.data.ranges.push_back({r.dst_offset, r.length});
+          job.gather.push_back({r.src_offset, r.length});
+        }
+        continue;
+      }
+      job.data.strided.push_back({g.dst_offset, g.length, g.count, g.dst_stride});
+      job.rows.push_back({g.src_offset, g.length, g.count, g.src_stride});
+    }
+    job.groups = {};
   }
 
   // ---- reader thread ----
@@ -505,21 +529,7 @@ Status Link::Put(const char* local_base, std::span<const Run> runs,
     job.data.ranges.push_back({r.dst_offset, r.length});
     job.gather.push_back({r.src_offset, r.length});
   }
-  // Rows travel staged, so a group whose rows do not fit a chunk goes as ranges.
-  job.data.strided.reserve(groups.size());
-  job.rows.reserve(groups.size());
-  for (const RunGroup& g : groups) {
-    if (g.length > job.data.chunk_bytes) {
-      for (uint64_t i = 0; i < g.count; ++i) {
-        const Run r = g.row(i);
-        job.data.ranges.push_back({r.dst_offset, r.length});
-        job.gather.push_back({r.src_offset, r.length});
-      }
-      continue;
-    }
-    job.data.strided.push_back({g.dst_offset, g.length, g.count, g.dst_stride});
-    job.rows.push_back({g.src_offset, g.length, g.count, g.src_stride});
-  }
+  job.groups.assign(groups.begin(), groups.end());
   job.local_base = local_base;
   job.deadline = deadline;
   {

@@ -7,6 +7,7 @@
 // --footprint, successive batches move on through a buffer of that size, so that the bytes come
 // from and go to memory the caches do not hold, as when kvd moves a wave of distinct KV pages.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -93,39 +94,43 @@ int TargetMain(Channel& channel, const Config& config) {
 
 // Completions arrive on the transport's thread; the poster waits here for window space. It is
 // woken once the window has half drained rather than per completion: on two cores a wake-up per
-// batch would cost more than the batch.
+// batch would cost more than the batch. The count is atomic and a completion takes the lock only
+// to wake the poster or to keep an error: a lock per batch on both threads made them contend
+// (futex waits and wakes, a context switch every few batches on a loaded VM: perf, issue 24).
 class InFlight {
  public:
   transport::Completion Slot() {
-    std::lock_guard lock(mu_);
-    ++count_;
+    count_.fetch_add(1);
     return [this](Status s) {
-      std::lock_guard lock(mu_);
-      --count_;
-      if (!s.ok() && error_.ok()) error_ = s;
-      if (count_ <= wake_at_ || !error_.ok()) cv_.notify_one();
+      const int64_t left = count_.fetch_sub(1) - 1;
+      if (!s.ok()) {
+        std::lock_guard lock(mu_);
+        if (error_.ok()) error_ = s;
+        cv_.notify_one();
+      } else if (left <= wake_at_.load()) {
+        std::lock_guard lock(mu_);  // the poster is between its check and its sleep, or asleep
+        cv_.notify_one();
+      }
     };
   }
   // Waits until at most `level` are in flight; kTimeout past the deadline, or the first error.
   Status WaitFor(int64_t level, Clock::time_point deadline) {
+    wake_at_.store(level);
     std::unique_lock lock(mu_);
-    wake_at_ = level;
-    bool done = cv_.wait_until(lock, deadline, [&] { return count_ <= level || !error_.ok(); });
-    wake_at_ = -1;
+    bool done =
+        cv_.wait_until(lock, deadline, [&] { return count_.load() <= level || !error_.ok(); });
+    wake_at_.store(-1);
     if (!done) return Status::Timeout("batches did not complete within their deadline");
     return error_;
   }
-  int64_t count() {
-    std::lock_guard lock(mu_);
-    return count_;
-  }
+  int64_t count() const { return count_.load(); }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  int64_t count_ = 0;
-  int64_t wake_at_ = -1;  // the level the poster waits for; -1 when it does not wait
-  Status error_;
+  std::atomic<int64_t> count_{0};
+  std::atomic<int64_t> wake_at_{-1};  // the level the poster waits for; -1 when it does not wait
+  Status error_;                      // guarded by mu_
 };
 
 // Seconds for config.iters batches.

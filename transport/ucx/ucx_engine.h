@@ -51,9 +51,10 @@
 #include <utility>
 #include <vector>
 
-#include "transport/transport.h"
-#include "transport/ucx/ucx_context.h"
 #include "base/unique_fd.h"
+#include "transport/transport.h"
+#include "transport/ucx/command_queue.h"
+#include "transport/ucx/ucx_context.h"
 
 namespace kv::transport::ucx {
 
@@ -311,16 +312,13 @@ class Engine {
   // hold a worker, so that it outlives them.
   std::vector<WorkerSlot*> workers_;
 
-  std::mutex queue_mu_;
-  std::vector<std::function<void()>> commands_;  // guarded by queue_mu_
-  std::atomic<bool> has_commands_{false};        // commands_ is not empty
+  CommandQueue commands_;  // Enqueue's; run by the progress thread
   std::atomic<bool> sleeping_{false};
 
   // Progress-thread state.
   std::shared_ptr<WorkerSlot> shared_;                                   // for connect()
   std::unordered_map<uint64_t, std::shared_ptr<WorkerSlot>> endpoints_;  // opened, not connected
   uint64_t next_endpoint_ = 1;
-  std::vector<std::function<void()>> running_;  // the commands being run, swapped with commands_
   bool stopping_ = false;
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;

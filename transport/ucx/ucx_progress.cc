@@ -94,12 +94,8 @@ Engine::~Engine() {
 }
 
 void Engine::Enqueue(std::function<void()> command) {
-  {
-    std::lock_guard lock(queue_mu_);
-    commands_.push_back(std::move(command));
-    has_commands_.store(true, std::memory_order_release);
-  }
-  // Pairs with Sleep(): it sets sleeping_ before its last look at the queue.
+  commands_.Push(std::move(command));
+  // Pairs with Sleep(): it sets sleeping_ before its last look at the queue (both seq_cst).
   if (sleeping_.load()) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
@@ -107,17 +103,8 @@ void Engine::Enqueue(std::function<void()> command) {
 }
 
 bool Engine::RunCommands() {
-  // The loop polls this every turn; taking the lock only when there is work keeps it from
-  // contending with the threads that post.
-  if (!has_commands_.load(std::memory_order_acquire)) return false;
-  {
-    std::lock_guard lock(queue_mu_);
-    running_.swap(commands_);
-    has_commands_.store(false, std::memory_order_relaxed);
-  }
-  for (auto& command : running_) command();
-  running_.clear();  // keeps the capacity: no allocation per turn
-  return true;
+  // The loop polls this every turn: no lock, so no contention with the threads that post.
+  return commands_.RunAll();
 }
 
 void Engine::Loop() {
@@ -154,12 +141,9 @@ void Engine::Sleep(bool work_in_flight) {
     if (ucp_worker_arm(slot->worker.get()) != UCS_OK) return;  // UCS_ERR_BUSY: events pending
   }
   sleeping_.store(true);
-  {
-    std::lock_guard lock(queue_mu_);
-    if (!commands_.empty()) {
-      sleeping_.store(false);
-      return;
-    }
+  if (commands_.Pending()) {
+    sleeping_.store(false);
+    return;
   }
   // Deadlines are checked at least every 5 ms while batches are in flight.
   epoll_event events[8];

@@ -10,7 +10,6 @@
 #include "base/codec.h"
 #include "tests/support/test_support.h"
 #include "transport/transport.h"
-#include "transport/ucx/command_queue.h"
 
 namespace kv::transport {
 namespace {
@@ -397,58 +396,3 @@ TEST(UcxTransport, UnparsableSettingIsRejected) {
 
 }  // namespace
 }  // namespace kv::transport
-
-namespace kv::transport::ucx {
-namespace {
-
-// The progress thread's lock-free inbox: every command pushed by several threads runs exactly
-// once, each thread's in the order it pushed them.
-TEST(UcxCommandQueue, RunsEveryCommandOnceInEachPushersOrder) {
-  constexpr int kThreads = 4, kPerThread = 20000;
-  CommandQueue queue;
-  std::vector<std::vector<int>> seen(kThreads);  // the consumer's alone
-  std::vector<std::thread> pushers;
-  for (int t = 0; t < kThreads; ++t) {
-    pushers.emplace_back([&, t] {
-      for (int i = 0; i < kPerThread; ++i) queue.Push([&seen, t, i] { seen[t].push_back(i); });
-    });
-  }
-  size_t total = 0;
-  const auto give_up = std::chrono::steady_clock::now() + 30s;
-  while (total < size_t{kThreads} * kPerThread && std::chrono::steady_clock::now() < give_up) {
-    queue.RunAll();
-    total = 0;
-    for (const auto& s : seen) total += s.size();
-  }
-  for (auto& p : pushers) p.join();
-  EXPECT_FALSE(queue.Pending());
-  for (int t = 0; t < kThreads; ++t) {
-    ASSERT_EQ(seen[t].size(), size_t{kPerThread}) << "pusher " << t;
-    for (int i = 0; i < kPerThread; ++i) ASSERT_EQ(seen[t][i], i) << "pusher " << t;
-  }
-}
-
-TEST(UcxCommandQueue, ACommandPushedByACommandWaitsForTheNextRoundAndLeftoversAreNotRun) {
-  auto token = std::make_shared<int>(0);
-  int ran = 0;
-  {
-    CommandQueue queue;
-    queue.Push([&] {
-      ++ran;
-      queue.Push([&ran] { ran += 10; });
-    });
-    EXPECT_TRUE(queue.RunAll());
-    EXPECT_EQ(ran, 1);
-    EXPECT_TRUE(queue.Pending());
-    EXPECT_TRUE(queue.RunAll());
-    EXPECT_EQ(ran, 11);
-    EXPECT_FALSE(queue.RunAll());
-    queue.Push([token, &ran] { ran += 100; });
-    EXPECT_EQ(token.use_count(), 2);
-  }
-  EXPECT_EQ(ran, 11);               // destroyed, not run
-  EXPECT_EQ(token.use_count(), 1);  // and its captures released
-}
-
-}  // namespace
-}  // namespace kv::transport::ucx

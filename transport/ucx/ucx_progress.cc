@@ -88,14 +88,46 @@ Result<std::pair<uint64_t, std::string>> Engine::OpenEndpoint() {
 }
 
 Engine::~Engine() {
-  if (!thread_.joinable()) return;  // Create() failed before starting it
-  Enqueue([this] { stopping_ = true; });
-  thread_.join();
+  if (thread_.joinable()) {  // else Create() failed before starting it
+    Enqueue([this] { stopping_ = true; });
+    thread_.join();
+  }
+  for (BatchState* batch : spare_) delete batch;
+  for (BatchState* batch : finished_) delete batch;
+}
+
+BatchState* Engine::NewBatch() {
+  {
+    std::lock_guard lock(queue_mu_);
+    if (!spare_.empty()) {
+      BatchState* batch = spare_.back();
+      spare_.pop_back();
+      return batch;
+    }
+  }
+  return new BatchState;
+}
+
+void Engine::Recycle(BatchState* batch) {
+  // Every field back to its default; the run and header vectors keep their capacity unless a
+  // large batch grew them.
+  constexpr size_t kKeepRuns = 4096;
+  BatchState fresh;
+  if (batch->runs.capacity() <= kKeepRuns) fresh.runs = std::move(batch->runs);
+  if (batch->headers.capacity() <= kKeepRuns) fresh.headers = std::move(batch->headers);
+  fresh.runs.clear();
+  fresh.headers.clear();
+  *batch = std::move(fresh);
+  finished_.push_back(batch);
 }
 
 void Engine::Enqueue(std::function<void()> command) {
-  commands_.Push(std::move(command));
-  // Pairs with Sleep(): it sets sleeping_ before its last look at the queue (both seq_cst).
+  {
+    std::lock_guard lock(queue_mu_);
+    commands_.push_back(std::move(command));
+    has_commands_.store(true, std::memory_order_release);
+  }
+  // Pairs with Sleep(): it sets sleeping_ before its last look at the queue.
   if (sleeping_.load()) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
@@ -103,8 +135,25 @@ void Engine::Enqueue(std::function<void()> command) {
 }
 
 bool Engine::RunCommands() {
-  // The loop polls this every turn: no lock, so no contention with the threads that post.
-  return commands_.RunAll();
+  // The loop polls this every turn; taking the lock only when there is work keeps it from
+  // contending with the threads that post.
+  if (!has_commands_.load(std::memory_order_acquire)) return false;
+  // At most this many finished batches wait for reuse; more are freed.
+  constexpr size_t kMaxSpare = 1024;
+  {
+    std::lock_guard lock(queue_mu_);
+    running_.swap(commands_);
+    has_commands_.store(false, std::memory_order_relaxed);
+    while (!finished_.empty() && spare_.size() < kMaxSpare) {
+      spare_.push_back(finished_.back());
+      finished_.pop_back();
+    }
+  }
+  for (BatchState* batch : finished_) delete batch;
+  finished_.clear();
+  for (auto& command : running_) command();
+  running_.clear();  // keeps the capacity: no allocation per turn
+  return true;
 }
 
 void Engine::Loop() {
@@ -141,9 +190,12 @@ void Engine::Sleep(bool work_in_flight) {
     if (ucp_worker_arm(slot->worker.get()) != UCS_OK) return;  // UCS_ERR_BUSY: events pending
   }
   sleeping_.store(true);
-  if (commands_.Pending()) {
-    sleeping_.store(false);
-    return;
+  {
+    std::lock_guard lock(queue_mu_);
+    if (!commands_.empty()) {
+      sleeping_.store(false);
+      return;
+    }
   }
   // Deadlines are checked at least every 5 ms while batches are in flight.
   epoll_event events[8];
@@ -297,7 +349,7 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
                       ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
                       : Status::Ok();
   Completion done = std::move(batch->done);
-  delete batch;  // releases the mapping and the remote key before the caller hears back
+  Recycle(batch);  // releases the mapping and the remote key before the caller hears back
   done(std::move(result));
 }
 

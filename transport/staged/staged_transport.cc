@@ -355,7 +355,7 @@ std::span<const SettingInfo> StagedSettings() {
       {"staging_slots", "staging slots per link and direction, 2..64 (4)"},
       {"stage_host", "1: stage host regions too, with memcpy (tests; 0)"},
       {"stage_runs_below",
-       "host batches whose mean run is shorter go gather -> one put -> scatter (16384; 0: "
+       "host batches whose mean run is shorter go gather -> one put -> scatter (4096; 0: "
        "never)"},
   };
   return kSettings;

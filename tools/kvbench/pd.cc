@@ -394,6 +394,8 @@ int PdMain(int argc, char** argv) {
     return Fail("--transport-opt is for the kvds started here");
   if (host_path != "auto") {
     if (!prefill_socket.empty()) return Fail("--host-path is for the kvds started here");
+    if (cuda || (transport != "ucx" && transport != "auto"))
+      return Fail("--host-path chooses between the ucx transport's paths for host memory");
     transport_opts->push_back(
         {"stage_runs_below", host_path == "direct" ? "0" : std::to_string(1ull << 30)});
   }

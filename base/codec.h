@@ -21,14 +21,16 @@ class ByteWriter {
     u32(static_cast<uint32_t>(s.size()));
     return raw(s.data(), s.size());
   }
-  std::string take() { return std::move(out_); }
-
- private:
-  static_assert(std::endian::native == std::endian::little, "blobs are little-endian");
+  // n bytes as they lie in memory, in one append: for arrays of structs of fixed-width integers
+  // without padding, which are then little-endian like every other field.
   ByteWriter& raw(const void* p, size_t n) {
     out_.append(static_cast<const char*>(p), n);
     return *this;
   }
+  std::string take() { return std::move(out_); }
+
+ private:
+  static_assert(std::endian::native == std::endian::little, "blobs are little-endian");
   std::string out_;
 };
 
@@ -46,14 +48,15 @@ class ByteReader {
     return true;
   }
   bool at_end() const { return in_.empty(); }
-
- private:
+  // The next n bytes into p, as ByteWriter::raw wrote them.
   bool raw(void* p, size_t n) {
     if (in_.size() < n) return false;
     std::memcpy(p, in_.data(), n);
     in_.remove_prefix(n);
     return true;
   }
+
+ private:
   std::string_view in_;
 };
 

@@ -223,7 +223,9 @@ class Transport {
 // goes to UCX unchanged; GPU memory too where UCX has CUDA support, and where it has not (Debian's
 // build) through pinned host slots and the copy kernels, so a CUDA build serves GPU regions over
 // "ucx" either way. Both ends of a "ucx" connection must be such builds (notifications carry a
-// tag byte). Its settings: staging_bytes, staging_slots, stage_host (see that header).
+// tag byte). Host batches of many short runs go through the same staging with memcpy (the
+// chooser). Its settings: staging_bytes, staging_slots, stage_host, stage_runs_below (see that
+// header).
 Result<std::unique_ptr<Transport>> CreateTransport(std::string_view backend,
                                                    const TransportOptions& options = {});
 // The backends this build has, in order of preference for "auto".

@@ -1,8 +1,13 @@
 // The nccl backend's batch schedule and its announcement, on the host: which ranges skip the
-// staging (both sides derive it from the lengths alone, so it must be a pure function of them)
-// and that the threshold survives the wire.
+// staging (both sides derive it from the lengths alone, so it must be a pure function of them),
+// that the threshold and a put's run groups survive the wire, that a peer's rows are checked,
+// and that rows gathered into chunks and scattered from them land where the groups say.
 #include <gtest/gtest.h>
 
+#include <numeric>
+#include <random>
+
+#include "kernels/plan_copy.h"
 #include "transport/nccl/wire.h"
 
 namespace kv::transport::nccl {
@@ -51,6 +56,78 @@ TEST(NcclWireTest, DataAnnouncementCarriesTheDirectThreshold) {
   EXPECT_FALSE(DecodeData(EncodeData(msg)).ok());
   msg.chunk_bytes = kMinChunkBytes;
   EXPECT_TRUE(DecodeData(EncodeData(msg)).ok());
+}
+
+TEST(NcclWireTest, DataAnnouncementCarriesRunGroupRows) {
+  DataMsg msg;
+  msg.chunk_bytes = kMinChunkBytes;
+  msg.ranges = {{0, 8}};
+  msg.strided = {{4096, 1024, 16, 4096}, {1 << 20, 512, 3, -2048}};
+  const std::string frame = EncodeData(msg);
+  auto back = DecodeData(frame);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->strided.size(), 2u);
+  EXPECT_EQ(back->strided[0].count, 16u);
+  EXPECT_EQ(back->strided[1].stride, -2048);
+  EXPECT_EQ(*TotalBytes(back->ranges, back->strided), 8u + 16 * 1024 + 3 * 512);
+  EXPECT_FALSE(DecodeData(frame.substr(0, frame.size() - 8)).ok());
+  // A count that the frame cannot hold is refused before anything is allocated.
+  std::string forged = frame;
+  forged[frame.size() - 2 * 32 - 8] = '\x7f';
+  EXPECT_FALSE(DecodeData(forged).ok());
+}
+
+TEST(NcclWireTest, APeersRowsMustLieInTheRegionApartAndWithinAChunk) {
+  const uint64_t region = 1 << 20, chunk = 64 << 10;
+  EXPECT_TRUE(CheckStrided({{{0, 1024, 16, 2048}}}, region, chunk).ok());
+  EXPECT_TRUE(CheckStrided({{{region - 1024, 1024, 4, -4096}}}, region, chunk).ok());
+  EXPECT_EQ(CheckStrided({{{region - 1024, 1024, 2, 1024}}}, region, chunk).code(),
+            Code::kOutOfRange);
+  EXPECT_EQ(CheckStrided({{{1024, 1024, 2, -2048}}}, region, chunk).code(), Code::kOutOfRange);
+  EXPECT_FALSE(CheckStrided({{{0, 1024, 2, 512}}}, region, chunk).ok());   // rows overlap
+  EXPECT_FALSE(CheckStrided({{{0, 1024, 0, 2048}}}, region, chunk).ok());  // no rows
+  EXPECT_FALSE(CheckStrided({{{0, 0, 4, 2048}}}, region, chunk).ok());     // empty rows
+  EXPECT_FALSE(CheckStrided({{{0, chunk + 1, 1, 0}}}, region, chunk).ok());
+  EXPECT_FALSE(TotalBytes({}, {{{0, 1ull << 40, 1ull << 30, 1ull << 40}}}).ok());
+}
+
+// Rows gathered chunk by chunk on the sender and scattered chunk by chunk on the receiver, each
+// side chunking its own view (same lengths and counts, other offsets and strides), give what
+// the groups copied directly give.
+TEST(NcclWireTest, RowsGatheredIntoChunksAndScatteredLandWhereTheGroupsSay) {
+  std::mt19937_64 rng(5);
+  const uint64_t region = 1 << 20, chunk_bytes = 8192;
+  std::vector<uint8_t> src(region), dst(region, 0), expected(region, 0);
+  std::iota(src.begin(), src.end(), 0);
+  std::vector<Strided> sender, receiver;
+  std::vector<RunGroup> groups;
+  uint64_t dst_at = 0;
+  for (int i = 0; i < 40; ++i) {
+    const uint64_t length = 1 + rng() % 3000, count = 1 + rng() % 12;
+    const int64_t src_stride = static_cast<int64_t>(length + rng() % 100);
+    const uint64_t src_at = rng() % (region - count * (length + 100));
+    const int64_t dst_stride = static_cast<int64_t>(length + rng() % 64);
+    sender.push_back({src_at, length, count, src_stride});
+    receiver.push_back({dst_at, length, count, dst_stride});
+    groups.push_back({src_at, dst_at, length, count, src_stride, dst_stride});
+    dst_at += count * static_cast<uint64_t>(dst_stride);
+  }
+  ASSERT_LT(dst_at, region);
+  kernels::CopyGroupsHost(src.data(), expected.data(), groups);
+  const GroupChunks gather = ChunkGroups(sender, chunk_bytes, Direction::kGather);
+  const GroupChunks scatter = ChunkGroups(receiver, chunk_bytes, Direction::kScatter);
+  ASSERT_EQ(gather.bytes, scatter.bytes);
+  ASSERT_GT(gather.count(), 1u);
+  std::vector<uint8_t> staging(chunk_bytes);
+  uint64_t moved = 0;
+  for (size_t k = 0; k < gather.count(); ++k) {
+    EXPECT_LE(gather.bytes[k], chunk_bytes);
+    kernels::CopyGroupsHost(src.data(), staging.data(), gather.chunk(k));
+    kernels::CopyGroupsHost(staging.data(), dst.data(), scatter.chunk(k));
+    moved += gather.bytes[k];
+  }
+  EXPECT_EQ(moved, *TotalBytes({}, receiver));
+  EXPECT_TRUE(dst == expected);
 }
 
 }  // namespace

@@ -149,6 +149,37 @@ TEST_P(GpuTransferTest, OnePrefillRankFeedsTwoDecodeRanks) {
   EXPECT_NE(to0.runs.front().src_offset, to1.runs.front().src_offset);
 }
 
+// Both backends take run groups: a TP split's pages as one group each, pushed and pulled.
+TEST_P(GpuTransferTest, RunGroupsOfATpSplitLandLikeTheirRuns) {
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("LBNHC", 32, 2, 1, 2), 200);
+  std::vector<RunGroup> groups;
+  GroupRuns(p.runs, &groups);
+  ASSERT_LT(groups.size() * 4, p.runs.size()) << "the split should group its token runs";
+  TransferOptions grouped;
+  grouped.as_groups = true;
+  grouped.note = "done";
+  Peer prefill = Start(0, p.src_bytes, kSrcSeed);
+  Peer decode = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(prefill.process && decode.process);
+  Status put = Transfer(prefill, decode, Op::kPut, p.runs, grouped);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  ASSERT_TRUE(WaitForNote(decode, "done").ok());
+  auto bytes = Dump(decode);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  Peer puller = Start(1, p.dst_bytes, -1);
+  ASSERT_TRUE(puller.process);
+  grouped.note.clear();
+  Status got = Transfer(puller, prefill, Op::kGet, p.runs, grouped);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  bytes = Dump(puller);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+  EXPECT_TRUE(Stop(prefill).ok());
+  EXPECT_TRUE(Stop(decode).ok());
+  EXPECT_TRUE(Stop(puller).ok());
+}
+
 // cuda_ipc launches a batch on its poster thread, after post() returned: one whose deadline
 // passed by then fails with kTimeout and writes nothing.
 TEST_P(GpuTransferTest, BatchPastItsDeadlineWritesNothing) {

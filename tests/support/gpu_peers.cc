@@ -13,10 +13,10 @@
 #include <random>
 #include <thread>
 
-#include "tests/support/held_stream.h"
 #include "base/codec.h"
 #include "daemon/event_gate.h"
 #include "gpu/cuda_util.h"
+#include "tests/support/held_stream.h"
 #include "transport/transport.h"
 
 namespace kv::transport::gputest {
@@ -221,11 +221,11 @@ class PeerBody {
 
   Status DoTransfer(ByteReader& r) {
     uint32_t op = 0, wait_for_dead = 0, gated = 0, note_while_gated = 0, expired = 0,
-             disconnect = 0, never_fires = 0;
+             disconnect = 0, never_fires = 0, as_groups = 0;
     std::string_view address, descriptor, runs_blob, note;
     if (!r.u32(&op) || !r.u32(&wait_for_dead) || !r.u32(&gated) || !r.u32(&note_while_gated) ||
-        !r.u32(&expired) || !r.u32(&disconnect) || !r.u32(&never_fires) || !r.bytes(&address) ||
-        !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
+        !r.u32(&expired) || !r.u32(&disconnect) || !r.u32(&never_fires) || !r.u32(&as_groups) ||
+        !r.bytes(&address) || !r.bytes(&descriptor) || !r.bytes(&runs_blob) || !r.bytes(&note)) {
       return Status::Internal("bad transfer command");
     }
     auto known = peers_.find(std::string(address));
@@ -243,8 +243,14 @@ class PeerBody {
     }
     KV_ASSIGN_OR_RETURN(auto remote, transport_->import_remote(peer, descriptor));
     std::vector<kv::Run> runs = DecodeRuns(runs_blob);
+    std::vector<RunGroup> groups;
+    if (as_groups && transport_->takes_run_groups()) GroupRuns(runs, &groups);
     Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs,
                 expired ? Clock::now() - 1s : Clock::now() + 20s};
+    if (!groups.empty()) {
+      batch.runs = {};
+      batch.groups = groups;
+    }
     remotes_.push_back(std::move(remote));  // batches may still name it until the peer is done
     std::vector<std::future<Status>> futures;
     auto post = [&]() -> Status {
@@ -486,6 +492,7 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
                             .u32(options.expired ? 1 : 0)
                             .u32(options.disconnect_while_gated ? 1 : 0)
                             .u32(options.never_fires ? 1 : 0)
+                            .u32(options.as_groups ? 1 : 0)
                             .bytes(target.address)
                             .bytes(descriptor)
                             .bytes(EncodeRuns(runs))

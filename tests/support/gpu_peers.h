@@ -72,6 +72,8 @@ struct TransferOptions {
   // posted beside it; the second must land and the first fail with kTimeout while the event is
   // held. Only the half is written.
   bool never_fires = false;
+  // The runs posted as run groups (layout/plan.h GroupRuns) where the mover's backend takes them.
+  bool as_groups = false;
 };
 
 inline constexpr auto kPromptPost = std::chrono::milliseconds(500);

@@ -7,6 +7,7 @@
 #include "tests/support/target_process.h"
 #include "tools/testing/child_process.h"
 #include "transport/staged/chunker.h"
+#include "transport/staged/core.h"
 #include "transport/staged/wire.h"
 #include "transport/transport.h"
 
@@ -47,7 +48,9 @@ std::string Check(uint64_t count, uint64_t length, uint64_t gap) {
 }
 
 // Which sides stage: (initiator, target). Staged to staged is the GPU path; the mixed ones are
-// a GPU region put into host memory and host memory put into a GPU region.
+// a GPU region put into host memory and host memory put into a GPU region; direct to direct is
+// host memory on both sides, where the chooser stages the batches of 700-byte runs and puts the
+// 1 MiB runs straight.
 class StagedPair : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 
 TEST_P(StagedPair, ChunkedPutsArriveBeforeTheNotificationsThatFollowThem) {
@@ -94,7 +97,7 @@ TEST_P(StagedPair, ChunkedPutsArriveBeforeTheNotificationsThatFollowThem) {
 
 INSTANTIATE_TEST_SUITE_P(Sides, StagedPair,
                          ::testing::Values(std::pair{true, true}, std::pair{true, false},
-                                           std::pair{false, true}),
+                                           std::pair{false, true}, std::pair{false, false}),
                          [](const auto& info) {
                            return std::string(info.param.first ? "Staged" : "Direct") + "To" +
                                   (info.param.second ? "Staged" : "Direct");
@@ -138,6 +141,75 @@ TEST_P(StagedGet, PullsRunsFromAStagedRegionAndRefusesRunsOutsideIt) {
 
 INSTANTIATE_TEST_SUITE_P(Local, StagedGet, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Staged" : "Direct"; });
+
+// Host memory on both sides (no stage_host): the chooser. Which path a batch took shows in how a
+// run past the real region fails, given a descriptor that claims more than the region: the
+// inner transport refuses it in post() against its own descriptor (direct), while a staged
+// batch is accepted and refused by the receiver's check (the completion).
+TEST(Staged, TheChooserStagesShortRunsAndPutsLongRunsDirect) {
+  const uint64_t bytes = 1 << 20;
+  auto child = StartTarget(Options(false), bytes);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(false));
+  ASSERT_TRUE(transport.ok());
+  std::vector<uint8_t> src(4 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = testing::ConnectToTarget(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto real = staged::DecodeRegion(c->descriptor);
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  EXPECT_FALSE(real->inner.empty());  // both paths reach it
+  staged::RegionDescriptor forged = *real;
+  forged.length = 4 * bytes;
+  auto big = (*transport)->import_remote(c->peer, staged::EncodeRegion(forged));
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+
+  Waiter waiter;
+  const std::vector<kv::Run> long_run = {{0, 3 * bytes, 64 << 10}};
+  Status direct =
+      (*transport)
+          ->post({Op::kPut, reg->get(), big->get(), long_run, testing::In(10s)}, waiter.callback());
+  EXPECT_EQ(direct.code(), Code::kOutOfRange) << direct.ToString();
+  const std::vector<kv::Run> short_runs = {{0, 0, 512}, {512, 3 * bytes, 512}};
+  Status staged = (*transport)
+                      ->post({Op::kPut, reg->get(), big->get(), short_runs, testing::In(10s)},
+                             waiter.callback());
+  ASSERT_TRUE(staged.ok()) << staged.ToString();
+  Status refused = waiter.Wait(20s);
+  EXPECT_EQ(refused.code(), Code::kOutOfRange) << refused.ToString();
+  // The refused chunk failed that staged link (staged_transport.h): a new connection sees the
+  // target's memory untouched, the good run of the refused chunk included.
+  auto peer = (*transport)->connect(c->address);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  ASSERT_TRUE((*transport)->notify(*peer, "untouched").ok());
+  EXPECT_EQ(Verdict(*child), "ok");
+}
+
+TEST(Staged, WithoutTheChooserHostRegistrationsAreTheInnerTransports) {
+  TransportOptions options = Options(false);
+  options.settings.emplace_back("stage_runs_below", "0");
+  auto transport = CreateTransport("ucx", options);
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  std::vector<uint8_t> memory(1 << 20);
+  auto reg = (*transport)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  EXPECT_FALSE(staged::IsRegionDescriptor((*reg)->packed_descriptor()));
+  auto with = CreateTransport("ucx", Options(false));
+  ASSERT_TRUE(with.ok());
+  auto both = (*with)->register_memory(memory.data(), memory.size(), MemoryLocation::Host());
+  ASSERT_TRUE(both.ok());
+  EXPECT_TRUE(staged::IsRegionDescriptor((*both)->packed_descriptor()));
+}
+
+TEST(StagedChooser, StagesBatchesWhoseMeanRunIsShorterThanTheThreshold) {
+  const std::vector<kv::Run> small = {{0, 0, 100}, {0, 0, 300}};  // mean 200
+  EXPECT_TRUE(staged::StagesBetter(small, 201));
+  EXPECT_FALSE(staged::StagesBetter(small, 200));
+  EXPECT_FALSE(staged::StagesBetter(small, 0));  // 0: never
+  EXPECT_FALSE(staged::StagesBetter({}, 1 << 20));
+}
 
 TEST(Staged, UserNotificationsThatLookLikeControlFramesArriveVerbatim) {
   auto child = StartTarget(Options(true), 1 << 20);

@@ -21,8 +21,11 @@ using testing::PostAndWait;
 using testing::SpreadRuns;
 using testing::Waiter;
 
+// UCX itself: host registrations are UCX's alone (stage_runs_below=0: no chooser, whose
+// registrations carry a staged region id beside UCX's descriptor), so these tests see UCX's
+// descriptors and its put paths for every batch.
 TransportOptions Tls(const std::string& tls) {
-  return {{{"UCX_TLS", tls}}};
+  return {{{"UCX_TLS", tls}, {"stage_runs_below", "0"}}};
 }
 
 class UcxPair : public ::testing::TestWithParam<std::string> {

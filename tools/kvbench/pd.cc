@@ -1,7 +1,9 @@
 // kvbench pd: the P/D demo. A prefill and a decode engine simulator per TP rank move
 // deterministic K/V through two kvds (started here on free loopback ports unless sockets are
 // given), every decode rank verifies every byte it should hold, and the throughput is printed
-// beside `kvbench transport` for the same run size and transport, measured right after.
+// beside its ceiling (host: one thread memcpy'ing the last wave's runs between the caches,
+// tools/kvbench/pd/pd_ceiling.h) and `kvbench transport` for the same run size and transport,
+// measured right after.
 // --memory cuda puts the caches on GPUs (connector/pd_gpu.h) and holds the result to the GPU
 // ceilings (gpu_ceiling.h) instead.
 #include <unistd.h>
@@ -12,12 +14,12 @@
 #include <memory>
 #include <string>
 
-#include "tools/kvbench/pd/pd_gpu.h"
-#include "tools/kvbench/pd/pd_sim.h"
-#include "tools/testing/kvd_process.h"
 #include "protocol/kvd.pb.h"
 #include "tools/common/cli.h"
 #include "tools/kvbench/gpu_ceiling.h"
+#include "tools/kvbench/pd/pd_gpu.h"
+#include "tools/kvbench/pd/pd_sim.h"
+#include "tools/testing/kvd_process.h"
 
 namespace kv::bench {
 namespace {
@@ -61,7 +63,8 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-// The ceiling pd is held to: `kvbench transport` of the same backend, with the same UCX settings
+// The reference printed beside the host ceiling (what the transport reaches on this run size,
+// not a bound on kvd): `kvbench transport` of the same backend, with the same UCX settings
 // (this process's environment, inherited by the child and the kvds alike, and the same
 // --transport-opt settings), for runs of the size
 // kvd posted on average, on the same kind of memory kvd moves: memory registered with the
@@ -214,7 +217,10 @@ int PdMain(int argc, char** argv) {
       {"timeout-ms",
        "how long an engine waits for a layer or a release before the request fails (default "
        "20000); the cluster tests shorten it to see faults fail in bounded time"},
-      {"no-ceiling", "skip the kvbench transport comparison", true},
+      {"no-ceiling", "skip the ceiling and the kvbench transport comparison", true},
+      {"host-path",
+       "host memory over ucx: auto (default: the chooser, by mean run size), direct (one put "
+       "per run) or staged (gather -> one put -> scatter); sets the kvds' stage_runs_below"},
       {"auth-secret-file",
        "the kvds started here authenticate each other with this secret (SECURITY.md); their "
        "transfer tokens are optional, as the decode engines ask before the prefill finished"},
@@ -244,9 +250,17 @@ int PdMain(int argc, char** argv) {
         "pages to the decode kvd; the decode engines wait per layer and check every byte.\n"
         "Layouts, TP sizes and block sizes may differ between the sides: the planner converts.\n"
         "Exits non-zero when any request failed or any byte differed.\n\n"
-        "The ceiling printed beside the result is `kvbench transport --user-memory` of the same\n"
-        "backend and run size, run right after: memory registered with the transport, as kvd\n"
-        "registers the engines' shared memory, under the same UCX_* environment.\n\n"
+        "Host memory: the ceiling printed beside the result is one thread memcpy'ing every run\n"
+        "of the last wave, planned as kvd plans it, from the prefill caches straight into the\n"
+        "decode caches (the same pages kvd moved, mapped in this process), after the run with\n"
+        "the kvds idle; median of >= 3 rounds. kvd over UCX copies each byte at least once,\n"
+        "each copy on one thread (direct: UCX's put; staged: gather, put, scatter, pipelined,\n"
+        "each stage touching the same scattered pages), so this bounds it from above on this\n"
+        "machine and footprint; a ratio above 1 would mean the bound is wrong. Beside\n"
+        "it, for reference (not a bound): `kvbench transport --user-memory` of the same run\n"
+        "size, footprint and transport settings, run right after.\n"
+        "--host-path direct|staged forces one path of the ucx chooser (one put per run, or\n"
+        "gather -> one put -> scatter); run both to compare them on one shape.\n\n"
         "Block ids: by default request j of a wave holds blocks j*n .. j*n+n-1 (n blocks per\n"
         "request), so on an LBNHC cache each layer of a request is one contiguous run (runs per\n"
         "request = layers, TP 1 to TP 1). --block-ids random shuffles each wave's blocks (the\n"
@@ -308,6 +322,10 @@ int PdMain(int argc, char** argv) {
   }
   c.layer_time = std::chrono::microseconds(layer_us);
   c.timeout = std::chrono::milliseconds(timeout_ms);
+  c.copy_ceiling = !cuda && !flags.has("no-ceiling");
+  const std::string host_path = flags.str("host-path", "auto");
+  if (host_path != "auto" && host_path != "direct" && host_path != "staged")
+    return Fail("--host-path is auto, direct or staged, not " + host_path);
   const std::string block_ids = flags.str("block-ids", "contiguous");
   if (block_ids != "contiguous" && block_ids != "random") {
     return Fail("--block-ids is contiguous or random, not " + block_ids);
@@ -374,8 +392,17 @@ int PdMain(int argc, char** argv) {
   if (!transport_opts.ok()) return Fail(transport_opts.status().message());
   if (!transport_opts->empty() && !prefill_socket.empty())
     return Fail("--transport-opt is for the kvds started here");
+  if (host_path != "auto") {
+    if (!prefill_socket.empty()) return Fail("--host-path is for the kvds started here");
+    if (cuda || (transport != "ucx" && transport != "auto"))
+      return Fail("--host-path chooses between the ucx transport's paths for host memory");
+    transport_opts->push_back(
+        {"stage_runs_below", host_path == "direct" ? "0" : std::to_string(1ull << 30)});
+  }
+  std::vector<std::string> opt_strings;
   for (const auto& [key, value] : *transport_opts) {
     transport_args.insert(transport_args.end(), {"--transport-opt", key + "=" + value});
+    opt_strings.push_back(key + "=" + value);
   }
   if (flags.has("auth-secret-file")) {
     if (!prefill_socket.empty()) return Fail("--auth-secret-file is for the kvds started here");
@@ -485,16 +512,23 @@ int PdMain(int argc, char** argv) {
       (void)decode_kvd->Stop(std::chrono::milliseconds(5000));
     }
   };
-  std::string ceiling_command, gpu_json;
+  std::string ceiling_command, gpu_json, reference_command;
+  double reference = 0;  // host: kvbench transport of the mean run size
   if (!cuda && !flags.has("no-ceiling") && transport == "ucx" && runs > 0 && r.verified > 0) {
     // A wave moves distinct pages, more than the CPU caches hold: so does the ceiling.
     const uint64_t wave_bytes = std::min<uint64_t>(
         r.bytes / std::max(r.verified, 1) * std::max(c.window, 1), uint64_t{4} << 30);
-    ceiling = MeasureCeiling(transport, run_bytes, runs_per_batch, wave_bytes,
-                             flags.all("transport-opt"));
-    ceiling_command = ceiling > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch, wave_bytes,
-                                                   flags.all("transport-opt"))
-                                  : "";
+    reference = MeasureCeiling(transport, run_bytes, runs_per_batch, wave_bytes, opt_strings);
+    reference_command = reference > 0 ? CeilingCommand(transport, run_bytes, runs_per_batch,
+                                                       wave_bytes, opt_strings)
+                                      : "";
+  }
+  if (!cuda && r.ceiling.gbps > 0) {
+    ceiling = r.ceiling.gbps;
+    ceiling_command = "one thread memcpy of the last wave's " + std::to_string(r.ceiling.runs) +
+                      " runs (" + std::to_string(r.ceiling.bytes) +
+                      " B), prefill caches -> decode caches, median of " +
+                      std::to_string(r.ceiling.rounds) + " rounds";
   }
   if (cuda) {
     stop_kvds();  // the ceilings get the GPUs to themselves
@@ -511,12 +545,14 @@ int PdMain(int argc, char** argv) {
         "\"posts_per_request\": %.2f, \"p50_ms\": %.3f, "
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
         "\"prewrite\": %s, \"block_ids\": \"%s\", \"ceiling_gbps\": %.4f, "
-        "\"ceiling_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
+        "\"ceiling_command\": \"%s\", \"ratio\": %.4f, \"host_path\": \"%s\", "
+        "\"transport_gbps\": %.4f, \"transport_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
         "\"decode_kvd_rss\": %llu%s}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, posts_per_request, p50, p99,
         static_cast<unsigned long long>(r.guard_bytes_written), transport.c_str(),
         c.prewrite ? "true" : "false", block_ids.c_str(), ceiling, ceiling_command.c_str(),
+        ceiling > 0 ? gbps / ceiling : 0.0, host_path.c_str(), reference, reference_command.c_str(),
         static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss),
         gpu_json.c_str());
   } else {
@@ -526,11 +562,14 @@ int PdMain(int argc, char** argv) {
     std::printf("  runs per request %.1f in %.2f posts   latency p50 %.2f ms   p99 %.2f ms\n",
                 runs_per_request, posts_per_request, p50, p99);
     if (ceiling > 0 && !cuda) {
+      std::printf("  ceiling  %.3f GB/s   ratio %.2f   (%s)\n", ceiling, gbps / ceiling,
+                  ceiling_command.c_str());
+    }
+    if (reference > 0) {
       std::printf(
-          "  ceiling  %.3f GB/s   ratio %.2f\n           (%s: same run size, footprint, memory "
-          "kind and "
-          "UCX settings as kvd)\n",
-          ceiling, gbps / ceiling, ceiling_command.c_str());
+          "  for reference, not a bound: %.3f GB/s, ratio %.2f, host path %s\n           (%s: "
+          "same run size, footprint, memory kind and transport settings as kvd)\n",
+          reference, gbps / reference, host_path.c_str(), reference_command.c_str());
     }
     std::printf(
         "  kvd resident memory: prefill %.1f MiB, decode %.1f MiB (%u engines registered)\n",

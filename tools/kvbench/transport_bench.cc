@@ -7,6 +7,7 @@
 // --footprint, successive batches move on through a buffer of that size, so that the bytes come
 // from and go to memory the caches do not hold, as when kvd moves a wave of distinct KV pages.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +45,9 @@ struct Config {
   bool same_offset = false;  // every run to offset 0, as ucx_perftest does: cache-resident  //
                              // allocate_memory() where the backend has it, as ucx_perftest
   bool json = false;
+  // --both-paths: a second initiator whose host batches all go staged (gather, one put,
+  // scatter), measured in the same rounds; the first then puts every run directly.
+  bool both_paths = false;
   TransportOptions options;
   std::vector<std::pair<std::string, std::string>> env;  // the same settings, for ucx_perftest
 };
@@ -93,39 +97,43 @@ int TargetMain(Channel& channel, const Config& config) {
 
 // Completions arrive on the transport's thread; the poster waits here for window space. It is
 // woken once the window has half drained rather than per completion: on two cores a wake-up per
-// batch would cost more than the batch.
+// batch would cost more than the batch. The count is atomic and a completion takes the lock only
+// to wake the poster or to keep an error: a lock per batch on both threads made them contend
+// (futex waits and wakes, a context switch every few batches on a loaded VM: perf, issue 24).
 class InFlight {
  public:
   transport::Completion Slot() {
-    std::lock_guard lock(mu_);
-    ++count_;
+    count_.fetch_add(1);
     return [this](Status s) {
-      std::lock_guard lock(mu_);
-      --count_;
-      if (!s.ok() && error_.ok()) error_ = s;
-      if (count_ <= wake_at_ || !error_.ok()) cv_.notify_one();
+      const int64_t left = count_.fetch_sub(1) - 1;
+      if (!s.ok()) {
+        std::lock_guard lock(mu_);
+        if (error_.ok()) error_ = s;
+        cv_.notify_one();
+      } else if (left <= wake_at_.load()) {
+        std::lock_guard lock(mu_);  // the poster is between its check and its sleep, or asleep
+        cv_.notify_one();
+      }
     };
   }
   // Waits until at most `level` are in flight; kTimeout past the deadline, or the first error.
   Status WaitFor(int64_t level, Clock::time_point deadline) {
+    wake_at_.store(level);
     std::unique_lock lock(mu_);
-    wake_at_ = level;
-    bool done = cv_.wait_until(lock, deadline, [&] { return count_ <= level || !error_.ok(); });
-    wake_at_ = -1;
+    bool done =
+        cv_.wait_until(lock, deadline, [&] { return count_.load() <= level || !error_.ok(); });
+    wake_at_.store(-1);
     if (!done) return Status::Timeout("batches did not complete within their deadline");
     return error_;
   }
-  int64_t count() {
-    std::lock_guard lock(mu_);
-    return count_;
-  }
+  int64_t count() const { return count_.load(); }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  int64_t count_ = 0;
-  int64_t wake_at_ = -1;  // the level the poster waits for; -1 when it does not wait
-  Status error_;
+  std::atomic<int64_t> count_{0};
+  std::atomic<int64_t> wake_at_{-1};  // the level the poster waits for; -1 when it does not wait
+  Status error_;                      // guarded by mu_
 };
 
 // Seconds for config.iters batches.
@@ -181,15 +189,36 @@ int Bench(const Config& config) {
   auto descriptor = address.ok() ? (*child)->channel().Receive(Clock::now() + 30s) : address;
   if (!descriptor.ok()) return Fail("target process: " + descriptor.status().ToString());
 
-  auto t = transport::CreateTransport(config.backend, config.options);
-  if (!t.ok()) return Fail(t.status().ToString());
-  auto memory = MakeBuffer(**t, config.footprint, config.transport_memory, 1);
-  if (!memory.ok()) return Fail(memory.status().ToString());
-  const transport::MemoryRegistration& src = *memory->registration;
-  auto peer = (*t)->connect(*address);
-  if (!peer.ok()) return Fail(peer.status().ToString());
-  auto remote = (*t)->import_remote(*peer, *descriptor);
-  if (!remote.ok()) return Fail(remote.status().ToString());
+  // One initiator: its transport, memory and the target's, imported (destroyed in reverse).
+  struct Initiator {
+    std::unique_ptr<Transport> t;
+    Buffer memory;
+    std::unique_ptr<transport::RemoteMemory> remote;
+  };
+  auto open = [&](const TransportOptions& options) -> Result<Initiator> {
+    Initiator side;
+    KV_ASSIGN_OR_RETURN(side.t, transport::CreateTransport(config.backend, options));
+    KV_ASSIGN_OR_RETURN(side.memory,
+                        MakeBuffer(*side.t, config.footprint, config.transport_memory, 1));
+    KV_ASSIGN_OR_RETURN(transport::PeerId peer, side.t->connect(*address));
+    KV_ASSIGN_OR_RETURN(side.remote, side.t->import_remote(peer, *descriptor));
+    return side;
+  };
+  TransportOptions direct_options = config.options, staged_options = config.options;
+  if (config.both_paths) {
+    direct_options.settings.push_back({"stage_runs_below", "0"});
+    staged_options.settings.push_back({"stage_runs_below", std::to_string(1ull << 30)});
+  }
+  auto first = open(direct_options);
+  if (!first.ok()) return Fail(first.status().ToString());
+  Transport* t = first->t.get();
+  const transport::MemoryRegistration& src = *first->memory.registration;
+  const transport::RemoteMemory* remote = first->remote.get();
+  Result<Initiator> second = Status::Unsupported("one path");
+  if (config.both_paths) {
+    second = open(staged_options);
+    if (!second.ok()) return Fail(second.status().ToString());
+  }
 
   std::vector<Run> runs;
   for (int64_t i = 0; i < config.runs_per_batch; ++i) {
@@ -200,16 +229,27 @@ int Bench(const Config& config) {
   const uint64_t messages = config.iters * config.runs_per_batch;
 
   // Warm-up: wire-up, registration caches, page faults.
-  auto warm = MeasureOnce(**t, src, **remote, runs, config, std::min<int64_t>(config.iters, 100));
+  const int64_t warm_iters = std::min<int64_t>(config.iters, 100);
+  auto warm = MeasureOnce(*t, src, *remote, runs, config, warm_iters);
+  if (warm.ok() && second.ok())
+    warm = MeasureOnce(*second->t, *second->memory.registration, *second->remote, runs, config,
+                       warm_iters);
   if (!warm.ok()) return Fail(warm.status().ToString());
 
-  std::vector<double> ours, ceiling, ceiling_us;
+  std::vector<double> ours, staged, ceiling, ceiling_us;
   for (int64_t round = 1; round <= config.rounds; ++round) {
-    auto seconds = MeasureOnce(**t, src, **remote, runs, config, config.iters);
+    auto seconds = MeasureOnce(*t, src, *remote, runs, config, config.iters);
     if (!seconds.ok()) return Fail(seconds.status().ToString());
     ours.push_back(batch_bytes * config.iters / *seconds / 1e9);
     std::string line = "round " + std::to_string(round) + "/" + std::to_string(config.rounds) +
                        ": kvd " + std::to_string(ours.back()) + " GB/s";
+    if (second.ok()) {
+      auto other = MeasureOnce(*second->t, *second->memory.registration, *second->remote, runs,
+                               config, config.iters);
+      if (!other.ok()) return Fail(other.status().ToString());
+      staged.push_back(batch_bytes * config.iters / *other / 1e9);
+      line += " direct, " + std::to_string(staged.back()) + " GB/s staged";
+    }
     if (config.ceiling) {
       auto perf = RunUcxPerftest(config.size, messages, config.env, 120);
       if (!perf.ok()) return Fail(perf.status().ToString() + " (--no-ceiling skips it)");
@@ -221,21 +261,27 @@ int Bench(const Config& config) {
   }
   (void)(*child)->channel().Send("quit");
   (void)(*child)->Wait(Clock::now() + 10s);
-  remote->reset();
-  memory->registration.reset();
+  first->remote.reset();
+  first->memory.registration.reset();
+  if (second.ok()) {
+    second->remote.reset();
+    second->memory.registration.reset();
+  }
 
   const double gbps = Median(ours);
   const double per_run_us = batch_bytes * config.iters / (gbps * 1e9) / messages * 1e6;
   const double ceiling_gbps = config.ceiling ? Median(ceiling) : 0;
   const double ceiling_per_message = config.ceiling ? Median(ceiling_us) : 0;
+  const double staged_gbps = staged.empty() ? 0 : Median(staged);
   if (config.json) {
     std::printf(
         "{\"gbps\": %.3f, \"size\": %llu, \"iters\": %lld, \"runs_per_batch\": %lld, "
         "\"per_run_us\": %.3f, \"ceiling_gbps\": %.3f, \"ceiling_per_message_us\": %.3f, "
-        "\"ratio\": %.3f}\n",
+        "\"ratio\": %.3f, \"staged_gbps\": %.3f, \"staged_ratio\": %.3f}\n",
         gbps, static_cast<unsigned long long>(config.size), static_cast<long long>(config.iters),
         static_cast<long long>(config.runs_per_batch), per_run_us, ceiling_gbps,
-        ceiling_per_message, config.ceiling ? gbps / ceiling_gbps : 0.0);
+        ceiling_per_message, config.ceiling ? gbps / ceiling_gbps : 0.0, staged_gbps,
+        config.ceiling ? staged_gbps / ceiling_gbps : 0.0);
     return 0;
   }
   std::printf(
@@ -246,7 +292,15 @@ int Bench(const Config& config) {
       static_cast<long long>(config.iters), static_cast<long long>(config.window),
       config.transport_memory ? "transport-allocated" : "heap",
       static_cast<unsigned long long>(config.footprint), static_cast<long long>(config.rounds));
-  std::printf("  kvd          %8.3f GB/s   %8.3f us per run\n", gbps, per_run_us);
+  std::printf("  kvd          %8.3f GB/s   %8.3f us per run%s\n", gbps, per_run_us,
+              config.both_paths ? "   (direct: one put per run)" : "");
+  if (config.both_paths) {
+    std::printf("  kvd staged   %8.3f GB/s   %8.3f us per run   (gather -> one put -> scatter)\n",
+                staged_gbps, batch_bytes * config.iters / (staged_gbps * 1e9) / messages * 1e6);
+  }
+  if (config.both_paths && config.ceiling) {
+    std::printf("  staged ratio %8.3f\n", staged_gbps / ceiling_gbps);
+  }
   if (config.ceiling) {
     std::printf("  ucx_perftest %8.3f GB/s   %8.3f us per message  (ucp_put_bw, same size)\n",
                 ceiling_gbps, ceiling_per_message);
@@ -279,6 +333,10 @@ int TransportMain(int argc, char** argv) {
        "cost from memory bandwidth)",
        true},
       {"no-ceiling", "skip ucx_perftest", true},
+      {"both-paths",
+       "with --user-memory: measure the ucx chooser's two host paths in the same rounds, one put "
+       "per run (direct) and gather -> one put -> scatter (staged), beside ucx_perftest",
+       true},
       {"json", "print one JSON object instead of the table", true},
       {"help", "this text", true},
   });
@@ -294,7 +352,9 @@ int TransportMain(int argc, char** argv) {
         "and the medians are compared. Small --size with many --runs-per-batch shows the\n"
         "per-run overhead.\n\n"
         "  kvbench transport --backend ucx --memory host --size 4M --iters 200\n"
-        "  kvbench transport --size 4K --runs-per-batch 1000 --iters 50 --json\n\nflags:\n%s",
+        "  kvbench transport --size 4K --runs-per-batch 1000 --iters 50 --json\n"
+        "  kvbench transport --user-memory --both-paths --size 512 --runs-per-batch 2048 "
+        "--footprint 64M --iters 50\n\nflags:\n%s",
         flags.Help().c_str());
     return 0;
   }
@@ -334,6 +394,9 @@ int TransportMain(int argc, char** argv) {
   c.transport_memory = !flags.has("user-memory");
   c.same_offset = flags.has("same-offset");
   c.json = flags.has("json");
+  c.both_paths = flags.has("both-paths");
+  if (c.both_paths && c.transport_memory)
+    return Fail("--both-paths needs --user-memory: memory the transport allocated goes direct");
   if (flags.has("tls")) {
     c.options.settings.push_back({"UCX_TLS", flags.str("tls")});
     c.env.push_back({"UCX_TLS", flags.str("tls")});

@@ -34,6 +34,10 @@ struct SendJob {
   std::string frame;          // kFrame: sent as is
   DataMsg data;               // kData: the announcement (ranges in the receiver's view)
   std::vector<Range> gather;  // kData: the same bytes in our region, same order
+  // kData of a put: its run groups, split into data.strided and `rows` by the sender thread
+  // (SplitGroups), off the thread that posts.
+  std::vector<RunGroup> groups;
+  std::vector<Strided> rows;  // kData: data.strided's rows in our region, same order
   const char* local_base = nullptr;
   bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
   Clock::time_point deadline;
@@ -164,7 +168,7 @@ struct Link::Impl {
     return {options.device, options.chunk_bytes, options.slots, options.copy_ctas};
   }
 
-  Status SendData(const SendJob& job) {
+  Status SendData(SendJob& job) {
     if (lanes_out.count() == 0) {
       std::vector<std::string> ids;
       for (int i = 0; i < options.lanes; ++i) {
@@ -179,9 +183,30 @@ struct Link::Impl {
     if (!out) {
       KV_ASSIGN_OR_RETURN(out, Staging::Create(Staged(), failed));
     }
+    SplitGroups(job);
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
-    return out->Send(lanes_out, job.local_base, job.gather, job.data.chunk_bytes,
+    return out->Send(lanes_out, job.local_base, job.gather, job.rows, job.data.chunk_bytes,
                      job.data.direct_bytes, job.deadline);
+  }
+
+  // A put's groups as rows, in the receiver's view (the announcement) and ours (the gather).
+  // Rows travel staged, so a group whose rows do not fit a chunk goes as ranges.
+  static void SplitGroups(SendJob& job) {
+    job.data.strided.reserve(job.groups.size());
+    job.rows.reserve(job.groups.size());
+    for (const RunGroup& g : job.groups) {
+      if (g.length > job.data.chunk_bytes) {
+        for (uint64_t i = 0; i < g.count; ++i) {
+          const Run r = g.row(i);
+          job.data.ranges.push_back({r.dst_offset, r.length});
+          job.gather.push_back({r.src_offset, r.length});
+        }
+        continue;
+      }
+      job.data.strided.push_back({g.dst_offset, g.length, g.count, g.dst_stride});
+      job.rows.push_back({g.src_offset, g.length, g.count, g.src_stride});
+    }
+    job.groups = {};
   }
 
   // ---- reader thread ----
@@ -338,12 +363,15 @@ struct Link::Impl {
     char* base = nullptr;
     std::span<const Range> scatter = msg.ranges;
     std::vector<Range> get_ranges;  // a get's own copy: the reader may expire the get meanwhile
-    KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges));
+    KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges, msg.strided));
     if (msg.reply_to == 0) {
       KV_ASSIGN_OR_RETURN(auto region, regions->Find(msg.region_id));
       KV_RETURN_IF_ERROR(CheckRanges(msg.ranges, region.second));
+      KV_RETURN_IF_ERROR(CheckStrided(msg.strided, region.second, msg.chunk_bytes));
       base = region.first;
     } else {
+      // A get's reply lands where the get said, as ranges: it has no rows of its own.
+      if (!msg.strided.empty()) return Status::InvalidArgument("get reply with run groups");
       std::lock_guard lock(mu);
       auto it = gets.find(msg.reply_to);
       if (it == gets.end()) return Status::InvalidArgument("data for an unknown get");
@@ -355,8 +383,8 @@ struct Link::Impl {
     if (!in) {
       KV_ASSIGN_OR_RETURN(in, Staging::Create(Staged(), failed));
     }
-    KV_RETURN_IF_ERROR(
-        in->Receive(lanes_in, base, scatter, msg.chunk_bytes, msg.direct_bytes, ControlDeadline()));
+    KV_RETURN_IF_ERROR(in->Receive(lanes_in, base, scatter, msg.strided, msg.chunk_bytes,
+                                   msg.direct_bytes, ControlDeadline()));
     cudaStream_t copy = in->copy_stream();
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
@@ -486,8 +514,9 @@ Link::~Link() {
   ::close(impl_->wake_fd);
 }
 
-Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
-                 Clock::time_point deadline, Completion done) {
+Status Link::Put(const char* local_base, std::span<const Run> runs,
+                 std::span<const RunGroup> groups, uint64_t remote_id, Clock::time_point deadline,
+                 Completion done) {
   SendJob job;
   job.kind = SendJob::Kind::kData;
   job.is_put = true;
@@ -500,6 +529,7 @@ Status Link::Put(const char* local_base, std::span<const Run> runs, uint64_t rem
     job.data.ranges.push_back({r.dst_offset, r.length});
     job.gather.push_back({r.src_offset, r.length});
   }
+  job.groups.assign(groups.begin(), groups.end());
   job.local_base = local_base;
   job.deadline = deadline;
   {

@@ -69,10 +69,11 @@ class Link {
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
-  // runs: src_offset in `local_base`'s region, dst_offset in the peer's region `remote_id`.
-  // Validated by the caller. kUnavailable when the link already failed (`done` not called).
-  Status Put(const char* local_base, std::span<const Run> runs, uint64_t remote_id,
-             Clock::time_point deadline, Completion done);
+  // runs, and the rows of groups: src_offset in `local_base`'s region, dst_offset in the peer's
+  // region `remote_id`. Validated by the caller. kUnavailable when the link already failed
+  // (`done` not called).
+  Status Put(const char* local_base, std::span<const Run> runs, std::span<const RunGroup> groups,
+             uint64_t remote_id, Clock::time_point deadline, Completion done);
   // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.
   Status Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, Completion done);

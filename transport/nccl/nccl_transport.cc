@@ -109,6 +109,9 @@ class NcclTransport final : public Transport {
   std::string_view name() const override { return "nccl"; }
   std::string address() const override { return listener_.endpoint(); }
   bool supports(MemoryKind kind) const override { return kind == MemoryKind::kCuda; }
+  // A put's groups travel as rows (wire.h): a TP split's page is one entry on the wire, in the
+  // tables and in the gather and scatter, instead of one per token.
+  bool takes_run_groups() const override { return true; }
 
   Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
                                                               MemoryLocation where) override {
@@ -181,13 +184,20 @@ class NcclTransport final : public Transport {
     if (local == nullptr || remote == nullptr) {
       return Status::InvalidArgument("nccl: batch names memory of another transport");
     }
-    KV_RETURN_IF_ERROR(CheckBatch(batch));
+    KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
     KV_ASSIGN_OR_RETURN(auto link, FindLink(remote->peer()));
     char* base = static_cast<char*>(local->base());
     if (batch.op == Op::kPut) {
-      return link->Put(base, batch.runs, remote->id(), batch.deadline, std::move(done));
+      return link->Put(base, batch.runs, batch.groups, remote->id(), batch.deadline,
+                       std::move(done));
     }
-    return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
+    if (batch.groups.empty()) {
+      return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
+    }
+    // A get asks for ranges: its groups go as their rows.
+    std::vector<Run> runs(batch.runs.begin(), batch.runs.end());
+    ExpandGroups(batch.groups, &runs);
+    return link->Get(base, runs, remote->id(), batch.deadline, std::move(done));
   }
 
   Status notify(PeerId peer, std::string message) override {

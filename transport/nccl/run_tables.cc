@@ -46,19 +46,25 @@ Status LoadCopyKernel(int device) {
   gpu::DeviceGuard guard(device);
   const std::atomic<bool> never{false};
   KV_ASSIGN_OR_RETURN(auto tables, RunTables::Create(device, 1, never));
-  KV_ASSIGN_OR_RETURN(gpu::DeviceBuffer scratch, gpu::DeviceBuffer::Allocate(device, 32));
+  KV_ASSIGN_OR_RETURN(gpu::DeviceBuffer scratch, gpu::DeviceBuffer::Allocate(device, 64));
   KV_ASSIGN_OR_RETURN(gpu::CudaStream stream, gpu::CudaStream::Create(device));
   const Range one{0, 16};
+  const Strided rows{32, 16, 1, 16};
   const Chunks chunks = ChunkRuns(std::span<const Range>(&one, 1), 16, Direction::kGather);
+  const GroupChunks groups =
+      ChunkGroups(std::span<const Strided>(&rows, 1), 16, Direction::kGather);
   const auto forever = SteadyTime::max();
-  KV_RETURN_IF_ERROR(tables->Load(chunks, stream.get(), forever));
+  KV_RETURN_IF_ERROR(tables->Load(chunks, groups, stream.get(), forever));
   char* base = static_cast<char*>(scratch.data());
-  KV_RETURN_IF_ERROR(tables->Copy(0, base + 16, base, stream.get()));
+  for (size_t k = 0; k < tables->count(); ++k) {  // the run kernel, then the group kernel
+    KV_RETURN_IF_ERROR(tables->Copy(k, base, base + 48, stream.get()));
+  }
   KV_RETURN_IF_ERROR(tables->Release(stream.get()));
-  return CudaStatus(cudaStreamSynchronize(stream.get()), "loading the copy kernel");
+  return CudaStatus(cudaStreamSynchronize(stream.get()), "loading the copy kernels");
 }
 
-Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime deadline) {
+Status RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cudaStream_t stream,
+                       SteadyTime deadline) {
   current_ ^= 1;
   Buffer& used = *buffers_[current_];
   while (used.armed) {
@@ -71,15 +77,29 @@ Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime dea
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   used.armed = false;
-  first_.resize(chunks.count());
-  count_.resize(chunks.count());
-  uint64_t total = 0;
+  runs_ = chunks.count();
+  const size_t total_chunks = chunks.count() + groups.count();
+  first_.resize(total_chunks);
+  count_.resize(total_chunks);
+  bytes_.resize(total_chunks);
+  uint64_t run_descriptors = 0, group_descriptors = 0;
   for (size_t k = 0; k < chunks.count(); ++k) {
-    first_[k] = total;
+    first_[k] = run_descriptors;
     count_[k] = kernels::PlanCopyChunks(chunks.chunk(k));
-    total += count_[k];
+    bytes_[k] = chunks.bytes[k];
+    run_descriptors += count_[k];
   }
-  const uint64_t bytes = kernels::PlanCopyTableBytes(chunks.runs.size(), total);
+  for (size_t k = 0; k < groups.count(); ++k) {
+    uint64_t n = 0;
+    for (const RunGroup& g : groups.chunk(k)) n += kernels::PlanCopyGroupChunks(g);
+    first_[runs_ + k] = group_descriptors;
+    count_[runs_ + k] = n;
+    bytes_[runs_ + k] = groups.bytes[k];
+    group_descriptors += n;
+  }
+  // The group table after the run table, 16-byte aligned as the kernels read it.
+  group_table_ = (kernels::PlanCopyTableBytes(chunks.runs.size(), run_descriptors) + 15) & ~15ull;
+  const uint64_t bytes = group_table_ + group_descriptors * sizeof(kernels::PlanCopyGroupChunk);
   if (bytes > buffers_[current_]->capacity) {
     gpu::DeviceGuard guard(device_);
     auto grown = std::make_unique<Buffer>();
@@ -97,16 +117,32 @@ Status RunTables::Load(const Chunks& chunks, cudaStream_t stream, SteadyTime dea
                                                     count_[k] * sizeof(kernels::PlanCopyChunk))
                            .status());
   }
+  auto* group_host =
+      reinterpret_cast<kernels::PlanCopyGroupChunk*>(static_cast<char*>(b.host) + group_table_);
+  for (size_t k = 0; k < groups.count(); ++k) {
+    const size_t c = runs_ + k;
+    KV_ASSIGN_OR_RETURN(
+        kernels::PlanCopyPrefix encoded,
+        kernels::EncodePlanCopyGroupPrefix(groups.chunk(k), count_[c], group_host + first_[c]));
+    if (encoded.runs != groups.chunk(k).size()) {
+      return Status::Internal("nccl: a chunk's groups did not fit their table");
+    }
+  }
   if (bytes == 0) return Status::Ok();
   return CudaStatus(cudaMemcpyAsync(b.device.data(), b.host, bytes, cudaMemcpyHostToDevice, stream),
                     "run table upload");
 }
 
 Status RunTables::Copy(size_t k, const void* src_base, void* dst_base, cudaStream_t stream) const {
-  const auto* table =
-      static_cast<const kernels::PlanCopyChunk*>(buffers_[current_]->device.data()) + first_[k];
   kernels::PlanCopyOptions options;
   options.max_ctas = copy_ctas_;
+  const char* device = static_cast<const char*>(buffers_[current_]->device.data());
+  if (k >= runs_) {
+    const auto* table =
+        reinterpret_cast<const kernels::PlanCopyGroupChunk*>(device + group_table_) + first_[k];
+    return kernels::LaunchPlanCopyGroups(src_base, dst_base, table, count_[k], options, stream);
+  }
+  const auto* table = reinterpret_cast<const kernels::PlanCopyChunk*>(device) + first_[k];
   return kernels::LaunchPlanCopy(src_base, dst_base, table, 0, count_[k], options, stream);
 }
 

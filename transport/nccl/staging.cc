@@ -52,16 +52,24 @@ Status Staging::SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline) 
   return lanes.Settle(slot.lane, deadline);
 }
 
+Result<size_t> Staging::LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
+                                   uint64_t chunk_bytes, Direction direction, SteadyTime deadline) {
+  const Chunks chunks = ChunkRuns(ranges, chunk_bytes, direction);
+  const GroupChunks groups = ChunkGroups(rows, chunk_bytes, direction);
+  if (chunks.count() + groups.count() == 0) return size_t{0};
+  KV_RETURN_IF_ERROR(tables_->Load(chunks, groups, copy_stream_.get(), deadline));
+  return tables_->count();
+}
+
 Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> ranges,
-                     uint64_t chunk_bytes, uint64_t direct_bytes, SteadyTime deadline) {
+                     std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
+                     SteadyTime deadline) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
   const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
-  const Chunks chunks = ChunkRuns(split.staged, chunk_bytes, Direction::kGather);
+  KV_ASSIGN_OR_RETURN(const size_t staged,
+                      LoadTables(split.staged, rows, chunk_bytes, Direction::kGather, deadline));
   cudaStream_t copy = copy_stream_.get();
-  if (chunks.count() > 0) {
-    KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
-  }
-  for (size_t k = 0; k < chunks.count(); ++k) {
+  for (size_t k = 0; k < staged; ++k) {
     Slot& slot = NextSlot();
     if (slot.used) {
       KV_RETURN_IF_ERROR(SettleSlot(lanes, slot, deadline));
@@ -71,13 +79,13 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
     KV_RETURN_IF_ERROR(slot.filled.Record(copy));
     const size_t lane = (first_lane_ + k) % lanes.count();
     KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), slot.filled));
-    KV_RETURN_IF_ERROR(lanes.Send(lane, slot.data, chunks.bytes[k], &slot.drained, deadline));
+    KV_RETURN_IF_ERROR(lanes.Send(lane, slot.data, tables_->bytes(k), &slot.drained, deadline));
     slot.used = true;
     slot.op = in_flight_[lane] = next_op_++;
     slot.lane = lane;
   }
-  if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
-  first_lane_ += chunks.count();
+  if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
+  first_lane_ += staged;
   for (const Range& piece : split.direct) {
     const size_t lane = first_lane_++ % lanes.count();
     KV_RETURN_IF_ERROR(lanes.Send(lane, base + piece.offset, piece.length, nullptr, deadline));
@@ -87,12 +95,13 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
 }
 
 Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
-                        uint64_t chunk_bytes, uint64_t direct_bytes, SteadyTime deadline) {
+                        std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
+                        SteadyTime deadline) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
   const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
-  const Chunks chunks = ChunkRuns(split.staged, chunk_bytes, Direction::kScatter);
+  KV_ASSIGN_OR_RETURN(const size_t staged,
+                      LoadTables(split.staged, rows, chunk_bytes, Direction::kScatter, deadline));
   cudaStream_t copy = copy_stream_.get();
-  if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Load(chunks, copy, deadline));
   // Received but not yet scattered, in chunk order: (chunk, slot).
   std::deque<std::pair<size_t, Slot*>> landed;
   auto scatter_front = [&]() -> Status {
@@ -103,7 +112,7 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
     KV_RETURN_IF_ERROR(tables_->Copy(k, slot->data, base, copy));
     return slot->drained.Record(copy);
   };
-  for (size_t k = 0; k < chunks.count(); ++k) {
+  for (size_t k = 0; k < staged; ++k) {
     const size_t lane = (first_lane_ + k) % lanes.count();
     // Scatter what the lanes have had time to enqueue, oldest first, before asking more of them.
     while (!landed.empty() && landed.front().first + lanes.count() <= k) {
@@ -117,15 +126,15 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
       }
       KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), slot.drained));
     }
-    KV_RETURN_IF_ERROR(lanes.Recv(lane, slot.data, chunks.bytes[k], &slot.filled, deadline));
+    KV_RETURN_IF_ERROR(lanes.Recv(lane, slot.data, tables_->bytes(k), &slot.filled, deadline));
     slot.used = true;
     slot.op = in_flight_[lane] = next_op_++;
     slot.lane = lane;
     landed.emplace_back(k, &slot);
   }
   while (!landed.empty()) KV_RETURN_IF_ERROR(scatter_front());
-  if (chunks.count() > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
-  first_lane_ += chunks.count();
+  if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
+  first_lane_ += staged;
   // Direct pieces land in place; the copy stream waits for each lane's last one.
   bool direct_on[kMaxLanes] = {};
   for (const Range& piece : split.direct) {

@@ -47,15 +47,18 @@ class Staging {
   uint64_t slot_bytes() const { return options_.slot_bytes; }
   cudaStream_t copy_stream() const { return copy_stream_.get(); }
 
-  // Enqueues the sends of `ranges` of `base` on `lanes`: the staged ones gathered in chunks of
-  // chunk_bytes ≤ slot_bytes, those of at least direct_bytes (not 0) straight from `base`.
-  // Everything is enqueued (or on its way into a lane) when it returns; the bytes move later.
-  Status Send(Lanes& lanes, const char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
-              uint64_t direct_bytes, SteadyTime deadline);
-  // Enqueues the receives of a batch sent that way, and the scatters into `ranges` of `base`.
-  // The copy stream is ordered after every byte of the batch when it returns.
-  Status Receive(Lanes& lanes, char* base, std::span<const Range> ranges, uint64_t chunk_bytes,
-                 uint64_t direct_bytes, SteadyTime deadline);
+  // Enqueues the sends of `ranges` and the rows of `rows` of `base` on `lanes`: the staged ones
+  // gathered in chunks of chunk_bytes ≤ slot_bytes (the ranges' chunks, then the rows'), ranges
+  // of at least direct_bytes (not 0) straight from `base`. Everything is enqueued (or on its way
+  // into a lane) when it returns; the bytes move later.
+  Status Send(Lanes& lanes, const char* base, std::span<const Range> ranges,
+              std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
+              SteadyTime deadline);
+  // Enqueues the receives of a batch sent that way, and the scatters into `ranges` and `rows` of
+  // `base`. The copy stream is ordered after every byte of the batch when it returns.
+  Status Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
+                 std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
+                 SteadyTime deadline);
 
  private:
   struct Slot {
@@ -70,6 +73,10 @@ class Staging {
   Staging(const StagingOptions& options, const std::atomic<bool>& cancelled)
       : options_(options), cancelled_(cancelled) {}
   Status CheckChunk(uint64_t chunk_bytes, const Lanes& lanes);
+  // Chunks `ranges` and `rows` for `direction` and loads their tables on the copy stream;
+  // returns the number of staged chunks (tables_->bytes(k) each).
+  Result<size_t> LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
+                            uint64_t chunk_bytes, Direction direction, SteadyTime deadline);
   Slot& NextSlot() { return slots_[next_slot_++ % slots_.size()]; }
   // Makes sure the operation that last used `slot` is enqueued and its event recorded.
   Status SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline);

@@ -1,13 +1,12 @@
 #include "transport/nccl/wire.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "base/codec.h"
 
 namespace kv::transport::nccl {
 namespace {
-
-constexpr uint64_t kRangeBytes = 16;
 
 ByteWriter Start(MsgType type) {
   ByteWriter w;
@@ -15,19 +14,35 @@ ByteWriter Start(MsgType type) {
   return w;
 }
 
-void PutRanges(ByteWriter& w, std::span<const Range> ranges) {
-  w.u64(ranges.size());
-  for (const Range& r : ranges) w.u64(r.offset).u64(r.length);
+// Ranges and rows travel as arrays of their u64 fields, copied whole (ByteWriter::raw): a batch
+// of a TP split holds thousands.
+static_assert(sizeof(Range) == 16 && sizeof(Strided) == 32);
+static_assert(std::is_trivially_copyable_v<Range> && std::is_trivially_copyable_v<Strided>);
+
+template <typename T>
+void PutArray(ByteWriter& w, std::span<const T> items) {
+  w.u64(items.size()).raw(items.data(), items.size_bytes());
 }
 
-bool GetRanges(ByteReader& r, uint64_t bytes_left, std::vector<Range>* out) {
+template <typename T>
+bool GetArray(ByteReader& r, uint64_t bytes_left, std::vector<T>* out) {
   uint64_t n = 0;
-  if (!r.u64(&n) || n > bytes_left / kRangeBytes) return false;  // count bounded by the frame
+  if (!r.u64(&n) || n > bytes_left / sizeof(T)) return false;  // count bounded by the frame
   out->resize(n);
-  for (Range& range : *out) {
-    if (!r.u64(&range.offset) || !r.u64(&range.length)) return false;
-  }
-  return true;
+  return r.raw(out->data(), n * sizeof(T));
+}
+
+void PutRanges(ByteWriter& w, std::span<const Range> ranges) {
+  PutArray(w, ranges);
+}
+bool GetRanges(ByteReader& r, uint64_t bytes_left, std::vector<Range>* out) {
+  return GetArray(r, bytes_left, out);
+}
+void PutStrided(ByteWriter& w, std::span<const Strided> strided) {
+  PutArray(w, strided);
+}
+bool GetStrided(ByteReader& r, uint64_t bytes_left, std::vector<Strided>* out) {
+  return GetArray(r, bytes_left, out);
 }
 
 Status Malformed(const char* what) {
@@ -64,6 +79,7 @@ std::string EncodeData(const DataMsg& msg) {
   ByteWriter w = Start(MsgType::kData);
   w.u64(msg.seq).u64(msg.reply_to).u64(msg.region_id).u64(msg.chunk_bytes).u64(msg.direct_bytes);
   PutRanges(w, msg.ranges);
+  PutStrided(w, msg.strided);
   return w.take();
 }
 
@@ -113,7 +129,8 @@ Result<DataMsg> DecodeData(std::string_view frame) {
   DataMsg msg;
   if (!Open(MsgType::kData, &r) || !r.u64(&msg.seq) || !r.u64(&msg.reply_to) ||
       !r.u64(&msg.region_id) || !r.u64(&msg.chunk_bytes) || !r.u64(&msg.direct_bytes) ||
-      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end() || msg.chunk_bytes < kMinChunkBytes) {
+      !GetRanges(r, frame.size(), &msg.ranges) || !GetStrided(r, frame.size(), &msg.strided) ||
+      !r.at_end() || msg.chunk_bytes < kMinChunkBytes) {
     return Malformed("data");
   }
   return msg;
@@ -154,13 +171,60 @@ Result<std::string> DecodeNote(std::string_view frame) {
   return std::string(text);
 }
 
-Result<uint64_t> TotalBytes(std::span<const Range> ranges) {
+Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided) {
   uint64_t total = 0;
   for (const Range& r : ranges) {
     if (r.length > UINT64_MAX - total) return Status::InvalidArgument("batch size overflows");
     total += r.length;
   }
+  for (const Strided& g : strided) {
+    if (g.length != 0 && g.count > (UINT64_MAX - total) / g.length) {
+      return Status::InvalidArgument("batch size overflows");
+    }
+    total += g.count * g.length;
+  }
   return total;
+}
+
+Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {
+  // Rows of one shape (length, count, stride) lie in the region iff the first row's offset lies in
+  // [lowest, highest]: worked out once per shape (a batch's groups nearly all share one), so each
+  // group costs a comparison of its shape and two of its offset.
+  const Strided* shape = nullptr;
+  uint64_t lowest = 1, highest = 0;
+  for (const Strided& g : strided) {
+    if (shape == nullptr || g.length != shape->length || g.count != shape->count ||
+        g.stride != shape->stride) {
+      if (g.length == 0 || g.length > chunk_bytes) {
+        return Status::InvalidArgument("rows of " + std::to_string(g.length) +
+                                       " bytes: a staged row holds 1 to " +
+                                       std::to_string(chunk_bytes) + " bytes");
+      }
+      const unsigned __int128 step =
+          g.stride < 0 ? -static_cast<__int128>(g.stride) : static_cast<__int128>(g.stride);
+      if (g.count == 0 || (g.count > 1 && step < g.length)) {
+        return Status::InvalidArgument("a group of " + std::to_string(g.count) + " rows of " +
+                                       std::to_string(g.length) + " bytes " +
+                                       std::to_string(g.stride) + " bytes apart");
+      }
+      const unsigned __int128 span = (g.count - 1) * step;  // under 2^128: both below 2^64
+      const unsigned __int128 below = g.stride < 0 ? span : 0, above = span - below;
+      shape = &g;
+      lowest = 1;
+      highest = 0;  // none, unless the rows fit at all
+      if (above + g.length <= region_bytes) {
+        lowest = static_cast<uint64_t>(below);
+        highest = region_bytes - static_cast<uint64_t>(above) - g.length;
+      }
+    }
+    if (g.offset < lowest || g.offset > highest) {
+      return Status::OutOfRange(
+          "rows from " + std::to_string(g.offset) + " (" + std::to_string(g.count) + " of " +
+          std::to_string(g.length) + " bytes, step " + std::to_string(g.stride) +
+          ") reach outside the region of " + std::to_string(region_bytes) + " bytes");
+    }
+  }
+  return Status::Ok();
 }
 
 Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction direction) {
@@ -190,6 +254,46 @@ Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction 
     out.starts.push_back(out.runs.size());
     out.bytes.push_back(used);
   }
+  return out;
+}
+
+GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
+                        Direction direction) {
+  GroupChunks out;
+  out.groups.reserve(strided.size() + 1);
+  out.starts.push_back(0);
+  uint64_t used = 0;  // bytes of the current chunk already assigned
+  auto close = [&] {
+    out.starts.push_back(out.groups.size());
+    out.bytes.push_back(used);
+    used = 0;
+  };
+  for (const Strided& g : strided) {
+    if (g.length == 0 || g.length > chunk_bytes) continue;  // refused by CheckStrided
+    const auto packed = static_cast<int64_t>(g.length);
+    if (g.count * g.length <= chunk_bytes - used) {  // the whole group: no division
+      if (direction == Direction::kGather) {
+        out.groups.push_back(RunGroup{g.offset, used, g.length, g.count, g.stride, packed});
+      } else {
+        out.groups.push_back(RunGroup{used, g.offset, g.length, g.count, packed, g.stride});
+      }
+      used += g.count * g.length;
+      continue;
+    }
+    for (uint64_t row = 0; row < g.count;) {
+      if (chunk_bytes - used < g.length) close();
+      const uint64_t take = std::min(g.count - row, (chunk_bytes - used) / g.length);
+      const uint64_t at = g.offset + row * static_cast<uint64_t>(g.stride);
+      if (direction == Direction::kGather) {
+        out.groups.push_back(RunGroup{at, used, g.length, take, g.stride, packed});
+      } else {
+        out.groups.push_back(RunGroup{used, at, g.length, take, packed, g.stride});
+      }
+      used += take * g.length;
+      row += take;
+    }
+  }
+  if (used > 0) close();
   return out;
 }
 

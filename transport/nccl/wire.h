@@ -2,9 +2,10 @@
 // a u32 type first, little-endian fields after it (transport/codec.h).
 //
 // Data moves in batches: the sender announces a batch (kData: its runs in the receiver's
-// region, in order), then the bytes travel as NCCL operations (the direction's n-th operation
-// since the link began on lane n % lanes): first the staged chunks of `chunk_bytes`, then the
-// direct pieces (SplitDirect); the receiver answers kAck once they are in place. kCommInit comes
+// region, in order, then its run groups' rows), then the bytes travel as NCCL operations (the
+// direction's n-th operation since the link began on lane n % lanes): first the staged chunks
+// of `chunk_bytes` of the runs, then those of the groups' rows (ChunkGroups), then the direct
+// pieces (SplitDirect); the receiver answers kAck once they are in place. kCommInit comes
 // once per lane, before the first kData. A kNote is delivered once every batch announced before
 // it has landed, so the sender never waits for acks to keep notes behind the data.
 // A get is a request (kGetRequest) answered by a kData whose reply_to names it, or by kGetError.
@@ -17,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "layout/plan.h"
 #include "base/status.h"
+#include "layout/plan.h"
 
 namespace kv::transport::nccl {
 
@@ -32,7 +33,7 @@ enum class MsgType : uint32_t {
   kNote,        // a notification for the peer's handler
 };
 
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/2";
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/3";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {
@@ -45,6 +46,15 @@ struct Range {
 // them past the region's size / kMinChunkBytes.
 inline constexpr uint64_t kMinChunkBytes = 4096;
 
+// The rows of a run group (layout/plan.h) as one side sees them: `count` rows of `length` bytes
+// at offset + i·stride. A TP split's page is one entry where ranges need one per token.
+struct Strided {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t count = 0;
+  int64_t stride = 0;
+};
+
 struct DataMsg {
   uint64_t seq = 0;
   uint64_t reply_to = 0;      // 0 for a put; the requester's get seq otherwise
@@ -52,6 +62,7 @@ struct DataMsg {
   uint64_t chunk_bytes = 0;   // at least kMinChunkBytes
   uint64_t direct_bytes = 0;  // ranges at least this long travel direct; 0: none
   std::vector<Range> ranges;
+  std::vector<Strided> strided;  // staged after the ranges; rows of at most chunk_bytes
 };
 
 struct AckMsg {
@@ -83,8 +94,11 @@ Result<AckMsg> DecodeAck(std::string_view frame);  // kAck and kGetError alike
 Result<GetRequestMsg> DecodeGetRequest(std::string_view frame);
 Result<std::string> DecodeNote(std::string_view frame);
 
-// Total bytes of `ranges`; kInvalidArgument on overflow.
-Result<uint64_t> TotalBytes(std::span<const Range> ranges);
+// Total bytes of `ranges`, and of the rows of `strided`; kInvalidArgument on overflow.
+Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided = {});
+// A peer's rows checked before any byte moves: inside [0, region_bytes), rows of 1 to
+// chunk_bytes bytes that do not overlap (|stride| >= length), at least one row each.
+Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes);
 
 // A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
 // staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one
@@ -100,12 +114,30 @@ struct Chunks {
   }
 };
 
+// The rows of a batch's groups laid end to end in staging after its ranges' chunks, cut into
+// chunks of at most `chunk_bytes` (a row never straddles two: every row is at most chunk_bytes).
+// Chunk k is groups[starts[k], starts[k + 1]) and holds bytes[k] bytes; each of its groups has one
+// side in the region (the Strided rows) and the other packed in the chunk (stride = length).
+struct GroupChunks {
+  std::vector<RunGroup> groups;
+  std::vector<size_t> starts;   // count() + 1 entries
+  std::vector<uint64_t> bytes;  // per chunk
+
+  size_t count() const { return bytes.size(); }
+  std::span<const RunGroup> chunk(size_t k) const {
+    return std::span<const RunGroup>(groups).subspan(starts[k], starts[k + 1] - starts[k]);
+  }
+};
+
 // How a chunk's runs point: a gather reads the region (src_offset) and writes the chunk
 // (dst_offset); a scatter the other way round.
 enum class Direction { kGather, kScatter };
 
 // chunk_bytes > 0; zero-length ranges are skipped.
 Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction direction);
+// Every row at most chunk_bytes long (CheckStrided); rows of no bytes are skipped.
+GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
+                        Direction direction);
 
 // How a batch's ranges travel. A range of at least direct_bytes (when not 0) goes by ncclSend
 // straight out of the sender's region into the receiver's, in pieces of at most piece_bytes:

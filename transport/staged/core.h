@@ -28,11 +28,23 @@
 
 namespace kv::transport::staged {
 
+// stage_runs_below's default, measured on the 2-core VM (benchmarks/transport.md, "The host
+// chooser"): staged puts of registered host memory held 5-6 GB/s at every run size up to 4 KiB
+// while direct ones fell to 1-3 GB/s at 1-2 KiB (0.3-1 at 512 B); from 8 KiB up direct ones won
+// (9.6 GB/s at 8 KiB, 16 at 2 MiB, against 6-10 staged).
+inline constexpr uint64_t kDefaultStageRunsBelow = 4 << 10;
+
 struct Config {
   uint64_t slot_bytes = 16ull << 20;
   uint32_t slots = 4;
   bool stage_host = false;
+  uint64_t stage_runs_below = kDefaultStageRunsBelow;  // 0: host batches never staged
 };
+
+// Whether a put or get between two host regions that both ends reach directly goes staged
+// (gather, one inner put, scatter) rather than as one inner put or get per run: when its mean
+// run is shorter than `stage_runs_below` bytes (0: never). Pure; thread-safe.
+bool StagesBetter(std::span<const Run> runs, uint64_t stage_runs_below);
 
 // Limits a receiver applies to what a sender asks for.
 inline constexpr uint32_t kMaxSlots = 64;
@@ -41,16 +53,26 @@ inline constexpr size_t kMaxInboundLinks = 64;
 
 class Core;
 
+// A region of the staged transport. `inner` (may be null): the same memory registered with the
+// inner transport as well, for a host region that batches may also reach directly; destroyed
+// after the region is forgotten.
 class StagedRegistration final : public MemoryRegistration {
  public:
-  StagedRegistration(Core* owner, uint64_t id, void* base, uint64_t length, MemoryLocation where)
-      : owner_(owner), id_(id), base_(base), length_(length), where_(where) {}
+  StagedRegistration(Core* owner, uint64_t id, void* base, uint64_t length, MemoryLocation where,
+                     std::unique_ptr<MemoryRegistration> inner = nullptr)
+      : owner_(owner),
+        id_(id),
+        base_(base),
+        length_(length),
+        where_(where),
+        inner_(std::move(inner)) {}
   ~StagedRegistration() override;
   void* base() const override { return base_; }
   uint64_t length() const override { return length_; }
   MemoryLocation location() const override { return where_; }
   std::string packed_descriptor() const override;
   const Core* owner() const { return owner_; }
+  const MemoryRegistration* inner() const { return inner_.get(); }
 
  private:
   Core* owner_;
@@ -58,21 +80,27 @@ class StagedRegistration final : public MemoryRegistration {
   void* base_;
   uint64_t length_;
   MemoryLocation where_;
+  std::unique_ptr<MemoryRegistration> inner_;
 };
 
+// A peer's staged region; `inner` (may be null): its inner descriptor, imported, where the peer
+// registered the memory with its inner transport too.
 class StagedRemote final : public RemoteMemory {
  public:
-  StagedRemote(const Core* owner, PeerId peer, const RegionDescriptor& d)
-      : owner_(owner), peer_(peer), d_(d) {}
+  StagedRemote(const Core* owner, PeerId peer, const RegionDescriptor& d,
+               std::unique_ptr<RemoteMemory> inner = nullptr)
+      : owner_(owner), peer_(peer), d_(d), inner_(std::move(inner)) {}
   PeerId peer() const override { return peer_; }
   uint64_t length() const override { return d_.length; }
   const Core* owner() const { return owner_; }
   uint64_t region() const { return d_.region; }
+  const RemoteMemory* inner() const { return inner_.get(); }
 
  private:
   const Core* owner_;
   PeerId peer_;
   RegionDescriptor d_;
+  std::unique_ptr<RemoteMemory> inner_;
 };
 
 // One accepted staged put.
@@ -189,7 +217,9 @@ class Core final : public Transport {
 
  private:
   // ---- worker plumbing (staged_transport.cc) ----
-  Status PostStaged(const Batch& batch, Completion done);
+  // remote_staged: through the receiver's slots and scatter, else an inner put straight into
+  // batch.remote (an inner import, or the inner half of a StagedRemote).
+  Status PostStaged(const Batch& batch, bool remote_staged, Completion done);
   void Enqueue(std::function<void()> task);
   void WorkerLoop();
   Stager& stager();

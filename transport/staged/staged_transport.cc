@@ -30,7 +30,15 @@ StagedRegistration::~StagedRegistration() {
 }
 
 std::string StagedRegistration::packed_descriptor() const {
-  return EncodeRegion({owner_->instance(), id_, length_, where_});
+  return EncodeRegion(
+      {owner_->instance(), id_, length_, where_, inner_ ? inner_->packed_descriptor() : ""});
+}
+
+bool StagesBetter(std::span<const Run> runs, uint64_t stage_runs_below) {
+  if (runs.empty() || stage_runs_below == 0) return false;
+  uint64_t bytes = 0;
+  for (const Run& r : runs) bytes += r.length;
+  return bytes / runs.size() < stage_runs_below;
 }
 
 Core::Core(std::unique_ptr<Transport> inner, const Config& config)
@@ -114,9 +122,15 @@ bool Core::supports(MemoryKind kind) const {
 
 Result<std::unique_ptr<MemoryRegistration>> Core::register_memory(void* base, uint64_t length,
                                                                   MemoryLocation where) {
-  const bool staged =
-      where.kind == MemoryKind::kHost ? config_.stage_host : !inner_->supports(where.kind);
-  if (!staged) return inner_->register_memory(base, length, where);
+  const bool host = where.kind == MemoryKind::kHost;
+  const bool staged = host ? config_.stage_host : !inner_->supports(where.kind);
+  // A host region both paths reach: the inner registration, and a region id for staged batches.
+  const bool both = host && !staged && config_.stage_runs_below > 0;
+  if (!staged && !both) return inner_->register_memory(base, length, where);
+  std::unique_ptr<MemoryRegistration> inner;
+  if (both) {
+    KV_ASSIGN_OR_RETURN(inner, inner_->register_memory(base, length, where));
+  }
   if (!BuiltWithCuda() && where.kind == MemoryKind::kCuda)
     return Status::Unsupported(
         "this UCX has no CUDA memory support and this build has no CUDA to stage GPU memory "
@@ -128,7 +142,8 @@ Result<std::unique_ptr<MemoryRegistration>> Core::register_memory(void* base, ui
   std::lock_guard lock(mu_);
   const uint64_t id = next_region_++;
   regions_[id] = {static_cast<char*>(base), length, where};
-  return std::unique_ptr<MemoryRegistration>(new StagedRegistration(this, id, base, length, where));
+  return std::unique_ptr<MemoryRegistration>(
+      new StagedRegistration(this, id, base, length, where, std::move(inner)));
 }
 
 void Core::ForgetRegion(uint64_t id) {
@@ -167,10 +182,16 @@ void Core::disconnect(PeerId peer) {
 Result<std::unique_ptr<RemoteMemory>> Core::import_remote(PeerId peer, std::string_view packed) {
   if (!IsRegionDescriptor(packed)) return inner_->import_remote(peer, packed);
   KV_ASSIGN_OR_RETURN(RegionDescriptor d, DecodeRegion(packed));
+  std::unique_ptr<RemoteMemory> inner;
+  if (!d.inner.empty()) {
+    if (d.location.kind != MemoryKind::kHost)
+      return Status::InvalidArgument("a staged descriptor names direct memory that is not host");
+    KV_ASSIGN_OR_RETURN(inner, inner_->import_remote(peer, d.inner));
+  }
   std::lock_guard lock(mu_);
   if (connected_.count(peer) == 0)
     return Status::NotFound("peer " + std::to_string(peer) + " is not connected");
-  return std::unique_ptr<RemoteMemory>(new StagedRemote(this, peer, d));
+  return std::unique_ptr<RemoteMemory>(new StagedRemote(this, peer, d, std::move(inner)));
 }
 
 Status Core::post(const Batch& batch, Completion done) {
@@ -181,17 +202,36 @@ Status Core::post(const Batch& batch, Completion done) {
   if ((local != nullptr && local->owner() != this) ||
       (remote != nullptr && remote->owner() != this))
     return Status::InvalidArgument("batch names memory of another transport");
+  // Where the inner transport reaches a side directly: its inner registration or import.
+  const MemoryRegistration* inner_local = local == nullptr ? batch.local : local->inner();
+  const RemoteMemory* inner_remote = remote == nullptr ? batch.remote : remote->inner();
+  if (inner_local != nullptr && inner_remote != nullptr) {
+    // Host to host, both ends registered with both paths: the chooser picks one per batch.
+    const bool choose = local != nullptr && remote != nullptr;
+    if (!choose || !StagesBetter(batch.runs, config_.stage_runs_below)) {
+      Batch direct = batch;
+      direct.local = inner_local;
+      direct.remote = inner_remote;
+      return inner_->post(direct, std::move(done));
+    }
+  }
   if (batch.op == Op::kGet) {
     if (remote == nullptr)
       return Status::Unsupported(
           "a staged get reads a peer's staged region; this one names direct (inner) memory");
     return PostGet(batch, *remote, std::move(done));
   }
-  return PostStaged(batch, std::move(done));
+  // A staged source and a destination the inner reaches: gather, then straight into it.
+  if (inner_local == nullptr && inner_remote != nullptr) {
+    Batch direct = batch;
+    direct.remote = inner_remote;
+    return PostStaged(direct, false, std::move(done));
+  }
+  return PostStaged(batch, remote != nullptr, std::move(done));
 }
 
-Status Core::PostStaged(const Batch& batch, Completion done) {
-  auto* remote = dynamic_cast<const StagedRemote*>(batch.remote);
+Status Core::PostStaged(const Batch& batch, bool remote_staged, Completion done) {
+  auto* remote = remote_staged ? static_cast<const StagedRemote*>(batch.remote) : nullptr;
   const PeerId peer = batch.remote->peer();
   {
     std::lock_guard lock(mu_);
@@ -202,7 +242,7 @@ Status Core::PostStaged(const Batch& batch, Completion done) {
   auto job = std::make_shared<Job>();
   job->local_base = static_cast<char*>(batch.local->base());
   job->local_at = batch.local->location();
-  job->remote_staged = remote != nullptr;
+  job->remote_staged = remote_staged;
   job->region = remote != nullptr ? remote->region() : 0;
   job->inner_remote = remote != nullptr ? nullptr : batch.remote;
   job->chunks = PlanChunks(batch.runs, config_.slot_bytes, job->remote_staged);
@@ -297,6 +337,10 @@ Result<Config> ParseConfig(const TransportOptions& options) {
   KV_ASSIGN_OR_RETURN(int64_t slots,
                       IntSetting(options, "staged", "staging_slots", c.slots, 2, kMaxSlots));
   KV_ASSIGN_OR_RETURN(int64_t host, IntSetting(options, "staged", "stage_host", 0, 0, 1));
+  KV_ASSIGN_OR_RETURN(int64_t below, IntSetting(options, "staged", "stage_runs_below",
+                                                static_cast<int64_t>(c.stage_runs_below), 0,
+                                                static_cast<int64_t>(kMaxSlotBytes)));
+  c.stage_runs_below = static_cast<uint64_t>(below);
   c.slot_bytes = static_cast<uint64_t>(bytes);
   c.slots = static_cast<uint32_t>(slots);
   c.stage_host = host != 0;
@@ -310,6 +354,9 @@ std::span<const SettingInfo> StagedSettings() {
       {"staging_bytes", "bytes of a pinned staging slot for GPU regions (16777216, >= 4096)"},
       {"staging_slots", "staging slots per link and direction, 2..64 (4)"},
       {"stage_host", "1: stage host regions too, with memcpy (tests; 0)"},
+      {"stage_runs_below",
+       "host batches whose mean run is shorter go gather -> one put -> scatter (4096; 0: "
+       "never)"},
   };
   return kSettings;
 }
@@ -320,7 +367,7 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(BackendFactory inner,
   TransportOptions rest;
   for (const auto& setting : options.settings) {
     if (setting.first != "staging_bytes" && setting.first != "staging_slots" &&
-        setting.first != "stage_host")
+        setting.first != "stage_host" && setting.first != "stage_runs_below")
       rest.settings.push_back(setting);
   }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, inner(rest));

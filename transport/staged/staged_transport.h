@@ -3,7 +3,15 @@
 //
 // What passes straight through: memory the inner transport reaches itself (host memory, and
 // GPU memory where the inner has CUDA support) is registered, imported and posted by the inner
-// transport unchanged: same descriptors, same speed. Everything else is "staged":
+// transport unchanged: same descriptors, same speed. Everything else is "staged".
+//
+// Host memory takes either path, batch by batch (the chooser): a host registration is the
+// inner registration plus a staged region id, its descriptor carries both, and a put or get
+// between two such regions goes staged when its mean run is shorter than stage_runs_below bytes
+// (one memcpy gather, one inner put of the chunk, one memcpy scatter instead of one inner put
+// per run: 512-byte runs cost UCX a put each), else straight to the inner transport. Only the
+// side that posts decides: the receiver serves whichever arrives, so both ends agree by
+// construction. Deregistering a region forgets its id before the inner registration goes.
 //
 //  put: the batch is cut into chunks that fit a slot (chunker.h). Per chunk the sender gathers
 //    the runs from its region into one of its send slots (stager.h: kernels or copy engine on a
@@ -50,8 +58,11 @@
 // Settings (TransportOptions; removed before the rest go to the inner transport):
 //   staging_bytes  bytes per slot (default 16 MiB, at least 4096)
 //   staging_slots  send slots per link and receive slots asked of the peer (default 4, 2..64)
-//   stage_host=1   stage host registrations too, with memcpy: the whole protocol on a CPU-only
-//                  machine, for tests.
+//   stage_host=1   stage every batch of host registrations, with memcpy: the whole protocol on
+//                  a CPU-only machine, for tests (the registrations are staged only).
+//   stage_runs_below  the chooser's threshold above, in bytes of mean run length (default
+//                  kDefaultStageRunsBelow, core.h; 0: host registrations are the inner's alone,
+//                  every host batch direct).
 // Threading: every method is thread-safe; completions and notifications run on the inner
 // transport's progress thread or on the decorator's worker thread, never under a lock of ours.
 #pragma once

@@ -6,7 +6,7 @@ namespace kv::transport::staged {
 namespace {
 
 constexpr uint32_t kRegionMagic = 0x5253564b;  // "KVSR"
-constexpr uint32_t kRegionVersion = 1;
+constexpr uint32_t kRegionVersion = 2;
 constexpr uint32_t kMaxSlots = 1024;
 constexpr size_t kMaxString = 64 << 10;
 
@@ -201,6 +201,7 @@ std::string EncodeRegion(const RegionDescriptor& d) {
       .u64(d.length)
       .u32(static_cast<uint32_t>(d.location.kind))
       .u32(static_cast<uint32_t>(d.location.device))
+      .bytes(d.inner)
       .take();
 }
 
@@ -213,13 +214,17 @@ Result<RegionDescriptor> DecodeRegion(std::string_view packed) {
   ByteReader in(packed);
   uint32_t magic = 0, version = 0, kind = 0, device = 0;
   RegionDescriptor d;
-  if (!in.u32(&magic) || magic != kRegionMagic || !in.u32(&version) || !in.u64(&d.instance) ||
-      !in.u64(&d.region) || !in.u64(&d.length) || !in.u32(&kind) || !in.u32(&device) ||
-      !in.at_end() || kind > static_cast<uint32_t>(MemoryKind::kCuda) || d.length == 0)
+  if (!in.u32(&magic) || magic != kRegionMagic || !in.u32(&version))
     return Status::InvalidArgument("not a staged memory descriptor");
   if (version != kRegionVersion)
     return Status::Incompatible("staged descriptor version " + std::to_string(version) +
                                 ", this build speaks " + std::to_string(kRegionVersion));
+  std::string_view inner;
+  if (!in.u64(&d.instance) || !in.u64(&d.region) || !in.u64(&d.length) || !in.u32(&kind) ||
+      !in.u32(&device) || !in.bytes(&inner) || !in.at_end() ||
+      kind > static_cast<uint32_t>(MemoryKind::kCuda) || d.length == 0)
+    return Status::InvalidArgument("not a staged memory descriptor");
+  d.inner = std::string(inner);
   d.location = {static_cast<MemoryKind>(kind), static_cast<int>(static_cast<int32_t>(device))};
   return d;
 }

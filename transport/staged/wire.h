@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "base/status.h"
 
 namespace kv::transport::staged {
 
@@ -119,12 +119,15 @@ Result<GetDoneMsg> DecodeGetDone(std::string_view frame);
 
 // A staged registration as a peer imports it: the owner's instance and region id, its length
 // and where it lives. Its magic differs from every inner backend's, so import_remote() tells a
-// staged descriptor from an inner one by its first four bytes.
+// staged descriptor from an inner one by its first four bytes. `inner` is the inner transport's
+// descriptor of the same memory where the owner registered it there too (a host region that
+// either path may reach, batch by batch: staged_transport.h); empty for a staged-only region.
 struct RegionDescriptor {
   uint64_t instance = 0;
   uint64_t region = 0;
   uint64_t length = 0;
   MemoryLocation location;
+  std::string inner;
 };
 std::string EncodeRegion(const RegionDescriptor& d);
 bool IsRegionDescriptor(std::string_view packed);

@@ -88,9 +88,37 @@ Result<std::pair<uint64_t, std::string>> Engine::OpenEndpoint() {
 }
 
 Engine::~Engine() {
-  if (!thread_.joinable()) return;  // Create() failed before starting it
-  Enqueue([this] { stopping_ = true; });
-  thread_.join();
+  if (thread_.joinable()) {  // else Create() failed before starting it
+    Enqueue([this] { stopping_ = true; });
+    thread_.join();
+  }
+  for (BatchState* batch : spare_) delete batch;
+  for (BatchState* batch : finished_) delete batch;
+}
+
+BatchState* Engine::NewBatch() {
+  {
+    std::lock_guard lock(queue_mu_);
+    if (!spare_.empty()) {
+      BatchState* batch = spare_.back();
+      spare_.pop_back();
+      return batch;
+    }
+  }
+  return new BatchState;
+}
+
+void Engine::Recycle(BatchState* batch) {
+  // Every field back to its default; the run and header vectors keep their capacity unless a
+  // large batch grew them.
+  constexpr size_t kKeepRuns = 4096;
+  BatchState fresh;
+  if (batch->runs.capacity() <= kKeepRuns) fresh.runs = std::move(batch->runs);
+  if (batch->headers.capacity() <= kKeepRuns) fresh.headers = std::move(batch->headers);
+  fresh.runs.clear();
+  fresh.headers.clear();
+  *batch = std::move(fresh);
+  finished_.push_back(batch);
 }
 
 void Engine::Enqueue(std::function<void()> command) {
@@ -110,11 +138,19 @@ bool Engine::RunCommands() {
   // The loop polls this every turn; taking the lock only when there is work keeps it from
   // contending with the threads that post.
   if (!has_commands_.load(std::memory_order_acquire)) return false;
+  // At most this many finished batches wait for reuse; more are freed.
+  constexpr size_t kMaxSpare = 1024;
   {
     std::lock_guard lock(queue_mu_);
     running_.swap(commands_);
     has_commands_.store(false, std::memory_order_relaxed);
+    while (!finished_.empty() && spare_.size() < kMaxSpare) {
+      spare_.push_back(finished_.back());
+      finished_.pop_back();
+    }
   }
+  for (BatchState* batch : finished_) delete batch;
+  finished_.clear();
   for (auto& command : running_) command();
   running_.clear();  // keeps the capacity: no allocation per turn
   return true;
@@ -313,7 +349,7 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
                       ? FromUcs(status, "batch to peer " + std::to_string(batch->peer))
                       : Status::Ok();
   Completion done = std::move(batch->done);
-  delete batch;  // releases the mapping and the remote key before the caller hears back
+  Recycle(batch);  // releases the mapping and the remote key before the caller hears back
   done(std::move(result));
 }
 

@@ -174,7 +174,7 @@ class UcxTransport final : public Transport {
     if (local == nullptr || remote == nullptr || remote->engine() != engine_.get())
       return Status::InvalidArgument("batch names memory of another transport");
     KV_RETURN_IF_ERROR(CheckPeer(remote->peer()));
-    auto* state = new ucx::BatchState;
+    ucx::BatchState* state = engine_->NewBatch();
     state->engine = engine_.get();
     state->peer = remote->peer();
     state->op = batch.op;

@@ -19,8 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "connector/connector.h"
 #include "base/status.h"
+#include "connector/connector.h"
+#include "tools/kvbench/pd/pd_ceiling.h"
 
 namespace kv::connector {
 
@@ -69,6 +70,12 @@ class PdEngines {
   // Non-zero bytes in decode rank `rank`'s blocks [first_block, blocks): guard blocks no request
   // may touch.
   virtual Result<uint64_t> GuardBytes(int rank, int64_t first_block) = 0;
+  // The copy ceiling of the last wave written and checked (pd_ceiling.h); after the last wave.
+  // kUnsupported where the engines cannot copy between the caches themselves (CUDA: the GPU
+  // ceilings of gpu_ceiling.h are measured instead).
+  virtual Result<CopyCeiling> MeasureCeiling() {
+    return Status::Unsupported("these engines have no copy ceiling");
+  }
 };
 
 // Engines on shared host memory: what RunPd uses when given none.

@@ -5,11 +5,11 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/strided_kv.h"
+#include "kernels/write_tokens.h"
 #include "tools/kvbench/pd/pd_engines.h"
 #include "tools/kvbench/pd/pd_pattern.h"
 #include "tools/kvbench/pd/pd_sim.h"
-#include "kernels/strided_kv.h"
-#include "kernels/write_tokens.h"
 
 namespace kv::connector {
 namespace {
@@ -20,7 +20,11 @@ using pattern::Row;
 class HostEngines final : public PdEngines {
  public:
   explicit HostEngines(const PdConfig& config)
-      : head_dim_(config.head_dim), tokens_(config.tokens), saved_ns_(config.window, 0) {}
+      : head_dim_(config.head_dim),
+        tokens_(config.tokens),
+        saved_ns_(config.window, 0),
+        written_(config.window),
+        checked_(config.window) {}
 
   Result<KvCache> Register(Connector& connector, const LayoutSpec& spec, bool prefill) override {
     KV_ASSIGN_OR_RETURN(auto caches, connector.RegisterKvCaches(HostCaches({&spec, 1})));
@@ -33,8 +37,9 @@ class HostEngines final : public PdEngines {
     return Status::Ok();
   }
 
-  Status Write(int rank, int, uint64_t seed, int64_t layer,
+  Status Write(int rank, int slot, uint64_t seed, int64_t layer,
                std::span<const int64_t> blocks) override {
+    if (rank == 0) Note(written_, slot, blocks);
     const KvCache& cache = prefill_[rank].cache;
     const KvRegion region = RegionOf(cache);
     const int64_t heads = region.size(Axis::kH);
@@ -76,8 +81,9 @@ class HostEngines final : public PdEngines {
 
   Status Flush(int) override { return Status::Ok(); }
 
-  Status Check(int rank, int, const std::string& id, uint64_t seed, int64_t layer,
+  Status Check(int rank, int slot, const std::string& id, uint64_t seed, int64_t layer,
                std::span<const int64_t> blocks) override {
+    if (rank == 0) Note(checked_, slot, blocks);
     const KvCache& cache = decode_[rank].cache;
     const KvRegion region = RegionOf(cache);
     const int64_t n = region.size(Axis::kN);
@@ -110,6 +116,7 @@ class HostEngines final : public PdEngines {
     WaveOutcome outcome{std::vector<Status>(ids.size()),
                         std::vector<int64_t>(saved_ns_.begin(), saved_ns_.begin() + ids.size())};
     std::fill(saved_ns_.begin(), saved_ns_.end(), 0);
+    last_wave_ = ids.size();
     return outcome;
   }
 
@@ -132,7 +139,30 @@ class HostEngines final : public PdEngines {
     return count;
   }
 
+  Result<CopyCeiling> MeasureCeiling() override {
+    std::vector<KvCache> prefill, decode;
+    for (const Rank& r : prefill_) prefill.push_back(r.cache);
+    for (const Rank& r : decode_) decode.push_back(r.cache);
+    std::vector<std::vector<int64_t>> from, to;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t j = 0; j < last_wave_; ++j) {
+        from.push_back(written_[j]);
+        to.push_back(checked_[j]);
+      }
+    }
+    return MeasureCopyCeiling(prefill, decode, from, to, tokens_);
+  }
+
  private:
+  // Keeps the blocks of the request in wave slot `slot`, for the copy ceiling.
+  void Note(std::vector<std::vector<int64_t>>& lists, int slot, std::span<const int64_t> blocks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& list = lists[slot];
+    if (!std::equal(list.begin(), list.end(), blocks.begin(), blocks.end()))
+      list.assign(blocks.begin(), blocks.end());
+  }
+
   struct Rank {
     Connector* connector;
     KvCache cache;
@@ -142,6 +172,10 @@ class HostEngines final : public PdEngines {
   std::vector<Rank> prefill_, decode_;
   std::mutex mu_;
   std::vector<int64_t> saved_ns_;  // per wave slot; every prefill rank's thread marks it
+  // Per wave slot, the blocks of its latest request on each side (rank 0's; every rank's are the
+  // same), for MeasureCeiling.
+  std::vector<std::vector<int64_t>> written_, checked_;
+  size_t last_wave_ = 0;  // requests in the last wave
 };
 
 }  // namespace

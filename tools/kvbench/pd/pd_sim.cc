@@ -7,9 +7,9 @@
 #include <set>
 #include <thread>
 
-#include "tools/kvbench/pd/pd_pattern.h"
-#include "protocol/kvd.pb.h"
 #include "kernels/strided_kv.h"
+#include "protocol/kvd.pb.h"
+#include "tools/kvbench/pd/pd_pattern.h"
 
 namespace kv::connector {
 
@@ -339,6 +339,14 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
   for (const Engine& e : decode) {
     KV_ASSIGN_OR_RETURN(uint64_t written, memory->GuardBytes(e.rank, c.window * nd));
     result.guard_bytes_written += written;
+  }
+  if (c.copy_ceiling && result.verified > 0) {
+    auto ceiling = memory->MeasureCeiling();
+    if (ceiling.ok()) {
+      result.ceiling = *ceiling;
+    } else if (ceiling.status().code() != Code::kUnsupported) {
+      note_error(ceiling.status().WithContext("the copy ceiling"));
+    }
   }
   return result;
 }

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "connector/connector.h"
 #include "tools/kvbench/pd/pd_engines.h"
-#include "base/status.h"
 
 namespace kv::connector {
 
@@ -69,6 +69,9 @@ struct PdConfig {
   // The decode engines' transfer params name the prefill kvd by its daemon name instead of its
   // address (a decode kvd with --etcd resolves it).
   bool peer_by_name = false;
+  // After the last wave, the engines' copy ceiling of it (PdEngines::MeasureCeiling; host
+  // engines only).
+  bool copy_ceiling = false;
 };
 
 struct PdResult {
@@ -88,6 +91,7 @@ struct PdResult {
   uint64_t posts = 0;  // transport posts they went out in (its batches_posted)
   std::string first_error;
   bool stopped_early = false;  // stop_at_failed_wave ended the run before every request ran
+  CopyCeiling ceiling;         // config.copy_ceiling: the last wave's; gbps 0 when not measured
 };
 
 // Opens one engine's connector: (instance, tp_rank, tp_size) → connector.

@@ -472,6 +472,26 @@ TEST_F(UcxGrants, AGrantToAnotherPeerDoesNotAdmitThisOne) {
   EXPECT_TRUE(Untouched(0, 4096));
 }
 
+// Batches of short runs go staged (gather, one put into a receive slot, scatter: the host
+// chooser, staged_transport.h); the scatter checks the grants of the region too.
+TEST_F(UcxGrants, StagedBatchesOfShortRunsAreCheckedToo) {
+  const Transport::WriteRange granted[] = {{8192, 8192}};
+  ASSERT_TRUE(target->grant_writes(5, sender_on_target, *dst_reg, granted).ok());
+  std::vector<kv::Run> inside, outside;
+  for (uint64_t i = 0; i < 8; ++i) {
+    inside.push_back({8192 + i * 1024, 8192 + i * 1024, 512});
+    outside.push_back({i * 1024, i * 1024, 512});
+  }
+  ASSERT_TRUE(PostAndWait(*sender, Op::kPut, *src_reg, *remote, inside).ok());
+  for (const kv::Run& r : inside) EXPECT_TRUE(Landed(r.dst_offset, r.length));
+  EXPECT_FALSE(PostAndWait(*sender, Op::kPut, *src_reg, *remote, outside, 2s).ok());
+  EXPECT_TRUE(Untouched(0, 8192));
+  target->revoke_writes(5);
+  std::memset(dst.data() + 8192, 0xEE, 8192);
+  EXPECT_FALSE(PostAndWait(*sender, Op::kPut, *src_reg, *remote, inside, 2s).ok());
+  EXPECT_TRUE(Untouched(8192, 8192));
+}
+
 TEST_F(UcxGrants, GrantsOutsideTheRegistrationAreRefused) {
   const Transport::WriteRange past[] = {{60 << 10, 8192}};
   EXPECT_EQ(target->grant_writes(4, sender_on_target, *dst_reg, past).code(), Code::kOutOfRange);

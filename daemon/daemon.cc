@@ -132,15 +132,16 @@ Status Daemon::Core::Start() {
     resolver.etcd_url = options_.etcd_url;
     KV_ASSIGN_OR_RETURN(resolver_, membership::PeerResolver::Start(std::move(resolver)));
   }
+  OffloadOptions offload;
+  offload.capacity_bytes = options_.offload_bytes;
   if (options_.offload_bytes > 0) {
-    OffloadOptions offload;
-    offload.capacity_bytes = options_.offload_bytes;
     KV_ASSIGN_OR_RETURN(offload.device_copy, offload::ParseDeviceCopy(options_.offload_copy));
-    // Before the io thread starts: touching (and pinning) the memory may take seconds.
-    KV_ASSIGN_OR_RETURN(offload_, OffloadService::Create(offload));
   }
+  // Before the io thread starts: touching (and pinning) the memory may take seconds.
+  KV_ASSIGN_OR_RETURN(
+      offload_, OffloadService::Create(offload, options_.name, io_, registry_, event_gate_.get()));
   transport_->set_notification_handler([this](std::string_view message) {
-    asio::post(io_, [this, m = std::string(message)] { OnNotification(m); });
+    asio::post(io_, [this, m = std::string(message)] { scheduler_->OnNotification(m); });
   });
 
   boost::system::error_code ec;
@@ -166,6 +167,10 @@ Status Daemon::Core::Start() {
     if (!ec) engine_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return Status::IoError("listen on " + options_.socket_path + ": " + ec.message());
   }
+  send_queue_ = std::make_unique<SendQueue>(io_, event_gate_.get(), SendQueueHooks());
+  scheduler_ = std::make_unique<Scheduler>(options_, listen_address_, registry_, peers_,
+                                           *send_queue_, transport_->takes_run_groups(),
+                                           resolver_.get(), io_, SchedulerHooks());
   if (peer_acceptor_) AcceptPeers();
   if (engine_acceptor_) AcceptEngines();
   Sweep();
@@ -304,7 +309,7 @@ Status Daemon::Core::AdmitPeerConnection(const asio::ip::address& ip) {
 // Deadlines and heartbeats, a few times per heartbeat interval: idle kvd wakes rarely.
 void Daemon::Core::Sweep() {
   const auto now = Clock::now();
-  ExpireRequests(now);
+  scheduler_->ExpireRequests(now);
   const auto silence = options_.heartbeat_interval * options_.missed_heartbeats;
   std::vector<uint64_t> dead;
   for (auto& [id, peer] : peers_.all()) {
@@ -388,13 +393,16 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_engines(totals.engines);
   s.set_regions(totals.regions);
   s.set_region_bytes(totals.region_bytes);
-  s.set_transfers_in_flight(static_cast<uint32_t>(sources_.size() + loads_.size()));
-  s.set_transfers_done(transfers_done_);
-  s.set_transfers_failed(transfers_failed_);
-  s.set_bytes_sent(bytes_sent_);
-  s.set_bytes_received(bytes_received_);
-  s.set_runs_sent(runs_sent_);
-  s.set_batches_posted(batches_posted_);
+  if (scheduler_) {
+    const Scheduler::Counters& counters = scheduler_->counters();
+    s.set_transfers_in_flight(static_cast<uint32_t>(scheduler_->requests_in_flight()));
+    s.set_transfers_done(counters.transfers_done);
+    s.set_transfers_failed(counters.transfers_failed);
+    s.set_bytes_sent(counters.bytes_sent);
+    s.set_bytes_received(counters.bytes_received);
+    s.set_runs_sent(counters.runs_sent);
+    s.set_batches_posted(send_queue_->batches_posted());
+  }
   s.set_peer_auth(!options_.auth_secret.empty() ? "secret"
                   : options_.insecure_peers     ? "insecure"
                                                 : "loopback-only");
@@ -403,7 +411,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_unauthenticated_connections(counts.unauthenticated);
   s.set_peers_refused(peers_refused_);
   s.set_auth_failures(auth_failures_);
-  if (offload_) *s.mutable_offload() = offload_->Snapshot();
+  if (offload_ && offload_->enabled()) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }
 
@@ -423,9 +431,7 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
       auto timer = std::make_shared<asio::steady_timer>(io_);
       auto step = std::make_shared<std::function<void()>>();
       *step = [this, until, timer, step, closed] {
-        int in_flight = 0;
-        for (const auto& [id, r] : sources_) in_flight += r.batches_in_flight;
-        if (in_flight > 0 && Clock::now() < until) {
+        if (scheduler_->batches_in_flight() > 0 && Clock::now() < until) {
           timer->expires_after(std::chrono::milliseconds(20));
           timer->async_wait([step](const boost::system::error_code&) { (*step)(); });
           return;
@@ -462,12 +468,43 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
   // Waits for the pool's copies; their completions release engine regions, which must happen
   // before the transport goes.
   offload_.reset();
-  sources_.clear();
-  loads_.clear();
-  retired_.clear();
+  if (scheduler_) scheduler_->Clear();
   registry_.Clear();
   peers_.Clear();
   transport_.reset();
+}
+
+SendQueue::Hooks Daemon::Core::SendQueueHooks() {
+  SendQueue::Hooks hooks;
+  hooks.post = [this](uint64_t engine_id, int event_layer, const transport::Batch& batch,
+                      transport::Completion done) {
+    const Engine* engine = FindEngine(engine_id);
+    if (engine == nullptr) return Status::Aborted("the prefill engine left");
+    return PostFromEngine(*engine, event_layer, batch, std::move(done));
+  };
+  hooks.generation_of = [this](const std::string& id) { return scheduler_->GenerationOf(id); };
+  hooks.fail = [this](const std::string& id, const Status& why) {
+    scheduler_->FinishSource(id, why, /*tell_peer=*/true);
+  };
+  hooks.done = [this](const std::vector<SendGroup::Part>& parts, const Status& s) {
+    for (const SendGroup::Part& part : parts) CountLayer(part, s);
+    for (const SendGroup::Part& part : parts) {
+      scheduler_->OnBatchDone(part.request_id, part.generation, s, part.bytes);
+    }
+  };
+  return hooks;
+}
+
+Scheduler::Hooks Daemon::Core::SchedulerHooks() {
+  Scheduler::Hooks hooks;
+  hooks.send_to_engine = [this](uint64_t id, const proto::DaemonMessage& m) {
+    SendToEngine(id, m);
+  };
+  hooks.send_to_peer = [this](uint64_t id, proto::PeerMessage m) { SendToPeer(id, std::move(m)); };
+  hooks.peer_for = [this](const std::string& address) { return PeerFor(address); };
+  hooks.source_ended = [this](const SourceRequest& r, const Status& s) { CountRequest(r, s); };
+  hooks.dest_ended = [this](const DestRequest& r, const Status& s) { CountRequest(r, s); };
+  return hooks;
 }
 
 // ---- Daemon ---------------------------------------------------------------------------------

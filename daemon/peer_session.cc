@@ -47,7 +47,7 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address, std::string rem
   peer.conn->Start(
       [this, id](std::string body) {
         OnPeerMessage(id, body);
-        FlushSendsIfDue();
+        send_queue_->FlushIfDue();
       },
       [this, id](const Status& why) { OnPeerClosed(id, why); });
   if (options_.auth_secret.empty()) {
@@ -193,7 +193,7 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
         if (p == nullptr) return;
         if (ec) {
           if (resolver_) resolver_->Forget(address);  // a name there is looked up anew
-          FailRequestsOfPeer(
+          scheduler_->FailRequestsOfPeer(
               id, Status::Unavailable("connect to kvd at " + address + ": " + ec.message()));
           peers_.Remove(id);
           return;
@@ -202,40 +202,6 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
         ServePeer(socket->release(), address);
       });
   return id;
-}
-
-std::optional<std::string> Daemon::Core::PeerAddressOf(DestRequest& request) {
-  if (!membership::IsDaemonName(request.peer_address)) return request.peer_address;
-  if (!request.resolved_address.empty()) return request.resolved_address;
-  const std::string& name = request.peer_address;
-  if (!resolver_) {
-    FinishDest(request.id,
-               Status::InvalidArgument("peer '" + name +
-                                       "' is a daemon name (no ':'), and this kvd has no --etcd "
-                                       "to resolve it: give HOST:PORT"),
-               false);
-    return std::nullopt;
-  }
-  if (auto cached = resolver_->Cached(name)) return *cached;
-  if (request.resolving != 0) return std::nullopt;  // asked already
-  const uint64_t ticket = request.resolving = next_id_++;
-  resolver_->Resolve(name, [this, id = request.id, ticket](Result<std::string> address) {
-    // The resolver's thread: back to the io thread, where the request may have ended since
-    // (its lease, its engine gone), or a new one of the same id begun.
-    asio::post(io_, [this, id, ticket, address = std::move(address)] {
-      auto it = loads_.find(id);
-      if (it == loads_.end() || it->second.resolving != ticket) return;
-      DestRequest& request = it->second;
-      request.resolving = 0;
-      if (!address.ok()) {
-        FinishDest(id, address.status().WithContext("peer " + request.peer_address), false);
-        return;
-      }
-      request.resolved_address = *address;
-      RequestLoad(request);
-    });
-  });
-  return std::nullopt;
 }
 
 void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
@@ -291,10 +257,10 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
       HandleWant(*peer, m.want());
       return;
     case proto::PeerMessage::kConfirm:
-      OnConfirm(*peer, m.confirm().request_id());
+      scheduler_->OnConfirm(*peer, m.confirm().request_id());
       return;
     case proto::PeerMessage::kFail:
-      OnPeerFail(*peer, m.fail());
+      scheduler_->OnPeerFail(*peer, m.fail());
       return;
     default:
       peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": unknown message"));
@@ -438,7 +404,7 @@ void Daemon::Core::ReleasePeer(uint64_t peer_id) {
     p->held.messages.pop_front();
     p->held.bytes -= body.size();
     OnPeerMessage(peer_id, body);
-    FlushSendsIfDue();
+    send_queue_->FlushIfDue();
   }
 }
 
@@ -453,14 +419,14 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   }
   // A daemon name cached at this address is looked up again: the kvd may come back elsewhere.
   if (resolver_ && peer->dialed) resolver_->Forget(peer->dialed_address);
-  FailRequestsOfPeer(
+  scheduler_->FailRequestsOfPeer(
       peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
   if (peer->ready) event_gate_->Disconnect(peer->transport_peer);  // and the transport's
   if (peer->transport_endpoint != 0) transport_->release_endpoint(peer->transport_endpoint);
   peers_.Remove(peer_id);
 }
 
-// ---- a Want's imports (the request itself: transfers.cc, OnWant) ----
+// ---- a Want's imports (the request itself: Scheduler::OnWant, transfers.cc) ----
 
 void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
   // Regions of the peer not imported yet (the first Want into each): imported on the setup
@@ -474,14 +440,16 @@ void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
     }
   }
   if (missing.empty() || named > static_cast<size_t>(kMaxTpSize) * kMaxRegionsPerEngine) {
-    const Status s = OnWant(peer, want);  // and a Want too large to be one is refused there
+    const Status s =
+        scheduler_->OnWant(peer, want);  // and a Want too large to be one is refused there
     if (!s.ok()) RefuseWant(peer.id, want, s);
     return;
   }
   std::sort(missing.begin(), missing.end());
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-  auto work = [this, transport_peer = peer.transport_peer, missing]() -> Result<Imports> {
-    Imports fresh;
+  auto work = [this, transport_peer = peer.transport_peer,
+               missing]() -> Result<Scheduler::Imports> {
+    Scheduler::Imports fresh;
     for (const std::string& d : missing) {
       KV_ASSIGN_OR_RETURN(std::shared_ptr<transport::RemoteMemory> remote,
                           transport_->import_remote(transport_peer, d));
@@ -489,15 +457,15 @@ void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
     }
     return fresh;
   };
-  auto done = [this, id = peer.id, want](Result<Imports> fresh) {
+  auto done = [this, id = peer.id, want](Result<Scheduler::Imports> fresh) {
     Peer* p = FindPeer(id);
     if (p == nullptr) return;  // gone: the imports close here
-    const Status s = fresh.ok() ? OnWant(*p, want, *fresh) : fresh.status();
+    const Status s = fresh.ok() ? scheduler_->OnWant(*p, want, *fresh) : fresh.status();
     if (!s.ok()) RefuseWant(id, want, s);
     ReleasePeer(id);
   };
-  const Status submitted =
-      setup_->Submit<Imports>(Clock::now() + options_.lease, std::move(work), std::move(done));
+  const Status submitted = setup_->Submit<Scheduler::Imports>(Clock::now() + options_.lease,
+                                                              std::move(work), std::move(done));
   if (!submitted.ok()) {
     RefuseWant(peer.id, want, submitted);
     return;
@@ -514,17 +482,6 @@ void Daemon::Core::RefuseWant(uint64_t peer_id, const proto::WantRequest& want, 
   fail.mutable_fail()->set_request_id(want.request_id().substr(0, kMaxRequestIdBytes));
   ToWire(why, fail.mutable_fail()->mutable_error());
   SendToPeer(peer_id, std::move(fail));
-}
-
-Result<std::shared_ptr<transport::RemoteMemory>> Daemon::Core::ImportRemote(
-    Peer& peer, const std::string& descriptor, const Imports& fresh) {
-  if (auto cached = Peers::Imported(peer, descriptor)) return cached;
-  auto made = fresh.find(descriptor);
-  if (made == fresh.end()) {
-    return Status::Internal("region descriptor was not imported before the Want");  // HandleWant
-  }
-  Peers::Remember(peer, descriptor, made->second);
-  return made->second;
 }
 
 }  // namespace kv::daemon

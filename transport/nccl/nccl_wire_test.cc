@@ -1,6 +1,7 @@
 // The nccl backend's batch schedule and its announcement, on the host: which ranges skip the
 // staging (both sides derive it from the lengths alone, so it must be a pure function of them)
-// and that the threshold survives the wire.
+// and that the threshold survives the wire. Beside the backend, whose internals it tests
+// (registered in tests/gpu).
 #include <gtest/gtest.h>
 
 #include "transport/nccl/wire.h"

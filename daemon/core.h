@@ -39,6 +39,10 @@
 
 namespace kv::daemon {
 
+// "HOST:PORT" with a numeric host (daemon.cc); `what` names the text in errors.
+Result<boost::asio::ip::tcp::endpoint> ParseHostPort(const std::string& text,
+                                                     const std::string& what);
+
 class Daemon::Core {
  public:
   explicit Core(DaemonOptions options);
@@ -107,7 +111,6 @@ class Daemon::Core {
   Status HandlePeerHello(Peer& peer, const proto::PeerHello& hello);
   void PeerConnected(uint64_t peer_id, std::string name, int ranks,
                      Result<transport::PeerId> connected);
-  void SendToPeer(uint64_t peer_id, proto::PeerMessage message);
   proto::PeerHello BuildHello() const;
   // The peer's transport end and our hello: only once the peer is authenticated.
   void SendHello(Peer& peer);

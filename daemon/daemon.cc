@@ -20,26 +20,26 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using local = asio::local::stream_protocol;
 
-namespace {
-
-Result<tcp::endpoint> ParseHostPort(const std::string& text) {
+Result<tcp::endpoint> ParseHostPort(const std::string& text, const std::string& what) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos) {
-    return Status::InvalidArgument("address '" + text + "' is not HOST:PORT");
+    return Status::InvalidArgument(what + " '" + text + "' is not HOST:PORT");
   }
   boost::system::error_code ec;
   auto ip = asio::ip::make_address(text.substr(0, colon), ec);
-  if (ec) return Status::InvalidArgument("address '" + text + "': " + ec.message());
+  if (ec) return Status::InvalidArgument(what + " '" + text + "': " + ec.message());
   int port = -1;
   try {
     port = std::stoi(text.substr(colon + 1));
   } catch (...) {
   }
   if (port < 0 || port > 65535) {
-    return Status::InvalidArgument("address '" + text + "': port is not in [0, 65535]");
+    return Status::InvalidArgument(what + " '" + text + "': port is not in [0, 65535]");
   }
   return tcp::endpoint(ip, static_cast<uint16_t>(port));
 }
+
+namespace {
 
 uint64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
@@ -146,7 +146,7 @@ Status Daemon::Core::Start() {
 
   boost::system::error_code ec;
   if (!options_.listen.empty()) {
-    KV_ASSIGN_OR_RETURN(tcp::endpoint endpoint, ParseHostPort(options_.listen));
+    KV_ASSIGN_OR_RETURN(tcp::endpoint endpoint, ParseHostPort(options_.listen, "address"));
     peer_acceptor_.emplace(io_);
     peer_acceptor_->open(endpoint.protocol(), ec);
     if (!ec) peer_acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
@@ -497,10 +497,6 @@ SendQueue::Hooks Daemon::Core::SendQueueHooks() {
 
 Scheduler::Hooks Daemon::Core::SchedulerHooks() {
   Scheduler::Hooks hooks;
-  hooks.send_to_engine = [this](uint64_t id, const proto::DaemonMessage& m) {
-    SendToEngine(id, m);
-  };
-  hooks.send_to_peer = [this](uint64_t id, proto::PeerMessage m) { SendToPeer(id, std::move(m)); };
   hooks.peer_for = [this](const std::string& address) { return PeerFor(address); };
   hooks.source_ended = [this](const SourceRequest& r, const Status& s) { CountRequest(r, s); };
   hooks.dest_ended = [this](const DestRequest& r, const Status& s) { CountRequest(r, s); };

@@ -111,7 +111,7 @@ void Scheduler::RequestLoad(DestRequest& request) {
     }
     for (int64_t b : rank.blocks) wire->add_block_ids(b);
   }
-  hooks_.send_to_peer(request.peer_id, std::move(message));
+  peers_.Send(request.peer_id, std::move(message));
 }
 
 std::optional<std::string> Scheduler::PeerAddressOf(DestRequest& request) {
@@ -177,11 +177,11 @@ void Scheduler::OnNotification(const std::string& message) {
   proto::DaemonMessage ready;
   ready.mutable_layer_ready()->set_request_id(request.id);
   ready.mutable_layer_ready()->set_layer(notice.layer());
-  for (const auto& [r, rank] : request.ranks) hooks_.send_to_engine(rank.engine_id, ready);
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, ready);
   if (std::all_of(request.ready.begin(), request.ready.end(), [](bool b) { return b; })) {
     proto::PeerMessage confirm;
     confirm.mutable_confirm()->set_request_id(request.id);
-    hooks_.send_to_peer(request.peer_id, std::move(confirm));
+    peers_.Send(request.peer_id, std::move(confirm));
     FinishDest(request.id, Status::Ok(), false);
   }
 }
@@ -196,7 +196,7 @@ void Scheduler::FinishDest(std::string request_id, const Status& status, bool te
     proto::PeerMessage fail;
     fail.mutable_fail()->set_request_id(request_id);
     ToWire(status, fail.mutable_fail()->mutable_error());
-    hooks_.send_to_peer(request.peer_id, std::move(fail));
+    peers_.Send(request.peer_id, std::move(fail));
   }
   if (!status.ok()) {
     spdlog::warn("kvd {}: load of {} failed: {}", options_.name, request_id, status.ToString());
@@ -212,7 +212,7 @@ void Scheduler::FinishDest(std::string request_id, const Status& status, bool te
   (status.ok() ? counters_.transfers_done : counters_.transfers_failed)++;
   hooks_.dest_ended(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
-  for (const auto& [r, rank] : request.ranks) hooks_.send_to_engine(rank.engine_id, done);
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }
 
 }  // namespace kv::daemon

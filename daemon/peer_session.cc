@@ -162,21 +162,12 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
   if (Peer* dialed = peers_.Dialed(address)) return dialed->id;
   // A peer that dialed us is found by the address it listens on only after its hello; matching
   // by name is not possible before it, so a second session may be dialed. Both are valid.
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
+  KV_ASSIGN_OR_RETURN(const tcp::endpoint endpoint, ParseHostPort(address, "peer address"));
+  if (endpoint.port() == 0) {
     return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
   }
-  boost::system::error_code ec;
-  auto ip = asio::ip::make_address(address.substr(0, colon), ec);
-  int port = -1;
-  try {
-    port = std::stoi(address.substr(colon + 1));
-  } catch (...) {
-  }
-  if (ec || port <= 0 || port > 65535) {
-    return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
-  }
-  if (options_.auth_secret.empty() && !options_.insecure_peers && !ip.is_loopback()) {
+  if (options_.auth_secret.empty() && !options_.insecure_peers &&
+      !endpoint.address().is_loopback()) {
     return Status::Unavailable("peer address '" + address +
                                "' is not on loopback: without --auth-secret-file this kvd dials "
                                "loopback peers only (--insecure opens it)");
@@ -187,8 +178,7 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
   peer.last_heard = Clock::now();
   peer.connecting = std::make_shared<tcp::socket>(io_);
   peer.connecting->async_connect(
-      tcp::endpoint(ip, static_cast<uint16_t>(port)),
-      [this, id, address, socket = peer.connecting](const boost::system::error_code& ec) {
+      endpoint, [this, id, address, socket = peer.connecting](const boost::system::error_code& ec) {
         Peer* p = FindPeer(id);
         if (p == nullptr) return;
         if (ec) {
@@ -202,16 +192,6 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
         ServePeer(socket->release(), address);
       });
   return id;
-}
-
-void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
-  Peer* peer = FindPeer(peer_id);
-  if (peer == nullptr) return;
-  if (!peer->ready) {
-    peer->queued.push_back(std::move(message));
-    return;
-  }
-  (void)peer->conn->Send(message);
 }
 
 void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
@@ -390,7 +370,7 @@ void Daemon::Core::PeerConnected(uint64_t peer_id, std::string name, int ranks,
   auto queued = std::move(peer->queued);
   peer->queued.clear();
   // By id, not through `peer`: a send that fails closes the connection and erases the peer.
-  for (auto& m : queued) SendToPeer(peer_id, std::move(m));
+  for (auto& m : queued) peers_.Send(peer_id, std::move(m));
   ReleasePeer(peer_id);
 }
 
@@ -481,7 +461,7 @@ void Daemon::Core::RefuseWant(uint64_t peer_id, const proto::WantRequest& want, 
   proto::PeerMessage fail;
   fail.mutable_fail()->set_request_id(want.request_id().substr(0, kMaxRequestIdBytes));
   ToWire(why, fail.mutable_fail()->mutable_error());
-  SendToPeer(peer_id, std::move(fail));
+  peers_.Send(peer_id, std::move(fail));
 }
 
 }  // namespace kv::daemon

@@ -43,6 +43,10 @@ std::optional<uint64_t> Scheduler::GenerationOf(const std::string& request_id) c
   return it->second.generation;
 }
 
+void Scheduler::SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message) {
+  if (Engine* engine = registry_.Find(engine_id)) (void)engine->conn->Send(message);
+}
+
 int Scheduler::batches_in_flight() const {
   int n = 0;
   for (const auto& [id, r] : sources_) n += r.batches_in_flight;

@@ -187,10 +187,6 @@ class Scheduler {
  public:
   // What the scheduler asks of the daemon; every hook runs on the io thread.
   struct Hooks {
-    // A message to a connected engine, dropped if it left.
-    std::function<void(uint64_t engine_id, const proto::DaemonMessage& message)> send_to_engine;
-    // A message to a peer kvd: queued until its handshake completed, dropped if it left.
-    std::function<void(uint64_t peer_id, proto::PeerMessage message)> send_to_peer;
     // The peer kvd at HOST:PORT `address`, dialed if this kvd has no connection to it.
     std::function<Result<uint64_t>(const std::string& address)> peer_for;
     // A request ended (metrics).
@@ -261,6 +257,8 @@ class Scheduler {
   // a head, then announces each layer to the destination.
   Status SendLayers(SourceRequest& request, SourceDestination& destination, int begin, int end);
   void RequestLoad(DestRequest& request);
+  // A message to a connected engine, dropped if it left.
+  void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
   // The address a load's source is dialed at: its peer_address, or that daemon name's address
   // from resolver_ (cached, else looked up off this thread: then nullopt, and RequestLoad runs
   // again once it resolved). nullopt after failing the request (a name it cannot resolve).

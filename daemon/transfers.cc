@@ -90,7 +90,7 @@ void Scheduler::FailSave(uint64_t engine_id, const std::string& request_id, cons
     FinishSource(request_id, failure, /*tell_peer=*/true);
   }
   if (!told) {
-    hooks_.send_to_engine(engine_id, RequestDoneMessage(request_id, /*sent=*/true, failure, 0, 0));
+    SendToEngine(engine_id, RequestDoneMessage(request_id, /*sent=*/true, failure, 0, 0));
   }
 }
 
@@ -398,7 +398,7 @@ void Scheduler::FinishSource(std::string request_id, const Status& status, bool 
       proto::PeerMessage fail;
       fail.mutable_fail()->set_request_id(request_id);
       ToWire(status, fail.mutable_fail()->mutable_error());
-      hooks_.send_to_peer(to.peer_id, std::move(fail));
+      peers_.Send(to.peer_id, std::move(fail));
     }
   }
   if (!status.ok()) {
@@ -407,7 +407,7 @@ void Scheduler::FinishSource(std::string request_id, const Status& status, bool 
   (status.ok() ? counters_.transfers_done : counters_.transfers_failed)++;
   hooks_.source_ended(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
-  for (const auto& [r, rank] : request.ranks) hooks_.send_to_engine(rank.engine_id, done);
+  for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }
 
 }  // namespace kv::daemon

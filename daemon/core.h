@@ -63,6 +63,9 @@ class Daemon::Core {
   void AcceptPeers();
   void Sweep();
   proto::DaemonStatus BuildStatus() const;
+  // Any thread: BuildStatus on the io thread, waited for up to `wait`; nullopt past it, or once
+  // stopped.
+  std::optional<proto::DaemonStatus> StatusFromIo(std::chrono::milliseconds wait);
   ConnectionLimits EngineLimits() const;
   ConnectionLimits PeerLimits() const;
 

@@ -365,14 +365,19 @@ Status Daemon::Core::AttachEngine(int fd) {
 
 proto::DaemonStatus Daemon::Core::Snapshot() {
   if (stopped_ || !io_thread_.joinable()) return BuildStatus();
-  std::promise<proto::DaemonStatus> promise;
-  auto future = promise.get_future();
-  asio::post(io_, [this, &promise] { promise.set_value(BuildStatus()); });
-  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    proto::DaemonStatus stale;
-    stale.set_name(options_.name);
-    return stale;
-  }
+  if (auto status = StatusFromIo(std::chrono::seconds(5))) return *std::move(status);
+  proto::DaemonStatus stale;
+  stale.set_name(options_.name);
+  return stale;
+}
+
+std::optional<proto::DaemonStatus> Daemon::Core::StatusFromIo(std::chrono::milliseconds wait) {
+  if (stopped_) return std::nullopt;
+  // Shared with the posted handler, which may outlive this wait if the io thread is slow.
+  auto promise = std::make_shared<std::promise<proto::DaemonStatus>>();
+  auto future = promise->get_future();
+  asio::post(io_, [this, promise] { promise->set_value(BuildStatus()); });
+  if (future.wait_for(wait) != std::future_status::ready) return std::nullopt;
   return future.get();
 }
 

@@ -1,9 +1,9 @@
 // OffloadService: kvd's CPU offload pool (daemon/offload/) as the daemon holds it.
 //
-// One per kvd, created at start when `--offload-bytes` is given, and alive until shutdown: it
-// belongs to the daemon, not to an engine, so an engine that restarts and registers again finds
-// the blocks it stored before. It answers the engine protocol's offload messages (Store, Lookup,
-// Load); a kvd without a pool answers them with kUnsupported (Refuse).
+// One per kvd, created at start and alive until shutdown; it has a pool when `--offload-bytes` is
+// given. The pool belongs to the daemon, not to an engine, so an engine that restarts and
+// registers again finds the blocks it stored before. The service answers the engine protocol's
+// offload messages (Store, Lookup, Load); without a pool, with kUnsupported.
 //
 // Sizing. The memory is allocated (touched, and pinned with a GPU present) once, at start, so a
 // machine that cannot give it fails kvd's start rather than an engine's first store, and no

@@ -230,7 +230,7 @@ class Scheduler {
   // A transport notification: a LayerNotice from a request's source.
   void OnNotification(const std::string& message);
 
-  // ---- both (scheduler.cc) ----
+  // ---- both (scheduler.cc; FinishSource in transfers.cc, FinishDest in destination.cc) ----
   void OnPeerFail(Peer& peer, const proto::Fail& fail);
   // request_id by value: callers pass the id held by the request these functions erase.
   // tell_peer: a failure is sent to every destination but `told` (the peer that reported it).

@@ -80,9 +80,9 @@ Status RunCopier::CopyGroups(const void* src_base, void* dst_base, std::span<con
 
 // Runs are handed to the copy engines in pieces of at most kEnginePieceBytes: one large run in one
 // cudaMemcpyBatchAsync entry moves at a fraction of the link (benchmarks/pd_gpu.md). A copy of
-// kLanesFromBytes or more is also split over the lanes, lane i taking the i-th quarter. The events are reused by every copy:
-// cudaStreamWaitEvent binds to the record made before it, so a later copy's records do not
-// disturb an earlier copy's waits.
+// kLanesFromBytes or more is also split over the lanes, lane i taking the i-th quarter. The events
+// are reused by every copy: cudaStreamWaitEvent binds to the record made before it, so a later
+// copy's records do not disturb an earlier copy's waits.
 Status RunCopier::CopyOnLanes(const void* src_base, void* dst_base, std::span<const Run> runs,
                               cudaStream_t stream) {
   uint64_t total = 0;

@@ -374,8 +374,9 @@ class CudaIpcTransport final : public Transport {
       for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
       // With batches in flight the loop does not sleep: it queries their events on every pass,
       // so a finished copy completes within microseconds (a host function behind each copy woke
-      // it far later: benchmarks/gpu.md, run 3). After kSpinWindow without progress (a batch gated on a slow engine event, or a very
-      // long copy) it sleeps 100 us between passes instead of holding a core.
+      // it far later: benchmarks/gpu.md, run 3). After kSpinWindow without progress (a batch gated
+      // on a slow engine event, or a very long copy) it sleeps 100 us between passes instead of
+      // holding a core.
       const auto now = Clock::now();
       if (!busy || progressed) last_progress = now;
       const bool spin = busy && now - last_progress < kSpinWindow;

@@ -9,8 +9,9 @@
 // own RunCopier; streams and copiers belong to the poster's thread alone. A batch takes with it
 // the batches queued behind it (before any note) between the same two regions that are ready to
 // run too, up to kMaxCoalesced, as one copy with an event per batch: when the caller posts faster
-// than launches go, fewer and larger launches, with no waiting for them. A batch is handed to `launched` with the channel it ran on, the event recorded behind its copies,
-// and the launch status. A launch that failed part-way still has an event behind whatever it
+// than launches go, fewer and larger launches, with no waiting for them. A batch is handed to
+// `launched` with the channel it ran on, the event recorded behind its copies, and the launch
+// status. A launch that failed part-way still has an event behind whatever it
 // enqueued when one could be recorded: its completion has to wait for those copies, which write
 // into the peer's memory all the same.
 //

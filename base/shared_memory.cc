@@ -76,8 +76,7 @@ Result<SharedMemory> SharedMemory::Adopt(int fd, uint64_t bytes, uint64_t offset
   const off_t at = static_cast<off_t>(offset - lead);
   // Registration pays for the page tables once, so that transfers take no faults on the hot path.
   // Writable ones: after MAP_POPULATE (read faults on a shared mapping) the first write into each
-  // page still cost ~1 us, ~60 ms per 256 MiB, which a decode region's first transfer paid (the
-  // first wave of kvbench pd ran at 0.55x the later ones' rate on the H200 host).
+  // page still faulted, on a decode region's first transfer.
   // MADV_POPULATE_WRITE (Linux 5.14) faults every page in writable without touching its bytes;
   // where the kernel refuses it, MAP_POPULATE is the fallback.
   void* data = mmap(nullptr, expected_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, at);

@@ -39,11 +39,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // Frames handed to the message handler per turn of the io loop; more wait behind the other
   // handlers ready then, in order. Small, so that a peer's WantRequest (which starts a request's
-  // transfer) is not held behind an engine's burst of saves: in one same-call comparison on the
-  // H200s, 4 rather than 16 moved kvbench pd --memory cuda from 0.83-0.84 to 0.86 (window 8)
-  // and TP 1->2 at window 32 from 0.88-0.89 to 0.90-0.91, though later calls put the latter at
-  // 0.86-0.91. Below 4 the send queue, flushed once a turn, posts too little at a time
-  // (benchmarks/pd_gpu.md, seventh session).
+  // transfer) is not held behind an engine's burst of saves; below 4 the send queue, flushed
+  // once a turn, posts too little at a time (benchmarks/pd_gpu.md, seventh session).
   static constexpr size_t kFramesPerTurn = 4;
   using MessageHandler = std::function<void(std::string body)>;
   // Called once, with OK for an orderly close by the other side, else why it was closed.

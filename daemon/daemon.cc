@@ -13,6 +13,7 @@
 
 #include "daemon/core.h"
 #include "daemon/peer_auth.h"
+#include "daemon/write_grants.h"
 
 namespace kv::daemon {
 
@@ -20,26 +21,26 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using local = asio::local::stream_protocol;
 
-namespace {
-
-Result<tcp::endpoint> ParseHostPort(const std::string& text) {
+Result<tcp::endpoint> ParseHostPort(const std::string& text, const std::string& what) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos) {
-    return Status::InvalidArgument("address '" + text + "' is not HOST:PORT");
+    return Status::InvalidArgument(what + " '" + text + "' is not HOST:PORT");
   }
   boost::system::error_code ec;
   auto ip = asio::ip::make_address(text.substr(0, colon), ec);
-  if (ec) return Status::InvalidArgument("address '" + text + "': " + ec.message());
+  if (ec) return Status::InvalidArgument(what + " '" + text + "': " + ec.message());
   int port = -1;
   try {
     port = std::stoi(text.substr(colon + 1));
   } catch (...) {
   }
   if (port < 0 || port > 65535) {
-    return Status::InvalidArgument("address '" + text + "': port is not in [0, 65535]");
+    return Status::InvalidArgument(what + " '" + text + "': port is not in [0, 65535]");
   }
   return tcp::endpoint(ip, static_cast<uint16_t>(port));
 }
+
+namespace {
 
 uint64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
@@ -134,20 +135,21 @@ Status Daemon::Core::Start() {
     resolver.etcd_url = options_.etcd_url;
     KV_ASSIGN_OR_RETURN(resolver_, membership::PeerResolver::Start(std::move(resolver)));
   }
+  OffloadOptions offload;
+  offload.capacity_bytes = options_.offload_bytes;
   if (options_.offload_bytes > 0) {
-    OffloadOptions offload;
-    offload.capacity_bytes = options_.offload_bytes;
     KV_ASSIGN_OR_RETURN(offload.device_copy, offload::ParseDeviceCopy(options_.offload_copy));
-    // Before the io thread starts: touching (and pinning) the memory may take seconds.
-    KV_ASSIGN_OR_RETURN(offload_, OffloadService::Create(offload));
   }
+  // Before the io thread starts: touching (and pinning) the memory may take seconds.
+  KV_ASSIGN_OR_RETURN(
+      offload_, OffloadService::Create(offload, options_.name, io_, registry_, event_gate_.get()));
   transport_->set_notification_handler([this](std::string_view message) {
-    asio::post(io_, [this, m = std::string(message)] { OnNotification(m); });
+    asio::post(io_, [this, m = std::string(message)] { scheduler_->OnNotification(m); });
   });
 
   boost::system::error_code ec;
   if (!options_.listen.empty()) {
-    KV_ASSIGN_OR_RETURN(tcp::endpoint endpoint, ParseHostPort(options_.listen));
+    KV_ASSIGN_OR_RETURN(tcp::endpoint endpoint, ParseHostPort(options_.listen, "address"));
     peer_acceptor_.emplace(io_);
     peer_acceptor_->open(endpoint.protocol(), ec);
     if (!ec) peer_acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
@@ -168,6 +170,10 @@ Status Daemon::Core::Start() {
     if (!ec) engine_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return Status::IoError("listen on " + options_.socket_path + ": " + ec.message());
   }
+  send_queue_ = std::make_unique<SendQueue>(io_, event_gate_.get(), SendQueueHooks());
+  scheduler_ = std::make_unique<Scheduler>(options_, listen_address_, registry_, peers_,
+                                           *send_queue_, transport_->takes_run_groups(),
+                                           resolver_.get(), io_, SchedulerHooks());
   if (peer_acceptor_) AcceptPeers();
   if (engine_acceptor_) AcceptEngines();
   Sweep();
@@ -306,7 +312,7 @@ Status Daemon::Core::AdmitPeerConnection(const asio::ip::address& ip) {
 // Deadlines and heartbeats, a few times per heartbeat interval: idle kvd wakes rarely.
 void Daemon::Core::Sweep() {
   const auto now = Clock::now();
-  ExpireRequests(now);
+  scheduler_->ExpireRequests(now);
   const auto silence = options_.heartbeat_interval * options_.missed_heartbeats;
   std::vector<uint64_t> dead;
   for (auto& [id, peer] : peers_.all()) {
@@ -362,14 +368,19 @@ Status Daemon::Core::AttachEngine(int fd) {
 
 proto::DaemonStatus Daemon::Core::Snapshot() {
   if (stopped_ || !io_thread_.joinable()) return BuildStatus();
-  std::promise<proto::DaemonStatus> promise;
-  auto future = promise.get_future();
-  asio::post(io_, [this, &promise] { promise.set_value(BuildStatus()); });
-  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    proto::DaemonStatus stale;
-    stale.set_name(options_.name);
-    return stale;
-  }
+  if (auto status = StatusFromIo(std::chrono::seconds(5))) return *std::move(status);
+  proto::DaemonStatus stale;
+  stale.set_name(options_.name);
+  return stale;
+}
+
+std::optional<proto::DaemonStatus> Daemon::Core::StatusFromIo(std::chrono::milliseconds wait) {
+  if (stopped_) return std::nullopt;
+  // Shared with the posted handler, which may outlive this wait if the io thread is slow.
+  auto promise = std::make_shared<std::promise<proto::DaemonStatus>>();
+  auto future = promise->get_future();
+  asio::post(io_, [this, promise] { promise->set_value(BuildStatus()); });
+  if (future.wait_for(wait) != std::future_status::ready) return std::nullopt;
   return future.get();
 }
 
@@ -390,13 +401,16 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_engines(totals.engines);
   s.set_regions(totals.regions);
   s.set_region_bytes(totals.region_bytes);
-  s.set_transfers_in_flight(static_cast<uint32_t>(sources_.size() + loads_.size()));
-  s.set_transfers_done(transfers_done_);
-  s.set_transfers_failed(transfers_failed_);
-  s.set_bytes_sent(bytes_sent_);
-  s.set_bytes_received(bytes_received_);
-  s.set_runs_sent(runs_sent_);
-  s.set_batches_posted(batches_posted_);
+  if (scheduler_) {
+    const Scheduler::Counters& counters = scheduler_->counters();
+    s.set_transfers_in_flight(static_cast<uint32_t>(scheduler_->requests_in_flight()));
+    s.set_transfers_done(counters.transfers_done);
+    s.set_transfers_failed(counters.transfers_failed);
+    s.set_bytes_sent(counters.bytes_sent);
+    s.set_bytes_received(counters.bytes_received);
+    s.set_runs_sent(counters.runs_sent);
+    s.set_batches_posted(send_queue_->batches_posted());
+  }
   s.set_peer_auth(!options_.auth_secret.empty() ? "secret"
                   : options_.insecure_peers     ? "insecure"
                                                 : "loopback-only");
@@ -417,7 +431,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
       i.set_registered_bytes(i.registered_bytes() + region->bytes);
   }
   for (auto& [name, i] : instances) *s.add_instances() = std::move(i);
-  if (offload_) *s.mutable_offload() = offload_->Snapshot();
+  if (offload_ && offload_->enabled()) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }
 
@@ -437,9 +451,7 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
       auto timer = std::make_shared<asio::steady_timer>(io_);
       auto step = std::make_shared<std::function<void()>>();
       *step = [this, until, timer, step, closed] {
-        int in_flight = 0;
-        for (const auto& [id, r] : sources_) in_flight += r.batches_in_flight;
-        if (in_flight > 0 && Clock::now() < until) {
+        if (scheduler_->batches_in_flight() > 0 && Clock::now() < until) {
           timer->expires_after(std::chrono::milliseconds(20));
           timer->async_wait([step](const boost::system::error_code&) { (*step)(); });
           return;
@@ -476,12 +488,46 @@ void Daemon::Core::Shutdown(std::chrono::milliseconds drain) {
   // Waits for the pool's copies; their completions release engine regions, which must happen
   // before the transport goes.
   offload_.reset();
-  sources_.clear();
-  loads_.clear();
-  retired_.clear();
+  if (scheduler_) scheduler_->Clear();
   registry_.Clear();
   peers_.Clear();
   transport_.reset();
+}
+
+SendQueue::Hooks Daemon::Core::SendQueueHooks() {
+  SendQueue::Hooks hooks;
+  hooks.post = [this](uint64_t engine_id, int event_layer, const transport::Batch& batch,
+                      transport::Completion done) {
+    const Engine* engine = FindEngine(engine_id);
+    if (engine == nullptr) return Status::Aborted("the prefill engine left");
+    return PostFromEngine(*engine, event_layer, batch, std::move(done));
+  };
+  hooks.generation_of = [this](const std::string& id) { return scheduler_->GenerationOf(id); };
+  hooks.fail = [this](const std::string& id, const Status& why) {
+    scheduler_->FinishSource(id, why, /*tell_peer=*/true);
+  };
+  hooks.done = [this](const std::vector<SendGroup::Part>& parts, const Status& s) {
+    for (const SendGroup::Part& part : parts) CountLayer(part, s);
+    for (const SendGroup::Part& part : parts) {
+      scheduler_->OnBatchDone(part.request_id, part.generation, s, part.bytes);
+    }
+  };
+  return hooks;
+}
+
+Scheduler::Hooks Daemon::Core::SchedulerHooks() {
+  Scheduler::Hooks hooks;
+  hooks.peer_for = [this](const std::string& address) { return PeerFor(address); };
+  hooks.source_ended = [this](const SourceRequest& r, const Status& s) { CountRequest(r, s); };
+  hooks.dest_ended = [this](const DestRequest& r, const Status& s) { CountRequest(r, s); };
+  // Issue 19 (write_grants.h).
+  hooks.grant_writes = [this](uint64_t peer_id, const DestRequest& r) -> Result<uint64_t> {
+    const Peer* peer = FindPeer(peer_id);
+    if (peer == nullptr || !peer->ready) return Status::Unavailable("peer not ready");
+    return GrantLoadWrites(*transport_, peer->transport_peer, r.ranks);
+  };
+  hooks.revoke_writes = [this](uint64_t grant) { transport_->revoke_writes(grant); };
+  return hooks;
 }
 
 // ---- Daemon ---------------------------------------------------------------------------------

@@ -1,14 +1,12 @@
-// The destination (decode) side of daemon/core.h's request state machines: a load asked of the
-// prefill kvd, its layers landing, its end; the source side is in transfers.cc.
+// The destination (decode) side of the Scheduler's request state machines (scheduler.h): a load
+// asked of the prefill kvd, its layers landing, its end; the source side is in transfers.cc.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 
-#include "daemon/core.h"
 #include "daemon/peer_auth.h"
-#include "layout/plan.h"
-#include "layout/rank_pairs.h"
+#include "daemon/scheduler.h"
 #include "protocol/wire_layout.h"
 
 namespace kv::daemon {
@@ -27,7 +25,7 @@ int RanksHere(const std::map<uint64_t, Engine>& engines, const std::string& inst
 
 }  // namespace
 
-Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
+Status Scheduler::StartLoad(Engine& engine, const proto::StartLoad& load) {
   KV_RETURN_IF_ERROR(CheckRequestId(load.request_id()));
   if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
   if (load.tokens() <= 0 || load.tokens() > kMaxTokens) {
@@ -80,10 +78,10 @@ Status Daemon::Core::StartLoad(Engine& engine, const proto::StartLoad& load) {
   return Status::Ok();
 }
 
-void Daemon::Core::RequestLoad(DestRequest& request) {
+void Scheduler::RequestLoad(DestRequest& request) {
   const std::optional<std::string> address = PeerAddressOf(request);
   if (!address) return;  // its name is being looked up, or the request failed
-  auto peer_id = PeerFor(*address);
+  auto peer_id = hooks_.peer_for(*address);
   if (!peer_id.ok()) {
     FinishDest(request.id, peer_id.status(), false);
     return;
@@ -113,10 +111,61 @@ void Daemon::Core::RequestLoad(DestRequest& request) {
     }
     for (int64_t b : rank.blocks) wire->add_block_ids(b);
   }
-  SendToPeer(request.peer_id, std::move(message));
+  // Issue 19: granted now where the peer is ready, else as its queued Want leaves
+  // (Core::PeerConnected).
+  const Peer* peer = peers_.Find(request.peer_id);
+  if (peer != nullptr && peer->ready && !GrantWantWrites(request.peer_id, message)) return;
+  peers_.Send(request.peer_id, std::move(message));
 }
 
-void Daemon::Core::OnNotification(const std::string& message) {
+bool Scheduler::GrantWantWrites(uint64_t peer_id, const proto::PeerMessage& message) {
+  if (!message.has_want() || !hooks_.grant_writes) return true;
+  auto load = loads_.find(message.want().request_id());
+  if (load == loads_.end() || load->second.write_grant != 0) return true;
+  auto grant = hooks_.grant_writes(peer_id, load->second);
+  if (!grant.ok()) {
+    FinishDest(std::string(load->first), grant.status(), false);
+    return false;
+  }
+  load->second.write_grant = *grant;
+  return true;
+}
+
+std::optional<std::string> Scheduler::PeerAddressOf(DestRequest& request) {
+  if (!membership::IsDaemonName(request.peer_address)) return request.peer_address;
+  if (!request.resolved_address.empty()) return request.resolved_address;
+  const std::string& name = request.peer_address;
+  if (!resolver_) {
+    FinishDest(request.id,
+               Status::InvalidArgument("peer '" + name +
+                                       "' is a daemon name (no ':'), and this kvd has no --etcd "
+                                       "to resolve it: give HOST:PORT"),
+               false);
+    return std::nullopt;
+  }
+  if (auto cached = resolver_->Cached(name)) return *cached;
+  if (request.resolving != 0) return std::nullopt;  // asked already
+  const uint64_t ticket = request.resolving = next_ticket_++;
+  resolver_->Resolve(name, [this, id = request.id, ticket](Result<std::string> address) {
+    // The resolver's thread: back to the io thread, where the request may have ended since
+    // (its lease, its engine gone), or a new one of the same id begun.
+    boost::asio::post(io_, [this, id, ticket, address = std::move(address)] {
+      auto it = loads_.find(id);
+      if (it == loads_.end() || it->second.resolving != ticket) return;
+      DestRequest& request = it->second;
+      request.resolving = 0;
+      if (!address.ok()) {
+        FinishDest(id, address.status().WithContext("peer " + request.peer_address), false);
+        return;
+      }
+      request.resolved_address = *address;
+      RequestLoad(request);
+    });
+  });
+  return std::nullopt;
+}
+
+void Scheduler::OnNotification(const std::string& message) {
   proto::LayerNotice notice;
   if (!notice.ParseFromString(message)) {
     spdlog::warn("kvd {}: dropped a malformed transport notification", options_.name);
@@ -125,7 +174,7 @@ void Daemon::Core::OnNotification(const std::string& message) {
   auto it = loads_.find(notice.request_id());
   if (it == loads_.end()) return;  // failed or finished already: late news
   DestRequest& request = it->second;
-  Peer* peer = FindPeer(request.peer_id);
+  Peer* peer = peers_.Find(request.peer_id);
   if (peer == nullptr || peer->name != notice.source() || notice.layer() < 0 ||
       notice.layer() >= request.layers || request.ready[notice.layer()]) {
     return;
@@ -141,7 +190,7 @@ void Daemon::Core::OnNotification(const std::string& message) {
   Trace("notice", request.id, notice.layer());
   request.bytes += notice.bytes();
   request.runs += notice.runs();
-  bytes_received_ += notice.bytes();
+  counters_.bytes_received += notice.bytes();
   proto::DaemonMessage ready;
   ready.mutable_layer_ready()->set_request_id(request.id);
   ready.mutable_layer_ready()->set_layer(notice.layer());
@@ -149,23 +198,25 @@ void Daemon::Core::OnNotification(const std::string& message) {
   if (std::all_of(request.ready.begin(), request.ready.end(), [](bool b) { return b; })) {
     proto::PeerMessage confirm;
     confirm.mutable_confirm()->set_request_id(request.id);
-    SendToPeer(request.peer_id, std::move(confirm));
+    peers_.Send(request.peer_id, std::move(confirm));
     FinishDest(request.id, Status::Ok(), false);
   }
 }
 
-void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool tell_peer) {
+void Scheduler::FinishDest(std::string request_id, const Status& status, bool tell_peer) {
   auto it = loads_.find(request_id);
   if (it == loads_.end()) return;
   DestRequest request = std::move(it->second);
   loads_.erase(it);
-  if (request.write_grant != 0) transport_->revoke_writes(request.write_grant);  // write_grants.h
+  if (request.write_grant != 0 && hooks_.revoke_writes) {
+    hooks_.revoke_writes(request.write_grant);  // write_grants.h
+  }
   const bool requested = request.state == DestRequest::State::kRequested;
   if (tell_peer && !status.ok() && requested) {
     proto::PeerMessage fail;
     fail.mutable_fail()->set_request_id(request_id);
     ToWire(status, fail.mutable_fail()->mutable_error());
-    SendToPeer(request.peer_id, std::move(fail));
+    peers_.Send(request.peer_id, std::move(fail));
   }
   if (!status.ok()) {
     spdlog::warn("kvd {}: load of {} failed: {}", options_.name, request_id, status.ToString());
@@ -178,8 +229,8 @@ void Daemon::Core::FinishDest(std::string request_id, const Status& status, bool
       retired_.push_back(std::move(retired));
     }
   }
-  (status.ok() ? transfers_done_ : transfers_failed_)++;
-  CountRequest(request, status);
+  (status.ok() ? counters_.transfers_done : counters_.transfers_failed)++;
+  hooks_.dest_ended(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/false, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }

@@ -25,7 +25,7 @@ void Daemon::Core::ServeEngine(int fd, bool check_credentials) {
   engine.conn->Start(
       [this, id](std::string body) {
         OnEngineMessage(id, body);
-        FlushSendsIfDue();
+        send_queue_->FlushIfDue();
       },
       [this, id](const Status& why) { OnEngineClosed(id, why); });
 }
@@ -85,23 +85,23 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
       return;
     }
     case proto::EngineMessage::kSaveLayer: {
-      const Status saved = SaveLayer(*engine, m.save_layer());
+      const Status saved = scheduler_->SaveLayer(*engine, m.save_layer());
       if (m.seq() != 0) {
         reply_to(saved);
       } else if (!saved.ok()) {
-        FailSave(engine_id, m.save_layer().request_id(), saved);
+        scheduler_->FailSave(engine_id, m.save_layer().request_id(), saved);
       }
       return;
     }
     case proto::EngineMessage::kRequestFinished: {
-      auto params = RequestFinished(*engine, m.request_finished());
+      auto params = scheduler_->RequestFinished(*engine, m.request_finished());
       proto::Reply reply;
       if (params.ok()) *reply.mutable_params() = std::move(*params);
       reply_to(params.status(), &reply);
       return;
     }
     case proto::EngineMessage::kStartLoad:
-      reply_to(StartLoad(*engine, m.start_load()));
+      reply_to(scheduler_->StartLoad(*engine, m.start_load()));
       return;
     case proto::EngineMessage::kStartLoads: {
       auto results = StartLoads(engine_id, m.start_loads());
@@ -113,9 +113,9 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
     case proto::EngineMessage::kOffloadStore:
     case proto::EngineMessage::kOffloadLookup:
     case proto::EngineMessage::kOffloadLoad: {
-      auto result = m.has_offload_store()    ? OffloadStore(*engine, m.offload_store())
-                    : m.has_offload_lookup() ? OffloadLookup(*engine, m.offload_lookup())
-                                             : OffloadLoad(*engine, m.offload_load());
+      auto result = m.has_offload_store()    ? offload_->Store(*engine, m.offload_store())
+                    : m.has_offload_lookup() ? offload_->Lookup(*engine, m.offload_lookup())
+                                             : offload_->Load(*engine, m.offload_load());
       proto::Reply reply;
       if (result.ok()) *reply.mutable_offload() = std::move(*result);
       reply_to(result.status(), &reply);
@@ -173,7 +173,7 @@ Result<proto::LoadResults> Daemon::Core::StartLoads(uint64_t engine_id,
   for (const proto::StartLoad& load : batch.loads()) {
     Engine* engine = FindEngine(engine_id);
     const Status s = engine != nullptr
-                         ? StartLoad(*engine, load)
+                         ? scheduler_->StartLoad(*engine, load)
                          : Status::Aborted("the engine's connection closed during start_loads");
     ToWire(s, results.add_errors());
   }
@@ -407,7 +407,7 @@ void Daemon::Core::ReleaseEngine(uint64_t engine_id) {
     p->held.messages.pop_front();
     p->held.bytes -= body.size();
     OnEngineMessage(engine_id, body);
-    FlushSendsIfDue();
+    send_queue_->FlushIfDue();
   }
 }
 
@@ -420,9 +420,9 @@ void Daemon::Core::OnEngineClosed(uint64_t engine_id, const Status& why) {
   } else {
     spdlog::warn("kvd {}: closed engine {}: {}", options_.name, engine->instance, why.ToString());
   }
-  FailRequestsOfEngine(engine_id,
-                       Status::Aborted("engine " + engine->instance + " rank " +
-                                       std::to_string(engine->tp_rank) + " disconnected"));
+  scheduler_->FailRequestsOfEngine(
+      engine_id, Status::Aborted("engine " + engine->instance + " rank " +
+                                 std::to_string(engine->tp_rank) + " disconnected"));
   registry_.Remove(engine_id);
 }
 

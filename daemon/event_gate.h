@@ -1,14 +1,10 @@
 // EventGate: where kvd holds work that must not start before an engine's CUDA event fired, seen
 // from the host, so that no transport and no copy stream of kvd ever waits on an engine.
 //
-// Why on the host: an engine's per-layer event (gpu/layer_events.h) is recorded
-// before the layer's kernels are done. A stream made to wait for it on the device, with the
-// streams that share its hardware queue, stays blocked for good when the engine dies before its
-// stream reached the record (18 s and counting on the H200s: benchmarks/pd_gpu.md, seventh
-// session), and a device-side wait on another process's event slowed the engine's own records to
-// one per ~15 ms (nccl, same file). So each backend polled the event itself (cuda_ipc's poster,
-// nccl's engine gate, staged's sender) and the offload pool waited on the device; all of that is
-// here now, once, and the transports only ever see a plain Transport::post.
+// Why on the host: an engine's per-layer event (gpu/layer_events.h) is recorded before the
+// layer's kernels are done, and a stream made to wait for it on the device stays blocked for good
+// when the engine dies before its stream reached the record (benchmarks/pd_gpu.md, seventh
+// session). So the transports only ever see a plain Transport::post.
 //
 // What waits here: a send group (Post) or any other piece of work (Hold: the offload pool's store
 // copy) whose event had not fired when it came. One poller thread queries the held events

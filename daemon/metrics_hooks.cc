@@ -3,9 +3,6 @@
 // which renders on the metrics server's own thread.
 #include <spdlog/spdlog.h>
 
-#include <boost/asio/post.hpp>
-#include <future>
-
 #include "daemon/core.h"
 
 #ifndef KVD_VERSION
@@ -36,18 +33,9 @@ Status Daemon::Core::StartMetrics() {
 }
 
 std::string Daemon::Core::RenderMetrics() {
-  // Shared with the posted handler, which may outlive this wait if the io thread is slow.
-  auto promise = std::make_shared<std::promise<proto::DaemonStatus>>();
-  auto future = promise->get_future();
-  if (!stopped_) {
-    boost::asio::post(io_, [this, promise] { promise->set_value(BuildStatus()); });
-  }
-  if (stopped_ || future.wait_for(kSnapshotWait) != std::future_status::ready) {
-    metrics_.SnapshotTimeout();
-    return metrics_.Render(nullptr, KVD_VERSION);
-  }
-  const proto::DaemonStatus status = future.get();
-  return metrics_.Render(&status, KVD_VERSION);
+  const std::optional<proto::DaemonStatus> status = StatusFromIo(kSnapshotWait);
+  if (!status) metrics_.SnapshotTimeout();
+  return metrics_.Render(status ? &*status : nullptr, KVD_VERSION);
 }
 
 void Daemon::Core::CountRequest(const SourceRequest& request, const Status& status) {

@@ -1,4 +1,5 @@
-// OffloadService, and the engine protocol's offload messages (Daemon::Core, see core.h).
+// OffloadService (offload_service.h): the pool, its key namespaces, and the engine protocol's
+// offload messages.
 #include "daemon/offload_service.h"
 
 #include <openssl/evp.h>
@@ -7,7 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <type_traits>
 
-#include "daemon/core.h"
+#include "daemon/transfer_support.h"
 #include "protocol/wire_layout.h"
 
 namespace kv::daemon {
@@ -16,15 +17,29 @@ namespace asio = boost::asio;
 using offload::BlockKey;
 using offload::OffloadPool;
 
-Result<std::unique_ptr<OffloadService>> OffloadService::Create(const OffloadOptions& options) {
-  if (options.capacity_bytes == 0) return Status::InvalidArgument("offload pool of 0 bytes");
-  KV_ASSIGN_OR_RETURN(offload::HostBuffer memory,
-                      offload::HostBuffer::Allocate(options.capacity_bytes, options.memory));
-  return std::unique_ptr<OffloadService>(new OffloadService(options, std::move(memory)));
+Result<std::unique_ptr<OffloadService>> OffloadService::Create(const OffloadOptions& options,
+                                                               std::string kvd_name,
+                                                               asio::io_context& io,
+                                                               Registry& registry,
+                                                               EventGate* gate) {
+  std::optional<offload::HostBuffer> memory;
+  if (options.capacity_bytes > 0) {
+    KV_ASSIGN_OR_RETURN(memory,
+                        offload::HostBuffer::Allocate(options.capacity_bytes, options.memory));
+  }
+  return std::unique_ptr<OffloadService>(
+      new OffloadService(options, std::move(memory), std::move(kvd_name), io, registry, gate));
 }
 
-OffloadService::OffloadService(const OffloadOptions& options, offload::HostBuffer memory)
-    : options_(options), memory_(std::move(memory)) {}
+OffloadService::OffloadService(const OffloadOptions& options,
+                               std::optional<offload::HostBuffer> memory, std::string kvd_name,
+                               asio::io_context& io, Registry& registry, EventGate* gate)
+    : options_(options),
+      kvd_name_(std::move(kvd_name)),
+      io_(io),
+      registry_(registry),
+      gate_(gate),
+      memory_(std::move(memory)) {}
 
 OffloadService::~OffloadService() = default;
 
@@ -70,7 +85,7 @@ Result<OffloadPool*> OffloadService::PoolFor(const KvRegion& region) {
   offload::PoolOptions options;
   options.slot_layout = region.spec();
   options.gpu.how = options_.device_copy;
-  KV_ASSIGN_OR_RETURN(pool_, OffloadPool::Create(options, memory_));
+  KV_ASSIGN_OR_RETURN(pool_, OffloadPool::Create(options, *memory_));
   shape_ = offload::DescribeShape(region);
   const offload::PoolStats stats = pool_->stats();
   spdlog::info("offload pool: {} slots of {} ({} bytes each, {})", stats.capacity_slots, shape_,
@@ -82,9 +97,9 @@ proto::OffloadStatus OffloadService::Snapshot() const {
   proto::OffloadStatus s;
   s.set_enabled(true);
   if (!pool_) {
-    s.set_capacity_bytes(memory_.size());
-    s.set_huge_pages(memory_.huge_pages());
-    s.set_pinned_memory(memory_.pinned());
+    s.set_capacity_bytes(memory_->size());
+    s.set_huge_pages(memory_->huge_pages());
+    s.set_pinned_memory(memory_->pinned());
     return s;
   }
   const offload::PoolStats p = pool_->stats();
@@ -143,58 +158,9 @@ Status CheckOffloadsInFlight(const Engine& engine) {
                                    "have; wait for some to complete");
 }
 
-// What a store and a load check before their copy, and what the copy needs: the keys and block
-// ids, the engine's region (it rides with the completion; the pool picks its copy path by where
-// its bytes are), the event the copy waits for, and the pool, created on first use.
-struct OffloadCopy {
-  std::vector<BlockKey> keys;         // the pool's (OffloadService::Namespaced)
-  std::vector<BlockKey> engine_keys;  // as the engine named them
-  std::vector<int64_t> blocks;
-  std::shared_ptr<Region> region;
-  offload::CopyGate gate;
-  OffloadPool* pool = nullptr;
-
-  offload::BlockTransfer transfer() const {
-    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, gate,
-            region->where};
-  }
-};
-
 // How long a GPU store's copy waits in the event gate for the engine's event: the pool's own
 // bound on a GPU copy (CudaMoverOptions::timeout's default).
 constexpr auto kStoreEventTimeout = std::chrono::seconds(30);
-
-// GPU regions: a store's copy starts once the event gate saw the engine's most recent record of
-// its last layer's event complete, which Connector::OffloadStore makes on the engine's stream
-// just before it sends the store (the engine's writes of the blocks come before it). A load
-// waits for nothing: the engine gives it blocks no work of its own touches, and hears each
-// layer once it landed.
-template <typename Message>  // proto::OffloadStore or proto::OffloadLoad
-Result<OffloadCopy> PrepareCopy(Daemon::Core& core, Engine& engine, const Message& m) {
-  KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
-  OffloadCopy copy;
-  KV_ASSIGN_OR_RETURN(copy.keys, ParseKeys(m.keys()));
-  KV_ASSIGN_OR_RETURN(copy.blocks, ParseBlocks(m.block_ids(), copy.keys.size()));
-  KV_ASSIGN_OR_RETURN(copy.region, core.OffloadRegion(engine, m.region_id()));
-  copy.engine_keys = copy.keys;
-  copy.keys = core.offload_->Namespaced(engine.offload_namespace, copy.keys,
-                                        std::is_same_v<Message, proto::OffloadStore>);
-  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
-  if constexpr (std::is_same_v<Message, proto::OffloadStore>) {
-    if (copy.region->where.kind == MemoryKind::kCuda) {
-      // The gate's probe keeps the engine's events open while the copy waits, even if the
-      // engine leaves meanwhile.
-      copy.gate = [gate = core.event_gate_.get(), events = engine.layer_events](
-                      std::function<void()> start, std::function<void(Status)> fail) {
-        const int last = events->layers() - 1;
-        gate->Hold([events, last] { return events->Fired(last); },
-                   Clock::now() + kStoreEventTimeout, std::move(start), std::move(fail));
-      };
-    }
-  }
-  KV_ASSIGN_OR_RETURN(copy.pool, core.offload_->PoolFor(copy.region->layout));
-  return copy;
-}
 
 // The pool's errors name its keys; the engine knows its own (same order).
 Status InEngineTerms(const Status& s, const std::vector<BlockKey>& pool_keys,
@@ -220,9 +186,59 @@ proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer) {
 
 }  // namespace
 
-Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint32_t region_id) {
-  if (!offload_) {
-    return Status::Unsupported("kvd " + options_.name +
+// What a store and a load check before their copy, and what the copy needs: the keys and block
+// ids, the engine's region (it rides with the completion; the pool picks its copy path by where
+// its bytes are), the event the copy waits for, and the pool, created on first use.
+struct OffloadService::Copy {
+  std::vector<BlockKey> keys;         // the pool's (OffloadService::Namespaced)
+  std::vector<BlockKey> engine_keys;  // as the engine named them
+  std::vector<int64_t> blocks;
+  std::shared_ptr<Region> region;
+  offload::CopyGate gate;
+  OffloadPool* pool = nullptr;
+
+  offload::BlockTransfer transfer() const {
+    return {&region->layout, static_cast<std::byte*>(region->base), keys, blocks, gate,
+            region->where};
+  }
+};
+
+// GPU regions: a store's copy starts once the event gate saw the engine's most recent record of
+// its last layer's event complete, which Connector::OffloadStore makes on the engine's stream
+// just before it sends the store (the engine's writes of the blocks come before it). A load
+// waits for nothing: the engine gives it blocks no work of its own touches, and hears each
+// layer once it landed.
+template <typename Message>  // proto::OffloadStore or proto::OffloadLoad
+Result<OffloadService::Copy> OffloadService::Prepare(Engine& engine, const Message& m) {
+  KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
+  Copy copy;
+  KV_ASSIGN_OR_RETURN(copy.keys, ParseKeys(m.keys()));
+  KV_ASSIGN_OR_RETURN(copy.blocks, ParseBlocks(m.block_ids(), copy.keys.size()));
+  KV_ASSIGN_OR_RETURN(copy.region, RegionOf(engine, m.region_id()));
+  copy.engine_keys = copy.keys;
+  copy.keys =
+      Namespaced(engine.offload_namespace, copy.keys, std::is_same_v<Message, proto::OffloadStore>);
+  KV_RETURN_IF_ERROR(CheckOffloadsInFlight(engine));
+  if constexpr (std::is_same_v<Message, proto::OffloadStore>) {
+    if (copy.region->where.kind == MemoryKind::kCuda) {
+      // The gate's probe keeps the engine's events open while the copy waits, even if the
+      // engine leaves meanwhile.
+      copy.gate = [gate = gate_, events = engine.layer_events](std::function<void()> start,
+                                                               std::function<void(Status)> fail) {
+        const int last = events->layers() - 1;
+        gate->Hold([events, last] { return events->Fired(last); },
+                   Clock::now() + kStoreEventTimeout, std::move(start), std::move(fail));
+      };
+    }
+  }
+  KV_ASSIGN_OR_RETURN(copy.pool, PoolFor(copy.region->layout));
+  return copy;
+}
+
+Result<std::shared_ptr<Region>> OffloadService::RegionOf(const Engine& engine,
+                                                         uint32_t region_id) const {
+  if (!enabled()) {
+    return Status::Unsupported("kvd " + kvd_name_ +
                                " has no offload pool (start it with --offload-bytes)");
   }
   if (region_id >= engine.regions.size()) {
@@ -232,9 +248,13 @@ Result<std::shared_ptr<Region>> Daemon::Core::OffloadRegion(Engine& engine, uint
   return engine.regions[region_id];
 }
 
-void Daemon::Core::OffloadCompleted(uint64_t engine_id,
-                                    const std::vector<proto::DaemonMessage>& events) {
-  Engine* engine = FindEngine(engine_id);
+void OffloadService::SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message) {
+  if (Engine* engine = registry_.Find(engine_id)) (void)engine->conn->Send(message);
+}
+
+void OffloadService::Completed(uint64_t engine_id,
+                               const std::vector<proto::DaemonMessage>& events) {
+  Engine* engine = registry_.Find(engine_id);
   if (engine == nullptr) return;  // it left; the copy still landed (or failed) in the pool
   --engine->offload_in_flight;
   // SendToEngine looks the engine up for each event: a send that fails closes the connection
@@ -242,9 +262,8 @@ void Daemon::Core::OffloadCompleted(uint64_t engine_id,
   for (const auto& event : events) SendToEngine(engine_id, event);
 }
 
-Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
-                                                        const proto::OffloadStore& m) {
-  KV_ASSIGN_OR_RETURN(const OffloadCopy copy, PrepareCopy(*this, engine, m));
+Result<proto::OffloadResult> OffloadService::Store(Engine& engine, const proto::OffloadStore& m) {
+  KV_ASSIGN_OR_RETURN(const Copy copy, Prepare(engine, m));
   const std::shared_ptr<Region>& region = copy.region;
   const offload::BlockTransfer transfer = copy.transfer();
   // The ticket's figures are filled in on the io thread right after Store() returns; the
@@ -258,7 +277,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
       std::vector<proto::DaemonMessage> events;
       if (s.ok()) events.push_back(LayerReadyMessage(id, 0));
       events.push_back(RequestDoneMessage(id, /*sent=*/false, s, figures->first, figures->second));
-      OffloadCompleted(engine_id, events);
+      Completed(engine_id, events);
     });
   });
   if (!ticket.ok()) return ticket.status();
@@ -267,7 +286,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
   proto::OffloadResult result;
   result.set_stored(ticket->stored);
   result.set_already_present(ticket->already_present);
-  for (const BlockKey& key : offload_->EvictedOf(engine.offload_namespace, ticket->evicted)) {
+  for (const BlockKey& key : EvictedOf(engine.offload_namespace, ticket->evicted)) {
     result.add_evicted(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size());
   }
   result.set_bytes(ticket->bytes);
@@ -275,12 +294,11 @@ Result<proto::OffloadResult> Daemon::Core::OffloadStore(Engine& engine,
   return result;
 }
 
-Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
-                                                         const proto::OffloadLookup& m) {
+Result<proto::OffloadResult> OffloadService::Lookup(Engine& engine, const proto::OffloadLookup& m) {
   KV_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, ParseKeys(m.keys()));
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, OffloadRegion(engine, m.region_id()));
-  keys = offload_->Namespaced(engine.offload_namespace, keys, /*record=*/false);
-  KV_ASSIGN_OR_RETURN(OffloadPool * pool, offload_->PoolFor(region->layout));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, RegionOf(engine, m.region_id()));
+  keys = Namespaced(engine.offload_namespace, keys, /*record=*/false);
+  KV_ASSIGN_OR_RETURN(OffloadPool * pool, PoolFor(region->layout));
   proto::OffloadResult result;
   if (!m.per_key()) {
     KV_ASSIGN_OR_RETURN(size_t hits, pool->Lookup(region->layout, keys));
@@ -296,9 +314,8 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLookup(Engine& engine,
   return result;
 }
 
-Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
-                                                       const proto::OffloadLoad& m) {
-  KV_ASSIGN_OR_RETURN(const OffloadCopy copy, PrepareCopy(*this, engine, m));
+Result<proto::OffloadResult> OffloadService::Load(Engine& engine, const proto::OffloadLoad& m) {
+  KV_ASSIGN_OR_RETURN(const Copy copy, Prepare(engine, m));
   const std::shared_ptr<Region>& region = copy.region;
   const offload::BlockTransfer transfer = copy.transfer();
   const uint64_t engine_id = engine.id;
@@ -325,7 +342,7 @@ Result<proto::OffloadResult> Daemon::Core::OffloadLoad(Engine& engine,
         events.push_back(LayerReadyMessage(id, l));
       }
       events.push_back(RequestDoneMessage(id, /*sent=*/false, s, figures->first, figures->second));
-      OffloadCompleted(engine_id, events);
+      Completed(engine_id, events);
     });
   };
   auto ticket = copy.pool->Load(transfer, std::move(on_layer), std::move(on_done));

@@ -1,8 +1,9 @@
 // OffloadService: kvd's CPU offload pool (daemon/offload/) as the daemon holds it.
 //
-// One per kvd, created at start when `--offload-bytes` is given, and alive until shutdown: it
-// belongs to the daemon, not to an engine, so an engine that restarts and registers again finds
-// the blocks it stored before.
+// One per kvd, created at start and alive until shutdown; it has a pool when `--offload-bytes` is
+// given. The pool belongs to the daemon, not to an engine, so an engine that restarts and
+// registers again finds the blocks it stored before. The service answers the engine protocol's
+// offload messages (Store, Lookup, Load); without a pool, with kUnsupported.
 //
 // Sizing. The memory is allocated (touched, and pinned with a GPU present) once, at start, so a
 // machine that cannot give it fails kvd's start rather than an engine's first store, and no
@@ -12,25 +13,29 @@
 // another shape are rejected with kIncompatible naming both shapes; if that first shape does
 // not fit one slot into the memory, the request fails and the next one tries again.
 //
-// The engine-protocol handlers (OffloadStore, OffloadLookup, OffloadLoad) are Daemon::Core
-// methods in offload_service.cc; copies run on the pool's copy threads and their completions
-// hop to the io thread, so no pool work blocks it.
+// Copies run on the pool's copy threads and their completions hop to the io thread, so no pool
+// work blocks it; a GPU store's copy first waits in the event gate for the engine's event.
 //
-// Threading: PoolFor() and Snapshot() on the io thread. The pool itself is thread-safe.
-// Destruction waits for every accepted copy.
+// Threading: io thread only (the engines it reads are the io thread's). The pool itself is
+// thread-safe. Destruction waits for every accepted copy; completions it leaves posted to the io
+// loop are for a loop that no longer runs.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "daemon/offload/offload_pool.h"
-#include "protocol/kvd.pb.h"
-#include "layout/kv_region.h"
 #include "base/status.h"
+#include "daemon/event_gate.h"
+#include "daemon/offload/offload_pool.h"
+#include "daemon/registry.h"
+#include "layout/kv_region.h"
+#include "protocol/kvd.pb.h"
 
 namespace kv::daemon {
 
@@ -42,17 +47,47 @@ struct OffloadOptions {
 
 class OffloadService {
  public:
-  // Allocates the pool's memory. kInvalidArgument for 0 bytes; allocation errors as
-  // HostBuffer::Allocate reports them.
-  static Result<std::unique_ptr<OffloadService>> Create(const OffloadOptions& options);
+  // capacity_bytes > 0: allocates the pool's memory (errors as HostBuffer::Allocate reports
+  // them). 0: no pool; every offload message is refused with kUnsupported once its own checks
+  // passed. `kvd_name` names this kvd in that refusal. `io` takes the copies' completions,
+  // `registry` is where their engines are found again, `gate` holds GPU stores until the
+  // engine's event fired; all three outlive the service.
+  static Result<std::unique_ptr<OffloadService>> Create(const OffloadOptions& options,
+                                                        std::string kvd_name,
+                                                        boost::asio::io_context& io,
+                                                        Registry& registry, EventGate* gate);
   ~OffloadService();
   OffloadService(const OffloadService&) = delete;
   OffloadService& operator=(const OffloadService&) = delete;
 
-  // The pool, created on first use with `region`'s block shape (see above).
-  Result<offload::OffloadPool*> PoolFor(const KvRegion& region);
+  bool enabled() const { return options_.capacity_bytes > 0; }
+
+  // The engine protocol's offload messages. The reply is the result; the copies' events
+  // (LayerReady, RequestDone) reach the engine later, if it is still connected.
+  Result<proto::OffloadResult> Store(Engine& engine, const proto::OffloadStore& m);
+  Result<proto::OffloadResult> Lookup(Engine& engine, const proto::OffloadLookup& m);
+  Result<proto::OffloadResult> Load(Engine& engine, const proto::OffloadLoad& m);
 
   proto::OffloadStatus Snapshot() const;
+
+ private:
+  struct Copy;
+
+  OffloadService(const OffloadOptions& options, std::optional<offload::HostBuffer> memory,
+                 std::string kvd_name, boost::asio::io_context& io, Registry& registry,
+                 EventGate* gate);
+
+  // The pool, created on first use with `region`'s block shape (see above).
+  Result<offload::OffloadPool*> PoolFor(const KvRegion& region);
+  // The engine's region `region_id`; kUnsupported without a pool.
+  Result<std::shared_ptr<Region>> RegionOf(const Engine& engine, uint32_t region_id) const;
+  // What a store and a load check before their copy (offload_service.cc).
+  template <typename Message>
+  Result<Copy> Prepare(Engine& engine, const Message& m);
+  // On the io thread once a store or load completed: its last events go to the engine, if
+  // it is still connected.
+  void Completed(uint64_t engine_id, const std::vector<proto::DaemonMessage>& events);
+  void SendToEngine(uint64_t engine_id, const proto::DaemonMessage& message);
 
   // Security issue 19: the pool answered any engine's lookups and loads, so tenant B loaded
   // tenant A's block by its hash. Keys are namespaced per engine instance: the pool holds
@@ -66,11 +101,12 @@ class OffloadService {
   std::vector<offload::BlockKey> EvictedOf(const std::string& instance,
                                            const std::vector<offload::BlockKey>& evicted);
 
- private:
-  OffloadService(const OffloadOptions& options, offload::HostBuffer memory);
-
   const OffloadOptions options_;
-  offload::HostBuffer memory_;  // empty once the pool took it
+  const std::string kvd_name_;
+  boost::asio::io_context& io_;
+  Registry& registry_;
+  EventGate* const gate_;
+  std::optional<offload::HostBuffer> memory_;  // none without a pool; empty once the pool took it
   std::string shape_;
   std::unique_ptr<offload::OffloadPool> pool_;
   // Pool key bytes -> (instance, engine key), for keys stored and not yet evicted (io thread).

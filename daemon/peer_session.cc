@@ -9,7 +9,6 @@
 
 #include "daemon/core.h"
 #include "daemon/peer_auth.h"
-#include "daemon/write_grants.h"
 #include "protocol/wire_layout.h"
 
 namespace kv::daemon {
@@ -48,7 +47,7 @@ void Daemon::Core::ServePeer(int fd, std::string dialed_address, std::string rem
   peer.conn->Start(
       [this, id](std::string body) {
         OnPeerMessage(id, body);
-        FlushSendsIfDue();
+        send_queue_->FlushIfDue();
       },
       [this, id](const Status& why) { OnPeerClosed(id, why); });
   if (options_.auth_secret.empty()) {
@@ -163,21 +162,12 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
   if (Peer* dialed = peers_.Dialed(address)) return dialed->id;
   // A peer that dialed us is found by the address it listens on only after its hello; matching
   // by name is not possible before it, so a second session may be dialed. Both are valid.
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
+  KV_ASSIGN_OR_RETURN(const tcp::endpoint endpoint, ParseHostPort(address, "peer address"));
+  if (endpoint.port() == 0) {
     return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
   }
-  boost::system::error_code ec;
-  auto ip = asio::ip::make_address(address.substr(0, colon), ec);
-  int port = -1;
-  try {
-    port = std::stoi(address.substr(colon + 1));
-  } catch (...) {
-  }
-  if (ec || port <= 0 || port > 65535) {
-    return Status::InvalidArgument("peer address '" + address + "' is not HOST:PORT");
-  }
-  if (options_.auth_secret.empty() && !options_.insecure_peers && !ip.is_loopback()) {
+  if (options_.auth_secret.empty() && !options_.insecure_peers &&
+      !endpoint.address().is_loopback()) {
     return Status::Unavailable("peer address '" + address +
                                "' is not on loopback: without --auth-secret-file this kvd dials "
                                "loopback peers only (--insecure opens it)");
@@ -188,13 +178,12 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
   peer.last_heard = Clock::now();
   peer.connecting = std::make_shared<tcp::socket>(io_);
   peer.connecting->async_connect(
-      tcp::endpoint(ip, static_cast<uint16_t>(port)),
-      [this, id, address, socket = peer.connecting](const boost::system::error_code& ec) {
+      endpoint, [this, id, address, socket = peer.connecting](const boost::system::error_code& ec) {
         Peer* p = FindPeer(id);
         if (p == nullptr) return;
         if (ec) {
           if (resolver_) resolver_->Forget(address);  // a name there is looked up anew
-          FailRequestsOfPeer(
+          scheduler_->FailRequestsOfPeer(
               id, Status::Unavailable("connect to kvd at " + address + ": " + ec.message()));
           peers_.Remove(id);
           return;
@@ -203,64 +192,6 @@ Result<uint64_t> Daemon::Core::PeerFor(const std::string& address) {
         ServePeer(socket->release(), address);
       });
   return id;
-}
-
-std::optional<std::string> Daemon::Core::PeerAddressOf(DestRequest& request) {
-  if (!membership::IsDaemonName(request.peer_address)) return request.peer_address;
-  if (!request.resolved_address.empty()) return request.resolved_address;
-  const std::string& name = request.peer_address;
-  if (!resolver_) {
-    FinishDest(request.id,
-               Status::InvalidArgument("peer '" + name +
-                                       "' is a daemon name (no ':'), and this kvd has no --etcd "
-                                       "to resolve it: give HOST:PORT"),
-               false);
-    return std::nullopt;
-  }
-  if (auto cached = resolver_->Cached(name)) return *cached;
-  if (request.resolving != 0) return std::nullopt;  // asked already
-  const uint64_t ticket = request.resolving = next_id_++;
-  resolver_->Resolve(name, [this, id = request.id, ticket](Result<std::string> address) {
-    // The resolver's thread: back to the io thread, where the request may have ended since
-    // (its lease, its engine gone), or a new one of the same id begun.
-    asio::post(io_, [this, id, ticket, address = std::move(address)] {
-      auto it = loads_.find(id);
-      if (it == loads_.end() || it->second.resolving != ticket) return;
-      DestRequest& request = it->second;
-      request.resolving = 0;
-      if (!address.ok()) {
-        FinishDest(id, address.status().WithContext("peer " + request.peer_address), false);
-        return;
-      }
-      request.resolved_address = *address;
-      RequestLoad(request);
-    });
-  });
-  return std::nullopt;
-}
-
-void Daemon::Core::SendToPeer(uint64_t peer_id, proto::PeerMessage message) {
-  Peer* peer = FindPeer(peer_id);
-  if (peer == nullptr) return;
-  if (!peer->ready) {
-    peer->queued.push_back(std::move(message));
-    return;
-  }
-  // Issue 19 (write_grants.h): as its Want leaves, the request's source may write into the
-  // request's blocks, and nowhere else, until the request ends (pull too: the source puts the
-  // whole request once it finished).
-  if (message.has_want()) {
-    auto load = loads_.find(message.want().request_id());
-    if (load != loads_.end() && load->second.write_grant == 0) {
-      auto grant = GrantLoadWrites(*transport_, peer->transport_peer, load->second.ranks);
-      if (!grant.ok()) {
-        FinishDest(std::string(load->first), grant.status(), false);
-        return;
-      }
-      load->second.write_grant = *grant;
-    }
-  }
-  (void)peer->conn->Send(message);
 }
 
 void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
@@ -306,10 +237,10 @@ void Daemon::Core::OnPeerMessage(uint64_t peer_id, const std::string& body) {
       HandleWant(*peer, m.want());
       return;
     case proto::PeerMessage::kConfirm:
-      OnConfirm(*peer, m.confirm().request_id());
+      scheduler_->OnConfirm(*peer, m.confirm().request_id());
       return;
     case proto::PeerMessage::kFail:
-      OnPeerFail(*peer, m.fail());
+      scheduler_->OnPeerFail(*peer, m.fail());
       return;
     default:
       peer->conn->Close(Status::InvalidArgument(peer->conn->label() + ": unknown message"));
@@ -439,7 +370,11 @@ void Daemon::Core::PeerConnected(uint64_t peer_id, std::string name, int ranks,
   auto queued = std::move(peer->queued);
   peer->queued.clear();
   // By id, not through `peer`: a send that fails closes the connection and erases the peer.
-  for (auto& m : queued) SendToPeer(peer_id, std::move(m));
+  for (auto& m : queued) {
+    // Issue 19 (write_grants.h): a Want's source may write its request's blocks once it leaves.
+    if (!scheduler_->GrantWantWrites(peer_id, m)) continue;
+    peers_.Send(peer_id, std::move(m));
+  }
   ReleasePeer(peer_id);
 }
 
@@ -453,7 +388,7 @@ void Daemon::Core::ReleasePeer(uint64_t peer_id) {
     p->held.messages.pop_front();
     p->held.bytes -= body.size();
     OnPeerMessage(peer_id, body);
-    FlushSendsIfDue();
+    send_queue_->FlushIfDue();
   }
 }
 
@@ -468,14 +403,14 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   }
   // A daemon name cached at this address is looked up again: the kvd may come back elsewhere.
   if (resolver_ && peer->dialed) resolver_->Forget(peer->dialed_address);
-  FailRequestsOfPeer(
+  scheduler_->FailRequestsOfPeer(
       peer_id, Status::Unavailable(who + " is gone" + (why.ok() ? "" : ": " + why.message())));
   if (peer->ready) event_gate_->Disconnect(peer->transport_peer);  // and the transport's
   if (peer->transport_endpoint != 0) transport_->release_endpoint(peer->transport_endpoint);
   peers_.Remove(peer_id);
 }
 
-// ---- a Want's imports (the request itself: transfers.cc, OnWant) ----
+// ---- a Want's imports (the request itself: Scheduler::OnWant, transfers.cc) ----
 
 void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
   // Regions of the peer not imported yet (the first Want into each): imported on the setup
@@ -489,14 +424,16 @@ void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
     }
   }
   if (missing.empty() || named > static_cast<size_t>(kMaxTpSize) * kMaxRegionsPerEngine) {
-    const Status s = OnWant(peer, want);  // and a Want too large to be one is refused there
+    const Status s =
+        scheduler_->OnWant(peer, want);  // and a Want too large to be one is refused there
     if (!s.ok()) RefuseWant(peer.id, want, s);
     return;
   }
   std::sort(missing.begin(), missing.end());
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-  auto work = [this, transport_peer = peer.transport_peer, missing]() -> Result<Imports> {
-    Imports fresh;
+  auto work = [this, transport_peer = peer.transport_peer,
+               missing]() -> Result<Scheduler::Imports> {
+    Scheduler::Imports fresh;
     for (const std::string& d : missing) {
       KV_ASSIGN_OR_RETURN(std::shared_ptr<transport::RemoteMemory> remote,
                           transport_->import_remote(transport_peer, d));
@@ -504,15 +441,15 @@ void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
     }
     return fresh;
   };
-  auto done = [this, id = peer.id, want](Result<Imports> fresh) {
+  auto done = [this, id = peer.id, want](Result<Scheduler::Imports> fresh) {
     Peer* p = FindPeer(id);
     if (p == nullptr) return;  // gone: the imports close here
-    const Status s = fresh.ok() ? OnWant(*p, want, *fresh) : fresh.status();
+    const Status s = fresh.ok() ? scheduler_->OnWant(*p, want, *fresh) : fresh.status();
     if (!s.ok()) RefuseWant(id, want, s);
     ReleasePeer(id);
   };
-  const Status submitted =
-      setup_->Submit<Imports>(Clock::now() + options_.lease, std::move(work), std::move(done));
+  const Status submitted = setup_->Submit<Scheduler::Imports>(Clock::now() + options_.lease,
+                                                              std::move(work), std::move(done));
   if (!submitted.ok()) {
     RefuseWant(peer.id, want, submitted);
     return;
@@ -528,18 +465,7 @@ void Daemon::Core::RefuseWant(uint64_t peer_id, const proto::WantRequest& want, 
   proto::PeerMessage fail;
   fail.mutable_fail()->set_request_id(want.request_id().substr(0, kMaxRequestIdBytes));
   ToWire(why, fail.mutable_fail()->mutable_error());
-  SendToPeer(peer_id, std::move(fail));
-}
-
-Result<std::shared_ptr<transport::RemoteMemory>> Daemon::Core::ImportRemote(
-    Peer& peer, const std::string& descriptor, const Imports& fresh) {
-  if (auto cached = Peers::Imported(peer, descriptor)) return cached;
-  auto made = fresh.find(descriptor);
-  if (made == fresh.end()) {
-    return Status::Internal("region descriptor was not imported before the Want");  // HandleWant
-  }
-  Peers::Remember(peer, descriptor, made->second);
-  return made->second;
+  peers_.Send(peer_id, std::move(fail));
 }
 
 }  // namespace kv::daemon

@@ -28,6 +28,16 @@ Peer* Peers::Dialed(const std::string& address) {
   return nullptr;
 }
 
+void Peers::Send(uint64_t id, proto::PeerMessage message) {
+  Peer* peer = Find(id);
+  if (peer == nullptr) return;
+  if (!peer->ready) {
+    peer->queued.push_back(std::move(message));
+    return;
+  }
+  (void)peer->conn->Send(message);
+}
+
 Peers::Remote Peers::Imported(const Peer& peer, const std::string& descriptor) {
   auto it = peer.imported.find(descriptor);
   return it == peer.imported.end() ? nullptr : it->second;

@@ -56,6 +56,9 @@ class Peers {
   void Clear() { peers_.clear(); }
   // The peer this kvd dialed at `address` (with or without its connection yet), or null.
   Peer* Dialed(const std::string& address);
+  // Sends `message` to peer `id`: queued until it is ready, dropped if it is gone. A send that
+  // fails closes the connection (its close handler erases the peer).
+  void Send(uint64_t id, proto::PeerMessage message);
 
   // The peer's import of region `descriptor`, or null; Remember caches one, within a bound (a
   // peer whose engines re-register leaves stale entries, dropped all at once; requests in

@@ -1,9 +1,9 @@
-// Daemon::Core's send queue (core.h, SendGroup): batches planned during one pass of the io loop
-// are merged by source region, destination region and engine event, and posted together (or
-// sooner, when the link is about to idle: FlushSendsIfDue).
-#include <boost/asio/post.hpp>
+// SendQueue (send_queue.h): groups merged by source region, destination region and engine
+// event, posted together once per pass of the io loop (or sooner, when the link is about to
+// idle: FlushIfDue).
+#include "daemon/send_queue.h"
 
-#include "daemon/core.h"
+#include <boost/asio/post.hpp>
 
 namespace kv::daemon {
 
@@ -13,8 +13,8 @@ namespace {
 // for two decode ranks (64 groups of 32768 runs, 48 MiB), the shape kvbench pd measures.
 constexpr size_t kMaxSpareRunBytes = size_t{128} << 20;
 
-// failed_sends_ holds requests by id and generation: a late failure of an ended request's batch
-// must not drop the notices of a later request under the same id (NextRequestGeneration).
+// failed_ holds requests by id and generation: a late failure of an ended request's batch must
+// not drop the notices of a later request under the same id (NextRequestGeneration).
 std::string FailedSendKey(const std::string& request_id, uint64_t generation) {
   return request_id + '\0' + std::to_string(generation);
 }
@@ -24,23 +24,27 @@ std::string FailedSendKey(const SendGroup::Part& part) {
 
 }  // namespace
 
-Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
-    const Engine& engine, const std::shared_ptr<Region>& source,
-    const std::shared_ptr<transport::RemoteMemory>& remote, int layer, bool wait_for_engine,
-    const std::string& request_id, Clock::time_point deadline,
-    const std::function<Status(Plan*)>& append) {
+SendQueue::SendQueue(boost::asio::io_context& io, EventGate* gate, Hooks hooks)
+    : io_(io), gate_(gate), hooks_(std::move(hooks)) {}
+
+Result<SendQueue::Queued> SendQueue::Send(uint64_t engine_id, const std::shared_ptr<Region>& source,
+                                          const std::shared_ptr<transport::RemoteMemory>& remote,
+                                          int layer, bool wait_for_engine,
+                                          const std::string& request_id, uint64_t generation,
+                                          Clock::time_point deadline,
+                                          const std::function<Status(Plan*)>& append) {
   const int event_layer = wait_for_engine ? layer : -1;
   SendGroup* group = nullptr;
-  for (SendGroup& g : send_groups_) {
-    if (g.engine_id == engine.id && g.source == source && g.remote == remote &&
+  for (SendGroup& g : groups_) {
+    if (g.engine_id == engine_id && g.source == source && g.remote == remote &&
         g.event_layer == event_layer) {
       group = &g;
       break;
     }
   }
   if (group == nullptr) {
-    group = &send_groups_.emplace_back();
-    group->engine_id = engine.id;
+    group = &groups_.emplace_back();
+    group->engine_id = engine_id;
     group->source = source;
     group->remote = remote;
     group->event_layer = event_layer;
@@ -58,21 +62,19 @@ Result<Daemon::Core::Queued> Daemon::Core::QueueSend(
     // A group without parts was created above, so it is the last one.
     if (group->parts.empty()) {
       RecycleRuns(std::move(group->plan.runs));
-      send_groups_.pop_back();
+      groups_.pop_back();
     }
     KV_RETURN_IF_ERROR(appended);
     return queued;
   }
   group->parts.push_back(SendGroup::Part{request_id, layer, queued.bytes});
-  if (auto s = sources_.find(request_id); s != sources_.end()) {
-    group->parts.back().generation = s->second.generation;
-  }
+  group->parts.back().generation = generation;
   group->deadline = std::min(group->deadline, deadline);
   ScheduleFlush();
   return queued;
 }
 
-void Daemon::Core::RecycleRuns(std::vector<Run> runs) {
+void SendQueue::RecycleRuns(std::vector<Run> runs) {
   const size_t bytes = runs.capacity() * sizeof(Run);
   if (bytes == 0 || spare_run_bytes_ + bytes > kMaxSpareRunBytes) return;
   runs.clear();
@@ -80,111 +82,106 @@ void Daemon::Core::RecycleRuns(std::vector<Run> runs) {
   spare_runs_.push_back(std::move(runs));
 }
 
-void Daemon::Core::QueueNotice(transport::PeerId peer, const std::string& request_id, int layer,
-                               std::string message) {
-  send_notices_.push_back(QueuedNotice{peer, request_id, layer, std::move(message)});
+void SendQueue::Notice(transport::PeerId peer, const std::string& request_id, int layer,
+                       std::string message) {
+  notices_.push_back(QueuedNotice{peer, request_id, layer, std::move(message)});
   ScheduleFlush();
 }
 
-void Daemon::Core::ScheduleFlush() {
+void SendQueue::ScheduleFlush() {
   if (flush_scheduled_) return;
   flush_scheduled_ = true;
-  boost::asio::post(io_, [this] { FlushSends(); });
+  boost::asio::post(io_, [this] { Flush(); });
 }
 
-void Daemon::Core::FlushSendsIfDue() {
+void SendQueue::FlushIfDue() {
   if (flush_scheduled_ &&
       bytes_posted_ - bytes_landed_.load(std::memory_order_relaxed) < kLowWaterBytes) {
-    FlushSends();
+    Flush();
   }
 }
 
-void Daemon::Core::FlushSends() {
+void SendQueue::Flush() {
   flush_scheduled_ = false;
-  std::vector<SendGroup> groups = std::move(send_groups_);
-  std::vector<QueuedNotice> notices = std::move(send_notices_);
-  send_groups_.clear();
-  send_notices_.clear();
-  for (SendGroup& group : groups) {
-    Engine* engine = FindEngine(group.engine_id);
-    Status posted = engine == nullptr ? Status::Aborted("the prefill engine left") : Status::Ok();
-    if (posted.ok()) {
-      transport::Batch batch;
-      batch.op = transport::Op::kPut;
-      batch.local = group.source->registration.get();
-      batch.remote = group.remote.get();
-      batch.runs = group.plan.runs;
-      batch.groups = group.plan.groups;  // only where transport_->takes_run_groups()
-      batch.deadline = group.deadline;
-      auto done = [this, parts = group.parts, source = group.source,
-                   remote = group.remote](Status s) mutable {
-        uint64_t landed = 0;
-        for (const SendGroup::Part& part : parts) {
-          Trace("flushed", part.request_id, part.layer);
-          landed += part.bytes;
-        }
-        bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
-        if (!s.ok()) {
-          std::lock_guard lock(failed_sends_mu_);
-          for (const SendGroup::Part& part : parts) failed_sends_.insert(FailedSendKey(part));
-        }
-        // Called exactly once (transport.h): the parts move on to the io thread, uncopied.
-        boost::asio::post(io_, [this, parts = std::move(parts), s = std::move(s)] {
-          for (const SendGroup::Part& part : parts) CountLayer(part, s);
-          for (const SendGroup::Part& part : parts) {
-            OnBatchDone(part.request_id, part.generation, s, part.bytes);
-          }
-          if (s.ok()) return;
-          std::lock_guard lock(failed_sends_mu_);  // ended above: sources_ no longer has them
-          for (const SendGroup::Part& part : parts) failed_sends_.erase(FailedSendKey(part));
-        });
-      };
-      posted = PostFromEngine(*engine, group.event_layer, batch, std::move(done));
+  std::vector<SendGroup> groups = std::move(groups_);
+  std::vector<QueuedNotice> notices = std::move(notices_);
+  groups_.clear();
+  notices_.clear();
+  for (SendGroup& group : groups) Post(group);
+  HandOver(std::move(notices));
+}
+
+void SendQueue::Post(SendGroup& group) {
+  transport::Batch batch;
+  batch.op = transport::Op::kPut;
+  batch.local = group.source->registration.get();
+  batch.remote = group.remote.get();
+  batch.runs = group.plan.runs;
+  batch.groups = group.plan.groups;  // only where the transport takes_run_groups()
+  batch.deadline = group.deadline;
+  auto done = [this, parts = group.parts, source = group.source,
+               remote = group.remote](Status s) mutable {
+    uint64_t landed = 0;
+    for (const SendGroup::Part& part : parts) {
+      Trace("flushed", part.request_id, part.layer);
+      landed += part.bytes;
     }
-    RecycleRuns(std::move(group.plan.runs));  // post() copied them
-    if (posted.ok()) {
-      ++batches_posted_;
-      for (const SendGroup::Part& part : group.parts) bytes_posted_ += part.bytes;
+    bytes_landed_.fetch_add(landed, std::memory_order_relaxed);
+    if (!s.ok()) {
+      std::lock_guard lock(failed_mu_);
+      for (const SendGroup::Part& part : parts) failed_.insert(FailedSendKey(part));
     }
-    for (const SendGroup::Part& part : group.parts) {
-      if (posted.ok()) {
-        Trace("post", part.request_id, part.layer, part.bytes);
-      } else {
-        FinishSource(part.request_id,
-                     posted.WithContext("request " + part.request_id + " layer " +
-                                        std::to_string(part.layer)),
-                     /*tell_peer=*/true);
-      }
+    // Called exactly once (transport.h): the parts move on to the io thread, uncopied.
+    boost::asio::post(io_, [this, parts = std::move(parts), s = std::move(s)] {
+      hooks_.done(parts, s);
+      if (s.ok()) return;
+      std::lock_guard lock(failed_mu_);  // ended by the hook: no longer live
+      for (const SendGroup::Part& part : parts) failed_.erase(FailedSendKey(part));
+    });
+  };
+  const Status posted = hooks_.post(group.engine_id, group.event_layer, batch, std::move(done));
+  RecycleRuns(std::move(group.plan.runs));  // post() copied them
+  if (posted.ok()) {
+    ++batches_posted_;
+    for (const SendGroup::Part& part : group.parts) bytes_posted_ += part.bytes;
+  }
+  for (const SendGroup::Part& part : group.parts) {
+    if (posted.ok()) {
+      Trace("post", part.request_id, part.layer, part.bytes);
+    } else {
+      hooks_.fail(part.request_id, posted.WithContext("request " + part.request_id + " layer " +
+                                                      std::to_string(part.layer)));
     }
   }
+}
+
+void SendQueue::HandOver(std::vector<QueuedNotice> notices) {
   {
-    // A batch of it failed since (FlushSends in core.h). Decided under the lock, once, so that
+    // A batch of it failed since (Flush in send_queue.h). Decided under the lock, once, so that
     // notify() runs outside it; the set is almost always empty.
-    std::lock_guard lock(failed_sends_mu_);
-    if (!failed_sends_.empty()) {
+    std::lock_guard lock(failed_mu_);
+    if (!failed_.empty()) {
       std::erase_if(notices, [&](const QueuedNotice& notice) {
-        auto it = sources_.find(notice.request_id);
-        return it != sources_.end() &&
-               failed_sends_.count(FailedSendKey(notice.request_id, it->second.generation)) > 0;
+        const std::optional<uint64_t> generation = hooks_.generation_of(notice.request_id);
+        return generation && failed_.count(FailedSendKey(notice.request_id, *generation)) > 0;
       });
     }
   }
   for (QueuedNotice& notice : notices) {
-    if (!sources_.count(notice.request_id)) continue;  // failed above, or ended meanwhile
+    const std::optional<uint64_t> generation = hooks_.generation_of(notice.request_id);
+    if (!generation) continue;  // failed above, or ended meanwhile
     // Behind the batches of its peer the event gate holds, if any; a held notice the transport
     // refuses later fails its request then, as one refused now does here.
-    auto refused = [this, id = notice.request_id,
-                    generation = sources_.at(notice.request_id).generation](Status s) {
+    auto refused = [this, id = notice.request_id, generation = *generation](Status s) {
       boost::asio::post(io_, [this, id, generation, s] {
-        auto it = sources_.find(id);
-        if (it != sources_.end() && it->second.generation == generation) {
-          FinishSource(id, s.WithContext("request " + id), /*tell_peer=*/true);
+        if (hooks_.generation_of(id) == generation) {
+          hooks_.fail(id, s.WithContext("request " + id));
         }
       });
     };
-    Status s = event_gate_->Notify(notice.peer, std::move(notice.message), std::move(refused));
+    Status s = gate_->Notify(notice.peer, std::move(notice.message), std::move(refused));
     if (!s.ok()) {
-      FinishSource(notice.request_id, s.WithContext("request " + notice.request_id), true);
+      hooks_.fail(notice.request_id, s.WithContext("request " + notice.request_id));
       continue;
     }
     Trace("notify", notice.request_id, notice.layer);

@@ -1,11 +1,11 @@
-// Support of the request state machines (transfers.cc): the checks and capabilities issue 19
-// added, the helpers shared with other files, and the failure fan-out.
+// What kvd's protocol handlers share (transfer_support.h).
+#include "daemon/transfer_support.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
-#include "daemon/core.h"
-#include "daemon/peer_auth.h"
+#include "daemon/registry.h"
 #include "protocol/wire_layout.h"
 
 namespace kv::daemon {
@@ -52,20 +52,6 @@ Status CheckDistinctBlocks(std::span<const int64_t> ids) {
   return Status::Ok();
 }
 
-Status Daemon::Core::NewToken(std::string* out) {
-  KV_ASSIGN_OR_RETURN(*out, auth::RandomBytes(auth::kTransferTokenBytes));
-  return Status::Ok();
-}
-
-Status Daemon::Core::CheckSourceRoom(const std::string& request_id) const {
-  if (sources_.size() >= static_cast<size_t>(options_.max_source_requests)) {
-    return Status::ResourceExhausted(
-        "request " + request_id + ": " + std::to_string(sources_.size()) +
-        " requests held as a source, limit " + std::to_string(options_.max_source_requests));
-  }
-  return Status::Ok();
-}
-
 void Trace(std::string_view event, const std::string& request, int layer, uint64_t bytes) {
   if (!spdlog::should_log(spdlog::level::debug)) return;
   const auto us =
@@ -92,56 +78,6 @@ proto::DaemonMessage RequestDoneMessage(const std::string& id, bool sent, const 
   done->set_runs(runs);
   if (!status.ok()) ToWire(status, done->mutable_error());
   return m;
-}
-
-// ---- failure fan-out ----------------------------------------------------------------------------
-
-void Daemon::Core::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) sources.push_back(id);
-    }
-  }
-  for (const auto& [id, r] : loads_) {
-    for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) loads.push_back(id);
-    }
-  }
-  for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true);
-  for (const auto& id : loads) FinishDest(id, why, /*tell_peer=*/true);
-}
-
-void Daemon::Core::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
-  std::vector<std::string> sources, loads;
-  for (auto& [id, r] : sources_) {
-    if (r.destination_of(peer_id) != nullptr) sources.push_back(id);
-  }
-  for (const auto& [id, r] : loads_) {
-    if (r.state == DestRequest::State::kRequested && r.peer_id == peer_id) loads.push_back(id);
-  }
-  // A request's other destinations (decode ranks behind other kvds) hear it from us.
-  for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true, /*told=*/peer_id);
-  for (const auto& id : loads) FinishDest(id, why, false);
-}
-
-void Daemon::Core::ExpireRequests(Clock::time_point now) {
-  std::vector<std::string> sources, loads;
-  for (const auto& [id, r] : sources_) {
-    if (r.deadline < now) sources.push_back(id);
-  }
-  for (const auto& [id, r] : loads_) {
-    if (r.deadline < now) loads.push_back(id);
-  }
-  const std::string lease = std::to_string(options_.lease.count()) + " ms";
-  for (const auto& id : sources) {
-    FinishSource(
-        id, Status::Timeout("request " + id + " not confirmed within its lease of " + lease), true);
-  }
-  for (const auto& id : loads) {
-    FinishDest(id, Status::Timeout("request " + id + " not complete within " + lease), true);
-  }
-  std::erase_if(retired_, [now](const Retired& r) { return r.until < now; });
 }
 
 }  // namespace kv::daemon

@@ -1,21 +1,35 @@
-// The source (prefill) side of daemon/core.h's request state machines; the destination side is
-// in destination.cc.
+// The source (prefill) side of the Scheduler's request state machines (scheduler.h); the
+// destination side is in destination.cc.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <boost/asio/post.hpp>
 
-#include "daemon/core.h"
 #include "daemon/peer_auth.h"
+#include "daemon/scheduler.h"
 #include "layout/plan.h"
 #include "layout/rank_pairs.h"
 #include "protocol/wire_layout.h"
 
 namespace kv::daemon {
 
-// ---- source side --------------------------------------------------------------------------------
+namespace {
 
-Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
+// A region of the Want: the peer's import of it (Peers' cache), else the one just made.
+Result<std::shared_ptr<transport::RemoteMemory>> ImportRemote(Peer& peer,
+                                                              const std::string& descriptor,
+                                                              const Scheduler::Imports& fresh) {
+  if (auto cached = Peers::Imported(peer, descriptor)) return cached;
+  auto made = fresh.find(descriptor);
+  if (made == fresh.end()) {
+    return Status::Internal("region descriptor was not imported before the Want");  // HandleWant
+  }
+  Peers::Remember(peer, descriptor, made->second);
+  return made->second;
+}
+
+}  // namespace
+
+Status Scheduler::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   KV_RETURN_IF_ERROR(CheckRequestId(save.request_id()));
   if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
   const int layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
@@ -65,8 +79,8 @@ Status Daemon::Core::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   return Status::Ok();
 }
 
-void Daemon::Core::FailSave(uint64_t engine_id, const std::string& request_id, const Status& why) {
-  Engine* engine = FindEngine(engine_id);
+void Scheduler::FailSave(uint64_t engine_id, const std::string& request_id, const Status& why) {
+  Engine* engine = registry_.Find(engine_id);
   if (engine == nullptr) return;
   const Status failure = why.WithContext("save_layer of " + request_id);
   bool told = false;
@@ -80,8 +94,8 @@ void Daemon::Core::FailSave(uint64_t engine_id, const std::string& request_id, c
   }
 }
 
-Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
-                                                            const proto::RequestFinished& m) {
+Result<proto::TransferParams> Scheduler::RequestFinished(Engine& engine,
+                                                         const proto::RequestFinished& m) {
   KV_RETURN_IF_ERROR(CheckRequestId(m.request_id()));
   auto it = sources_.find(m.request_id());
   if (it == sources_.end() || it->second.instance != engine.instance ||
@@ -104,7 +118,7 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   return params;
 }
 
-Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Imports& fresh) {
+Status Scheduler::OnWant(Peer& peer, const proto::WantRequest& want, const Imports& fresh) {
   KV_RETURN_IF_ERROR(CheckRequestId(want.request_id()));
   if (want.tokens() <= 0 || want.tokens() > kMaxTokens) {
     return Status::InvalidArgument("tokens " + std::to_string(want.tokens()) +
@@ -224,7 +238,7 @@ Status Daemon::Core::OnWant(Peer& peer, const proto::WantRequest& want, const Im
   return Status::Ok();
 }
 
-void Daemon::Core::PumpSource(SourceRequest& request) {
+void Scheduler::PumpSource(SourceRequest& request) {
   if (request.state != SourceRequest::State::kStreaming) return;
   if (static_cast<int>(request.ranks.size()) < request.tp_size || request.layers == 0) return;
   auto ready = [&](int l) {
@@ -276,12 +290,12 @@ void Daemon::Core::PumpSource(SourceRequest& request) {
   }
 }
 
-Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, int begin, int end) {
-  Peer* peer = FindPeer(to.peer_id);
+Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int begin, int end) {
+  Peer* peer = peers_.Find(to.peer_id);
   if (peer == nullptr || !peer->ready) return Status::Unavailable("destination peer is gone");
   uint64_t range_bytes = 0, range_runs = 0;
   for (const auto& [r, rank] : request.ranks) {
-    Engine* engine = FindEngine(rank.engine_id);
+    Engine* engine = registry_.Find(rank.engine_id);
     if (engine == nullptr) return Status::Aborted("prefill rank " + std::to_string(r) + " left");
     for (size_t d = 0; d < to.ranks.size(); ++d) {
       const DestinationRank& dst = to.ranks[d];
@@ -308,7 +322,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, i
           auto& cached = to.layer_plans[{r, d, i}];
           if (cached.source != src) {
             KV_ASSIGN_OR_RETURN(cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec,
-                                                               transport_->takes_run_groups()));
+                                                               takes_run_groups_));
             cached.source = src;
           }
           layer_plan = &cached.plan;
@@ -322,8 +336,10 @@ Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, i
         // recorded it: the engine's stream had run everything when it saved.
         const bool wait = std::any_of(rank.recorded.begin() + begin, rank.recorded.begin() + end,
                                       [](bool r) { return r; });
-        KV_ASSIGN_OR_RETURN(Queued queued, QueueSend(*engine, src, dst.remotes[i], end - 1, wait,
-                                                     request.id, request.deadline, append));
+        KV_ASSIGN_OR_RETURN(
+            SendQueue::Queued queued,
+            send_queue_.Send(engine->id, src, dst.remotes[i], end - 1, wait, request.id,
+                             request.generation, request.deadline, append));
         if (queued.runs == 0) continue;
         range_bytes += queued.bytes;
         range_runs += queued.runs;
@@ -333,7 +349,7 @@ Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, i
   }
   request.bytes += range_bytes;
   request.runs += range_runs;
-  runs_sent_ += range_runs;
+  counters_.runs_sent += range_runs;
   // One notice per layer, after every batch of the range: the transport delivers each only
   // once the data posted before it has landed. The range's totals ride on its last notice.
   for (int layer = begin; layer < end; ++layer) {
@@ -346,14 +362,14 @@ Status Daemon::Core::SendLayers(SourceRequest& request, SourceDestination& to, i
       notice.set_bytes(range_bytes);
       notice.set_runs(range_runs);
     }
-    QueueNotice(peer->transport_peer, request.id, layer, notice.SerializeAsString());
+    send_queue_.Notice(peer->transport_peer, request.id, layer, notice.SerializeAsString());
   }
   return Status::Ok();
 }
 
-void Daemon::Core::OnBatchDone(const std::string& request_id, uint64_t generation,
-                               const Status& status, uint64_t bytes) {
-  if (status.ok()) bytes_sent_ += bytes;
+void Scheduler::OnBatchDone(const std::string& request_id, uint64_t generation,
+                            const Status& status, uint64_t bytes) {
+  if (status.ok()) counters_.bytes_sent += bytes;
   auto it = sources_.find(request_id);
   // Gone, or a later request under the same id (NextRequestGeneration): not this batch's.
   if (it == sources_.end() || it->second.generation != generation) return;
@@ -361,7 +377,7 @@ void Daemon::Core::OnBatchDone(const std::string& request_id, uint64_t generatio
   if (!status.ok()) FinishSource(request_id, status, /*tell_peer=*/true);
 }
 
-void Daemon::Core::OnConfirm(Peer& peer, const std::string& request_id) {
+void Scheduler::OnConfirm(Peer& peer, const std::string& request_id) {
   auto it = sources_.find(request_id);
   if (it == sources_.end()) return;
   SourceDestination* to = it->second.destination_of(peer.id);
@@ -370,40 +386,26 @@ void Daemon::Core::OnConfirm(Peer& peer, const std::string& request_id) {
   if (it->second.releasable()) FinishSource(request_id, Status::Ok(), /*tell_peer=*/false);
 }
 
-void Daemon::Core::OnPeerFail(Peer& peer, const proto::Fail& fail) {
-  const Status why = FromWire(fail.error()).WithContext("peer " + peer.name);
-  const Status failure = why.ok() ? Status::Aborted("peer " + peer.name + " failed it") : why;
-  auto s = sources_.find(fail.request_id());
-  if (s != sources_.end() && s->second.destination_of(peer.id) != nullptr) {
-    // Its other destinations (decode ranks behind other kvds) hear it from us.
-    FinishSource(fail.request_id(), failure, /*tell_peer=*/true, /*told=*/peer.id);
-  }
-  auto d = loads_.find(fail.request_id());
-  if (d != loads_.end() && d->second.peer_id == peer.id) {
-    FinishDest(fail.request_id(), failure, false);
-  }
-}
-
-void Daemon::Core::FinishSource(std::string request_id, const Status& status, bool tell_peer,
-                                uint64_t told) {
+void Scheduler::FinishSource(std::string request_id, const Status& status, bool tell_peer,
+                             uint64_t told) {
   auto it = sources_.find(request_id);
   if (it == sources_.end()) return;
   SourceRequest request = std::move(it->second);
   sources_.erase(it);
   for (const SourceDestination& to : request.destinations) {
-    if (Peer* peer = FindPeer(to.peer_id); peer != nullptr) --peer->requests;
+    if (Peer* peer = peers_.Find(to.peer_id); peer != nullptr) --peer->requests;
     if (tell_peer && !status.ok() && to.peer_id != told) {
       proto::PeerMessage fail;
       fail.mutable_fail()->set_request_id(request_id);
       ToWire(status, fail.mutable_fail()->mutable_error());
-      SendToPeer(to.peer_id, std::move(fail));
+      peers_.Send(to.peer_id, std::move(fail));
     }
   }
   if (!status.ok()) {
     spdlog::warn("kvd {}: request {} failed: {}", options_.name, request_id, status.ToString());
   }
-  (status.ok() ? transfers_done_ : transfers_failed_)++;
-  CountRequest(request, status);
+  (status.ok() ? counters_.transfers_done : counters_.transfers_failed)++;
+  hooks_.source_ended(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
 }

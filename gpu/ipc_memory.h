@@ -63,8 +63,7 @@ Result<int> DeviceWithUuid(std::string_view uuid);
 
 // Whether contexts on CUDA device `device` are shared through MPS (cudaDevAttrMpsEnabled).
 // Without MPS the GPU runs one process's kernels at a time: kvd's copy kernels (cuda_ipc, nccl)
-// then get only the time slices of kvd's own context while an engine computes on the same GPU
-// (one sleeping CTA of another process halved cuda_ipc: benchmarks/pd_gpu.md, sixth session).
+// then get only the time slices of kvd's own context (benchmarks/pd_gpu.md, sixth session).
 // kUnsupported without CUDA, kInvalidArgument for a device that is not visible.
 Result<bool> SharedThroughMps(int device);
 

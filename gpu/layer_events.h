@@ -42,10 +42,8 @@ class LayerEvents {
   Status Record(int layer, void* stream) const;
   // Records `layer`'s event on `stream` only if work queued there has not completed yet, and
   // says whether it did: false means everything the stream was given has run, so a copy needs no
-  // wait at all. A record is not free: with kvd's copy kernels (another process) keeping the
-  // GPU busy, records made during a wave completed only once the rest of the wave was copied,
-  // ~10 ms later (kvbench pd --memory cuda, H200 pair; most likely the GPU time-slicing the two
-  // processes' contexts). kOutOfRange as Record; the CUDA error of a failed stream.
+  // wait at all (a record is not free: made while kvd's copies keep the GPU busy, it completes
+  // only behind them). kOutOfRange as Record; the CUDA error of a failed stream.
   Result<bool> RecordIfPending(int layer, void* stream) const;
 
  private:

@@ -78,13 +78,11 @@ Status RunCopier::CopyGroups(const void* src_base, void* dst_base, std::span<con
   return Copy(src_base, dst_base, rows_, direction, stream);
 }
 
-// Runs are handed to the copy engines in pieces of at most kEnginePieceBytes: one 16 MiB run (a
-// layer of a contiguous LBNHC request) given to cudaMemcpyBatchAsync whole moved at 68 GB/s over
-// NVLink between the H200s, a sixth of the link, while batches of 2 MiB runs reached 0.93 of it
-// on one stream (benchmarks/gpu.md). A copy of kLanesFromBytes or more is also split over the
-// lanes, lane i taking the i-th quarter of the bytes. The events are reused by every copy:
-// cudaStreamWaitEvent binds to the record made before it, so a later copy's records do not
-// disturb an earlier copy's waits.
+// Runs are handed to the copy engines in pieces of at most kEnginePieceBytes: one large run in one
+// cudaMemcpyBatchAsync entry moves at a fraction of the link (benchmarks/pd_gpu.md). A copy of
+// kLanesFromBytes or more is also split over the lanes, lane i taking the i-th quarter. The events
+// are reused by every copy: cudaStreamWaitEvent binds to the record made before it, so a later
+// copy's records do not disturb an earlier copy's waits.
 Status RunCopier::CopyOnLanes(const void* src_base, void* dst_base, std::span<const Run> runs,
                               cudaStream_t stream) {
   uint64_t total = 0;

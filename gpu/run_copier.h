@@ -3,12 +3,10 @@
 // The GPU backends use it for direct peer copies, and for gathering runs into / scattering runs
 // out of a staging buffer (a gather is a plan whose destination offsets are packed).
 //
-// Peer copies by the copy engine go in pieces of at most 2 MiB (a single large run in one
-// cudaMemcpyBatchAsync entry moved at a sixth of NVLink); copies of 64 MiB or more are also
-// spread over kEngineLanes streams of the copier's own, each taking an equal share of the bytes,
-// forked from and joined back into the caller's stream on the device: one stream of 2 MiB runs
-// reached 0.93 of one cudaMemcpyPeerAsync over NVLink, four reached 0.97 (benchmarks/gpu.md, run
-// 3). The copy is still ordered on the caller's stream like any other work there.
+// Peer copies by the copy engine go in pieces of at most 2 MiB; copies of 64 MiB or more are also
+// spread over kEngineLanes streams of the copier's own, forked from and joined back into the
+// caller's stream on the device (benchmarks/gpu.md, run 3), so the copy is still ordered on the
+// caller's stream like any other work there.
 //
 // Not thread-safe: one RunCopier per thread, or a lock around it.
 #pragma once

@@ -13,10 +13,9 @@ namespace {
 constexpr int kCopyThreads = 1024;
 constexpr uint64_t kOffsetMask = kPlanCopyMaxOffset - 1;
 
-// A launch of fewer chunks than the grid has warps would leave most SMs idle: a layer of one
-// TP 1 -> 2 request is 256 chunks, 8 CTAs' worth, and 32 MiB launches of such pages over four
-// streams ran at 0.918 of the peer copy against 0.934 for one launch of them all (H200 pair,
-// benchmarks/pd_gpu.md, ninth session). So such a launch gives each chunk 2^log2_parts warps,
+// A launch of fewer chunks than the grid has warps would leave most SMs idle (a layer of one
+// TP 1 -> 2 request is 8 CTAs' worth; benchmarks/pd_gpu.md, ninth session). So such a launch
+// gives each chunk 2^log2_parts warps,
 // each copying a slice of its vectors; the slices are cut at 512-byte steps, a warp's width of
 // 16-byte vectors, so every warp's accesses stay aligned and coalesced.
 constexpr int kMaxLog2Parts = 4;
@@ -268,9 +267,7 @@ struct PlanCopier::Impl {
   // engine's event, never makes the next Copy() wait for it. The copies of one copier run in
   // order on its stream, so the finished slots lead the deque (least recently used first); of
   // those the smallest with room for `bytes` is taken, and only without one does a finished
-  // slot grow. Growing costs a cudaMalloc and a cudaMallocHost (up to ~1 ms each on the H200
-  // host), and handing each piece to the least recently used slot grew small slots for big
-  // pieces wave after wave: single launches of 1.6-1.9 ms in the sixth session's traces.
+  // slot grow (a cudaMalloc and a cudaMallocHost, on the caller's thread).
   Result<TableSlot*> Acquire(uint64_t bytes) {
     size_t pick = slots.size(), fit = slots.size();
     for (size_t i = 0; i < slots.size() && i < kSlotsScanned; ++i) {
@@ -338,9 +335,8 @@ Result<std::unique_ptr<PlanCopier>> PlanCopier::Create(const PlanCopyOptions& op
   }
   KV_RETURN_IF_ERROR(detail::CudaStatus(
       cudaStreamCreateWithFlags(&impl->upload, cudaStreamNonBlocking), "upload stream"));
-  // A new slot costs a cudaMalloc and a cudaMallocHost, up to ~1 ms on the H200 host, on the
-  // caller's thread: kvd's cuda_ipc channels kept 11-12 copies in flight each (kvbench pd,
-  // random block ids), so the pool starts with that many.
+  // A new slot costs a cudaMalloc and a cudaMallocHost on the caller's thread, so the pool
+  // starts with as many as kvd's cuda_ipc channels keep in flight (benchmarks/pd_gpu.md).
   for (int i = 0; i < kInitialTableSlots; ++i) {
     impl->slots.push_back(std::make_unique<TableSlot>());
     KV_RETURN_IF_ERROR(impl->slots.back()->Init());
@@ -353,8 +349,8 @@ namespace {
 // Copies `entries` (runs or groups, `chunks` chunks in all) by `copy_prefix(rest, max_chunks)`,
 // which copies the longest prefix of `rest` that fits max_chunks (at least its first entry).
 // On an idle stream the GPU would wait for the whole table to be encoded before the first
-// byte moves: ~1.2 ns a chunk, 300 us for the 262144 chunks of a TP 1->2 request, 20% of its
-// copy over NVLink (benchmarks/gpu.md, run 3). So such a copy goes in pieces, each
+// byte moves (a fifth of a TP 1->2 request's copy: benchmarks/gpu.md, run 3). So such a copy
+// goes in pieces, each
 // kPieceGrowth times the last: the GPU starts after the first small piece, and the host
 // encodes each later piece while the earlier ones run. On a busy stream the encoding already
 // overlaps queued work, and every piece adds a kernel boundary, so the copy stays whole.

@@ -97,8 +97,8 @@ namespace {
 
 // Whether `g` is one chunk of the group table: rows and length in [1, kPlanCopyChunkBytes] (a
 // power of two, so one comparison bounds both, and their product cannot wrap) and rows·length
-// at most kPlanCopyChunkBytes. No division: the common case (a TP 1 -> 2 page, 16 rows of
-// 2 KiB) paid two per group, the largest share of a post's host time (kvbench plan).
+// at most kPlanCopyChunkBytes. No division: two per group were the largest share of a post's
+// host time (kvbench plan).
 bool OneChunk(const RunGroup& g) {
   static_assert((kPlanCopyChunkBytes & (kPlanCopyChunkBytes - 1)) == 0);
   return ((g.count - 1) | (g.length - 1)) < kPlanCopyChunkBytes &&

@@ -45,8 +45,8 @@ class PageMover {
 std::unique_ptr<PageMover> CreateHostPageMover();
 
 // Which engine copies GPU pages to and from the pool. The plan-copy kernel is as fast as the copy
-// engine on an idle GPU but needs SMs: beside a model that fills every SM it starves (6 GB/s in
-// benchmarks/offload.md), while the copy engine (cudaMemcpyBatchAsync) keeps its bandwidth and
+// engine on an idle GPU but needs SMs: beside a model that fills every SM it starves
+// (benchmarks/offload.md), while the copy engine (cudaMemcpyBatchAsync) keeps its bandwidth and
 // leaves the SMs to the model. Every pool copy crosses PCIe, so kAuto takes the copy engine
 // unless the phase's runs are so small (mean under kOffloadCopyEngineMinRun) that its
 // per-descriptor cost dominates; then the kernel.
@@ -58,8 +58,7 @@ Result<DeviceCopy> ParseDeviceCopy(std::string_view name);
 struct CudaMoverOptions {
   DeviceCopy how = DeviceCopy::kAuto;
   // Copy-engine phases go to the driver in batches of this many runs, so the engine starts on
-  // the first batch while the driver takes in the next (16384 runs of 64 KiB: 0.85 of the
-  // pinned ceiling in 4096-run batches, 0.95 in 512-run ones; benchmarks/offload.md).
+  // the first batch while the driver takes in the next (benchmarks/offload.md).
   int dma_slice_runs = 512;
   // A phase that has not landed this long after the previous one did fails its job with
   // kTimeout, and the mover refuses further jobs (its stream is stuck): the copy may still land

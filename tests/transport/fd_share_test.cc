@@ -1,4 +1,4 @@
-// FdServer / FetchFd (transport/cuda_ipc/fd_share.h): how a cuda_ipc peer fetches a VMM region's
+// FdServer / FetchFd (gpu/fd_share.h): how a cuda_ipc peer fetches a VMM region's
 // allocation fd. Plain memfds stand in for the CUDA handles, so no GPU is needed.
 #include "gpu/fd_share.h"
 

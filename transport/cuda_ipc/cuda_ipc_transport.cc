@@ -44,9 +44,7 @@ using kv::Socket;
 using cuda_ipc::WireDescriptor;
 
 // Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
-// batches may overlap on the device. On one stream, one after the other, a 16 MiB batch (a layer
-// of a contiguous LBNHC request) took 62 us where the link needs 42 us (kvbench pd --memory cuda
-// on the H200s).
+// batches may overlap on the device (one stream left the link idle between batches).
 constexpr int kChannels = cuda_ipc::Poster::kChannels;
 // How long the progress thread polls in-flight batches without sleeping (see ProgressLoop).
 constexpr auto kSpinWindow = std::chrono::milliseconds(10);
@@ -375,11 +373,10 @@ class CudaIpcTransport final : public Transport {
       for (Incoming& in : incoming) fds.push_back({in.socket.fd(), POLLIN, 0});
       for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
       // With batches in flight the loop does not sleep: it queries their events on every pass,
-      // so a finished copy completes within microseconds. A host function behind each copy
-      // (cudaLaunchHostFunc) woke this thread 80-500 us later than polling saw the copy end on
-      // the H200 machine, against ~1.5 ms for a 512 MiB transfer (benchmarks/gpu.md, run 3).
-      // After kSpinWindow without progress (a batch gated on a slow engine event, or a very
-      // long copy) it sleeps 100 us between passes instead of holding a core.
+      // so a finished copy completes within microseconds (a host function behind each copy woke
+      // it far later: benchmarks/gpu.md, run 3). After kSpinWindow without progress (a batch gated
+      // on a slow engine event, or a very long copy) it sleeps 100 us between passes instead of
+      // holding a core.
       const auto now = Clock::now();
       if (!busy || progressed) last_progress = now;
       const bool spin = busy && now - last_progress < kSpinWindow;
@@ -462,9 +459,7 @@ class CudaIpcTransport final : public Transport {
       std::lock_guard lock(mu_);
       // A channel runs its batches in queue order: behind an unfinished one, all of its later
       // ones are unfinished, and only deadlines need a look. Querying one event per channel and
-      // pass instead of every one keeps mu_ free for post(): with ~50 batches queued, polling
-      // them all held it 11 us a pass and made each post wait 114 us for the lock (kvbench pd
-      // --memory cuda on the H200s).
+      // pass instead of every one keeps mu_ free for post() when many batches are queued.
       std::array<bool, kChannels> stalled{};
       const auto now = Clock::now();
       for (auto it = pending_.begin(); it != pending_.end();) {

@@ -1,20 +1,17 @@
 // The cuda_ipc backend's posting thread: encodes a batch's copy table and launches its copies
 // away from the thread that posted it.
 //
-// Why: kvd's io thread posts every layer of every request. Encoding and launching a TP 1 -> 2
-// batch (4096 run groups) took it ~150 us, ~5 ms of a 13 ms wave of 8 requests, while the
-// engine's saves and the decode side's WantRequests waited behind it and the GPU was fed late
-// (benchmarks/pd_gpu.md, sixth session). Behind the poster the caller only validates the batch
-// and copies its run list; launches overlap with the caller's next work.
+// Why: kvd's io thread posts every layer of every request, and encoding and launching a large
+// batch held it long enough to feed the GPU late (benchmarks/pd_gpu.md, sixth session). Behind
+// the poster the caller only validates the batch and copies its run list.
 //
 // Jobs run one at a time in submission order, round-robin over kChannels streams, each with its
 // own RunCopier; streams and copiers belong to the poster's thread alone. A batch takes with it
 // the batches queued behind it (before any note) between the same two regions that are ready to
 // run too, up to kMaxCoalesced, as one copy with an event per batch: when the caller posts faster
-// than launches go, fewer and larger launches, with no waiting for them (kvbench pd --memory
-// cuda, window 32, one call: +0.004 to +0.009 in four same-call pairs; benchmarks/pd_gpu.md). A
-// batch is handed to `launched` with the channel it ran on, the event recorded behind its copies,
-// and the launch status. A launch that failed part-way still has an event behind whatever it
+// than launches go, fewer and larger launches, with no waiting for them. A batch is handed to
+// `launched` with the channel it ran on, the event recorded behind its copies, and the launch
+// status. A launch that failed part-way still has an event behind whatever it
 // enqueued when one could be recorded: its completion has to wait for those copies, which write
 // into the peer's memory all the same.
 //

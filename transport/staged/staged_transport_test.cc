@@ -1,7 +1,8 @@
 // The staged decorator on a CPU-only machine: "ucx" with stage_host=1 stages host memory through
 // the same slots, chunks, acks and notification queue as GPU memory, with memcpy for the copies.
 // Two processes over UCX tcp on loopback; every wait is bounded and ~ChildProcess kills and
-// reaps the target on every path.
+// reaps the target on every path. Beside the backend: it forges the backend's descriptors and
+// control frames, and checks its chunker and wire codec (registered in tests/transport).
 #include <signal.h>
 
 #include "tests/support/target_process.h"

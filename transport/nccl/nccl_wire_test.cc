@@ -1,7 +1,8 @@
 // The nccl backend's batch schedule and its announcement, on the host: which ranges skip the
 // staging (both sides derive it from the lengths alone, so it must be a pure function of them),
 // that the threshold and a put's run groups survive the wire, that a peer's rows are checked,
-// and that rows gathered into chunks and scattered from them land where the groups say.
+// and that rows gathered into chunks and scattered from them land where the groups say. Beside
+// the backend, whose internals it tests (registered in tests/gpu).
 #include <gtest/gtest.h>
 
 #include <numeric>

@@ -233,6 +233,39 @@ kv::Result<kv::connector::Connector*> Live(kv_connector* c) {
   return c->impl.get();
 }
 
+// kv_request_finished and kv_request_finished_with_token (token: NULL for kvd's own).
+Status RequestFinishedInto(kv_connector* c, const char* request, const char* token,
+                           kv_transfer_params* out, int64_t* remote_block_ids, size_t capacity,
+                           size_t* count) {
+  KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+  KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+  KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+  KV_RETURN_IF_ERROR(CheckStructSize<kv_transfer_params>(out->struct_size, "kv_transfer_params"));
+  if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
+  std::string raw;
+  if (token != nullptr) {
+    KV_ASSIGN_OR_RETURN(raw, FromHex(token, 64));
+  }
+  KV_ASSIGN_OR_RETURN(auto params, token != nullptr ? connector->RequestFinished(id, raw)
+                                                    : connector->RequestFinished(id));
+  kv_transfer_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.struct_size = out->struct_size;
+  KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
+  KV_RETURN_IF_ERROR(
+      CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
+  KV_RETURN_IF_ERROR(CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
+  KV_RETURN_IF_ERROR(CopyOut(ToHex(params.transfer_token), p.transfer_token,
+                             sizeof(p.transfer_token), "transfer token"));
+  p.tokens = 0;
+  p.mode = KV_MODE_PUSH;
+  std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
+  const size_t n = std::min(capacity, params.remote_block_ids.size());
+  std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
+  if (count != nullptr) *count = params.remote_block_ids.size();
+  return Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -411,30 +444,17 @@ int kv_save_layers(kv_connector* c, int layer, const kv_save* saves, size_t n, v
 
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                         int64_t* remote_block_ids, size_t capacity, size_t* count, kv_error* err) {
+  return Guarded(err, [&] {
+    return RequestFinishedInto(c, request, nullptr, out, remote_block_ids, capacity, count);
+  });
+}
+
+int kv_request_finished_with_token(kv_connector* c, const char* request, const char* token,
+                                   kv_transfer_params* out, int64_t* remote_block_ids,
+                                   size_t capacity, size_t* count, kv_error* err) {
   return Guarded(err, [&]() -> Status {
-    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
-    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
-    KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
-    KV_RETURN_IF_ERROR(CheckStructSize<kv_transfer_params>(out->struct_size, "kv_transfer_params"));
-    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
-    KV_ASSIGN_OR_RETURN(auto params, connector->RequestFinished(id));
-    kv_transfer_params p;
-    std::memset(&p, 0, sizeof(p));
-    p.struct_size = out->struct_size;
-    KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
-    KV_RETURN_IF_ERROR(
-        CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
-    KV_RETURN_IF_ERROR(
-        CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
-    KV_RETURN_IF_ERROR(CopyOut(ToHex(params.transfer_token), p.transfer_token,
-                               sizeof(p.transfer_token), "transfer token"));
-    p.tokens = 0;
-    p.mode = KV_MODE_PUSH;
-    std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
-    const size_t n = std::min(capacity, params.remote_block_ids.size());
-    std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
-    if (count != nullptr) *count = params.remote_block_ids.size();
-    return Status::Ok();
+    KV_RETURN_IF_ERROR(NeedNonNull(token, "transfer_token"));
+    return RequestFinishedInto(c, request, token, out, remote_block_ids, capacity, count);
   });
 }
 

@@ -133,6 +133,10 @@ struct SourceRequest {
   // The request's capability (peer_auth.h): issued to the engine by RequestFinished, presented
   // by the destination's WantRequest (transfers.cc, OnWant).
   std::string token;
+  // Transfer tokens (issue 19): the token is fixed once a RequestFinished handed it out or an
+  // engine chose it there (the vLLM connector's scheduler mints it; every rank must agree). A
+  // Want presenting a token before then is held (held_wants.cc).
+  bool token_fixed = false;
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
   // Decode ranks some destination wants.
@@ -223,6 +227,16 @@ struct DestRequest {
   uint64_t runs = 0;
   Clock::time_point deadline;
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
+};
+
+// A WantRequest that presented a transfer token before its request's token was fixed (the
+// decode's Want overtook the prefill engines' RequestFinished): checked once it is, refused at
+// `deadline` (held_wants.cc).
+struct HeldWant {
+  uint64_t peer_id = 0;
+  proto::WantRequest want;
+  size_t bytes = 0;  // the Want's size, counted in held_want_bytes_
+  Clock::time_point deadline;
 };
 
 // Decode-side memory a failed request may still receive writes into until its lease ends.
@@ -336,6 +350,20 @@ class Daemon::Core {
                                                                 const std::string& descriptor,
                                                                 const Imports& fresh);
   void OnConfirm(Peer& peer, const std::string& request_id);
+
+  // ---- held_wants.cc (transfer tokens) ----
+  // Holds `want` until its request's token is fixed; refused when the holding limits are full.
+  Status HoldWant(Peer& peer, const proto::WantRequest& want);
+  // Fixes `request`'s token to an engine's choice (RequestFinished.transfer_token) or checks it
+  // against the fixed one; on a mismatch the request fails (every rank and destination hear it).
+  Status FixEngineToken(SourceRequest& request, const std::string& token);
+  // Runs the held Wants of `request_id` again now that its token is fixed (each accepted or
+  // refused there). May end the request.
+  void ReleaseHeldWants(const std::string& request_id);
+  // Refuses the held Wants of `request_id` with `why` (its request failed), or of a peer gone.
+  void DropHeldWants(const std::string& request_id, const Status& why);
+  void DropHeldWantsOfPeer(uint64_t peer_id);
+  void ExpireHeldWants(Clock::time_point now);
   void OnPeerFail(Peer& peer, const proto::Fail& fail);
   void OnNotification(const std::string& message);
   void PumpSource(SourceRequest& request);
@@ -428,6 +456,8 @@ class Daemon::Core {
   Peers peers_;
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
+  std::multimap<std::string, HeldWant> held_wants_;  // by request id
+  size_t held_want_bytes_ = 0;
   std::vector<Retired> retired_;
   std::vector<SendGroup> send_groups_;
   std::vector<std::vector<Run>> spare_runs_;  // empty, with capacity (RecycleRuns)

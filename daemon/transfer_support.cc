@@ -123,6 +123,7 @@ void Daemon::Core::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
   // A request's other destinations (decode ranks behind other kvds) hear it from us.
   for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true, /*told=*/peer_id);
   for (const auto& id : loads) FinishDest(id, why, false);
+  DropHeldWantsOfPeer(peer_id);  // [token] held_wants.cc
 }
 
 void Daemon::Core::ExpireRequests(Clock::time_point now) {
@@ -141,6 +142,7 @@ void Daemon::Core::ExpireRequests(Clock::time_point now) {
   for (const auto& id : loads) {
     FinishDest(id, Status::Timeout("request " + id + " not complete within " + lease), true);
   }
+  ExpireHeldWants(now);  // [token] held_wants.cc
   std::erase_if(retired_, [now](const Retired& r) { return r.until < now; });
 }
 

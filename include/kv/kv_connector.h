@@ -209,6 +209,16 @@ typedef struct {
 KV_EXPORT int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                                   int64_t* remote_block_ids, size_t capacity, size_t* count,
                                   kv_error* err);
+/* kv_request_finished with a transfer token the engine chose: `transfer_token` is 32 to 64 hex
+ * digits (16 to 32 bytes from a CSPRNG), NUL-terminated; out->transfer_token receives it back.
+ * For engines whose scheduler hands the params to the decode side before the ranks finish the
+ * request here (vLLM); every rank must pass the same token, else the request fails. A decode
+ * kvd's Want that presents it before then waits for it, within its lease. KV_INCOMPATIBLE from
+ * a kvd too old to take it. */
+KV_EXPORT int kv_request_finished_with_token(kv_connector* c, const char* request,
+                                             const char* transfer_token, kv_transfer_params* out,
+                                             int64_t* remote_block_ids, size_t capacity,
+                                             size_t* count, kv_error* err);
 
 /* ---- decode --------------------------------------------------------------------------------- */
 

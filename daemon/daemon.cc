@@ -403,6 +403,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_unauthenticated_connections(counts.unauthenticated);
   s.set_peers_refused(peers_refused_);
   s.set_auth_failures(auth_failures_);
+  s.set_wants_held(static_cast<uint32_t>(held_wants_.size()));  // [token] held_wants.cc
   if (offload_) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }

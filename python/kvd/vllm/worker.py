@@ -175,8 +175,8 @@ class WorkerSide:
         if meta is None or meta is self._started or not isinstance(meta, KvdConnectorMetadata):
             return
         self._started = meta
-        for rid in meta.sends:
-            self._send(rid)
+        for rid, token in meta.sends.items():
+            self._send(rid, token)
         for rid in meta.abort_loads:
             load = self._loads.get(rid)
             if load is not None:
@@ -188,11 +188,13 @@ class WorkerSide:
         for spec in meta.offload_loads:
             self._offload_load(spec)
 
-    def _send(self, rid):
+    def _send(self, rid, token):
+        """Finishes `rid` in kvd under the scheduler's transfer token (every group's request and
+        every rank the same), which the decode side presents."""
         expected = 0
         for g, c in self.conns.items():
             try:
-                c.request_finished(self.key(rid, g))
+                c.request_finished(self.key(rid, g), transfer_token=token or None)
                 expected += 1
             except kvd.NotFoundError:
                 pass  # nothing saved for this group on this rank

@@ -91,8 +91,9 @@ Result<proto::TransferParams> Daemon::Core::RequestFinished(Engine& engine,
   // [token] The engine's own token (the vLLM connector's scheduler mints it), fixed by the first
   // rank and checked for the others; else kvd's. Wants held for it are checked then.
   const bool newly_fixed = !it->second.token_fixed;
-  if (!m.transfer_token().empty())
+  if (!m.transfer_token().empty()) {
     KV_RETURN_IF_ERROR(FixEngineToken(it->second, m.transfer_token()));
+  }
   it->second.token_fixed = true;
   SourceRank& rank = it->second.ranks[engine.tp_rank];
   rank.finished = true;

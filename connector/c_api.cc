@@ -491,6 +491,16 @@ int kv_get_failed_blocks(kv_connector* c, int64_t* block_ids, size_t capacity, s
   });
 }
 
+int kv_load_error(kv_connector* c, const char* request, kv_error* load_error, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+    KV_RETURN_IF_ERROR(NeedNonNull(load_error, "load_error"));
+    Report(connector->core().LoadError(id), load_error);
+    return Status::Ok();
+  });
+}
+
 int kv_daemon_status_json(kv_connector* c, char* buf, size_t capacity, size_t* length,
                           kv_error* err) {
   return Guarded(err, [&]() -> Status {

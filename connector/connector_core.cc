@@ -404,6 +404,10 @@ Status ConnectorCore::TakeFailedBlocksInto(std::span<int64_t> out, size_t* count
   return client_->TakeFailedBlocksInto(out, count);
 }
 
+Status ConnectorCore::LoadError(const std::string& request) {
+  return client_->LoadError(request);
+}
+
 Result<proto::DaemonStatus> ConnectorCore::DaemonStatus() {
   proto::EngineMessage m;
   m.mutable_status();

@@ -89,6 +89,8 @@ class ConnectorCore {
   // GetFailedBlocks into the caller's buffer (the C API): kResourceExhausted, with nothing taken
   // and *count set, when they do not fit.
   Status TakeFailedBlocksInto(std::span<int64_t> out, size_t* count);
+  // Why the load of `request` failed (Client::LoadError): Ok when it did not or is not known.
+  Status LoadError(const std::string& request);
 
   Result<proto::DaemonStatus> DaemonStatus();
   Result<std::string> DaemonStatusJson();

@@ -254,6 +254,11 @@ KV_EXPORT int kv_get_finished(kv_connector* c, kv_request_callback on_request, v
  * KV_RESOURCE_EXHAUSTED, *count says how many, and none is taken (call again with room). */
 KV_EXPORT int kv_get_failed_blocks(kv_connector* c, int64_t* block_ids, size_t capacity,
                                    size_t* count, kv_error* err);
+/* Why the load of `request` failed, into *load_error (code KV_OK when it did not fail, is still
+ * running, or is not known): also after kv_get_failed_blocks returned its blocks, for the last
+ * 4096 failed loads. For an engine's log ("the transfer token does not match", a peer gone). */
+KV_EXPORT int kv_load_error(kv_connector* c, const char* request, kv_error* load_error,
+                            kv_error* err);
 
 /* kvd's status as one JSON object, NUL-terminated, into buf (capacity bytes); *length (may be
  * NULL) receives its length without the NUL. KV_RESOURCE_EXHAUSTED (with *length) when it does

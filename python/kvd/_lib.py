@@ -107,6 +107,7 @@ _SIGNATURES = {
     "kv_wait_layer": (c_int, [c_void_p, c_char_p, c_int, _err_p]),
     "kv_get_finished": (c_int, [c_void_p, REQUEST_CALLBACK, c_void_p, _err_p]),
     "kv_get_failed_blocks": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t), _err_p]),
+    "kv_load_error": (c_int, [c_void_p, c_char_p, _err_p, _err_p]),
     "kv_daemon_status_json": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t), _err_p]),
     "kv_offload_store": (c_int, [c_void_p, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t,
                                  c_void_p, POINTER(c_void_p),

@@ -459,6 +459,16 @@ class Connector(OffloadMixin):
             self._lib.check(rc, err, "get_failed_blocks")
             return list(buf[:count.value])
 
+    def load_error(self, request: str):
+        """Why the load of `request` failed, as a KvdError (also after get_failed_blocks returned
+        its blocks, for the last 4096 failed loads), or None: it did not fail, is still running
+        or is not known."""
+        why, err = _lib.KvErrorStruct(), _lib.KvErrorStruct()
+        self._lib.check(self._lib.kv_load_error(self._handle(), _cstr(request, "request"),
+                                                byref(why), byref(err)), err,
+                        f"load_error({request!r})")
+        return None if why.code == 0 else self._lib.error(why.code, why)
+
     def status(self) -> dict:
         """kvd's status (kv_daemon_status_json) as a dict."""
         h = self._handle()

@@ -216,6 +216,12 @@ TEST_F(CApiBadInput, SaveFinishLoadWait) {
   loads[0].request = long_id.c_str();
   Expect(kv_start_loads(c, loads, 1, results, &err), KV_INVALID_ARGUMENT, "load 0");
 
+  kv_error why;
+  Expect(kv_load_error(c, "a", nullptr, &err), KV_INVALID_ARGUMENT, "load_error");
+  Expect(kv_load_error(c, long_id.c_str(), &why, &err), KV_INVALID_ARGUMENT, "256");
+  ASSERT_EQ(kv_load_error(c, "never-loaded", &why, &err), KV_OK) << err.message;
+  EXPECT_EQ(why.code, KV_OK);
+
   Expect(kv_wait_layer(nullptr, "a", 0, &err), KV_INVALID_ARGUMENT, "connector");
   Expect(kv_wait_layer(c, nullptr, 0, &err), KV_INVALID_ARGUMENT, "request");
   Expect(kv_wait_layer(c, "never-loaded", 0, &err), KV_NOT_FOUND, "never-loaded");

@@ -32,10 +32,11 @@ def _tp_rank_size(vllm_config):
 
 
 class _Load:
-    __slots__ = ("req_id", "pending", "blocks", "aborted", "failed", "why")
+    __slots__ = ("req_id", "pending", "blocks", "aborted", "failed", "why", "keys")
 
     def __init__(self, req_id, blocks):
         self.req_id, self.blocks = req_id, blocks  # blocks: {group: [ids]}
+        self.keys = {}  # group -> kvd's id of the load
         self.pending, self.aborted, self.failed, self.why = set(), False, False, None
 
 
@@ -249,6 +250,7 @@ class WorkerSide:
                     request_id=self.key(remote_rid, g),
                     transfer_token=p.get("kvd_transfer_token", ""))
                 self._local[params.request_id] = spec.req_id
+                load.keys[g] = params.request_id
                 per_group[g].append((spec.req_id, params, ids, tokens))
                 load.pending.add(g)
                 for b in ids:
@@ -269,6 +271,18 @@ class WorkerSide:
                         self._fail_load(load, str(err), groups=[g])
         for spec in specs:
             self._maybe_done(self._loads.get(spec.req_id))
+
+    @staticmethod
+    def _load_error(c, load, g) -> str:
+        """kvd's reason for the failed load of group g (a refused transfer token, a peer gone)."""
+        why = None
+        try:
+            why = c.load_error(load.keys.get(g, load.req_id))
+        except kvd.KvdError:
+            pass
+        if why is None:
+            return f"kvd reported the load of group {g} failed"
+        return f"group {g}: {why.message}"  # the C message, which names its code
 
     def _maybe_done(self, load):
         if load is None or load.pending:
@@ -415,8 +429,7 @@ class WorkerSide:
                 load = self._loads.get(rid) if rid else None
                 if load is not None and g in load.pending:
                     load.pending.discard(g)
-                    self._fail_load(load, f"kvd reported the load of group {g} failed",
-                                    groups=[g])
+                    self._fail_load(load, self._load_error(c, load, g), groups=[g])
         for load in list(self._loads.values()):
             self._maybe_done(load)
         stores, self._stores = self._stores, []

@@ -227,12 +227,11 @@ def test_decode_want_before_the_prefill_workers_finish(processes):
 
 
 @pytest.mark.parametrize("token,early", [("wrong", False), ("wrong", True), ("missing", False)])
-def test_wrong_or_missing_token_is_refused(daemons, capfd, token, early):
+def test_wrong_or_missing_token_is_refused(daemons, capfd, caplog, token, early):
     """kv_transfer_params whose kvd_transfer_token was altered or dropped: the prefill kvd
     refuses the decode's Want (at once, or once the token is known where the Want came first),
-    the decode request fails, both kvds log why (the decode kvd's line names the prefill kvd's
-    reason), and nothing of the prefill's K/V lands. The untouched params then load as usual
-    and both engines end empty."""
+    the decode request fails, the decode worker's log and both kvds' say why, and nothing of the
+    prefill's K/V lands. The untouched params then load as usual and both engines end empty."""
     p, _ = daemons
     prefill, decode = engines({"kvd_embedded": "p"}, {"kvd_embedded": "d"}, [Group()],
                               [Group()])
@@ -246,11 +245,14 @@ def test_wrong_or_missing_token_is_refused(daemons, capfd, token, early):
         decode.add_request(thief)
         if early:  # the Want waits for the token in the prefill kvd
             drive([decode], lambda: wants_held(p) == 1, "the Want to wait")
-        drive([prefill, decode], lambda: thief.status == RequestStatus.FINISHED_ERROR,
-              "the Want to be refused")
+        with caplog.at_level("ERROR", logger="kvd.vllm"):
+            drive([prefill, decode], lambda: thief.status == RequestStatus.FINISHED_ERROR,
+                  "the Want to be refused")
         assert decode.errors == {"d-thief": "load failed"}
         why = ("the transfer token does not match" if token == "wrong" else
                "the Want carries no transfer token")
+        assert f"kvd: load of d-thief failed: group 0: invalid_argument: peer prefill-node: " \
+            f"request victim: {why}" in caplog.text, caplog.text
         logged = capfd.readouterr().out  # the embedded kvds log to stdout
         assert f"kvd decode-node: load of victim failed: invalid_argument: peer prefill-node: " \
             f"request victim: {why}" in logged, logged

@@ -10,6 +10,7 @@
 
 #include "connector/connector.h"
 #include "connector/connector_core.h"
+#include "connector/token_hex.h"
 
 struct kv_connector {
   std::unique_ptr<kv::connector::Connector> impl;
@@ -110,37 +111,6 @@ Status CopyOut(const std::string& from, char* to, size_t capacity, const char* w
   return Status::Ok();
 }
 
-std::string ToHex(const std::string& bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : bytes) {
-    hex.push_back(kDigits[c >> 4]);
-    hex.push_back(kDigits[c & 0xf]);
-  }
-  return hex;
-}
-
-kv::Result<std::string> FromHex(const char* hex, size_t max_chars) {
-  const size_t n = strnlen(hex, max_chars + 1);
-  if (n > max_chars || n % 2 != 0) {
-    return Status::InvalidArgument("transfer_token is not an even number of hex digits, at most " +
-                                   std::to_string(max_chars));
-  }
-  std::string out;
-  for (size_t i = 0; i < n; i += 2) {
-    auto digit = [](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-      return -1;
-    };
-    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
-    if (hi < 0 || lo < 0) return Status::InvalidArgument("transfer_token holds a non-hex digit");
-    out.push_back(static_cast<char>(hi << 4 | lo));
-  }
-  return out;
-}
-
 kv::LayoutSpec Spec(const kv_layout& l) {
   kv::LayoutSpec s;
   s.order = l.order != nullptr ? l.order : "LBNHC";
@@ -167,7 +137,8 @@ kv::Result<kv::connector::TransferParams> Params(const kv_transfer_params* in) {
   KV_ASSIGN_OR_RETURN(out.peer_address, Id(p.peer_address, "params.peer_address"));
   // The source's id of the request: informational (the decode side names the request itself).
   out.request_id = std::string(p.request_id, strnlen(p.request_id, sizeof(p.request_id)));
-  KV_ASSIGN_OR_RETURN(out.transfer_token, FromHex(p.transfer_token, sizeof(p.transfer_token) - 1));
+  KV_ASSIGN_OR_RETURN(out.transfer_token,
+                      kv::connector::TokenFromHex(p.transfer_token, sizeof(p.transfer_token) - 1));
   if (p.peer_name[sizeof(p.peer_name) - 1] != '\0' ||
       p.peer_address[sizeof(p.peer_address) - 1] != '\0' ||
       p.request_id[sizeof(p.request_id) - 1] != '\0') {
@@ -231,6 +202,39 @@ kv::Result<std::vector<kv::offload::BlockKey>> Keys(const uint8_t* keys, size_t 
 kv::Result<kv::connector::Connector*> Live(kv_connector* c) {
   KV_RETURN_IF_ERROR(NeedNonNull(c, "connector"));
   return c->impl.get();
+}
+
+// kv_request_finished and kv_request_finished_with_token (token: NULL for kvd's own).
+Status RequestFinishedInto(kv_connector* c, const char* request, const char* token,
+                           kv_transfer_params* out, int64_t* remote_block_ids, size_t capacity,
+                           size_t* count) {
+  KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+  KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+  KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
+  KV_RETURN_IF_ERROR(CheckStructSize<kv_transfer_params>(out->struct_size, "kv_transfer_params"));
+  if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
+  std::string raw;
+  if (token != nullptr) {
+    KV_ASSIGN_OR_RETURN(raw, kv::connector::TokenFromHex(token, 64));
+  }
+  KV_ASSIGN_OR_RETURN(auto params, token != nullptr ? connector->RequestFinished(id, raw)
+                                                    : connector->RequestFinished(id));
+  kv_transfer_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.struct_size = out->struct_size;
+  KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
+  KV_RETURN_IF_ERROR(
+      CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
+  KV_RETURN_IF_ERROR(CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
+  KV_RETURN_IF_ERROR(CopyOut(kv::connector::TokenToHex(params.transfer_token), p.transfer_token,
+                             sizeof(p.transfer_token), "transfer token"));
+  p.tokens = 0;
+  p.mode = KV_MODE_PUSH;
+  std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
+  const size_t n = std::min(capacity, params.remote_block_ids.size());
+  std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
+  if (count != nullptr) *count = params.remote_block_ids.size();
+  return Status::Ok();
 }
 
 }  // namespace
@@ -411,30 +415,17 @@ int kv_save_layers(kv_connector* c, int layer, const kv_save* saves, size_t n, v
 
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                         int64_t* remote_block_ids, size_t capacity, size_t* count, kv_error* err) {
+  return Guarded(err, [&] {
+    return RequestFinishedInto(c, request, nullptr, out, remote_block_ids, capacity, count);
+  });
+}
+
+int kv_request_finished_with_token(kv_connector* c, const char* request, const char* token,
+                                   kv_transfer_params* out, int64_t* remote_block_ids,
+                                   size_t capacity, size_t* count, kv_error* err) {
   return Guarded(err, [&]() -> Status {
-    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
-    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
-    KV_RETURN_IF_ERROR(NeedNonNull(out, "out"));
-    KV_RETURN_IF_ERROR(CheckStructSize<kv_transfer_params>(out->struct_size, "kv_transfer_params"));
-    if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(remote_block_ids, "remote_block_ids"));
-    KV_ASSIGN_OR_RETURN(auto params, connector->RequestFinished(id));
-    kv_transfer_params p;
-    std::memset(&p, 0, sizeof(p));
-    p.struct_size = out->struct_size;
-    KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
-    KV_RETURN_IF_ERROR(
-        CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
-    KV_RETURN_IF_ERROR(
-        CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
-    KV_RETURN_IF_ERROR(CopyOut(ToHex(params.transfer_token), p.transfer_token,
-                               sizeof(p.transfer_token), "transfer token"));
-    p.tokens = 0;
-    p.mode = KV_MODE_PUSH;
-    std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
-    const size_t n = std::min(capacity, params.remote_block_ids.size());
-    std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
-    if (count != nullptr) *count = params.remote_block_ids.size();
-    return Status::Ok();
+    KV_RETURN_IF_ERROR(NeedNonNull(token, "transfer_token"));
+    return RequestFinishedInto(c, request, token, out, remote_block_ids, capacity, count);
   });
 }
 
@@ -497,6 +488,16 @@ int kv_get_failed_blocks(kv_connector* c, int64_t* block_ids, size_t capacity, s
     KV_RETURN_IF_ERROR(NeedNonNull(count, "count"));
     if (capacity > 0) KV_RETURN_IF_ERROR(NeedNonNull(block_ids, "block_ids"));
     return connector->core().TakeFailedBlocksInto({block_ids, capacity}, count);
+  });
+}
+
+int kv_load_error(kv_connector* c, const char* request, kv_error* load_error, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+    KV_RETURN_IF_ERROR(NeedNonNull(load_error, "load_error"));
+    Report(connector->core().LoadError(id), load_error);
+    return Status::Ok();
   });
 }
 

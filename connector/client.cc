@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/fd_passing.h"
 #include "base/framing.h"
 #include "protocol/wire_layout.h"
-#include "base/fd_passing.h"
 
 namespace kv::connector {
 
@@ -43,8 +43,8 @@ Status ConnectorCore::Client::SendFrame(const std::string& frame, int pass_fd) {
   std::lock_guard<std::mutex> lock(send_mu_);
   size_t sent = 0;
   while (sent < frame.size()) {
-    const ssize_t n = kv::SendWithFd(fd_, frame.data() + sent, frame.size() - sent,
-                                            sent == 0 ? pass_fd : -1);
+    const ssize_t n =
+        kv::SendWithFd(fd_, frame.data() + sent, frame.size() - sent, sent == 0 ? pass_fd : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -238,8 +238,32 @@ std::vector<int64_t> ConnectorCore::Client::TakeFailedBlocks() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> out = std::move(failed_blocks_);
   failed_blocks_.clear();
-  std::erase_if(loads_, [](const auto& entry) { return !entry.second.failed.ok(); });
+  ForgetFailedLoads();
   return out;
+}
+
+void ConnectorCore::Client::ForgetFailedLoads() {
+  for (auto it = loads_.begin(); it != loads_.end();) {
+    if (it->second.failed.ok()) {
+      ++it;
+      continue;
+    }
+    if (load_errors_.insert_or_assign(it->first, it->second.failed).second) {
+      load_error_order_.push_back(it->first);
+      if (load_error_order_.size() > kMaxLoadErrors) {
+        load_errors_.erase(load_error_order_.front());
+        load_error_order_.pop_front();
+      }
+    }
+    it = loads_.erase(it);
+  }
+}
+
+Status ConnectorCore::Client::LoadError(const std::string& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = loads_.find(request); it != loads_.end()) return it->second.failed;
+  auto it = load_errors_.find(request);
+  return it == load_errors_.end() ? Status::Ok() : it->second;
 }
 
 Status ConnectorCore::Client::TakeFailedBlocksInto(std::span<int64_t> out, size_t* count) {
@@ -252,7 +276,7 @@ Status ConnectorCore::Client::TakeFailedBlocksInto(std::span<int64_t> out, size_
   }
   std::copy(failed_blocks_.begin(), failed_blocks_.end(), out.begin());
   failed_blocks_.clear();
-  std::erase_if(loads_, [](const auto& entry) { return !entry.second.failed.ok(); });
+  ForgetFailedLoads();
   return Status::Ok();
 }
 

@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
 #include "connector/connector_core.h"
 #include "protocol/kvd.pb.h"
-#include "base/status.h"
 
 namespace kv::connector {
 
@@ -55,6 +55,9 @@ class ConnectorCore::Client {
   // TakeFailedBlocks into `out`; *count is how many there are. kResourceExhausted, with nothing
   // taken, when they do not fit.
   Status TakeFailedBlocksInto(std::span<int64_t> out, size_t* count);
+  // The error a load of `request` failed with, also after TakeFailedBlocks forgot the load (the
+  // last kMaxLoadErrors of them); Ok when it did not fail or is not known.
+  Status LoadError(const std::string& request);
 
  private:
   Client(int fd, std::chrono::milliseconds timeout);
@@ -69,6 +72,7 @@ class ConnectorCore::Client {
   void ReadLoop();
   void Apply(proto::DaemonMessage message);      // mu_ held
   void FailLoad(Load& load, const Status& why);  // mu_ held
+  void ForgetFailedLoads();                      // mu_ held: into load_errors_
 
   const int fd_;
   const std::chrono::milliseconds timeout_;
@@ -87,6 +91,10 @@ class ConnectorCore::Client {
   static constexpr size_t kMaxSaveErrors = 4096;
   std::map<std::string, Status> save_errors_;
   std::deque<std::string> save_error_order_;
+  // Forgotten failed loads' errors (LoadError), oldest first in load_error_order_.
+  static constexpr size_t kMaxLoadErrors = 4096;
+  std::map<std::string, Status> load_errors_;
+  std::deque<std::string> load_error_order_;
   std::thread reader_;
 };
 

@@ -96,7 +96,20 @@ Result<std::vector<Status>> Connector::SaveLayers(int layer, std::span<const Sav
 
 Result<TransferParams> Connector::RequestFinished(const std::string& request) {
   KV_RETURN_IF_ERROR(CheckId(request, "request id"));
-  return core_->RequestFinished(request);
+  return core_->RequestFinished(request, {});
+}
+
+Result<TransferParams> Connector::RequestFinished(const std::string& request,
+                                                  const std::string& transfer_token) {
+  KV_RETURN_IF_ERROR(CheckId(request, "request id"));
+  if (transfer_token.size() < kMinTransferTokenBytes ||
+      transfer_token.size() > kMaxTransferTokenBytes) {
+    return Status::InvalidArgument("transfer token of " + std::to_string(transfer_token.size()) +
+                                   " bytes; an engine's token has " +
+                                   std::to_string(kMinTransferTokenBytes) + " to " +
+                                   std::to_string(kMaxTransferTokenBytes));
+  }
+  return core_->RequestFinished(request, transfer_token);
 }
 
 Status Connector::StartLoad(const std::string& request, const TransferParams& params,

@@ -15,10 +15,10 @@
 #include "connector/client.h"
 #include "connector/connector.h"
 #include "connector/host_memory.h"
-#include "daemon/core.h"
+#include "daemon/transfer_support.h"
 #include "daemon/daemon.h"
-#include "protocol/wire_layout.h"
 #include "gpu/ipc_memory.h"
+#include "protocol/wire_layout.h"
 
 namespace kv::connector {
 
@@ -296,9 +296,11 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
   return out;
 }
 
-Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request) {
+Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request,
+                                                      const std::string& transfer_token) {
   proto::EngineMessage m;
   m.mutable_request_finished()->set_request_id(request);
+  m.mutable_request_finished()->set_transfer_token(transfer_token);
   auto reply = client_->Call(std::move(m));
   // kvd answers after every save sent before: a save it refused has been heard of by now.
   KV_RETURN_IF_ERROR(client_->TakeSaveError(request));
@@ -308,6 +310,12 @@ Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request
   params.peer_address = reply->params().peer_address();
   params.request_id = reply->params().request_id();
   params.transfer_token = reply->params().transfer_token();
+  if (!transfer_token.empty() && params.transfer_token != transfer_token) {
+    // A kvd older than RequestFinished.transfer_token issued its own: the decode side, which
+    // got the engine's, would be refused.
+    return Status::Incompatible("kvd did not take the engine's transfer token for request " +
+                                request + ": it is older than this connector");
+  }
   params.remote_block_ids.assign(reply->params().remote_block_ids().begin(),
                                  reply->params().remote_block_ids().end());
   return params;
@@ -394,6 +402,10 @@ std::vector<int64_t> ConnectorCore::GetFailedBlocks() {
 
 Status ConnectorCore::TakeFailedBlocksInto(std::span<int64_t> out, size_t* count) {
   return client_->TakeFailedBlocksInto(out, count);
+}
+
+Status ConnectorCore::LoadError(const std::string& request) {
+  return client_->LoadError(request);
 }
 
 Result<proto::DaemonStatus> ConnectorCore::DaemonStatus() {

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "base/shared_memory.h"
-#include "kv/connector.h"
-#include "layout/kv_region.h"
 #include "base/status.h"
 #include "gpu/layer_events.h"
+#include "kv/connector.h"
+#include "layout/kv_region.h"
 
 namespace kv::daemon {
 class Daemon;
@@ -63,7 +63,9 @@ class ConnectorCore {
   // Connector::SaveLayers: the layer's event is recorded once for every save.
   Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
                                          void* cuda_stream);
-  Result<TransferParams> RequestFinished(const std::string& request);
+  // transfer_token: the engine's (Connector::RequestFinished checked its size), or empty.
+  Result<TransferParams> RequestFinished(const std::string& request,
+                                         const std::string& transfer_token);
 
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
   Status StartLoad(const std::string& request, const TransferParams& params,
@@ -87,6 +89,8 @@ class ConnectorCore {
   // GetFailedBlocks into the caller's buffer (the C API): kResourceExhausted, with nothing taken
   // and *count set, when they do not fit.
   Status TakeFailedBlocksInto(std::span<int64_t> out, size_t* count);
+  // Why the load of `request` failed (Client::LoadError): Ok when it did not or is not known.
+  Status LoadError(const std::string& request);
 
   Result<proto::DaemonStatus> DaemonStatus();
   Result<std::string> DaemonStatusJson();

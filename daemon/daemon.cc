@@ -410,6 +410,7 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
     s.set_bytes_received(counters.bytes_received);
     s.set_runs_sent(counters.runs_sent);
     s.set_batches_posted(send_queue_->batches_posted());
+    s.set_wants_held(static_cast<uint32_t>(scheduler_->wants_held()));
   }
   s.set_peer_auth(!options_.auth_secret.empty() ? "secret"
                   : options_.insecure_peers     ? "insecure"
@@ -527,6 +528,20 @@ Scheduler::Hooks Daemon::Core::SchedulerHooks() {
     return GrantLoadWrites(*transport_, peer->transport_peer, r.ranks);
   };
   hooks.revoke_writes = [this](uint64_t grant) { transport_->revoke_writes(grant); };
+  hooks.handle_want = [this](uint64_t peer_id, proto::WantRequest want) {
+    Peer* peer = FindPeer(peer_id);
+    if (peer == nullptr) return;
+    if (!peer->held.busy) return HandleWant(*peer, want);  // imports cached when it was held
+    // A setup step of this peer is in flight (a Want's imports): after it, in order.
+    proto::PeerMessage m;
+    *m.mutable_want() = std::move(want);
+    std::string body = m.SerializeAsString();
+    peer->held.bytes += body.size();
+    peer->held.messages.push_back(std::move(body));
+  };
+  hooks.refuse_want = [this](uint64_t peer_id, const proto::WantRequest& want, const Status& why) {
+    RefuseWant(peer_id, want, why);
+  };
   return hooks;
 }
 

@@ -16,8 +16,8 @@
 #include <optional>
 #include <string>
 
-#include "protocol/kvd.pb.h"
 #include "base/status.h"
+#include "protocol/kvd.pb.h"
 #include "transport/transport.h"
 
 namespace kv::daemon {
@@ -64,7 +64,9 @@ struct DaemonOptions {
   // a decode kvd can only load a request its engine got the params of (vLLM's flow); optional,
   // a decode may also ask before the prefill finished (layer streaming, kvbench pd), and the
   // first authenticated peer to ask binds the request. Unset: required with an auth_secret
-  // (peers on other hosts), optional without (loopback only).
+  // (peers on other hosts), optional without (loopback only). Either way a Want that presents a
+  // token before any prefill rank finished the request (an engine-chosen token, the vLLM
+  // connector's) waits for it within its lease (held_wants.cc).
   std::optional<bool> require_transfer_token;
   // Peer connections open at once; of them, not yet authenticated (the handshake timeout bounds
   // how long each may stay so); from one source address. A connection above a limit is closed

@@ -25,6 +25,8 @@ inline constexpr size_t kProofBytes = 32;  // SHA-256
 inline constexpr size_t kMinSecretBytes = 32;
 inline constexpr size_t kMaxSecretBytes = 4096;
 inline constexpr size_t kTransferTokenBytes = 16;  // 128-bit capabilities (transfers.cc)
+// An engine may choose a request's token itself (RequestFinished.transfer_token): 16 to 32 bytes.
+inline constexpr size_t kMaxTransferTokenBytes = 32;
 
 // `n` bytes from OpenSSL's CSPRNG; kInternal when it cannot deliver (never silently weak).
 Result<std::string> RandomBytes(size_t n);

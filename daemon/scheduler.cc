@@ -56,6 +56,8 @@ int Scheduler::batches_in_flight() const {
 void Scheduler::Clear() {
   sources_.clear();
   loads_.clear();
+  held_wants_.clear();
+  held_want_bytes_ = 0;
   retired_.clear();
 }
 
@@ -102,6 +104,7 @@ void Scheduler::FailRequestsOfPeer(uint64_t peer_id, const Status& why) {
   // A request's other destinations (decode ranks behind other kvds) hear it from us.
   for (const auto& id : sources) FinishSource(id, why, /*tell_peer=*/true, /*told=*/peer_id);
   for (const auto& id : loads) FinishDest(id, why, false);
+  DropHeldWantsOfPeer(peer_id);
 }
 
 void Scheduler::ExpireRequests(Clock::time_point now) {
@@ -120,6 +123,7 @@ void Scheduler::ExpireRequests(Clock::time_point now) {
   for (const auto& id : loads) {
     FinishDest(id, Status::Timeout("request " + id + " not complete within " + lease), true);
   }
+  ExpireHeldWants(now);
   std::erase_if(retired_, [now](const Retired& r) { return r.until < now; });
 }
 

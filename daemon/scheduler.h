@@ -117,6 +117,10 @@ struct SourceRequest {
   // The request's capability (peer_auth.h): issued to the engine by RequestFinished, presented
   // by the destination's WantRequest (transfers.cc, OnWant).
   std::string token;
+  // Transfer tokens (issue 19): the token is fixed once a RequestFinished handed it out or an
+  // engine chose it there (the vLLM connector's scheduler mints it; every rank must agree). A
+  // Want presenting a token before then is held (held_wants.cc).
+  bool token_fixed = false;
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
   // Decode ranks some destination wants.
@@ -178,6 +182,16 @@ struct DestRequest {
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 };
 
+// A WantRequest that presented a transfer token before its request's token was fixed (the
+// decode's Want overtook the prefill engines' RequestFinished): checked once it is, refused at
+// `deadline` (held_wants.cc).
+struct HeldWant {
+  uint64_t peer_id = 0;
+  proto::WantRequest want;
+  size_t bytes = 0;  // the Want's size, counted in held_want_bytes_
+  Clock::time_point deadline;
+};
+
 // Decode-side memory a failed request may still receive writes into until its lease ends.
 struct Retired {
   std::vector<std::shared_ptr<Region>> regions;
@@ -197,6 +211,11 @@ class Scheduler {
     // blocks; revoke them. Unset: no grants.
     std::function<Result<uint64_t>(uint64_t peer_id, const DestRequest& request)> grant_writes;
     std::function<void(uint64_t grant)> revoke_writes;
+    // A held Want released (its token fixed): handled as if it arrived now, imports first.
+    std::function<void(uint64_t peer_id, proto::WantRequest want)> handle_want;
+    // A Want refused: the peer hears why.
+    std::function<void(uint64_t peer_id, const proto::WantRequest& want, const Status& why)>
+        refuse_want;
   };
   struct Counters {
     uint64_t transfers_done = 0;
@@ -256,6 +275,7 @@ class Scheduler {
   size_t requests_in_flight() const { return sources_.size() + loads_.size(); }
   int batches_in_flight() const;
   const Counters& counters() const { return counters_; }
+  size_t wants_held() const { return held_wants_.size(); }
 
  private:
   Status NewToken(std::string* out);  // a random 128-bit capability
@@ -273,6 +293,20 @@ class Scheduler {
   // again once it resolved). nullopt after failing the request (a name it cannot resolve).
   std::optional<std::string> PeerAddressOf(DestRequest& request);
 
+  // ---- held_wants.cc (transfer tokens) ----
+  // Holds `want` until its request's token is fixed; refused when the holding limits are full.
+  Status HoldWant(Peer& peer, const proto::WantRequest& want);
+  // Fixes `request`'s token to an engine's choice (RequestFinished.transfer_token) or checks it
+  // against the fixed one; on a mismatch the request fails (every rank and destination hear it).
+  Status FixEngineToken(SourceRequest& request, const std::string& token);
+  // Runs the held Wants of `request_id` again now that its token is fixed (each accepted or
+  // refused there). May end the request.
+  void ReleaseHeldWants(const std::string& request_id);
+  // Refuses the held Wants of `request_id` with `why` (its request failed), or of a peer gone.
+  void DropHeldWants(const std::string& request_id, const Status& why);
+  void DropHeldWantsOfPeer(uint64_t peer_id);
+  void ExpireHeldWants(Clock::time_point now);
+
   const DaemonOptions& options_;
   const std::string listen_address_;
   Registry& registry_;
@@ -285,6 +319,8 @@ class Scheduler {
 
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
+  std::multimap<std::string, HeldWant> held_wants_;  // by request id
+  size_t held_want_bytes_ = 0;
   std::vector<Retired> retired_;
   uint64_t next_ticket_ = 1;  // of daemon-name lookups
   Counters counters_;

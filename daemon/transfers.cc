@@ -102,6 +102,13 @@ Result<proto::TransferParams> Scheduler::RequestFinished(Engine& engine,
       !it->second.ranks.count(engine.tp_rank)) {
     return Status::NotFound("request " + m.request_id() + " has no saved layer on this rank");
   }
+  // The engine's own token (the vLLM connector's scheduler mints it), fixed by the first
+  // rank and checked for the others; else kvd's. Wants held for it are checked then.
+  const bool newly_fixed = !it->second.token_fixed;
+  if (!m.transfer_token().empty()) {
+    KV_RETURN_IF_ERROR(FixEngineToken(it->second, m.transfer_token()));
+  }
+  it->second.token_fixed = true;
   SourceRank& rank = it->second.ranks[engine.tp_rank];
   rank.finished = true;
   proto::TransferParams params;
@@ -110,6 +117,11 @@ Result<proto::TransferParams> Scheduler::RequestFinished(Engine& engine,
   params.set_request_id(m.request_id());
   params.set_transfer_token(it->second.token);
   for (int64_t b : rank.blocks) params.add_remote_block_ids(b);
+  if (newly_fixed && held_wants_.count(m.request_id()) > 0) {
+    ReleaseHeldWants(m.request_id());  // may end the request
+    it = sources_.find(m.request_id());
+    if (it == sources_.end()) return params;
+  }
   if (it->second.releasable()) {
     FinishSource(m.request_id(), Status::Ok(), /*tell_peer=*/false);
   } else {
@@ -170,21 +182,29 @@ Status Scheduler::OnWant(Peer& peer, const proto::WantRequest& want, const Impor
     rank.blocks.assign(wire.block_ids().begin(), wire.block_ids().end());
     destination.push_back(std::move(rank));
   }
-  // Capabilities, not ids (SECURITY.md): where tokens are required (daemon.h), only a Want that
-  // presents the request's token may bind it to a destination; a token presented must match.
-  // Compared in constant time; a refusal names no token.
-  auto existing = sources_.find(want.request_id());
-  const bool needs_token =
-      options_.require_transfer_token.value_or(!options_.auth_secret.empty()) ||
-      !want.transfer_token().empty();
-  if (needs_token &&
-      (existing == sources_.end() || !auth::Equal(existing->second.token, want.transfer_token()))) {
-    return Status::InvalidArgument("request " + want.request_id() +
-                                   ": the transfer token is missing or does not match");
-  }
   if (want.notice_token().size() > 64) {
     return Status::InvalidArgument("notice token of " + std::to_string(want.notice_token().size()) +
                                    " bytes");
+  }
+  // Capabilities, not ids (SECURITY.md): where tokens are required (daemon.h), only a Want that
+  // presents the request's token may bind it to a destination; a token presented must match.
+  // Compared in constant time; a refusal names no token. A token presented before the
+  // request's is fixed (the decode's Want overtook the prefill engines' RequestFinished) is held
+  // until it is, or until the Want's lease ends (held_wants.cc).
+  auto existing = sources_.find(want.request_id());
+  if (want.transfer_token().empty() &&
+      options_.require_transfer_token.value_or(!options_.auth_secret.empty())) {
+    return Status::InvalidArgument("request " + want.request_id() +
+                                   ": the Want carries no transfer token, and this kvd requires "
+                                   "one (--transfer-token required)");
+  }
+  if (!want.transfer_token().empty()) {
+    if (existing == sources_.end() || !existing->second.token_fixed) return HoldWant(peer, want);
+    if (!auth::Equal(existing->second.token, want.transfer_token())) {
+      return Status::InvalidArgument("request " + want.request_id() +
+                                     ": the transfer token does not match the one its prefill "
+                                     "engines finished it with");
+    }
   }
   if (existing == sources_.end()) KV_RETURN_IF_ERROR(CheckSourceRoom(want.request_id()));
   if (peer.requests >= options_.max_requests_per_peer) {
@@ -408,6 +428,7 @@ void Scheduler::FinishSource(std::string request_id, const Status& status, bool 
   hooks_.source_ended(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
+  if (!status.ok()) DropHeldWants(request_id, status);  // Wants held for its token
 }
 
 }  // namespace kv::daemon

@@ -46,7 +46,7 @@ enum class Mode { kPush, kPull };
 // What the decode side needs to load a request: returned by RequestFinished on the prefill side
 // and handed over by the scheduler (as vLLM's kv_transfer_params).
 struct TransferParams {
-  std::string peer_name{};     // the source kvd
+  std::string peer_name{};  // the source kvd
   // Its TCP address, HOST:PORT; or its daemon name (kvd --name, no ':'), which the decode side's
   // kvd resolves through etcd when run with --etcd (a restarted source is found again).
   std::string peer_address{};
@@ -58,6 +58,10 @@ struct TransferParams {
   // issues none). The decode side presents it; treat it as a secret.
   std::string transfer_token{};
 };
+
+// The sizes of a transfer token an engine chooses (Connector::RequestFinished), in bytes.
+inline constexpr size_t kMinTransferTokenBytes = 16;
+inline constexpr size_t kMaxTransferTokenBytes = 32;
 
 // One request's blocks of Connector::SaveLayers.
 struct SaveSpec {
@@ -242,7 +246,17 @@ class KV_EXPORT Connector {
   // range, or a failed event record.
   Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
                                          void* cuda_stream = nullptr);
+  // Prefill: the request is done on this rank; returns what the decode side loads it with, its
+  // transfer_token being kvd's random capability for the request.
   Result<TransferParams> RequestFinished(const std::string& request);
+  // RequestFinished with a transfer token the engine chose itself (kMinTransferTokenBytes to
+  // kMaxTransferTokenBytes from a CSPRNG): for engines whose scheduler hands the transfer params
+  // to the decode side before the ranks finish the request in kvd (vLLM: the scheduler's
+  // request_finished). Every rank of the instance must pass the same token, else the request
+  // fails; a decode kvd's Want that presents it before then waits for it (within its lease).
+  // kInvalidArgument for a token of another size; kIncompatible from a kvd too old to take it.
+  Result<TransferParams> RequestFinished(const std::string& request,
+                                         const std::string& transfer_token);
 
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
   Status StartLoad(const std::string& request, const TransferParams& params,

@@ -209,6 +209,16 @@ typedef struct {
 KV_EXPORT int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                                   int64_t* remote_block_ids, size_t capacity, size_t* count,
                                   kv_error* err);
+/* kv_request_finished with a transfer token the engine chose: `transfer_token` is 32 to 64 hex
+ * digits (16 to 32 bytes from a CSPRNG), NUL-terminated; out->transfer_token receives it back.
+ * For engines whose scheduler hands the params to the decode side before the ranks finish the
+ * request here (vLLM); every rank must pass the same token, else the request fails. A decode
+ * kvd's Want that presents it before then waits for it, within its lease. KV_INCOMPATIBLE from
+ * a kvd too old to take it. */
+KV_EXPORT int kv_request_finished_with_token(kv_connector* c, const char* request,
+                                             const char* transfer_token, kv_transfer_params* out,
+                                             int64_t* remote_block_ids, size_t capacity,
+                                             size_t* count, kv_error* err);
 
 /* ---- decode --------------------------------------------------------------------------------- */
 
@@ -244,6 +254,11 @@ KV_EXPORT int kv_get_finished(kv_connector* c, kv_request_callback on_request, v
  * KV_RESOURCE_EXHAUSTED, *count says how many, and none is taken (call again with room). */
 KV_EXPORT int kv_get_failed_blocks(kv_connector* c, int64_t* block_ids, size_t capacity,
                                    size_t* count, kv_error* err);
+/* Why the load of `request` failed, into *load_error (code KV_OK when it did not fail, is still
+ * running, or is not known): also after kv_get_failed_blocks returned its blocks, for the last
+ * 4096 failed loads. For an engine's log ("the transfer token does not match", a peer gone). */
+KV_EXPORT int kv_load_error(kv_connector* c, const char* request, kv_error* load_error,
+                            kv_error* err);
 
 /* kvd's status as one JSON object, NUL-terminated, into buf (capacity bytes); *length (may be
  * NULL) receives its length without the NUL. KV_RESOURCE_EXHAUSTED (with *length) when it does

@@ -312,18 +312,30 @@ class Connector(OffloadMixin):
         return [None if r.code == 0 else lib.error(r.code, r, f"save of {saves[i][0]!r}")
                 for i, r in enumerate(results)]
 
-    def request_finished(self, request: str) -> TransferParams:
+    def request_finished(self, request: str, transfer_token: str = None) -> TransferParams:
         """Finishes `request` on the prefill side: the TransferParams the decode side loads it
-        with (to_dict() for the router)."""
+        with (to_dict() for the router). Their transfer_token is kvd's random capability for
+        the request, or `transfer_token` where the engine chose it (32 to 64 hex digits, e.g.
+        secrets.token_hex(16)): for engines whose scheduler hands the params to the decode side
+        before the ranks finish the request in kvd (vLLM). Every rank must pass the same token,
+        else the request fails; a decode's Want that presents it first waits for it."""
         if self._remote_ids is None:
             self._remote_ids = (ctypes.c_int64 * self.REMOTE_IDS_CAPACITY)()
         out = _lib.KvTransferParamsStruct()
         out.struct_size = sizeof(out)
         count, err = c_size_t(), _lib.KvErrorStruct()
-        self._lib.check(self._lib.kv_request_finished(
-            self._handle(), _cstr(request, "request"), byref(out), self._remote_ids,
-            self.REMOTE_IDS_CAPACITY, byref(count), byref(err)), err,
-            f"request_finished({request!r})")
+        if transfer_token is None:
+            rc = self._lib.kv_request_finished(
+                self._handle(), _cstr(request, "request"), byref(out), self._remote_ids,
+                self.REMOTE_IDS_CAPACITY, byref(count), byref(err))
+        else:
+            if not isinstance(transfer_token, str):
+                raise InvalidArgumentError(f"transfer_token must be a str of hex digits, got "
+                                           f"{transfer_token!r}")
+            rc = self._lib.kv_request_finished_with_token(
+                self._handle(), _cstr(request, "request"), transfer_token.encode(), byref(out),
+                self._remote_ids, self.REMOTE_IDS_CAPACITY, byref(count), byref(err))
+        self._lib.check(rc, err, f"request_finished({request!r})")
         n = min(count.value, self.REMOTE_IDS_CAPACITY)
         return TransferParams.from_c(out, self._remote_ids[:n])
 
@@ -446,6 +458,16 @@ class Connector(OffloadMixin):
                 continue
             self._lib.check(rc, err, "get_failed_blocks")
             return list(buf[:count.value])
+
+    def load_error(self, request: str):
+        """Why the load of `request` failed, as a KvdError (also after get_failed_blocks returned
+        its blocks, for the last 4096 failed loads), or None: it did not fail, is still running
+        or is not known."""
+        why, err = _lib.KvErrorStruct(), _lib.KvErrorStruct()
+        self._lib.check(self._lib.kv_load_error(self._handle(), _cstr(request, "request"),
+                                                byref(why), byref(err)), err,
+                        f"load_error({request!r})")
+        return None if why.code == 0 else self._lib.error(why.code, why)
 
     def status(self) -> dict:
         """kvd's status (kv_daemon_status_json) as a dict."""

@@ -167,6 +167,26 @@ TEST_F(CApiBadInput, SaveFinishLoadWait) {
   params.struct_size = 0;
   Expect(kv_request_finished(c, "r", &params, nullptr, 0, nullptr, &err), KV_INVALID_ARGUMENT,
          "struct_size");
+  // The engine's own transfer token: 32 to 64 hex digits, handed back as given.
+  KV_INIT(params);
+  for (int l = 0; l < 2; ++l) ASSERT_EQ(kv_save_layer(c, "t", l, blocks, 2, nullptr, &err), KV_OK);
+  const std::string token = "00112233445566778899AABBCCDDEEFF";
+  Expect(kv_request_finished_with_token(c, "t", nullptr, &params, nullptr, 0, nullptr, &err),
+         KV_INVALID_ARGUMENT, "transfer_token");
+  Expect(kv_request_finished_with_token(c, "t", "0011zz", &params, nullptr, 0, nullptr, &err),
+         KV_INVALID_ARGUMENT, "non-hex");
+  Expect(kv_request_finished_with_token(c, "t", "00112", &params, nullptr, 0, nullptr, &err),
+         KV_INVALID_ARGUMENT, "even number");
+  Expect(kv_request_finished_with_token(c, "t", "0011", &params, nullptr, 0, nullptr, &err),
+         KV_INVALID_ARGUMENT, "2 bytes");
+  Expect(kv_request_finished_with_token(c, "t", std::string(66, 'a').c_str(), &params, nullptr, 0,
+                                        nullptr, &err),
+         KV_INVALID_ARGUMENT, "at most 64");
+  ASSERT_EQ(
+      kv_request_finished_with_token(c, "t", token.c_str(), &params, nullptr, 0, nullptr, &err),
+      KV_OK)
+      << err.message;
+  EXPECT_EQ(std::string(params.transfer_token), "00112233445566778899aabbccddeeff");
 
   kv_transfer_params p = ParamsFrom(kv_daemon_address(d), 4);
   Expect(kv_start_load(nullptr, "a", &p, blocks, 1, &err), KV_INVALID_ARGUMENT, "connector");
@@ -195,6 +215,12 @@ TEST_F(CApiBadInput, SaveFinishLoadWait) {
          "1 to 1024");
   loads[0].request = long_id.c_str();
   Expect(kv_start_loads(c, loads, 1, results, &err), KV_INVALID_ARGUMENT, "load 0");
+
+  kv_error why;
+  Expect(kv_load_error(c, "a", nullptr, &err), KV_INVALID_ARGUMENT, "load_error");
+  Expect(kv_load_error(c, long_id.c_str(), &why, &err), KV_INVALID_ARGUMENT, "256");
+  ASSERT_EQ(kv_load_error(c, "never-loaded", &why, &err), KV_OK) << err.message;
+  EXPECT_EQ(why.code, KV_OK);
 
   Expect(kv_wait_layer(nullptr, "a", 0, &err), KV_INVALID_ARGUMENT, "connector");
   Expect(kv_wait_layer(c, nullptr, 0, &err), KV_INVALID_ARGUMENT, "request");

@@ -131,4 +131,24 @@ TEST_F(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
   EXPECT_NE(std::string(err.message).find("1 to 1024 loads"), std::string::npos) << err.message;
 }
 
+// A load that fails: its blocks come back through kv_get_failed_blocks, and kv_load_error still
+// says why afterwards (an engine's log line), here a source kvd nobody listens at.
+TEST_F(CApi, AFailedLoadSaysWhyAfterItsBlocksCameBack) {
+  kv_transfer_params params = ParamsFrom("127.0.0.1:1", 4);
+  const int64_t blocks[] = {3};
+  ASSERT_EQ(kv_start_load(decode, "lost", &params, blocks, 1, &err), 0) << err.message;
+  EXPECT_EQ(kv_wait_layer(decode, "lost", 0, &err), KV_UNAVAILABLE) << err.message;
+  int64_t failed[4] = {};
+  size_t count = 0;
+  ASSERT_EQ(kv_get_failed_blocks(decode, failed, 4, &count, &err), 0) << err.message;
+  ASSERT_EQ(count, 1u);
+  EXPECT_EQ(failed[0], 3);
+  kv_error why;
+  ASSERT_EQ(kv_load_error(decode, "lost", &why, &err), 0) << err.message;
+  EXPECT_EQ(why.code, KV_UNAVAILABLE);
+  EXPECT_NE(std::string(why.message).find("127.0.0.1:1"), std::string::npos) << why.message;
+  ASSERT_EQ(kv_load_error(decode, "never", &why, &err), 0) << err.message;
+  EXPECT_EQ(why.code, KV_OK);
+}
+
 }  // namespace

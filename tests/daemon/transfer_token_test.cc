@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <thread>
 
@@ -25,14 +26,15 @@ using Clock = std::chrono::steady_clock;
 const std::string kSecret(40, 's');
 
 // Every kvd here holds the cluster secret: tokens are required unless `require_token` says.
-std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name,
-                                            std::optional<bool> require_token = std::nullopt,
-                                            SpyTransport** spy = nullptr) {
+std::shared_ptr<daemon::Daemon> StartDaemon(
+    const std::string& name, std::optional<bool> require_token = std::nullopt,
+    SpyTransport** spy = nullptr, const std::function<void(daemon::DaemonOptions&)>& tweak = {}) {
   daemon::DaemonOptions options;
   options.name = name;
   options.auth_secret = kSecret;
   options.require_transfer_token = require_token;
   options.lease = std::chrono::milliseconds(10000);
+  if (tweak) tweak(options);
   auto local = transport::CreateTransport("local");
   EXPECT_TRUE(local.ok()) << local.status().ToString();
   if (!local.ok()) return nullptr;
@@ -56,11 +58,14 @@ LayoutSpec TinySpec() {
 }
 
 std::unique_ptr<Connector> Engine(const std::shared_ptr<daemon::Daemon>& d,
-                                  const std::string& instance) {
-  auto engine = Connector::OpenEmbedded(d, {instance, 0, 1, std::chrono::milliseconds(5000)});
+                                  const std::string& instance, int tp_rank = 0, int tp_size = 1) {
+  auto engine =
+      Connector::OpenEmbedded(d, {instance, tp_rank, tp_size, std::chrono::milliseconds(5000)});
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return nullptr;
-  const LayoutSpec spec = TinySpec();
+  LayoutSpec spec = TinySpec();
+  spec.tp_rank = tp_rank;
+  spec.tp_size = tp_size;
   EXPECT_TRUE((*engine)->RegisterKvCaches(connector::HostCaches({&spec, 1})).ok());
   return std::move(engine).value();
 }
@@ -82,6 +87,22 @@ bool Released(Connector& source, const std::string& id) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
+}
+
+// Until `d` holds `n` Wants waiting for their transfer token (DaemonStatus.wants_held), within
+// 5 s.
+bool WantsHeld(const std::shared_ptr<daemon::Daemon>& d, uint32_t n) {
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until) {
+    if (d->Snapshot().wants_held() == n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// An engine-chosen token (the vLLM connector's scheduler mints one per request).
+std::string Token(char fill) {
+  return std::string(connector::kMinTransferTokenBytes, fill);
 }
 
 TEST(TransferToken, AWantWithoutTheTokenOrWithAWrongOneIsRefused) {
@@ -187,6 +208,170 @@ TEST(TransferToken, ALayerNoticeForgedByAnotherPeerIsIgnored) {
   EXPECT_TRUE(Released(*source, "r"));
   EXPECT_NE(decode->Snapshot().bytes_received(), 0u);
   EXPECT_LT(decode->Snapshot().bytes_received(), 12345u);
+}
+
+// vLLM's flow: the scheduler mints the token and hands it to the decode side at once; the
+// prefill ranks pass it to kvd a scheduler step later, so the decode's Want may come first. It
+// waits for the token instead of failing, and nothing moves before the token matched.
+TEST(TransferToken, AWantThatComesBeforeTheEnginesTokenWaitsForIt) {
+  auto prefill = StartDaemon("prefill-node");
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(source && sink);
+  const std::vector<int64_t> source_blocks = {0}, blocks = {1};
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer("r", l, source_blocks).ok());
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(sink->StartLoad("r", params, blocks).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 1)) << "the early Want was not held";
+  EXPECT_EQ(decode->Snapshot().bytes_received(), 0u);
+
+  auto finished = source->RequestFinished("r", Token('k'));
+  ASSERT_TRUE(finished.ok()) << finished.status().ToString();
+  EXPECT_EQ(finished->transfer_token, Token('k'));
+  for (int l = 0; l < 2; ++l) EXPECT_TRUE(sink->WaitLayer("r", l).ok());
+  EXPECT_TRUE(Released(*source, "r"));
+  EXPECT_EQ(prefill->Snapshot().wants_held(), 0u);
+  EXPECT_NE(decode->Snapshot().bytes_received(), 0u);
+}
+
+// The same before the prefill saved anything: the Want names a request kvd does not know yet.
+TEST(TransferToken, AWantBeforeAnySaveWaitsForTheToken) {
+  auto prefill = StartDaemon("prefill-node");
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(source && sink);
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(sink->StartLoad("r", params, {std::vector<int64_t>{1}}).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 1));
+  const std::vector<int64_t> source_blocks = {0};
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer("r", l, source_blocks).ok());
+  ASSERT_TRUE(source->RequestFinished("r", Token('k')).ok());
+  for (int l = 0; l < 2; ++l) EXPECT_TRUE(sink->WaitLayer("r", l).ok());
+  EXPECT_TRUE(Released(*source, "r"));
+}
+
+TEST(TransferToken, AnEarlyWantWithAWrongTokenIsRefusedOnceTheTokenIsKnown) {
+  auto prefill = StartDaemon("prefill-node");
+  auto honest = StartDaemon("decode-node");
+  auto thief = StartDaemon("thief-node");
+  ASSERT_TRUE(prefill && honest && thief);
+  auto source = Engine(prefill, "prefill");
+  auto victim_sink = Engine(honest, "decode");
+  auto thief_sink = Engine(thief, "thief");
+  ASSERT_TRUE(source && victim_sink && thief_sink);
+  const std::vector<int64_t> source_blocks = {0}, blocks = {1};
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer("r", l, source_blocks).ok());
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('x');  // a guess, asked first
+  ASSERT_TRUE(thief_sink->StartLoad("r", params, blocks).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 1));
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(victim_sink->StartLoad("r", params, blocks).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 2));
+
+  ASSERT_TRUE(source->RequestFinished("r", Token('k')).ok());
+  Status s = thief_sink->WaitLayer("r", 0);
+  ASSERT_FALSE(s.ok()) << "a Want with a wrong token was served";
+  EXPECT_NE(s.message().find("transfer token does not match"), std::string::npos) << s.ToString();
+  for (int l = 0; l < 2; ++l) EXPECT_TRUE(victim_sink->WaitLayer("r", l).ok());
+  EXPECT_TRUE(Released(*source, "r"));
+  EXPECT_EQ(thief->Snapshot().bytes_received(), 0u);
+}
+
+TEST(TransferToken, RanksThatFinishWithDifferentTokensFailTheRequest) {
+  auto prefill = StartDaemon("prefill-node");
+  ASSERT_TRUE(prefill);
+  auto rank0 = Engine(prefill, "prefill", 0, 2);
+  auto rank1 = Engine(prefill, "prefill", 1, 2);
+  ASSERT_TRUE(rank0 && rank1);
+  const std::vector<int64_t> blocks = {0};
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE(rank0->SaveLayer("r", l, blocks).ok());
+    ASSERT_TRUE(rank1->SaveLayer("r", l, blocks).ok());
+  }
+  ASSERT_TRUE(rank0->RequestFinished("r", Token('a')).ok());
+  auto second = rank1->RequestFinished("r", Token('b'));
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("different transfer tokens"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_TRUE(Released(*rank0, "r"));  // the request ended: its blocks are free
+  EXPECT_EQ(prefill->Snapshot().transfers_failed(), 1u);
+  // A rank that lets kvd choose gets the token the first rank fixed.
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE(rank0->SaveLayer("r2", l, blocks).ok());
+    ASSERT_TRUE(rank1->SaveLayer("r2", l, blocks).ok());
+  }
+  ASSERT_TRUE(rank0->RequestFinished("r2", Token('a')).ok());
+  auto kvds = rank1->RequestFinished("r2");
+  ASSERT_TRUE(kvds.ok()) << kvds.status().ToString();
+  EXPECT_EQ(kvds->transfer_token, Token('a'));
+}
+
+TEST(TransferToken, AnEnginesTokenMustHave16To32Bytes) {
+  auto prefill = StartDaemon("prefill-node");
+  ASSERT_TRUE(prefill);
+  auto source = Engine(prefill, "prefill");
+  ASSERT_TRUE(source);
+  const std::vector<int64_t> blocks = {0};
+  ASSERT_TRUE(source->SaveLayer("r", 0, blocks).ok());
+  for (size_t n : {size_t{0}, size_t{15}, size_t{33}}) {
+    auto finished = source->RequestFinished("r", std::string(n, 't'));
+    ASSERT_FALSE(finished.ok()) << n;
+    EXPECT_EQ(finished.status().code(), Code::kInvalidArgument) << n;
+  }
+  EXPECT_TRUE(source->RequestFinished("r", std::string(32, 't')).ok());
+}
+
+TEST(TransferToken, AHeldWantIsRefusedWhenItsLeaseEnds) {
+  auto prefill = StartDaemon("prefill-node", std::nullopt, nullptr, [](daemon::DaemonOptions& o) {
+    o.lease = std::chrono::milliseconds(200);
+    o.heartbeat_interval = std::chrono::milliseconds(100);  // the sweep runs every 50 ms
+  });
+  auto decode = StartDaemon("decode-node");  // its own lease: 10 s
+  ASSERT_TRUE(prefill && decode);
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(sink);
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(sink->StartLoad("r", params, {std::vector<int64_t>{1}}).ok());
+  Status s = sink->WaitLayer("r", 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("with a transfer token within"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(WantsHeld(prefill, 0));
+}
+
+TEST(TransferToken, HeldWantsCountAgainstThePeersRequestLimit) {
+  auto prefill = StartDaemon("prefill-node", std::nullopt, nullptr,
+                             [](daemon::DaemonOptions& o) { o.max_requests_per_peer = 1; });
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode);
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(sink);
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(sink->StartLoad("r1", params, {std::vector<int64_t>{1}}).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 1));
+  ASSERT_TRUE(sink->StartLoad("r2", params, {std::vector<int64_t>{2}}).ok());
+  Status s = sink->WaitLayer("r2", 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+  EXPECT_EQ(prefill->Snapshot().wants_held(), 1u);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@ vLLM's views, every element of every request checked with torch indexing."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -125,10 +126,13 @@ def untouched_zero(engine: Engine, used_blocks):
 
 
 def run_pd(prefill: list, decode: list, address: str, requests=4, tokens=40, mode="push", seed=7,
-           early_push=True, timeout=20.0):
+           early_push=True, timeout=20.0, engine_tokens=False):
     """`address`: the prefill kvd's. Prefill ranks save every layer of every request and finish them; decode ranks load them
     (push: announced before the saves when early_push) and wait layer by layer; every element is
-    checked, the blocks no request used stay zero, and the sources release every request."""
+    checked, the blocks no request used stay zero, and the sources release every request.
+    engine_tokens: every request gets a transfer token chosen up front (as vLLM's scheduler
+    does), the decode ranks load with it before the prefill saves (any mode), and the prefill
+    ranks finish the requests with it."""
     g = torch.Generator().manual_seed(seed)
     ps, ds = prefill[0].shape, decode[0].shape
     src_pool, dst_pool = torch.arange(ps.blocks), torch.arange(ds.blocks)
@@ -143,7 +147,11 @@ def run_pd(prefill: list, decode: list, address: str, requests=4, tokens=40, mod
                 [(r, params_of(r), torch.tensor(dst[r]), tokens, mode) for r in ids])
             assert results == [None] * len(ids), results
 
-    if mode == "push" and early_push:
+    chosen = {r: secrets.token_hex(16) for r in ids} if engine_tokens else {}
+    if engine_tokens:
+        load(lambda r: kvd.TransferParams(peer_address=address, request_id=r,
+                                          transfer_token=chosen[r]))
+    elif mode == "push" and early_push:
         load(lambda r: kvd.TransferParams(peer_address=address, request_id=r))
     for layer in range(ps.layers):
         for p in prefill:
@@ -152,9 +160,11 @@ def run_pd(prefill: list, decode: list, address: str, requests=4, tokens=40, mod
     params = {}
     for p in prefill:
         for r in ids:
-            got = p.connector.request_finished(r)
+            got = p.connector.request_finished(r, transfer_token=chosen.get(r))
+            if engine_tokens:
+                assert got.transfer_token == chosen[r]
             params.setdefault(r, got)
-    if not (mode == "push" and early_push):
+    if not engine_tokens and not (mode == "push" and early_push):
         load(lambda r: kvd.TransferParams.from_dict(params[r].to_dict()))
     for layer in range(ds.layers):
         for d in decode:

@@ -151,6 +151,13 @@ def test_bad_calls_raise(engine):
         c.save_layer("x" * 300, 0, [0])
     with pytest.raises(kvd.KvdError):
         c.request_finished("never-saved")
+    # An engine's own transfer token: 32 to 64 hex digits.
+    with pytest.raises(kvd.InvalidArgumentError, match="non-hex"):
+        c.request_finished("never-saved", transfer_token="zz" * 16)
+    with pytest.raises(kvd.InvalidArgumentError, match="transfer token of 8 bytes"):
+        c.request_finished("never-saved", transfer_token="ab" * 8)
+    with pytest.raises(kvd.InvalidArgumentError, match="must be a str"):
+        c.request_finished("never-saved", transfer_token=b"ab" * 16)
     with pytest.raises(kvd.InvalidArgumentError, match="sets the tokens"):
         c.start_load("r", kvd.TransferParams(peer_address="127.0.0.1:1"), [0])
     with pytest.raises(kvd.InvalidArgumentError, match="mode must be"):

@@ -40,6 +40,43 @@ def daemons():
     d.stop()
 
 
+def write_secret(folder) -> str:
+    """A peer secret file (--auth-secret-file): 32 random bytes, mode 0600."""
+    path = os.path.join(str(folder), "peer.secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return path
+
+
+@pytest.mark.parametrize("case", ["plain_push", "plain_pull", "tp1_to_2", "tp2_to_1"])
+def test_engine_chosen_tokens_with_a_secret(tmp_path, case):
+    """Transfer tokens required (a peer secret): the decode ranks load with a token the engines
+    chose before any prefill rank saved (vLLM's scheduler mints it); the prefill kvd holds their
+    Wants until the prefill ranks finish the requests with the same token, then serves them."""
+    src_shape, dst_shape, ptp, dtp, mode = CASES[case]
+    secret = write_secret(tmp_path)
+    with kvd.Daemon(name="prefill-node", transport="local", auth_secret_file=secret) as p, \
+            kvd.Daemon(name="decode-node", transport="local", auth_secret_file=secret) as d:
+        prefill = [make_engine(kvd.Connector(daemon=p, instance="prefill", tp_rank=r,
+                                             tp_size=ptp, timeout=10), src_shape, seed=11 + r)
+                   for r in range(ptp)]
+        decode = [make_engine(kvd.Connector(daemon=d, instance="decode", tp_rank=r,
+                                            tp_size=dtp, timeout=10), dst_shape)
+                  for r in range(dtp)]
+        try:
+            run_pd(prefill, decode, p.address, mode=mode, engine_tokens=True)
+            # Without a token nothing is served (every decode rank asks: kvd waits for all).
+            for e in decode:
+                e.connector.start_load("nothing", kvd.TransferParams(peer_address=p.address),
+                                       [0], tokens=16)
+            with pytest.raises(kvd.KvdError, match="carries no transfer token"):
+                decode[0].connector.wait_layer("nothing", 0)
+        finally:
+            for e in prefill + decode:
+                e.connector.close()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_embedded(daemons, case):
     src_shape, dst_shape, ptp, dtp, mode = CASES[case]

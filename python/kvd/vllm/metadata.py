@@ -35,9 +35,10 @@ class KvdConnectorMetadata(KVConnectorMetadata):
     # prefill: requests whose prompt is complete after this step -> block ids per transfer group
     # (save_kv_layer hands each layer of them to kvd)
     saves: dict = field(default_factory=dict)
-    # prefill: requests finished and handed off: finish them in kvd (their blocks stay held
-    # until kvd reports them sent)
-    sends: list = field(default_factory=list)
+    # prefill: requests finished and handed off -> the transfer token the scheduler side put in
+    # their kv_transfer_params (kvd_transfer_token): finish them in kvd with it (their blocks
+    # stay held until kvd reports them sent)
+    sends: dict = field(default_factory=dict)
     # prefill: aborted requests kvd may hold state for (dropped, nothing is sent)
     drops: list = field(default_factory=list)
     # decode: loads to start (asynchronous; reported through get_finished)

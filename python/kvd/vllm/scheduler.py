@@ -3,6 +3,8 @@ what each step's workers must save, load, send and store, and the transfer param
 
 from __future__ import annotations
 
+import secrets
+
 import kvd
 
 from . import config as kc
@@ -257,10 +259,15 @@ class SchedulerSide:
         elif rid in self._saved:
             self._saved.discard(rid)
             if normal and params.get("do_remote_decode"):
-                self._meta.sends.append(rid)
+                # The request's capability (SECURITY.md, transfer tokens): minted here, where the
+                # params leave for the decode side, and handed to the workers, which finish the
+                # request in kvd with it next step. The decode kvd's Want must present it; one that
+                # comes before the workers' request_finished waits for it in the prefill kvd.
+                token = secrets.token_hex(16)
+                self._meta.sends[rid] = token
                 self._held[rid] = "send"
                 delay = True
-                out = self._params(request, block_ids)
+                out = self._params(request, block_ids, token)
             else:
                 self._meta.drops.append(rid)
         if self.cfg.offload and normal and self.groups and not delay:
@@ -281,7 +288,7 @@ class SchedulerSide:
         window)."""
         return kc.swa_skip_tokens(self.windows.get(g), self.block_sizes[g], tokens)
 
-    def _params(self, request, block_ids) -> dict:
+    def _params(self, request, block_ids, token: str) -> dict:
         name, address = self.peer()
         host, _, port = address.rpartition(":")
         prompt = self._prompt.get(request.request_id) or _prompt_len(request)
@@ -298,7 +305,7 @@ class SchedulerSide:
             "kvd_peer_name": name, "kvd_peer_address": address,
             "kvd_layout": self.fingerprint, "kvd_lease_s": self.cfg.lease_s,
             "kvd_skip_tokens": [self._skip(g, prompt) for g in self.groups],
-            "kvd_protocol": kc.PROTOCOL_VERSION, "kvd_transfer_token": "",
+            "kvd_protocol": kc.PROTOCOL_VERSION, "kvd_transfer_token": token,
         }
 
     def has_pending_push_work(self) -> bool:

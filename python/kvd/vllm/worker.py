@@ -32,10 +32,11 @@ def _tp_rank_size(vllm_config):
 
 
 class _Load:
-    __slots__ = ("req_id", "pending", "blocks", "aborted", "failed", "why")
+    __slots__ = ("req_id", "pending", "blocks", "aborted", "failed", "why", "keys")
 
     def __init__(self, req_id, blocks):
         self.req_id, self.blocks = req_id, blocks  # blocks: {group: [ids]}
+        self.keys = {}  # group -> kvd's id of the load
         self.pending, self.aborted, self.failed, self.why = set(), False, False, None
 
 
@@ -175,8 +176,8 @@ class WorkerSide:
         if meta is None or meta is self._started or not isinstance(meta, KvdConnectorMetadata):
             return
         self._started = meta
-        for rid in meta.sends:
-            self._send(rid)
+        for rid, token in meta.sends.items():
+            self._send(rid, token)
         for rid in meta.abort_loads:
             load = self._loads.get(rid)
             if load is not None:
@@ -188,11 +189,13 @@ class WorkerSide:
         for spec in meta.offload_loads:
             self._offload_load(spec)
 
-    def _send(self, rid):
+    def _send(self, rid, token):
+        """Finishes `rid` in kvd under the scheduler's transfer token (every group's request and
+        every rank the same), which the decode side presents."""
         expected = 0
         for g, c in self.conns.items():
             try:
-                c.request_finished(self.key(rid, g))
+                c.request_finished(self.key(rid, g), transfer_token=token or None)
                 expected += 1
             except kvd.NotFoundError:
                 pass  # nothing saved for this group on this rank
@@ -247,6 +250,7 @@ class WorkerSide:
                     request_id=self.key(remote_rid, g),
                     transfer_token=p.get("kvd_transfer_token", ""))
                 self._local[params.request_id] = spec.req_id
+                load.keys[g] = params.request_id
                 per_group[g].append((spec.req_id, params, ids, tokens))
                 load.pending.add(g)
                 for b in ids:
@@ -267,6 +271,18 @@ class WorkerSide:
                         self._fail_load(load, str(err), groups=[g])
         for spec in specs:
             self._maybe_done(self._loads.get(spec.req_id))
+
+    @staticmethod
+    def _load_error(c, load, g) -> str:
+        """kvd's reason for the failed load of group g (a refused transfer token, a peer gone)."""
+        why = None
+        try:
+            why = c.load_error(load.keys.get(g, load.req_id))
+        except kvd.KvdError:
+            pass
+        if why is None:
+            return f"kvd reported the load of group {g} failed"
+        return f"group {g}: {why.message}"  # the C message, which names its code
 
     def _maybe_done(self, load):
         if load is None or load.pending:
@@ -413,8 +429,7 @@ class WorkerSide:
                 load = self._loads.get(rid) if rid else None
                 if load is not None and g in load.pending:
                     load.pending.discard(g)
-                    self._fail_load(load, f"kvd reported the load of group {g} failed",
-                                    groups=[g])
+                    self._fail_load(load, self._load_error(c, load, g), groups=[g])
         for load in list(self._loads.values()):
             self._maybe_done(load)
         stores, self._stores = self._stores, []

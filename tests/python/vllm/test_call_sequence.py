@@ -1,9 +1,11 @@
 """KvdConnector driven in vLLM's call order by stand-in engines (standins.py) with CPU torch
 caches through kvd: embedded kvd cores (kvd.Daemon, transport local) and two build/bin/kvd
-processes. The prefill engine writes K/V, the decode engine loads it; every element is checked
-with torch indexing and both engines end with every block free. Every wait is bounded."""
+processes, all holding a peer secret, so that kvd requires transfer tokens (SECURITY.md). The
+prefill engine writes K/V, the decode engine loads it; every element is checked with torch
+indexing and both engines end with every block free. Every wait is bounded."""
 
 import os
+import secrets
 import tempfile
 import time
 
@@ -19,10 +21,21 @@ from standins import Engine, Group, Request, RequestStatus, check_loaded
 TIMEOUT = 20.0
 
 
+def write_secret(folder) -> str:
+    """A peer secret file (--auth-secret-file): 32 random bytes, mode 0600."""
+    path = os.path.join(str(folder), "peer.secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return path
+
+
 @pytest.fixture
-def daemons():
-    p = kvd.Daemon(name="prefill-node", transport="local")
-    d = kvd.Daemon(name="decode-node", transport="local")
+def daemons(tmp_path):
+    """Embedded kvds with a peer secret: transfer tokens are required."""
+    secret = write_secret(tmp_path)
+    p = kvd.Daemon(name="prefill-node", transport="local", auth_secret_file=secret)
+    d = kvd.Daemon(name="decode-node", transport="local", auth_secret_file=secret)
     kv.register_embedded_daemon("p", p)
     kv.register_embedded_daemon("d", d)
     yield p, d
@@ -47,10 +60,24 @@ def drive(engines, until, what, timeout=TIMEOUT):
         time.sleep(0.001)
 
 
+def wants_held(daemon) -> int:
+    """Peers' Wants the kvd (an embedded kvd.Daemon or a KvdProcess) holds until their request's
+    transfer token is known."""
+    if isinstance(daemon, KvdProcess):
+        probe = kvd.Connector(socket=daemon.socket, instance="probe")
+    else:
+        probe = kvd.Connector(daemon=daemon, instance="probe")
+    with probe:
+        return int(probe.status().get("wants_held", 0))
+
+
 def run_pd(prefill, decode, requests=3, prompt_len=40, decode_tokens=3, seed=1,
-           on_loaded=None):
+           on_loaded=None, decode_first=None):
     """P/D through the proxy's flow: prefill with do_remote_decode and max_tokens 1, its
-    kv_transfer_params to the decode engine; each decode request is checked once it runs."""
+    kv_transfer_params to the decode engine; each decode request is checked once it runs.
+    decode_first (the prefill kvd): the decode engine alone steps until the prefill kvd holds
+    every decode Want, which so comes before the prefill workers finish the requests in kvd
+    with their transfer tokens (vLLM hands the params out a scheduler step earlier)."""
     reqs = [Request(f"req-{seed}-{i}", _prompt(seed * 100 + i, prompt_len), max_tokens=1,
                     kv_transfer_params={"do_remote_decode": True})
             for i in range(requests)]
@@ -67,9 +94,13 @@ def run_pd(prefill, decode, requests=3, prompt_len=40, decode_tokens=3, seed=1,
                   "kvd_peer_address", "kvd_layout", "kvd_protocol"):
             assert k in params, k
         assert params["remote_num_tokens"] == prompt_len
+        assert len(params["kvd_transfer_token"]) == 32  # 128 bits, hex
         dreqs.append(Request(f"d-{r.request_id}", r.prompt_token_ids, max_tokens=decode_tokens,
                              kv_transfer_params=dict(params)))
         decode.add_request(dreqs[-1])
+    if decode_first is not None:
+        drive([decode], lambda: wants_held(decode_first) == len(reqs),
+              "the decode's Wants to wait in the prefill kvd")
     checked = set()
 
     def progress():
@@ -152,8 +183,10 @@ def test_sliding_window_moves_its_tail(daemons):
 
 @pytest.fixture
 def processes():
+    """Two kvd processes with a peer secret (--transfer-token auto: required)."""
     with tempfile.TemporaryDirectory(prefix="kvd-vllm-") as tmp:
-        args = ["--lease-ms", "10000", "--heartbeat-ms", "200"]
+        args = ["--lease-ms", "10000", "--heartbeat-ms", "200",
+                "--auth-secret-file", write_secret(tmp)]
         p = KvdProcess("prefill", os.path.join(tmp, "p.sock"), args=args)
         try:
             d = KvdProcess("decode", os.path.join(tmp, "d.sock"), args=args)
@@ -176,6 +209,95 @@ def test_pd_two_kvd_processes(processes):
     finally:
         prefill.shutdown()
         decode.shutdown()
+
+
+def test_decode_want_before_the_prefill_workers_finish(processes):
+    """The decode's Wants reach the prefill kvd before the prefill workers finished the
+    requests there (they do so one scheduler step after vLLM handed out the params): kvd holds
+    them until the workers bring the scheduler's transfer token, then serves them."""
+    p, d = processes
+    prefill, decode = engines({"kvd_socket": p.socket}, {"kvd_socket": d.socket},
+                              [Group()], [Group(order="BLHNC")], 2, 1)
+    try:
+        run_pd(prefill, decode, requests=2, decode_first=p)
+        assert wants_held(p) == 0
+    finally:
+        prefill.shutdown()
+        decode.shutdown()
+
+
+@pytest.mark.parametrize("token,early", [("wrong", False), ("wrong", True), ("missing", False)])
+def test_wrong_or_missing_token_is_refused(daemons, capfd, caplog, token, early):
+    """kv_transfer_params whose kvd_transfer_token was altered or dropped: the prefill kvd
+    refuses the decode's Want (at once, or once the token is known where the Want came first),
+    the decode request fails, the decode worker's log and both kvds' say why, and nothing of the
+    prefill's K/V lands. The untouched params then load as usual and both engines end empty."""
+    p, _ = daemons
+    prefill, decode = engines({"kvd_embedded": "p"}, {"kvd_embedded": "d"}, [Group()],
+                              [Group()])
+    try:
+        r = Request("victim", _prompt(21, 40), kv_transfer_params={"do_remote_decode": True})
+        prefill.add_request(r)
+        drive([prefill], lambda: "victim" in prefill.outputs, "the prefill")
+        params = prefill.outputs["victim"]
+        bad = dict(params, kvd_transfer_token=secrets.token_hex(16) if token == "wrong" else "")
+        thief = Request("d-thief", r.prompt_token_ids, max_tokens=2, kv_transfer_params=bad)
+        decode.add_request(thief)
+        if early:  # the Want waits for the token in the prefill kvd
+            drive([decode], lambda: wants_held(p) == 1, "the Want to wait")
+        with caplog.at_level("ERROR", logger="kvd.vllm"):
+            drive([prefill, decode], lambda: thief.status == RequestStatus.FINISHED_ERROR,
+                  "the Want to be refused")
+        assert decode.errors == {"d-thief": "load failed"}
+        why = ("the transfer token does not match" if token == "wrong" else
+               "the Want carries no transfer token")
+        assert f"kvd: load of d-thief failed: group 0: invalid_argument: peer prefill-node: " \
+            f"request victim: {why}" in caplog.text, caplog.text
+        logged = capfd.readouterr().out  # the embedded kvds log to stdout
+        assert f"kvd decode-node: load of victim failed: invalid_argument: peer prefill-node: " \
+            f"request victim: {why}" in logged, logged
+        ids = decode.blocks.get("d-thief") or []
+        assert not ids  # freed, and never written:
+        assert not any(v.view(torch.int16).any() for v in decode.ranks[0][1].values())
+
+        honest = Request("d-honest", r.prompt_token_ids, max_tokens=2,
+                         kv_transfer_params=dict(params))
+        decode.add_request(honest)
+        drive([prefill, decode], lambda: not prefill.busy() and not decode.busy(),
+              "the honest load")
+        assert honest.status == RequestStatus.FINISHED_LENGTH_CAPPED
+        assert sum(w.stats["load_failures"] for w in decode.workers) == 1
+        prefill.assert_empty()
+        decode.assert_empty()
+    finally:
+        prefill.shutdown()
+        decode.shutdown()
+
+
+def test_pd_without_a_secret_still_checks_tokens():
+    """kvd without a secret (loopback only, --transfer-token optional): the connector's tokens
+    are still presented and checked; a wrong one is refused."""
+    with kvd.Daemon(name="p0", transport="local") as p, \
+            kvd.Daemon(name="d0", transport="local") as d:
+        kv.register_embedded_daemon("p0", p)
+        kv.register_embedded_daemon("d0", d)
+        prefill, decode = engines({"kvd_embedded": "p0"}, {"kvd_embedded": "d0"}, [Group()],
+                                  [Group()])
+        try:
+            run_pd(prefill, decode, requests=2, decode_first=p)
+            r = Request("victim", _prompt(22, 40), kv_transfer_params={"do_remote_decode": True})
+            prefill.add_request(r)
+            drive([prefill], lambda: "victim" in prefill.outputs, "the prefill")
+            bad = dict(prefill.outputs["victim"], kvd_transfer_token=secrets.token_hex(16))
+            thief = Request("d-thief", r.prompt_token_ids, max_tokens=2, kv_transfer_params=bad)
+            decode.add_request(thief)
+            drive([prefill, decode], lambda: thief.status == RequestStatus.FINISHED_ERROR,
+                  "the Want to be refused")
+        finally:
+            prefill.shutdown()
+            decode.shutdown()
+            kv.register_embedded_daemon("p0", None)
+            kv.register_embedded_daemon("d0", None)
 
 
 def test_prefill_kvd_killed_mid_request(processes):

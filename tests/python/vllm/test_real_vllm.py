@@ -8,7 +8,8 @@ worker role; KV tensors are viewed by vLLM's own create_kv_cache_views over kvd 
 The model runner is played by this file: it writes K/V for the scheduled tokens and calls the
 worker connector in the order vLLM's runner does. A request goes prefill (do_remote_decode) ->
 kv_transfer_params -> decode (do_remote_prefill) -> loaded (every element checked) -> finished,
-and both schedulers end with every block free."""
+and both schedulers end with every block free. The P/D kvds hold a peer secret, so transfer
+tokens are required (SECURITY.md)."""
 
 import json
 import os
@@ -208,10 +209,28 @@ def drive(engines, until, timeout=30.0):
         assert time.monotonic() < deadline, "timed out"
 
 
-@pytest.mark.parametrize("mode,hybrid", [("push", False), ("pull", False), ("push", True)])
-def test_pd_through_vllm_schedulers(tmp_path, mode, hybrid):
-    with kvd.Daemon(name="p", transport="local") as pd, \
-            kvd.Daemon(name="d", transport="local") as dd:
+def _secret(tmp_path) -> str:
+    path = tmp_path / "peer.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return str(path)
+
+
+def _wants_held(daemon) -> int:
+    with kvd.Connector(daemon=daemon, instance="probe") as probe:
+        return int(probe.status().get("wants_held", 0))
+
+
+@pytest.mark.parametrize("mode,hybrid,decode_first", [
+    ("push", False, False), ("pull", False, False), ("push", True, False),
+    ("push", False, True), ("pull", True, True)])
+def test_pd_through_vllm_schedulers(tmp_path, mode, hybrid, decode_first):
+    """decode_first: the decode engine steps alone until its Want waits in the prefill kvd,
+    before the prefill's workers finished the request there with the scheduler's token."""
+    secret = _secret(tmp_path)
+    with kvd.Daemon(name="p", transport="local", auth_secret_file=secret) as pd, \
+            kvd.Daemon(name="d", transport="local", auth_secret_file=secret) as dd:
         kv.register_embedded_daemon("p", pd)
         kv.register_embedded_daemon("d", dd)
         prefill = Engine(tmp_path, "prefill", "kv_producer",
@@ -225,7 +244,10 @@ def test_pd_through_vllm_schedulers(tmp_path, mode, hybrid):
             params = prefill.finished["r1"]
             assert params["do_remote_prefill"] and params["remote_request_id"].startswith("r1")
             assert len(params["remote_block_ids"]) == (2 if hybrid else 1)
+            assert len(params["kvd_transfer_token"]) == 32
             decode.scheduler.add_request(_request("d1", 3, dict(params)))
+            if decode_first:
+                drive([decode], lambda: _wants_held(pd) == (2 if hybrid else 1))
             loaded = []
 
             def check():

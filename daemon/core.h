@@ -172,6 +172,7 @@ class Daemon::Core {
 
   uint64_t peers_refused_ = 0;
   uint64_t auth_failures_ = 0;
+  uint64_t registrations_refused_ = 0;  // over max_registered_bytes (engine_session.cc)
   // EMFILE / ENFILE on accept: the acceptor waits this long before trying again.
   boost::asio::steady_timer accept_backoff_{io_};
   bool accept_starved_ = false;  // in an EMFILE episode: logged once

@@ -13,6 +13,7 @@
 
 #include "daemon/core.h"
 #include "daemon/peer_auth.h"
+#include "daemon/write_grants.h"
 
 namespace kv::daemon {
 
@@ -101,7 +102,7 @@ Status Daemon::Core::Start() {
   if (!options_.auth_secret.empty()) KV_RETURN_IF_ERROR(auth::CheckSecret(options_.auth_secret));
   if (options_.max_peer_connections < 1 || options_.max_unauthenticated_peers < 1 ||
       options_.max_peer_connections_per_address < 1 || options_.max_source_requests < 1 ||
-      options_.max_requests_per_peer < 1) {
+      options_.max_requests_per_peer < 1 || options_.max_registered_bytes < 1) {
     return Status::InvalidArgument("peer connection and request limits must be at least 1");
   }
   if (options_.transport) {
@@ -119,6 +120,8 @@ Status Daemon::Core::Start() {
     }
     settings.settings.insert(settings.settings.end(), options_.transport_settings.begin(),
                              options_.transport_settings.end());
+    // A backend's own TCP side channel (nccl's unique ids) admits peers as the peer port does.
+    settings.auth = {options_.auth_secret, options_.insecure_peers, options_.name};
     KV_RETURN_IF_ERROR(transport::CheckSettings(backend.name, settings));
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend.name, settings));
     if (on_gpu) WarnWithoutMps();
@@ -417,6 +420,18 @@ proto::DaemonStatus Daemon::Core::BuildStatus() const {
   s.set_unauthenticated_connections(counts.unauthenticated);
   s.set_peers_refused(peers_refused_);
   s.set_auth_failures(auth_failures_);
+  s.set_max_registered_bytes(options_.max_registered_bytes);
+  s.set_registrations_refused(registrations_refused_);
+  std::map<std::string, proto::InstanceBytes> instances;
+  for (const auto& [id, engine] : registry_.engines()) {
+    if (!engine.hello) continue;
+    proto::InstanceBytes& i = instances[engine.instance];
+    i.set_instance(engine.instance);
+    i.set_engines(i.engines() + 1);
+    for (const auto& region : engine.regions)
+      i.set_registered_bytes(i.registered_bytes() + region->bytes);
+  }
+  for (auto& [name, i] : instances) *s.add_instances() = std::move(i);
   if (offload_ && offload_->enabled()) *s.mutable_offload() = offload_->Snapshot();
   return s;
 }
@@ -506,6 +521,13 @@ Scheduler::Hooks Daemon::Core::SchedulerHooks() {
   hooks.peer_for = [this](const std::string& address) { return PeerFor(address); };
   hooks.source_ended = [this](const SourceRequest& r, const Status& s) { CountRequest(r, s); };
   hooks.dest_ended = [this](const DestRequest& r, const Status& s) { CountRequest(r, s); };
+  // Issue 19 (write_grants.h).
+  hooks.grant_writes = [this](uint64_t peer_id, const DestRequest& r) -> Result<uint64_t> {
+    const Peer* peer = FindPeer(peer_id);
+    if (peer == nullptr || !peer->ready) return Status::Unavailable("peer not ready");
+    return GrantLoadWrites(*transport_, peer->transport_peer, r.ranks);
+  };
+  hooks.revoke_writes = [this](uint64_t grant) { transport_->revoke_writes(grant); };
   hooks.handle_want = [this](uint64_t peer_id, proto::WantRequest want) {
     Peer* peer = FindPeer(peer_id);
     if (peer == nullptr) return;

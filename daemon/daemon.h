@@ -78,6 +78,10 @@ struct DaemonOptions {
   // of them, bound to one destination peer: a peer's Want flood holds no more than that.
   int max_source_requests = 65536;
   int max_requests_per_peer = 16384;
+  // Bytes the engines of one instance (all its TP ranks together) may have registered at once,
+  // host and GPU regions alike: a registration past it is refused, naming the limit
+  // (--max-registered-bytes; 1 TiB).
+  uint64_t max_registered_bytes = uint64_t{1} << 40;
   // "HOST:PORT": serve Prometheus metrics at http://HOST:PORT/metrics (daemon/metrics/).
   std::string metrics_listen;
   // "http://HOST:PORT" of etcd: a start_load whose peer is a daemon name (no ':') instead of

@@ -111,7 +111,24 @@ void Scheduler::RequestLoad(DestRequest& request) {
     }
     for (int64_t b : rank.blocks) wire->add_block_ids(b);
   }
+  // Issue 19: granted now where the peer is ready, else as its queued Want leaves
+  // (Core::PeerConnected).
+  const Peer* peer = peers_.Find(request.peer_id);
+  if (peer != nullptr && peer->ready && !GrantWantWrites(request.peer_id, message)) return;
   peers_.Send(request.peer_id, std::move(message));
+}
+
+bool Scheduler::GrantWantWrites(uint64_t peer_id, const proto::PeerMessage& message) {
+  if (!message.has_want() || !hooks_.grant_writes) return true;
+  auto load = loads_.find(message.want().request_id());
+  if (load == loads_.end() || load->second.write_grant != 0) return true;
+  auto grant = hooks_.grant_writes(peer_id, load->second);
+  if (!grant.ok()) {
+    FinishDest(std::string(load->first), grant.status(), false);
+    return false;
+  }
+  load->second.write_grant = *grant;
+  return true;
 }
 
 std::optional<std::string> Scheduler::PeerAddressOf(DestRequest& request) {
@@ -191,6 +208,9 @@ void Scheduler::FinishDest(std::string request_id, const Status& status, bool te
   if (it == loads_.end()) return;
   DestRequest request = std::move(it->second);
   loads_.erase(it);
+  if (request.write_grant != 0 && hooks_.revoke_writes) {
+    hooks_.revoke_writes(request.write_grant);  // write_grants.h
+  }
   const bool requested = request.state == DestRequest::State::kRequested;
   if (tell_peer && !status.ok() && requested) {
     proto::PeerMessage fail;

@@ -253,6 +253,27 @@ Result<KvRegion> CheckRegistration(const Engine& engine, const proto::RegisterRe
   return layout;
 }
 
+// Bytes the engines of `instance` have registered (Region::bytes, what kvd maps or opened).
+uint64_t InstanceBytes(const std::map<uint64_t, Engine>& engines, const std::string& instance) {
+  uint64_t n = 0;
+  for (const auto& [id, engine] : engines) {
+    if (engine.instance != instance) continue;
+    for (const auto& region : engine.regions) n += region->bytes;
+  }
+  return n;
+}
+
+// Issue 19: one instance's registrations (all its ranks) stay within `limit`
+// (--max-registered-bytes).
+Status CheckRegisteredBytes(uint64_t registered, uint64_t adding, uint64_t limit,
+                            const std::string& instance) {
+  if (adding <= limit && registered <= limit - adding) return Status::Ok();
+  return Status::ResourceExhausted("engine instance '" + instance + "' would register " +
+                                   std::to_string(registered) + " + " + std::to_string(adding) +
+                                   " bytes, above this kvd's limit of " + std::to_string(limit) +
+                                   " bytes per instance (kvd --max-registered-bytes)");
+}
+
 }  // namespace
 
 Status Daemon::Core::StartRegister(Engine& engine, uint64_t seq, const proto::RegisterRegion& reg) {
@@ -260,6 +281,14 @@ Status Daemon::Core::StartRegister(Engine& engine, uint64_t seq, const proto::Re
   // on every path.
   kv::UniqueFd fd(engine.conn->TakeFd());
   KV_ASSIGN_OR_RETURN(KvRegion layout, CheckRegistration(engine, reg, fd.valid()));
+  // What kvd will map (a host region: its layout's span) or open (a GPU region: its bytes).
+  const uint64_t adding = reg.has_memfd() ? layout.span_bytes() : reg.bytes();
+  if (Status s = CheckRegisteredBytes(InstanceBytes(registry_.engines(), engine.instance), adding,
+                                      options_.max_registered_bytes, engine.instance);
+      !s.ok()) {
+    ++registrations_refused_;
+    return s;
+  }
   if (!reg.has_memfd() && !transport_->supports(MemoryKind::kCuda)) {
     return Status::Unsupported("kvd " + options_.name + "'s transport " +
                                std::string(transport_->name()) +
@@ -328,6 +357,10 @@ Result<OpenedRegion> Daemon::Core::OpenRegion(const proto::RegisterRegion& reg,
   }
   KV_ASSIGN_OR_RETURN(region->registration,
                       transport_->register_memory(region->base, region->bytes, region->where));
+  // Peers write into it only what a request granted them (write_grants.h).
+  if (region->where.kind == MemoryKind::kHost) {
+    KV_RETURN_IF_ERROR(transport_->guard_writes(*region->registration));
+  }
   out.vmm = reg.has_vmm_fd();
   out.region = std::move(region);
   return out;
@@ -337,6 +370,17 @@ void Daemon::Core::RegisterDone(uint64_t engine_id, uint64_t seq, Result<OpenedR
   Engine* engine = FindEngine(engine_id);
   if (engine == nullptr) return;  // left meanwhile: what was opened closes here
   proto::Reply reply;
+  if (opened.ok()) {
+    // Checked again now that it is open: another rank of the instance may have registered
+    // meanwhile. A refused region closes here.
+    Status within = CheckRegisteredBytes(InstanceBytes(registry_.engines(), engine->instance),
+                                         opened->region->bytes, options_.max_registered_bytes,
+                                         engine->instance);
+    if (!within.ok()) {
+      ++registrations_refused_;
+      opened = within;
+    }
+  }
   if (opened.ok()) {
     std::shared_ptr<Region>& region = opened->region;
     if (region->gpu) {

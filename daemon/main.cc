@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "           [--auth-secret-file PATH | --insecure] [--transfer-token auto|required|optional]\n"
     "           [--max-peer-connections N] [--max-unauthenticated-peers N]\n"
     "           [--max-peer-connections-per-address N] [--max-source-requests N]\n"
-    "           [--max-requests-per-peer N] [--ucx-net-devices LIST]\n"
+    "           [--max-requests-per-peer N] [--max-registered-bytes N[K|M|G|T]]\n"
+    "           [--ucx-net-devices LIST]\n"
     "           [--metrics-listen HOST:PORT] [--etcd http://HOST:PORT [--etcd-lease-s S]]\n"
     "           [--transport-opt KEY=VALUE ...]\n"
     "\n"
@@ -66,6 +67,7 @@ constexpr const char* kUsage =
     "--auth-secret-file: the peers' shared secret (32+ bytes, mode 0600): every peer connection\n"
     "  starts with a mutual HMAC-SHA256 challenge-response over it. Without it kvd accepts and\n"
     "  dials peers on loopback only; --insecure opens that to any address (trusted networks).\n"
+    "  The same secret (and rule) admits peers to nccl's side channel (its unique-id exchange).\n"
     "--transfer-token: whether a peer's WantRequest must present the request's transfer token\n"
     "  (kvd's, returned by the prefill engine's request_finished, or the engine's own, which\n"
     "  the vLLM connector mints into kv_transfer_params). required: a Want without one is\n"
@@ -77,6 +79,9 @@ constexpr const char* kUsage =
     "  --max-peer-connections-per-address (32), --max-source-requests (65536),\n"
     "  --max-requests-per-peer (16384): limits; see\n"
     "  SECURITY.md and the counters in `kvctl status`.\n"
+    "--max-registered-bytes: the KV cache bytes the engines of one instance (all its TP ranks)\n"
+    "  may register, host and GPU alike (1T); a registration past it is refused. `kvctl status`\n"
+    "  shows each instance's bytes and the refusals.\n"
     "--ucx-net-devices: UCX_NET_DEVICES for --transport ucx (e.g. eth1 or mlx5_0:1): where UCX\n"
     "  listens and sends. Default: lo without --auth-secret-file (and without --insecure), else\n"
     "  UCX's choice (every interface).\n"
@@ -134,6 +139,7 @@ const std::map<std::string, std::string> kSecurityFlags = {
     {"max-peer-connections-per-address", "32"},
     {"max-source-requests", "65536"},
     {"max-requests-per-peer", "16384"},
+    {"max-registered-bytes", "1T"},
     {"ucx-net-devices", ""}};
 
 int Fail(const std::string& message) {
@@ -149,7 +155,7 @@ bool ParseMs(const std::string& text, std::chrono::milliseconds* out) {
   return true;
 }
 
-// "64G", "512M", "1048576": bytes with an optional binary K/M/G suffix.
+// "64G", "512M", "1048576": bytes with an optional binary K/M/G/T suffix.
 bool ParseBytes(std::string text, uint64_t* out) {
   uint64_t unit = 1;
   if (!text.empty()) {
@@ -165,6 +171,10 @@ bool ParseBytes(std::string text, uint64_t* out) {
       case 'G':
       case 'g':
         unit = 1ull << 30;
+        break;
+      case 'T':
+      case 't':
+        unit = 1ull << 40;
         break;
       default:
         break;
@@ -254,6 +264,11 @@ int main(int argc, char** argv) {
   if (!ParseBytes(flags["offload-bytes"], &options.offload_bytes)) {
     return Fail("--offload-bytes '" + flags["offload-bytes"] +
                 "' is not a byte count like 65536, 512M or 64G (at most 1 PiB)");
+  }
+  if (!ParseBytes(flags["max-registered-bytes"], &options.max_registered_bytes) ||
+      options.max_registered_bytes == 0) {
+    return Fail("--max-registered-bytes '" + flags["max-registered-bytes"] +
+                "' is not a byte count like 512G or 1T (at least 1, at most 1 PiB)");
   }
   options.offload_copy = flags["offload-copy"];
   options.metrics_listen = flags["metrics-listen"];

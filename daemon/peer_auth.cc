@@ -1,34 +1,21 @@
 #include "daemon/peer_auth.h"
 
 #include <fcntl.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "base/hmac.h"
+
 namespace kv::daemon::auth {
 
-namespace {
-
-void AppendField(std::string* out, std::string_view field) {
-  const uint32_t n = static_cast<uint32_t>(field.size());
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out->append(field);
-}
-
-}  // namespace
+using crypto::AppendField;
+using crypto::HmacSha256;
 
 Result<std::string> RandomBytes(size_t n) {
-  std::string out(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
-    return Status::Internal("RAND_bytes could not produce " + std::to_string(n) + " bytes");
-  }
-  return out;
+  return crypto::RandomBytes(n);
 }
 
 std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
@@ -42,30 +29,8 @@ std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
   AppendField(&message, verifier_name);
   AppendField(&message, prover_nonce);
   AppendField(&message, verifier_nonce);
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
-           &length) == nullptr) {
-    return std::string();  // matches no proof: Equal() of unequal lengths is false
-  }
-  return std::string(reinterpret_cast<const char*>(mac), length);
+  return HmacSha256(secret, message);  // empty on failure: matches no proof
 }
-
-namespace {
-
-std::string Hmac(std::string_view key, std::string_view message) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
-           &length) == nullptr) {
-    return std::string();
-  }
-  return std::string(reinterpret_cast<const char*>(mac), length);
-}
-
-}  // namespace
 
 SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::string_view our_name,
                               std::string_view their_name, std::string_view our_nonce,
@@ -83,7 +48,7 @@ SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::stri
     AppendField(&message, acceptor);
     AppendField(&message, dialer_nonce);
     AppendField(&message, acceptor_nonce);
-    return Hmac(secret, message);
+    return HmacSha256(secret, message);
   };
   std::string from_dialer = key("dialer to acceptor");
   std::string from_acceptor = key("acceptor to dialer");
@@ -95,11 +60,11 @@ std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body) 
   std::string message;
   for (int i = 0; i < 8; ++i) message.push_back(static_cast<char>((seq >> (8 * i)) & 0xff));
   message.append(body);
-  return Hmac(key, message);
+  return HmacSha256(key, message);
 }
 
 bool Equal(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && !a.empty() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return crypto::ConstantTimeEqual(a, b);
 }
 
 Status CheckSecret(std::string_view secret) {

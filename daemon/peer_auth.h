@@ -8,6 +8,7 @@
 // proof from being reflected back on a second connection; the nonces keep it from being
 // replayed; the names bind the node name the peer later uses to the proof. Nothing else (hello,
 // layouts, transport addresses) is sent or accepted before the other side's proof checked out.
+// The primitives (HMAC-SHA256, random bytes, constant-time compare) are base/hmac.h's.
 #pragma once
 
 #include <cstddef>

@@ -370,7 +370,11 @@ void Daemon::Core::PeerConnected(uint64_t peer_id, std::string name, int ranks,
   auto queued = std::move(peer->queued);
   peer->queued.clear();
   // By id, not through `peer`: a send that fails closes the connection and erases the peer.
-  for (auto& m : queued) peers_.Send(peer_id, std::move(m));
+  for (auto& m : queued) {
+    // Issue 19 (write_grants.h): a Want's source may write its request's blocks once it leaves.
+    if (!scheduler_->GrantWantWrites(peer_id, m)) continue;
+    peers_.Send(peer_id, std::move(m));
+  }
   ReleasePeer(peer_id);
 }
 

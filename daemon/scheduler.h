@@ -175,6 +175,7 @@ struct DestRequest {
   std::vector<bool> ready;        // per layer
   std::string transfer_token;     // from the engine's StartLoad, into the WantRequest
   std::string notice_token;       // ours, random: a LayerNotice must echo it
+  uint64_t write_grant = 0;       // the source's writes into our blocks (write_grants.h)
   uint64_t bytes = 0;
   uint64_t runs = 0;
   Clock::time_point deadline;
@@ -206,6 +207,10 @@ class Scheduler {
     // A request ended (metrics).
     std::function<void(const SourceRequest& request, const Status& status)> source_ended;
     std::function<void(const DestRequest& request, const Status& status)> dest_ended;
+    // Issue 19 (write_grants.h): grant a load's source (peer_id, ready) writes into the load's
+    // blocks; revoke them. Unset: no grants.
+    std::function<Result<uint64_t>(uint64_t peer_id, const DestRequest& request)> grant_writes;
+    std::function<void(uint64_t grant)> revoke_writes;
     // A held Want released (its token fixed): handled as if it arrived now, imports first.
     std::function<void(uint64_t peer_id, proto::WantRequest want)> handle_want;
     // A Want refused: the peer hears why.
@@ -256,6 +261,10 @@ class Scheduler {
   void FinishSource(std::string request_id, const Status& status, bool tell_peer,
                     uint64_t told = 0);
   void FinishDest(std::string request_id, const Status& status, bool tell_peer);
+  // Issue 19 (write_grants.h): as a Want in `message` leaves for the ready peer `peer_id`, its
+  // request's source may write the request's blocks, until the request ends. False: granting
+  // failed and the request with it; do not send the message.
+  bool GrantWantWrites(uint64_t peer_id, const proto::PeerMessage& message);
   void FailRequestsOfEngine(uint64_t engine_id, const Status& why);
   void FailRequestsOfPeer(uint64_t peer_id, const Status& why);
   // Ends requests past their lease and drops retired memory past its own.

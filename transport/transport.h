@@ -75,10 +75,22 @@ using Completion = std::function<void(Status)>;
 // Called for each notification received, in the order the sender sent them.
 using NotificationHandler = std::function<void(std::string_view message)>;
 
+// How a backend's own TCP side channel (nccl's unique-id exchange) admits peers
+// (transport/channel_auth.h): as kvd's peer port does. With a secret, both ends prove it before
+// anything else crosses; without one, only loopback peers are accepted and dialed unless
+// `insecure`. kvd sets it from --auth-secret-file / --insecure and --name; never read from the
+// environment.
+struct PeerAuth {
+  std::string secret;  // empty: no authentication (loopback only unless insecure)
+  bool insecure = false;
+  std::string name;  // this node's name, bound into the proofs and named in errors
+};
+
 struct TransportOptions {
   // Backend-specific tuning, e.g. {"UCX_TLS", "tcp"}; empty means the backend's defaults. The
   // only way to tune a backend: no backend reads (or sets) environment variables.
   std::vector<std::pair<std::string, std::string>> settings;
+  PeerAuth auth = {};  // the side channels of backends that have one (nccl)
 };
 
 // One setting a backend takes as its own (`kvd --transport-opt KEY=VALUE`; `kvd --help` lists
@@ -173,6 +185,36 @@ class Transport {
   // peer before the call has landed there.
   virtual Status notify(PeerId peer, std::string message) = 0;
   virtual void set_notification_handler(NotificationHandler handler) = 0;
+
+  // ---- Write grants (issue 19) ----------------------------------------------------------------
+  // A backend with a checked put path of its own (ucx's active-message puts: checks_write_grants()
+  // true) lets a registration be guarded: from guard_writes() on, a peer's put into it lands only
+  // inside a live grant of that peer (grant_writes(): ranges of the registration, by offset), and
+  // a put outside every grant is refused and the sender's endpoint closed (never answered: an
+  // answer would be an address oracle). revoke_writes() ends every range of a grant at once;
+  // a put that arrives later is refused the same way. Grant ids are the caller's (any non-zero
+  // value, unique among live grants). The check is one interval lookup per put message, not per
+  // byte. Backends without such a path (nccl, cuda_ipc, local; ucx's RMA lanes, which UCX serves
+  // without kvd) accept the calls and check nothing: their writes are bounded by the
+  // registration alone. Unguarded registrations take any peer's puts inside their bounds.
+  struct WriteRange {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  virtual bool checks_write_grants() const { return false; }
+  virtual Status guard_writes(const MemoryRegistration& memory) {
+    (void)memory;
+    return Status::Ok();
+  }
+  virtual Status grant_writes(uint64_t grant, PeerId peer, const MemoryRegistration& memory,
+                              std::span<const WriteRange> ranges) {
+    (void)grant;
+    (void)peer;
+    (void)memory;
+    (void)ranges;
+    return Status::Ok();
+  }
+  virtual void revoke_writes(uint64_t grant) { (void)grant; }
 };
 
 // Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests), and,

@@ -178,6 +178,8 @@ std::string Metrics::Render(const proto::DaemonStatus* s, const std::string& ver
       {"kvd_offload_bytes_in_total", "Bytes stored into the offload pool.", o.bytes_in()},
       {"kvd_offload_bytes_out_total", "Bytes loaded out of the offload pool.", o.bytes_out()},
       {"kvd_offload_failed_copies_total", "Offload copies that failed.", o.failed_copies()},
+      {"kvd_registrations_refused_total",
+       "Region registrations refused over --max-registered-bytes.", s->registrations_refused()},
   };
   for (const Counter& c : counters) {
     Family(&out, c.name, "counter", c.help);

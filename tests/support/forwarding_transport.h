@@ -51,6 +51,16 @@ class ForwardingTransport : public transport::Transport {
   void set_notification_handler(transport::NotificationHandler handler) override {
     inner_->set_notification_handler(std::move(handler));
   }
+  bool checks_write_grants() const override { return inner_->checks_write_grants(); }
+  Status guard_writes(const transport::MemoryRegistration& memory) override {
+    return inner_->guard_writes(memory);
+  }
+  Status grant_writes(uint64_t grant, transport::PeerId peer,
+                      const transport::MemoryRegistration& memory,
+                      std::span<const WriteRange> ranges) override {
+    return inner_->grant_writes(grant, peer, memory, ranges);
+  }
+  void revoke_writes(uint64_t grant) override { inner_->revoke_writes(grant); }
 
  protected:
   transport::Transport& inner() { return *inner_; }

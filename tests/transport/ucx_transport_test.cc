@@ -364,6 +364,139 @@ TEST_P(UcxPairSmallBound, DisconnectCompletesTheQueuedBatchesToo) {
 INSTANTIATE_TEST_SUITE_P(Tls, UcxPairSmallBound, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
+// kvd's put path with write grants (Transport::guard_writes, issue 19): into a guarded
+// registration a peer's put lands only inside a live grant of that peer; a put outside one, or
+// after the grant was revoked, is refused unanswered and the sender's endpoint closed, so its
+// later puts (granted ones included) fail too.
+class UcxGrants : public ::testing::Test {
+ public:
+  void SetUp() override {
+    const TransportOptions options{{{"UCX_TLS", "tcp"}, {"put_path", "am"}}};
+    auto a = CreateTransport("ucx", options);
+    auto b = CreateTransport("ucx", options);
+    ASSERT_TRUE(a.ok() && b.ok());
+    sender = std::move(*a);
+    target = std::move(*b);
+    ASSERT_TRUE(target->checks_write_grants());
+    src.resize(64 << 10);
+    Fill(src, 5);
+    dst.assign(64 << 10, 0xEE);
+    auto s = sender->register_memory(src.data(), src.size(), MemoryLocation::Host());
+    auto d = target->register_memory(dst.data(), dst.size(), MemoryLocation::Host());
+    ASSERT_TRUE(s.ok() && d.ok());
+    src_reg = std::move(*s);
+    dst_reg = std::move(*d);
+    ASSERT_TRUE(target->guard_writes(*dst_reg).ok());
+    // The sender comes through an endpoint of its own on the target (as kvd's peers do), so the
+    // target knows which of its peers a put comes from.
+    auto endpoint = target->open_endpoint();
+    ASSERT_TRUE(endpoint.ok());
+    auto to_target = sender->connect(endpoint->address);
+    ASSERT_TRUE(to_target.ok()) << to_target.status().ToString();
+    auto back = target->connect_endpoint(sender->address(), endpoint->id);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    sender_on_target = *back;
+    auto r = sender->import_remote(*to_target, dst_reg->packed_descriptor());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    remote = std::move(*r);
+  }
+  void TearDown() override {
+    remote.reset();
+    src_reg.reset();
+    dst_reg.reset();
+    sender.reset();
+    target.reset();
+  }
+  Status Put(uint64_t offset, uint64_t length, std::chrono::milliseconds deadline = 10s) {
+    return PostAndWait(*sender, Op::kPut, *src_reg, *remote, {{offset, offset, length}}, deadline);
+  }
+  bool Landed(uint64_t offset, uint64_t length) const {
+    return std::memcmp(src.data() + offset, dst.data() + offset, length) == 0;
+  }
+  bool Untouched(uint64_t offset, uint64_t length) const {
+    for (uint64_t i = offset; i < offset + length; ++i) {
+      if (dst[i] != 0xEE) return false;
+    }
+    return true;
+  }
+
+  std::unique_ptr<Transport> sender, target;
+  std::vector<uint8_t> src, dst;
+  std::unique_ptr<MemoryRegistration> src_reg, dst_reg;
+  PeerId sender_on_target = 0;
+  std::unique_ptr<RemoteMemory> remote;
+};
+
+TEST_F(UcxGrants, AGrantedPutLandsAndOneOutsideTheGrantClosesTheEndpoint) {
+  const Transport::WriteRange granted[] = {{8192, 8192}, {32768, 4096}};
+  ASSERT_TRUE(target->grant_writes(7, sender_on_target, *dst_reg, granted).ok());
+  ASSERT_TRUE(Put(8192, 8192).ok());
+  ASSERT_TRUE(Put(32768 + 1024, 2048).ok());
+  EXPECT_TRUE(Landed(8192, 8192));
+  EXPECT_TRUE(Landed(32768 + 1024, 2048));
+
+  // Registered but not granted, and straddling the end of a grant: refused, never answered
+  // (not kInvalidArgument), nothing written.
+  Status outside = Put(0, 4096, 2s);
+  EXPECT_FALSE(outside.ok());
+  EXPECT_NE(outside.code(), Code::kInvalidArgument) << "answered: " << outside.ToString();
+  EXPECT_TRUE(Untouched(0, 4096));
+  // The endpoint is closed: a put inside the grant no longer lands either.
+  std::memset(dst.data() + 8192, 0xEE, 8192);
+  EXPECT_FALSE(Put(8192, 8192, 2s).ok());
+  EXPECT_TRUE(Untouched(8192, 8192));
+}
+
+TEST_F(UcxGrants, APutStraddlingAGrantsEndIsRefused) {
+  const Transport::WriteRange granted[] = {{8192, 8192}};
+  ASSERT_TRUE(target->grant_writes(7, sender_on_target, *dst_reg, granted).ok());
+  EXPECT_FALSE(Put(12288, 8192, 2s).ok());  // its last 4 KiB lie past the grant
+  EXPECT_TRUE(Untouched(16384, 4096));
+}
+
+TEST_F(UcxGrants, APutAfterTheGrantWasRevokedIsRefused) {
+  const Transport::WriteRange granted[] = {{0, 16384}};
+  ASSERT_TRUE(target->grant_writes(9, sender_on_target, *dst_reg, granted).ok());
+  ASSERT_TRUE(Put(0, 4096).ok());
+  EXPECT_TRUE(Landed(0, 4096));
+  target->revoke_writes(9);
+  EXPECT_FALSE(Put(4096, 4096, 2s).ok());
+  EXPECT_TRUE(Untouched(4096, 4096));
+}
+
+// A grant names its peer: another peer's puts into the same range are refused.
+TEST_F(UcxGrants, AGrantToAnotherPeerDoesNotAdmitThisOne) {
+  const Transport::WriteRange granted[] = {{0, 16384}};
+  ASSERT_TRUE(target->grant_writes(3, sender_on_target + 1000, *dst_reg, granted).ok());
+  EXPECT_FALSE(Put(0, 4096, 2s).ok());
+  EXPECT_TRUE(Untouched(0, 4096));
+}
+
+// Batches of short runs go staged (gather, one put into a receive slot, scatter: the host
+// chooser, staged_transport.h); the scatter checks the grants of the region too.
+TEST_F(UcxGrants, StagedBatchesOfShortRunsAreCheckedToo) {
+  const Transport::WriteRange granted[] = {{8192, 8192}};
+  ASSERT_TRUE(target->grant_writes(5, sender_on_target, *dst_reg, granted).ok());
+  std::vector<kv::Run> inside, outside;
+  for (uint64_t i = 0; i < 8; ++i) {
+    inside.push_back({8192 + i * 1024, 8192 + i * 1024, 512});
+    outside.push_back({i * 1024, i * 1024, 512});
+  }
+  ASSERT_TRUE(PostAndWait(*sender, Op::kPut, *src_reg, *remote, inside).ok());
+  for (const kv::Run& r : inside) EXPECT_TRUE(Landed(r.dst_offset, r.length));
+  EXPECT_FALSE(PostAndWait(*sender, Op::kPut, *src_reg, *remote, outside, 2s).ok());
+  EXPECT_TRUE(Untouched(0, 8192));
+  target->revoke_writes(5);
+  std::memset(dst.data() + 8192, 0xEE, 8192);
+  EXPECT_FALSE(PostAndWait(*sender, Op::kPut, *src_reg, *remote, inside, 2s).ok());
+  EXPECT_TRUE(Untouched(8192, 8192));
+}
+
+TEST_F(UcxGrants, GrantsOutsideTheRegistrationAreRefused) {
+  const Transport::WriteRange past[] = {{60 << 10, 8192}};
+  EXPECT_EQ(target->grant_writes(4, sender_on_target, *dst_reg, past).code(), Code::kOutOfRange);
+}
+
 TEST(UcxTransport, UnparsableInFlightBoundIsRejected) {
   for (const char* bad : {"0", "12abc", "", "-5", "99999999999999999999999"}) {
     auto t = CreateTransport("ucx", {{{"max_inflight_bytes", bad}}});

@@ -52,6 +52,13 @@ int StatusMain(int argc, char** argv) {
       peers += "{\"name\": " + JsonQuoted(p.name()) + ", \"address\": " + JsonQuoted(p.address()) +
                ", \"state\": " + JsonQuoted(p.state()) + "}";
     }
+    std::string instances;
+    for (const auto& i : s->instances()) {
+      if (!instances.empty()) instances += ", ";
+      instances += "{\"instance\": " + JsonQuoted(i.instance()) +
+                   ", \"engines\": " + std::to_string(i.engines()) +
+                   ", \"registered_bytes\": " + std::to_string(i.registered_bytes()) + "}";
+    }
     std::printf(
         "{\"name\": %s, \"uptime_seconds\": %.1f, \"resident_bytes\": %llu, "
         "\"transport\": %s, \"listen\": %s, \"peers\": [%s], \"engines\": %u, "
@@ -60,6 +67,7 @@ int StatusMain(int argc, char** argv) {
         "\"bytes_received\": %llu, \"runs_sent\": %llu, \"batches_posted\": %llu, "
         "\"peer_auth\": %s, \"peer_connections\": %u, \"unauthenticated_connections\": %u, "
         "\"peers_refused\": %llu, \"auth_failures\": %llu, "
+        "\"max_registered_bytes\": %llu, \"registrations_refused\": %llu, \"instances\": [%s], "
         "\"offload\": %s}\n",
         JsonQuoted(s->name()).c_str(), s->uptime_seconds(),
         static_cast<unsigned long long>(s->resident_bytes()), JsonQuoted(s->transport()).c_str(),
@@ -74,6 +82,8 @@ int StatusMain(int argc, char** argv) {
         s->peer_connections(), s->unauthenticated_connections(),
         static_cast<unsigned long long>(s->peers_refused()),
         static_cast<unsigned long long>(s->auth_failures()),
+        static_cast<unsigned long long>(s->max_registered_bytes()),
+        static_cast<unsigned long long>(s->registrations_refused()), instances.c_str(),
         tools::PoolStatusJson(s->offload()).c_str());
     return 0;
   }
@@ -98,6 +108,14 @@ int StatusMain(int argc, char** argv) {
       s->peer_auth().c_str(), s->peer_connections(), s->unauthenticated_connections(),
       static_cast<unsigned long long>(s->peers_refused()),
       static_cast<unsigned long long>(s->auth_failures()));
+  // Registered bytes per engine instance against --max-registered-bytes (issue 19).
+  std::printf("registered per instance (limit %s)   refused %llu\n",
+              tools::HumanBytes(s->max_registered_bytes()).c_str(),
+              static_cast<unsigned long long>(s->registrations_refused()));
+  for (const auto& i : s->instances()) {
+    std::printf("  %-20s %u engines   %s\n", i.instance().c_str(), i.engines(),
+                tools::HumanBytes(i.registered_bytes()).c_str());
+  }
   std::printf("peers %d\n", s->peers_size());
   for (const auto& p : s->peers()) {
     std::printf("  %-20s %-24s %s\n", p.name().empty() ? "?" : p.name().c_str(),

@@ -12,6 +12,7 @@
 
 #include "base/codec.h"
 #include "base/framed_socket.h"
+#include "transport/channel_auth.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/nccl_link.h"
@@ -87,7 +88,8 @@ class NcclRemote final : public RemoteMemory {
 
 class NcclTransport final : public Transport {
  public:
-  explicit NcclTransport(const LinkOptions& options) : options_(options) {}
+  NcclTransport(const LinkOptions& options, PeerAuth auth)
+      : options_(options), auth_(std::move(auth)) {}
 
   Status Start(const std::string& listen_host) {
     KV_RETURN_IF_ERROR(LoadKernels(options_.device));
@@ -131,8 +133,14 @@ class NcclTransport final : public Transport {
   Result<PeerId> connect(std::string_view peer_address) override {
     const auto deadline = Clock::now() + options_.init_timeout;
     KV_ASSIGN_OR_RETURN(Socket socket, Socket::Connect(peer_address, deadline));
-    KV_RETURN_IF_ERROR(socket.SendFrame(nccl::EncodeHello(), deadline));
+    // Nothing crosses before the peer proved the secret (channel_auth.h): the unique ids that
+    // follow let their holder join a communicator that writes into our regions.
     FrameReader reader;
+    auto proved = DialHandshake(socket, reader, auth_, nccl::kHelloMagic, deadline);
+    if (!proved.ok()) {
+      return proved.status().WithContext("nccl: side channel to " + std::string(peer_address));
+    }
+    KV_RETURN_IF_ERROR(socket.SendFrame(nccl::EncodeHello(), deadline));
     KV_ASSIGN_OR_RETURN(std::string hello, kv::ReceiveFrame(socket.fd(), reader, deadline));
     KV_RETURN_IF_ERROR(nccl::DecodeHello(hello));
     KV_ASSIGN_OR_RETURN(auto link, Link::Start(std::move(socket), options_, regions_, notes_));
@@ -211,9 +219,10 @@ class NcclTransport final : public Transport {
   }
 
   // Peers that connect to us get a link too: they put into our regions, get from them and send
-  // notifications. The hello exchange of every accepted socket progresses here without blocking,
-  // each bounded by init_timeout, so a slow or silent peer delays no one else. Failed links are
-  // dropped here.
+  // notifications. The authentication (channel_auth.h) and hello exchange of every accepted
+  // socket progress here without blocking, each bounded by init_timeout, so a slow or silent
+  // peer delays no one else. A peer AdmitPeer refuses (not loopback, without a secret) is closed
+  // at once. Failed links are dropped here.
   void AcceptLoop() {
     std::vector<Handshake> pending;
     while (!stop_) {
@@ -234,22 +243,40 @@ class NcclTransport final : public Transport {
         auto accepted = listener_.Accept();
         if (!accepted.ok() || !accepted->valid()) break;
         if (pending.size() >= kMaxHandshakes) continue;  // closes it: too many unfinished hellos
-        pending.push_back({std::move(accepted).value(), {}, now + options_.init_timeout, false});
+        if (!AdmitPeer(auth_, accepted->fd()).ok()) continue;  // closes it
+        Handshake& h =
+            pending.emplace_back(std::move(accepted).value(), auth_, now + options_.init_timeout);
+        h.auth.Begin();  // the acceptor sends nothing before the dialer's challenge
       }
     }
   }
 
   struct Handshake {
+    Handshake(Socket s, const PeerAuth& peer_auth, Clock::time_point until)
+        : socket(std::move(s)),
+          auth(peer_auth, std::string(nccl::kHelloMagic), ChannelHandshake::Role::kAcceptor),
+          deadline(until) {}
     Socket socket;
+    ChannelHandshake auth;
     FrameReader reader;
     Clock::time_point deadline;
     bool done = false;  // a link started, or the peer failed the exchange: drop it
   };
   static constexpr size_t kMaxHandshakes = 16;
 
-  // Reads what the peer sent; on its hello, answers and starts the link. True when finished.
+  // Reads what the peer sent: the authentication first, then its hello, which is answered and
+  // starts the link. True when finished.
   bool Progress(Handshake& h) {
     if (!h.reader.ReadAvailable(h.socket.fd()).ok()) return true;
+    while (!h.auth.done()) {
+      auto frame = h.reader.Next();
+      if (!frame) return false;
+      ChannelHandshake::Step step = h.auth.OnFrame(*frame);
+      for (const std::string& out : step.send) {
+        if (!h.socket.SendFrame(out, h.deadline).ok()) return true;
+      }
+      if (!step.status.ok()) return true;  // refused (the peer heard why): close
+    }
     auto hello = h.reader.Next();
     if (!hello) return false;
     if (!nccl::DecodeHello(*hello).ok()) return true;
@@ -264,6 +291,7 @@ class NcclTransport final : public Transport {
   }
 
   const LinkOptions options_;
+  const PeerAuth auth_;
   std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   std::shared_ptr<NoteSink> notes_ = std::make_shared<NoteSink>();
   Listener listener_;
@@ -330,7 +358,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
       break;
     }
   }
-  auto transport = std::make_unique<NcclTransport>(link);
+  auto transport = std::make_unique<NcclTransport>(link, options.auth);
   KV_RETURN_IF_ERROR(transport->Start(host));
   return std::unique_ptr<Transport>(std::move(transport));
 }

@@ -73,6 +73,7 @@ class StagedRegistration final : public MemoryRegistration {
   std::string packed_descriptor() const override;
   const Core* owner() const { return owner_; }
   const MemoryRegistration* inner() const { return inner_.get(); }
+  uint64_t id() const { return id_; }
 
  private:
   Core* owner_;
@@ -171,6 +172,15 @@ struct Region {
   char* base = nullptr;
   uint64_t length = 0;
   MemoryLocation location;
+  // Write grants (transport.h, guard_writes): a guarded region takes a staged chunk only where
+  // each of its ranges lies inside one interval of a live grant. The receiver cannot tell which
+  // peer a chunk came from (its link's control messages arrive as notifications), so any live
+  // grant of the region admits it; the direct path (the inner's put messages) binds the peer.
+  bool guarded = false;
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> grants = {};  // [start, end)
+
+  // The region without its grants: what a copy or a scatter needs, cheap to copy.
+  Region Shape() const { return {base, length, location, guarded}; }
 };
 
 class Core final : public Transport {
@@ -197,6 +207,17 @@ class Core final : public Transport {
   Status post(const Batch& batch, Completion done) override;
   Status notify(PeerId peer, std::string message) override;
   void set_notification_handler(NotificationHandler handler) override;
+  // Grants apply to what the inner transport registered (passed-through memory). A staged
+  // region takes no grant (OK, nothing checked): its scatter is checked against the
+  // registration only (a known gap, SECURITY.md).
+  bool checks_write_grants() const override { return inner_->checks_write_grants(); }
+  // Grants (staged_transport.cc): a staged region checks its staged chunks against them, and
+  // passes them on to its inner registration (a host region both paths reach) for the direct
+  // path; memory the inner registered alone is the inner's.
+  Status guard_writes(const MemoryRegistration& memory) override;
+  Status grant_writes(uint64_t grant, PeerId peer, const MemoryRegistration& memory,
+                      std::span<const WriteRange> ranges) override;
+  void revoke_writes(uint64_t grant) override;
 
   void ForgetRegion(uint64_t id);
   uint64_t instance() const { return instance_; }
@@ -263,6 +284,7 @@ class Core final : public Transport {
   // Regions, peers and the handler: callers and worker.
   std::mutex mu_;
   std::map<uint64_t, Region> regions_;
+  std::map<uint64_t, std::vector<uint64_t>> granted_regions_;  // grant -> region ids, under mu_
   uint64_t next_region_ = 1;
   std::set<PeerId> connected_;
   std::set<PeerId> staged_peers_;  // peers that got a staged batch: notes go through the worker

@@ -121,7 +121,7 @@ void Core::OnGetRequest(std::string_view frame) {
       reply.status = Status::NotFound("staged get names region " + std::to_string(request->region) +
                                       ", not registered");
     } else {
-      region = r->second;
+      region = r->second.Shape();
     }
   }
   for (const Run& run : request->runs) {

@@ -81,7 +81,7 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
     if (r == regions_.end())
       return Status::NotFound(chunk + " names region " + std::to_string(m.region) +
                               ", which is not registered (any more)");
-    region = r->second;
+    region = r->second.Shape();
   }
   const char* slot = link.slots[m.slot]->data();
   std::vector<Run> runs;
@@ -102,6 +102,27 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
   }
   if (at != TableBytes(m.ranges) + m.payload_bytes)
     return Status::OutOfRange(chunk + ": its ranges do not add up to its payload");
+  if (region.guarded) {
+    // Write grants (core.h, Region): every range inside one interval of a live grant.
+    std::lock_guard lock(mu_);
+    auto r = regions_.find(m.region);
+    if (r == regions_.end()) return Status::NotFound(chunk + ": its region went");
+    for (const Run& run : runs) {
+      bool granted = false;
+      for (const auto& [grant, intervals] : r->second.grants) {
+        auto in = std::upper_bound(
+            intervals.begin(), intervals.end(), run.dst_offset,
+            [](uint64_t a, const std::pair<uint64_t, uint64_t>& i) { return a < i.first; });
+        if (in != intervals.begin() && run.dst_offset + run.length <= std::prev(in)->second) {
+          granted = true;
+          break;
+        }
+      }
+      if (!granted) {
+        return Status::OutOfRange(chunk + " writes where no live grant of the region allows it");
+      }
+    }
+  }
   ++copies_in_flight_;
   ScatterStarted(m.region, +1);
   AckMsg ack{m.key.link, m.seq, m.slot, Status::Ok()};

@@ -146,6 +146,65 @@ Result<std::unique_ptr<MemoryRegistration>> Core::register_memory(void* base, ui
       new StagedRegistration(this, id, base, length, where, std::move(inner)));
 }
 
+Status Core::guard_writes(const MemoryRegistration& memory) {
+  auto* staged = dynamic_cast<const StagedRegistration*>(&memory);
+  if (staged == nullptr) return inner_->guard_writes(memory);
+  if (staged->inner() != nullptr) KV_RETURN_IF_ERROR(inner_->guard_writes(*staged->inner()));
+  std::lock_guard lock(mu_);
+  auto r = regions_.find(staged->id());
+  if (r == regions_.end()) return Status::NotFound("staged: no such registration");
+  r->second.guarded = true;
+  return Status::Ok();
+}
+
+Status Core::grant_writes(uint64_t grant, PeerId peer, const MemoryRegistration& memory,
+                          std::span<const WriteRange> ranges) {
+  auto* staged = dynamic_cast<const StagedRegistration*>(&memory);
+  if (staged == nullptr) return inner_->grant_writes(grant, peer, memory, ranges);
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  intervals.reserve(ranges.size());
+  for (const WriteRange& w : ranges) {
+    if (w.length == 0) continue;
+    if (w.offset > staged->length() || w.length > staged->length() - w.offset) {
+      return Status::OutOfRange("staged: a write grant runs past its registration");
+    }
+    intervals.emplace_back(w.offset, w.offset + w.length);
+  }
+  std::sort(intervals.begin(), intervals.end());
+  size_t out = 0;
+  for (size_t i = 0; i < intervals.size(); ++i) {
+    if (out > 0 && intervals[i].first <= intervals[out - 1].second) {
+      intervals[out - 1].second = std::max(intervals[out - 1].second, intervals[i].second);
+    } else {
+      intervals[out++] = intervals[i];
+    }
+  }
+  intervals.resize(out);
+  if (staged->inner() != nullptr) {
+    KV_RETURN_IF_ERROR(inner_->grant_writes(grant, peer, *staged->inner(), ranges));
+  }
+  std::lock_guard lock(mu_);
+  auto r = regions_.find(staged->id());
+  if (r == regions_.end()) return Status::NotFound("staged: no such registration");
+  auto& held = r->second.grants[grant];
+  held.insert(held.end(), intervals.begin(), intervals.end());
+  if (held.size() != intervals.size()) std::sort(held.begin(), held.end());
+  granted_regions_[grant].push_back(staged->id());
+  return Status::Ok();
+}
+
+void Core::revoke_writes(uint64_t grant) {
+  inner_->revoke_writes(grant);
+  std::lock_guard lock(mu_);
+  auto it = granted_regions_.find(grant);
+  if (it == granted_regions_.end()) return;
+  for (uint64_t id : it->second) {
+    auto r = regions_.find(id);
+    if (r != regions_.end()) r->second.grants.erase(grant);
+  }
+  granted_regions_.erase(it);
+}
+
 void Core::ForgetRegion(uint64_t id) {
   std::lock_guard lock(mu_);
   regions_.erase(id);

@@ -13,6 +13,7 @@
 // A batch completes when its flush and its ack both did, or fails with its peer (endpoint error,
 // deadline: FailPeer), never twice. A notification leaves only after every batch started before
 // it finished (puts acked, gets flushed), so it still arrives after the data it announces.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,20 +26,119 @@ namespace kv::transport::ucx {
 uint64_t LocalRegions::Add(void* base, uint64_t length) {
   std::lock_guard lock(mu_);
   const uint64_t token = next_++;
-  ranges_[token] = {reinterpret_cast<uintptr_t>(base), length};
+  ranges_[token] = {reinterpret_cast<uintptr_t>(base), length, false};
   return token;
 }
 
 void LocalRegions::Remove(uint64_t token) {
   std::lock_guard lock(mu_);
   ranges_.erase(token);
+  std::erase_if(grants_, [token](const auto& entry) { return entry.first.first == token; });
 }
 
-bool LocalRegions::CopyIn(uint64_t address, const void* data, uint64_t length) {
+Status LocalRegions::Guard(uint64_t token) {
+  std::lock_guard lock(mu_);
+  auto it = ranges_.find(token);
+  if (it == ranges_.end()) return Status::NotFound("ucx: no such host registration");
+  it->second.guarded = true;
+  return Status::Ok();
+}
+
+namespace {
+
+// Sorts `v` and merges overlapping or touching intervals: a put is then found by one binary
+// search.
+void SortAndMerge(std::vector<std::pair<uint64_t, uint64_t>>& v) {
+  std::sort(v.begin(), v.end());
+  size_t out = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (out > 0 && v[i].first <= v[out - 1].second) {
+      v[out - 1].second = std::max(v[out - 1].second, v[i].second);
+    } else {
+      v[out++] = v[i];
+    }
+  }
+  v.resize(out);
+}
+
+}  // namespace
+
+Status LocalRegions::Grant(uint64_t grant, PeerId peer, uint64_t token,
+                           std::span<const Transport::WriteRange> ranges) {
+  if (grant == 0 || peer == 0) return Status::InvalidArgument("ucx: grant and peer must be set");
+  uint64_t base = 0, size = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto region = ranges_.find(token);
+    if (region == ranges_.end()) return Status::NotFound("ucx: no such host registration");
+    base = region->second.base;
+    size = region->second.length;
+  }
+  // Checked, sorted and merged without the lock: the progress thread copies under it.
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  intervals.reserve(ranges.size());
+  for (const Transport::WriteRange& r : ranges) {
+    if (r.length == 0) continue;
+    if (r.offset > size || r.length > size - r.offset) {
+      return Status::OutOfRange("ucx: a write grant of " + std::to_string(r.length) + " bytes at " +
+                                std::to_string(r.offset) + " runs past the registration's " +
+                                std::to_string(size));
+    }
+    intervals.emplace_back(base + r.offset, base + r.offset + r.length);
+  }
+  SortAndMerge(intervals);
+  std::lock_guard lock(mu_);
+  if (ranges_.count(token) == 0) return Status::NotFound("ucx: no such host registration");
+  std::vector<Granted>& granted = grants_[{token, peer}];
+  auto g = std::find_if(granted.begin(), granted.end(),
+                        [grant](const Granted& x) { return x.grant == grant; });
+  if (g == granted.end()) {
+    granted.push_back(Granted{grant, std::move(intervals)});
+    by_grant_[grant].emplace_back(token, peer);
+    return Status::Ok();
+  }
+  // More ranges for a grant this region has already: rare (a request names a region once).
+  g->intervals.insert(g->intervals.end(), intervals.begin(), intervals.end());
+  SortAndMerge(g->intervals);
+  return Status::Ok();
+}
+
+void LocalRegions::Revoke(uint64_t grant) {
+  std::lock_guard lock(mu_);
+  auto it = by_grant_.find(grant);
+  if (it == by_grant_.end()) return;
+  for (const auto& key : it->second) {
+    auto g = grants_.find(key);
+    if (g == grants_.end()) continue;  // its region went
+    std::erase_if(g->second, [grant](const Granted& x) { return x.grant == grant; });
+    if (g->second.empty()) grants_.erase(g);
+  }
+  by_grant_.erase(it);
+}
+
+bool LocalRegions::CopyIn(uint64_t address, const void* data, uint64_t length, PeerId sender) {
   std::lock_guard lock(mu_);
   for (const auto& [token, range] : ranges_) {
-    const auto [base, size] = range;
+    const uint64_t base = range.base, size = range.length;
     if (address >= base && length <= size && address - base <= size - length) {
+      if (range.guarded) {
+        auto g = grants_.find({token, sender});
+        if (g == grants_.end()) return false;
+        bool granted = false;
+        for (const Granted& x : g->second) {
+          // The last interval starting at or before `address` is the only one that can hold it.
+          auto at = std::upper_bound(
+              x.intervals.begin(), x.intervals.end(), address,
+              [](uint64_t a, const std::pair<uint64_t, uint64_t>& i) { return a < i.first; });
+          if (at == x.intervals.begin()) continue;
+          --at;
+          if (address + length <= at->second) {
+            granted = true;
+            break;
+          }
+        }
+        if (!granted) return false;
+      }
       std::memcpy(reinterpret_cast<void*>(address), data, length);
       return true;
     }
@@ -177,8 +277,12 @@ ucs_status_t Engine::OnPutData(void* arg, const void* header, size_t header_leng
   Incoming& in = slot->incoming[{reinterpret_cast<uintptr_t>(reply), h.seq}];
   // Never trust the header: only memory this process registered is written. A rendezvous
   // message (not sent by this backend) is dropped unreceived and refuses its batch.
+  // Into a guarded registration, only inside a live grant of this sender (transport.h).
   const bool eager = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
-  if (!eager || !slot->engine->regions_.CopyIn(h.value, data, length)) in.refused = true;
+  if (!eager || in.refused ||
+      !slot->engine->regions_.CopyIn(h.value, data, length, slot->engine->SenderOf(slot, reply))) {
+    in.refused = true;
+  }
   in.bytes += length;
   slot->engine->MaybeAck(slot, h.seq, reply);
   return UCS_OK;
@@ -193,6 +297,15 @@ ucs_status_t Engine::OnPutEnd(void* arg, const void* header, size_t header_lengt
   slot->incoming[{reinterpret_cast<uintptr_t>(reply), h.seq}].expected = h.value;
   slot->engine->MaybeAck(slot, h.seq, reply);
   return UCS_OK;
+}
+
+PeerId Engine::SenderOf(const WorkerSlot* slot, ucp_ep_h reply_ep) const {
+  if (slot->owner != nullptr) return slot->owner->id;
+  if (reply_ep == nullptr) return 0;
+  for (const auto& [id, peer] : peers_) {
+    if (peer->ep == reply_ep) return id;
+  }
+  return 0;
 }
 
 void Engine::MaybeAck(WorkerSlot* slot, uint64_t seq, ucp_ep_h reply_ep) {
@@ -229,7 +342,8 @@ void Engine::SendAcks() {
       if (offender != 0) {
         FailPeer(offender, Status::InvalidArgument(
                                "peer " + std::to_string(offender) +
-                               " wrote outside the memory registered here; endpoint closed"));
+                               " wrote outside the memory registered and granted to it here; "
+                               "endpoint closed"));
       }
       continue;
     }

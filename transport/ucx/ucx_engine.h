@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -109,18 +110,38 @@ struct Incoming {
   bool refused = false;            // a message named memory outside this process's registrations
 };
 
-// The host ranges this process registered, where put messages may write (any thread adds and
-// removes; the progress thread copies under the lock, so a range cannot go mid-copy).
+// The host ranges this process registered, where put messages may write, and the write grants
+// of guarded ones (Transport::guard_writes; any thread adds and removes; the progress thread
+// copies under the lock, so a range or a grant cannot go mid-copy).
 class LocalRegions {
  public:
   uint64_t Add(void* base, uint64_t length);
-  void Remove(uint64_t token);
-  // Copies when [address, address + length) lies inside one registered range; false otherwise.
-  bool CopyIn(uint64_t address, const void* data, uint64_t length);
+  void Remove(uint64_t token);  // and its grants
+  // From now on a put into region `token` lands only inside a live grant of its sender.
+  Status Guard(uint64_t token);
+  // Adds `ranges` (offsets into region `token`, inside it) to grant `grant` of `peer`.
+  Status Grant(uint64_t grant, PeerId peer, uint64_t token,
+               std::span<const Transport::WriteRange> ranges);
+  void Revoke(uint64_t grant);
+  // Copies when [address, address + length) lies inside one registered range and, where that
+  // range is guarded, inside one interval of a live grant of `sender` (0: an unknown sender,
+  // granted nothing); false otherwise. One binary search per grant of the sender on the region.
+  bool CopyIn(uint64_t address, const void* data, uint64_t length, PeerId sender);
 
  private:
+  struct Range {
+    uint64_t base = 0;
+    uint64_t length = 0;
+    bool guarded = false;
+  };
+  struct Granted {
+    uint64_t grant = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> intervals;  // absolute [start, end), merged
+  };
   std::mutex mu_;
-  std::map<uint64_t, std::pair<uint64_t, uint64_t>> ranges_;  // token -> (base, length)
+  std::map<uint64_t, Range> ranges_;                                    // by token
+  std::map<std::pair<uint64_t, PeerId>, std::vector<Granted>> grants_;  // by (token, peer)
+  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, PeerId>>> by_grant_;
   uint64_t next_ = 1;
 };
 // One ucp worker and its wake-up fd. Peers that connect() share the engine's first worker; a
@@ -285,6 +306,9 @@ class Engine {
   static ucs_status_t OnPutAck(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
   void MaybeAck(WorkerSlot* slot, uint64_t seq, ucp_ep_h reply_ep);
+  // The peer a put message came from: the owner of its worker, or ours whose endpoint UCX
+  // answers on; 0 when unknown.
+  PeerId SenderOf(const WorkerSlot* slot, ucp_ep_h reply_ep) const;
 
  public:
   LocalRegions& regions() { return regions_; }

@@ -47,6 +47,8 @@ class UcxRegistration final : public MemoryRegistration {
         .take();
   }
   const std::shared_ptr<ucx::MemoryMap>& map() const { return map_; }
+  Engine* engine() const { return engine_; }
+  uint64_t token() const { return token_; }  // 0: not host memory, no put messages land here
 
  private:
   Engine* engine_;
@@ -199,6 +201,18 @@ class UcxTransport final : public Transport {
     return Status::Ok();
   }
 
+  bool checks_write_grants() const override { return true; }
+  Status guard_writes(const MemoryRegistration& memory) override {
+    KV_ASSIGN_OR_RETURN(uint64_t token, HostToken(memory));
+    return engine_->regions().Guard(token);
+  }
+  Status grant_writes(uint64_t grant, PeerId peer, const MemoryRegistration& memory,
+                      std::span<const WriteRange> ranges) override {
+    KV_ASSIGN_OR_RETURN(uint64_t token, HostToken(memory));
+    return engine_->regions().Grant(grant, peer, token, ranges);
+  }
+  void revoke_writes(uint64_t grant) override { engine_->regions().Revoke(grant); }
+
   void set_notification_handler(NotificationHandler handler) override {
     // Synchronous, so a peer told "ready" afterwards cannot reach the old handler.
     (void)engine_->RunSync<bool>([this, h = std::move(handler)]() mutable -> Result<bool> {
@@ -208,6 +222,16 @@ class UcxTransport final : public Transport {
   }
 
  private:
+  // The put-message table's token of one of our host registrations (where grants apply).
+  Result<uint64_t> HostToken(const MemoryRegistration& memory) const {
+    auto* reg = dynamic_cast<const UcxRegistration*>(&memory);
+    if (reg == nullptr || reg->engine() != engine_.get())
+      return Status::InvalidArgument("write grant names memory of another transport");
+    if (reg->token() == 0)
+      return Status::Unsupported("ucx: put messages land in host memory only; no grant applies");
+    return reg->token();
+  }
+
   static std::string Wrap(const std::string& worker_address) {
     return ByteWriter().u32(kAddressMagic).u32(kWireVersion).bytes(worker_address).take();
   }

@@ -1,0 +1,79 @@
+#include "daemon/write_grants.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace kv::daemon {
+
+std::vector<transport::Transport::WriteRange> BlockWriteRanges(const KvRegion& layout,
+                                                               std::span<const int64_t> blocks) {
+  // The axes outside B in the physical order (outermost first), and the extent of one block
+  // inside them: its last byte + 1 from its first.
+  const std::string& order = layout.order();
+  std::vector<Axis> outer;
+  uint64_t extent = 1;
+  bool inside = false;
+  for (char name : order) {
+    const auto axis = AxisFromName(name);
+    if (!axis) continue;
+    if (*axis == Axis::kB) {
+      inside = true;
+      continue;
+    }
+    if (inside) {
+      extent += static_cast<uint64_t>((layout.size(*axis) - 1) * layout.stride(*axis));
+    } else if (layout.size(*axis) > 1) {
+      outer.push_back(*axis);
+    }
+  }
+  std::vector<transport::Transport::WriteRange> ranges;
+  std::vector<int64_t> index(outer.size(), 0);
+  while (true) {
+    uint64_t base = 0;
+    for (size_t i = 0; i < outer.size(); ++i) {
+      base += static_cast<uint64_t>(index[i] * layout.stride(outer[i]));
+    }
+    for (int64_t b : blocks) {
+      ranges.push_back({base + static_cast<uint64_t>(b * layout.stride(Axis::kB)), extent});
+    }
+    // The next index of the outer axes, innermost fastest.
+    size_t i = outer.size();
+    while (i > 0 && ++index[i - 1] == layout.size(outer[i - 1])) index[--i] = 0;
+    if (i == 0) break;
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  size_t out = 0;
+  for (const auto& r : ranges) {
+    if (out > 0 && r.offset <= ranges[out - 1].offset + ranges[out - 1].length) {
+      const uint64_t end =
+          std::max(ranges[out - 1].offset + ranges[out - 1].length, r.offset + r.length);
+      ranges[out - 1].length = end - ranges[out - 1].offset;
+    } else {
+      ranges[out++] = r;
+    }
+  }
+  ranges.resize(out);
+  return ranges;
+}
+
+Result<uint64_t> GrantLoadWrites(transport::Transport& transport, transport::PeerId peer,
+                                 const std::map<int, LoadRank>& ranks) {
+  if (!transport.checks_write_grants()) return uint64_t{0};
+  static std::atomic<uint64_t> next{1};
+  const uint64_t grant = next++;
+  for (const auto& [r, rank] : ranks) {
+    for (const auto& region : rank.regions) {
+      if (region->where.kind != MemoryKind::kHost || !region->registration) continue;
+      const auto ranges = BlockWriteRanges(region->layout, rank.blocks);
+      Status s = transport.grant_writes(grant, peer, *region->registration, ranges);
+      if (!s.ok()) {
+        transport.revoke_writes(grant);
+        return s.WithContext("granting the source writes into rank " + std::to_string(r));
+      }
+    }
+  }
+  return grant;
+}
+
+}  // namespace kv::daemon

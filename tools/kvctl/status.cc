@@ -63,6 +63,7 @@ int StatusMain(int argc, char** argv) {
         "{\"name\": %s, \"uptime_seconds\": %.1f, \"resident_bytes\": %llu, "
         "\"transport\": %s, \"listen\": %s, \"peers\": [%s], \"engines\": %u, "
         "\"regions\": %u, \"region_bytes\": %llu, \"transfers_in_flight\": %u, "
+        "\"wants_held\": %u, "
         "\"transfers_done\": %llu, \"transfers_failed\": %llu, \"bytes_sent\": %llu, "
         "\"bytes_received\": %llu, \"runs_sent\": %llu, \"batches_posted\": %llu, "
         "\"peer_auth\": %s, \"peer_connections\": %u, \"unauthenticated_connections\": %u, "
@@ -73,7 +74,7 @@ int StatusMain(int argc, char** argv) {
         static_cast<unsigned long long>(s->resident_bytes()), JsonQuoted(s->transport()).c_str(),
         JsonQuoted(s->listen_address()).c_str(), peers.c_str(), s->engines(), s->regions(),
         static_cast<unsigned long long>(s->region_bytes()), s->transfers_in_flight(),
-        static_cast<unsigned long long>(s->transfers_done()),
+        s->wants_held(), static_cast<unsigned long long>(s->transfers_done()),
         static_cast<unsigned long long>(s->transfers_failed()),
         static_cast<unsigned long long>(s->bytes_sent()),
         static_cast<unsigned long long>(s->bytes_received()),
@@ -92,9 +93,9 @@ int StatusMain(int argc, char** argv) {
               s->transport().c_str(), s->listen_address().c_str());
   std::printf("engines %u   regions %u (%s)\n", s->engines(), s->regions(),
               tools::HumanBytes(s->region_bytes()).c_str());
-  std::printf("transfers in flight %u   done %llu   failed %llu\n", s->transfers_in_flight(),
-              static_cast<unsigned long long>(s->transfers_done()),
-              static_cast<unsigned long long>(s->transfers_failed()));
+  std::printf("transfers in flight %u   done %llu   failed %llu   Wants held for a token %u\n",
+              s->transfers_in_flight(), static_cast<unsigned long long>(s->transfers_done()),
+              static_cast<unsigned long long>(s->transfers_failed()), s->wants_held());
   std::printf("bytes sent %s   received %s   runs sent %llu in %llu posts\n",
               tools::HumanBytes(s->bytes_sent()).c_str(),
               tools::HumanBytes(s->bytes_received()).c_str(),

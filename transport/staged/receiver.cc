@@ -3,6 +3,7 @@
 // notifications released in order behind the scatters. Worker thread only (core.h).
 #include <cstring>
 
+#include "transport/intervals.h"
 #include "transport/staged/core.h"
 
 namespace kv::transport::staged {
@@ -110,10 +111,7 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
     for (const Run& run : runs) {
       bool granted = false;
       for (const auto& [grant, intervals] : r->second.grants) {
-        auto in = std::upper_bound(
-            intervals.begin(), intervals.end(), run.dst_offset,
-            [](uint64_t a, const std::pair<uint64_t, uint64_t>& i) { return a < i.first; });
-        if (in != intervals.begin() && run.dst_offset + run.length <= std::prev(in)->second) {
+        if (Contains(intervals, run.dst_offset, run.length)) {
           granted = true;
           break;
         }

@@ -7,6 +7,7 @@
 #include <random>
 #include <utility>
 
+#include "transport/intervals.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
 #include "transport/staged/core.h"
@@ -170,16 +171,7 @@ Status Core::grant_writes(uint64_t grant, PeerId peer, const MemoryRegistration&
     }
     intervals.emplace_back(w.offset, w.offset + w.length);
   }
-  std::sort(intervals.begin(), intervals.end());
-  size_t out = 0;
-  for (size_t i = 0; i < intervals.size(); ++i) {
-    if (out > 0 && intervals[i].first <= intervals[out - 1].second) {
-      intervals[out - 1].second = std::max(intervals[out - 1].second, intervals[i].second);
-    } else {
-      intervals[out++] = intervals[i];
-    }
-  }
-  intervals.resize(out);
+  SortAndMerge(intervals);
   if (staged->inner() != nullptr) {
     KV_RETURN_IF_ERROR(inner_->grant_writes(grant, peer, *staged->inner(), ranges));
   }

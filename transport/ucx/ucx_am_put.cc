@@ -19,6 +19,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "transport/intervals.h"
 #include "transport/ucx/ucx_engine.h"
 
 namespace kv::transport::ucx {
@@ -43,25 +44,6 @@ Status LocalRegions::Guard(uint64_t token) {
   it->second.guarded = true;
   return Status::Ok();
 }
-
-namespace {
-
-// Sorts `v` and merges overlapping or touching intervals: a put is then found by one binary
-// search.
-void SortAndMerge(std::vector<std::pair<uint64_t, uint64_t>>& v) {
-  std::sort(v.begin(), v.end());
-  size_t out = 0;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (out > 0 && v[i].first <= v[out - 1].second) {
-      v[out - 1].second = std::max(v[out - 1].second, v[i].second);
-    } else {
-      v[out++] = v[i];
-    }
-  }
-  v.resize(out);
-}
-
-}  // namespace
 
 Status LocalRegions::Grant(uint64_t grant, PeerId peer, uint64_t token,
                            std::span<const Transport::WriteRange> ranges) {
@@ -126,13 +108,7 @@ bool LocalRegions::CopyIn(uint64_t address, const void* data, uint64_t length, P
         if (g == grants_.end()) return false;
         bool granted = false;
         for (const Granted& x : g->second) {
-          // The last interval starting at or before `address` is the only one that can hold it.
-          auto at = std::upper_bound(
-              x.intervals.begin(), x.intervals.end(), address,
-              [](uint64_t a, const std::pair<uint64_t, uint64_t>& i) { return a < i.first; });
-          if (at == x.intervals.begin()) continue;
-          --at;
-          if (address + length <= at->second) {
+          if (Contains(x.intervals, address, length)) {
             granted = true;
             break;
           }

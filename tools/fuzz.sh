@@ -33,6 +33,7 @@ fi
 cmake --build build-fuzz -j"${KV_FUZZ_JOBS:-2}" --target "${targets[@]/#/fuzz_}"
 
 mkdir -p build-fuzz/artifacts
+export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp"
 # Protobuf and kvd's logs are silenced inside the targets; libFuzzer's own progress lines go to
 # build-fuzz/logs/<target>.log, and its final statistics are printed here.
 mkdir -p build-fuzz/logs

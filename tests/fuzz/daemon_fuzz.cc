@@ -177,7 +177,11 @@ void SendEngineMessage(Channel& engine, const std::string& body, const Harness& 
     fd = Harness::MakeSealedMemfd(claimed == 0 ? 64u << 10 : std::min<uint64_t>(claimed, 1u << 20));
   }
   engine.SendFrame(m, fd);
-  if (fd >= 0) close(fd);  // kvd holds its own copy
+  if (fd >= 0) {
+    close(fd);  // kvd holds its own copy
+    // As the connector does: the next message (and fd) only once this registration is answered.
+    (void)Harness::StatusRoundTrip(engine, Clock::now() + std::chrono::seconds(10));
+  }
 }
 
 void SendPeerMessage(Channel& peer, const std::string& body, const Harness& h) {
@@ -214,10 +218,11 @@ void EnginePrelude(Channel& engine, uint8_t setup) {
     const int fd = Harness::MakeSealedMemfd(64u << 10);
     engine.SendFrame(reg, fd);
     close(fd);
+    (void)Harness::StatusRoundTrip(engine, Clock::now() + std::chrono::seconds(10));
   }
 }
 
-void PeerPrelude(Channel& peer, uint8_t setup, const Harness& h) {
+void PeerPrelude(Channel& peer, uint8_t setup, Harness& h) {
 #ifdef KV_FUZZ_AUTH
   return;  // a peer without the secret gets no further than the challenge
 #endif
@@ -233,7 +238,9 @@ void PeerPrelude(Channel& peer, uint8_t setup, const Harness& h) {
   auto* rank = hello->add_ranks();
   rank->set_tp_rank(0);
   kv::proto::ToWire(region->spec(), rank->add_regions());
-  peer.SendFrame(m);
+  // The records start once kvd has connected to the fuzz peer's transport: messages it holds
+  // meanwhile would be dropped unread when the input's end closes the connection.
+  if (peer.SendFrame(m)) (void)h.WaitPeerReady("fuzz-peer", Clock::now() + std::chrono::seconds(5));
 }
 
 }  // namespace

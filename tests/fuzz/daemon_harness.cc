@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "base/fd_passing.h"
 #include "transport/local/local_transport.h"
@@ -110,8 +111,28 @@ bool Channel::FinishAndDrain(Deadline deadline) {
 // ---- Harness ----
 
 Harness& Harness::Get(const HarnessOptions& options) {
-  static Harness* harness = new Harness(options);  // lives until exit, as kvd's threads do
+  static Harness* harness = [&] {
+    auto* made = new Harness(options);  // never deleted: kvd is shut down at exit instead
+    std::atexit([] {
+      Harness& h = Get({});
+      h.daemon_->Shutdown();
+      h.peer_memory_.reset();
+      h.peer_transport_.reset();
+    });
+    return made;
+  }();
   return *harness;
+}
+
+bool Harness::WaitPeerReady(const std::string& name, Deadline deadline) {
+  for (;;) {
+    const proto::DaemonStatus status = daemon_->Snapshot();
+    for (const auto& peer : status.peers()) {
+      if (peer.name() == name && peer.state() == "ready") return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Harness::Harness(const HarnessOptions& options) {

@@ -57,7 +57,8 @@ struct HarnessOptions {
 
 class Harness {
  public:
-  // The process's harness, created with `options` on the first call.
+  // The process's harness, created with `options` on the first call. kvd is shut down at exit
+  // (atexit), before the statics its threads use are destroyed.
   static Harness& Get(const HarnessOptions& options);
 
   daemon::Daemon& daemon() { return *daemon_; }
@@ -82,6 +83,9 @@ class Harness {
   // kvd answers a fresh engine's hello and status query; aborts the process when it does not
   // within `timeout` (a hung or dead kvd is the finding).
   void ExpectAlive(std::chrono::milliseconds timeout);
+
+  // Whether kvd lists a peer named `name` as ready by the deadline (Snapshot polled every ms).
+  bool WaitPeerReady(const std::string& name, Deadline deadline);
 
   static constexpr uint64_t kPeerMemoryBytes = 1u << 20;
 

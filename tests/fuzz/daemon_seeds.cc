@@ -194,7 +194,11 @@ int main(int argc, char** argv) {
     return m;
   }()));
   Write(daemon, "no_hello_raw",
-        Seed(1 | 2 | 16).Add(kEngineRaw, "\x03\x00\x00\x00abc").Add(kPeerRaw, "xyz"));
+        Seed(1 | 2 | 16)
+            .Add(kEngineRaw, std::string("\x03\0\0\0"
+                                         "abc",
+                                         7))
+            .Add(kPeerRaw, "xyz"));
 
   Seed challenge(0);
   challenge.Peer([] {

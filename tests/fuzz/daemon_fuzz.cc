@@ -298,7 +298,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if (peer && !peer->FinishAndDrain(Clock::now() + std::chrono::seconds(10))) {
-    std::fprintf(stderr, "kvd fuzz harness: kvd kept a half-closed peer connection for 10 s\n");
+    std::fprintf(stderr, "kvd fuzz harness: kvd kept a half-closed peer connection for 10 s: %s\n",
+                 h.daemon().Snapshot().ShortDebugString().c_str());
     std::abort();
   }
   if (!engine->open() ||

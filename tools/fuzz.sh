@@ -4,7 +4,7 @@
 # time on a copy of its seed corpus (tests/fuzz/corpus/<target>; the copy takes what the run
 # finds, the repository's stays as it is). Security issue 19; SECURITY.md, "Fuzzing".
 #   tools/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]   (default 60 s; every target)
-#   tools/fuzz.sh --seeds                             rewrites tests/fuzz/corpus/daemon*
+#   tools/fuzz.sh --seeds                             rewrites the seeds of tests/fuzz/corpus/daemon*
 # Exits non-zero on the first crash, hang, leak or sanitizer report; the reproducer is written to
 # build-fuzz/artifacts/ (replay: build-fuzz/bin/fuzz_TARGET FILE). KV_FUZZ_JOBS: build jobs.
 set -euo pipefail
@@ -25,7 +25,7 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_CO
   -DKV_BUILD_TESTS=ON >/dev/null
 if [[ $seeds -eq 1 ]]; then
   cmake --build build-fuzz -j"${KV_FUZZ_JOBS:-2}" --target fuzz_daemon_seeds
-  rm -rf tests/fuzz/corpus/daemon tests/fuzz/corpus/daemon_auth
+  # Rewrites the seeds it writes; found inputs kept there (regression seeds) stay.
   build-fuzz/bin/fuzz_daemon_seeds tests/fuzz/corpus
   echo "fuzz: wrote tests/fuzz/corpus/daemon and tests/fuzz/corpus/daemon_auth"
   exit 0

@@ -36,7 +36,7 @@ void SetupWorker::Loop() {
     lock.lock();
     if (stopping_) return;  // `job` dies here, on this thread; Shutdown waits for it
     finished_.emplace(id, std::move(job));
-    boost::asio::post(io_, [this, id] { Deliver(id); });
+    boost::asio::post(io_, [this, id = id] { Deliver(id); });  // clang 14: no binding capture
   }
 }
 

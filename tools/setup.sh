@@ -9,7 +9,10 @@ pkgs=(cmake ninja-build g++ pkg-config libucx-dev ucx-utils libboost-dev libprot
       # tests/cluster: namespaces and tc, the harness, scrapes, promtool, a test etcd
       iproute2 python3 curl prometheus etcd-server etcd-client
       # tests/python: the kvd package's tests (Debian's CPU torch)
-      python3-pytest python3-numpy python3-torch)
+      python3-pytest python3-numpy python3-torch
+      # tools/fuzz.sh: clang and its runtimes (libFuzzer, ASan, UBSan); tools/sanitize.sh uses
+      # g++'s own (libasan, libubsan, libtsan come with it)
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

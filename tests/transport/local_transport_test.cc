@@ -3,6 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "tests/support/test_support.h"
 #include "transport/transport.h"
@@ -137,6 +141,40 @@ TEST_F(LocalPair, DeadPeerFailsWithUnavailable) {
   EXPECT_EQ(s.code(), Code::kUnavailable);
   EXPECT_EQ(initiator->connect("local:" + std::to_string(getpid()) + ":999999").status().code(),
             Code::kUnavailable);
+}
+
+// A completion may hold the last reference to a registration of the initiator (kvd's engine
+// region, released while its batch was in flight): the progress thread must drop it unlocked.
+// It destroyed the finished task under the endpoint's lock, and ~LocalRegistration took that
+// lock again: the progress thread deadlocked, and the next post with it (fuzz_daemon found it).
+TEST_F(LocalPair, ACompletionHoldingTheLastRegistrationDoesNotDeadlock) {
+  std::vector<uint8_t> own(4096, 1);
+  auto made = initiator->register_memory(own.data(), own.size(), MemoryLocation::Host());
+  ASSERT_TRUE(made.ok());
+  std::shared_ptr<MemoryRegistration> last(std::move(*made));
+  std::vector<kv::Run> runs = {{0, 0, 64}};
+  Batch batch{Op::kPut, last.get(), remote.get(), runs, testing::In(5s)};
+  auto first = std::make_shared<std::promise<Status>>();
+  ASSERT_TRUE(initiator->post(batch, [first, last](Status s) { first->set_value(s); }).ok());
+  last.reset();  // the completion's copy is the last one now
+  auto landed = first->get_future();
+  ASSERT_EQ(landed.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(landed.get().ok());
+  // The progress thread still runs batches. Posted from another thread: with the bug, post()
+  // blocks on the lock the deadlocked progress thread holds.
+  auto second = std::make_shared<std::promise<Status>>();
+  std::thread poster([&, second] {
+    Batch next{Op::kPut, src_reg.get(), remote.get(), runs, testing::In(5s)};
+    Status posted = initiator->post(next, [second](Status s) { second->set_value(s); });
+    if (!posted.ok()) second->set_value(posted);
+  });
+  auto done = second->get_future();
+  if (done.wait_for(10s) != std::future_status::ready) {
+    ADD_FAILURE() << "the local transport's progress thread deadlocked";
+    std::_Exit(1);  // the transport can neither run nor be destroyed: end the test binary here
+  }
+  poster.join();
+  EXPECT_TRUE(done.get().ok());
 }
 
 // Two kvd processes given "local" must not find each other's numbers in their own process.

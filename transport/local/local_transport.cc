@@ -291,6 +291,11 @@ class LocalTransport final : public Transport {
       ep_->tasks.pop_front();
       lock.unlock();
       task();
+      // Destroyed before the lock is taken again: its captures may hold the last reference to a
+      // registration of this endpoint (a completion keeping kvd's region alive), whose destructor
+      // takes ep_->mu. Destroyed under it, it deadlocked the progress thread, and kvd's io thread
+      // with it at its next post (found by fuzz_daemon).
+      task = nullptr;
       lock.lock();
     }
   }

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "base/fd_passing.h"
-#include "transport/local/local_transport.h"
+#include "transport/transport.h"
 
 namespace kv::fuzz {
 namespace {
@@ -136,7 +136,7 @@ bool Harness::WaitPeerReady(const std::string& name, Deadline deadline) {
 }
 
 Harness::Harness(const HarnessOptions& options) {
-  auto peer = transport::CreateLocalTransport({});
+  auto peer = transport::CreateTransport("local");
   if (!peer.ok()) Die("fuzz peer transport: " + peer.status().ToString());
   peer_transport_ = std::move(*peer);
   peer_transport_->set_notification_handler([](std::string_view) {});

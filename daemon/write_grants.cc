@@ -1,7 +1,8 @@
 #include "daemon/write_grants.h"
 
-#include <algorithm>
 #include <atomic>
+
+#include "transport/intervals.h"
 
 namespace kv::daemon {
 
@@ -26,7 +27,7 @@ std::vector<transport::Transport::WriteRange> BlockWriteRanges(const KvRegion& l
       outer.push_back(*axis);
     }
   }
-  std::vector<transport::Transport::WriteRange> ranges;
+  std::vector<transport::Interval> spans;
   std::vector<int64_t> index(outer.size(), 0);
   while (true) {
     uint64_t base = 0;
@@ -34,26 +35,18 @@ std::vector<transport::Transport::WriteRange> BlockWriteRanges(const KvRegion& l
       base += static_cast<uint64_t>(index[i] * layout.stride(outer[i]));
     }
     for (int64_t b : blocks) {
-      ranges.push_back({base + static_cast<uint64_t>(b * layout.stride(Axis::kB)), extent});
+      const uint64_t at = base + static_cast<uint64_t>(b * layout.stride(Axis::kB));
+      spans.emplace_back(at, at + extent);
     }
     // The next index of the outer axes, innermost fastest.
     size_t i = outer.size();
     while (i > 0 && ++index[i - 1] == layout.size(outer[i - 1])) index[--i] = 0;
     if (i == 0) break;
   }
-  std::sort(ranges.begin(), ranges.end(),
-            [](const auto& a, const auto& b) { return a.offset < b.offset; });
-  size_t out = 0;
-  for (const auto& r : ranges) {
-    if (out > 0 && r.offset <= ranges[out - 1].offset + ranges[out - 1].length) {
-      const uint64_t end =
-          std::max(ranges[out - 1].offset + ranges[out - 1].length, r.offset + r.length);
-      ranges[out - 1].length = end - ranges[out - 1].offset;
-    } else {
-      ranges[out++] = r;
-    }
-  }
-  ranges.resize(out);
+  transport::SortAndMerge(spans);
+  std::vector<transport::Transport::WriteRange> ranges;
+  ranges.reserve(spans.size());
+  for (const auto& [first, end] : spans) ranges.push_back({first, end - first});
   return ranges;
 }
 

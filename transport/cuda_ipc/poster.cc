@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "base/thread_name.h"
+
 namespace kv::transport::cuda_ipc {
 
 namespace {
@@ -37,7 +39,10 @@ Result<std::unique_ptr<Poster>> Poster::Start(int device, std::optional<kernels:
     KV_ASSIGN_OR_RETURN(channel.stream, CudaStream::Create(device));
     KV_ASSIGN_OR_RETURN(channel.copier, RunCopier::Create(device, forced));
   }
-  poster->thread_ = std::thread([p = poster.get()] { p->Loop(); });
+  poster->thread_ = std::thread([p = poster.get()] {
+    NameThisThread("ipc-poster");
+    p->Loop();
+  });
   return poster;
 }
 

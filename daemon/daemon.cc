@@ -181,7 +181,12 @@ Status Daemon::Core::Start() {
   if (!options_.metrics_listen.empty()) KV_RETURN_IF_ERROR(StartMetrics());
   io_thread_ = std::thread([this] {
     NameThisThread("kvd-io");
-    io_.run();
+    if (!options_.busy_poll) {
+      io_.run();
+      return;
+    }
+    // Ready handlers run as they come, and the reactor is asked without blocking in between.
+    while (!io_.stopped()) io_.poll();
   });
   spdlog::info("kvd {}: peers on {}, engines on {}, transport {}", options_.name,
                listen_address_.empty() ? "-" : listen_address_,

@@ -82,9 +82,11 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 class PdEmbedded : public ::testing::TestWithParam<Case> {};
 
-std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::string& socket) {
+std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::string& socket,
+                                            bool busy_poll = false) {
   daemon::DaemonOptions options;
   options.name = name;
+  options.busy_poll = busy_poll;
   options.socket_path = socket;
   options.transport_name = "local";
   options.lease = std::chrono::milliseconds(10000);
@@ -211,6 +213,24 @@ TEST(PdEmbeddedWarmup, WarmupWavesMoveBytesButAreNotCounted) {
   EXPECT_LE(r->posts, r->runs);
   EXPECT_EQ(prefill->Snapshot().transfers_done(),
             static_cast<uint64_t>(c.requests + c.warmup_waves * c.window));
+}
+
+// kvd --busy-poll: io threads that never sleep serve the same transfers, and stop when the
+// daemons do (a spin that missed the stop would hang the test at its destructor).
+TEST(PdEmbeddedBusyPoll, SpinningIoThreadsMoveEveryByteAndStop) {
+  auto prefill = StartDaemon("prefill-node", "", /*busy_poll=*/true);
+  auto decode = StartDaemon("decode-node", "", /*busy_poll=*/true);
+  ASSERT_TRUE(prefill && decode);
+  const PdConfig c = Small();
+  auto r = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ExpectAllVerified(r, c);
+  EXPECT_EQ(prefill->Snapshot().transfers_done(), static_cast<uint64_t>(c.requests));
+  const auto started = std::chrono::steady_clock::now();
+  prefill.reset();
+  decode.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PdEmbedded, ::testing::ValuesIn(Cases()),

@@ -374,7 +374,7 @@ def gbps(nbytes, t):
     return nbytes / t / 1e9
 
 
-RESERVE_S = 10  # of --budget-s, kept for the ceiling and closing the peers
+RESERVE_S = {"cuda": 8, "host": 2}  # of --budget-s, kept for the ceiling and closing the peers
 
 
 def driver_main(peer_name, script, args, argv, grep_transport):
@@ -409,7 +409,8 @@ def driver_main(peer_name, script, args, argv, grep_transport):
             if cold[0] > 2.0:  # a slow path (e.g. a TCP fallback): keep the call short
                 warmup, iters = 0, min(iters, 2)
             if args.budget_s > 0:  # what fits this op's share of the budget left
-                share = (args.budget_s - (time.monotonic() - t_start) - RESERVE_S) / (len(ops) - k)
+                left = args.budget_s - (time.monotonic() - t_start) - RESERVE_S[args.memory]
+                share = left / (len(ops) - k)
                 fit = max(0, int((share - max(v["verify_s"] for v in v1)) / cold[0]))
                 iters = min(iters, fit)
                 warmup = min(warmup, fit - iters)
@@ -437,6 +438,11 @@ def driver_main(peer_name, script, args, argv, grep_transport):
         for x in w:
             x.call(cmd="quit")
     finally:
+        for x in w:  # after an error the workers still read commands: end their input
+            try:
+                x.p.stdin.close()
+            except OSError:
+                pass
         for x in w:
             try:
                 x.p.wait(timeout=30)

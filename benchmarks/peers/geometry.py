@@ -108,3 +108,43 @@ def word_map(src, dst, rank):
     if (out < 0).any():
         raise ValueError("the rank's runs do not cover its page")
     return out
+
+
+def _selftest():
+    """Checks request_runs and word_map against element-by-element offsets written out from the
+    layout definition (tiny shapes, both orders, TP 1, 2 and 4, scattered blocks)."""
+    rng = np.random.default_rng(1)
+    for order in ("LBNHC", "BLHNC"):
+        for tp in (1, 2, 4):
+            L, NB, N, H, C = 3, 7, 4, 4, 8
+            src, dst = Layout(order, L, NB, N, H, C), Layout(order, L, NB, N, H // tp, C)
+
+            def off(lay, l, b, h, n):
+                idx = {"L": l, "B": b, "H": h, "N": n, "C": 0}
+                return sum(idx[a] * lay.stride[a] for a in order)
+
+            sb, db = rng.permutation(NB)[:5], rng.permutation(NB)[:5]
+            if order == "LBNHC":
+                sp = (np.arange(L)[:, None] * NB + sb[None, :]).reshape(-1)
+                dp = (np.arange(L)[:, None] * NB + db[None, :]).reshape(-1)
+            else:
+                sp, dp = sb, db
+            for r in range(tp):
+                so, do, ln = request_runs(src, dst, r, sp, dp)
+                moved = {}
+                for s, d, n in zip(so, do, ln):
+                    for k in range(0, n, C):
+                        moved[d + k] = s + k
+                want = {off(dst, l, db[i], h, n): off(src, l, sb[i], r * (H // tp) + h, n)
+                        for l in range(L) for i in range(5) for h in range(H // tp)
+                        for n in range(N)}
+                assert moved == want, (order, tp, r)
+                words = word_map(src, dst, r)
+                for d, s in want.items():  # the word's place in its page, on each side
+                    pd, ps = d // dst.page, s // src.page
+                    assert words[(d - pd * dst.page) // 4] == (s - ps * src.page) // 4
+    print("geometry self-test: OK")
+
+
+if __name__ == "__main__":
+    _selftest()

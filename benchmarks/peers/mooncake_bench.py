@@ -19,7 +19,7 @@ get_batch_transfer_status. The transport actually installed is read back from th
 On host memory (--memory host, the CPU-only rehearsal) the engine is initialised with tcp.
 
 usage: mooncake_bench.py [--memory cuda|host] [--order LBNHC|BLHNC] [--window N] [--ops ...]
-                         [--decode-tp N] [--budget-s S]
+                         [--decode-tp N] [--budget-s S] [--max-batch N]
 """
 
 import os
@@ -34,7 +34,7 @@ import common  # noqa: E402
 class MooncakePeer:
     def __init__(self, rank, shape, cache, device, args):
         from mooncake.engine import TransferEngine
-        self.rank, self.shape, self.cache, self.device = rank, shape, cache, device
+        self.rank, self.shape, self.cache, self.device, self.args = rank, shape, cache, device, args
         self.te = TransferEngine()
         proto = "nvlink_intra" if device >= 0 else "tcp"
         if self.te.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") != 0:
@@ -53,9 +53,15 @@ class MooncakePeer:
 
     def prep(self, op, plan):
         """Per request and remote worker: (target, local addresses, remote addresses, lengths),
-        one entry per run, as the uint64 arrays the engine takes."""
-        self.reqs[op] = [(self.targets[peer], loc.astype(np.uint64), rem.astype(np.uint64),
-                          lens.astype(np.uint64)) for peer, loc, rem, lens in plan]
+        one entry per run, as the uint64 arrays the engine takes; with --max-batch N, cut into
+        batches of at most N entries."""
+        out = []
+        for peer, loc, rem, lens in plan:
+            n = self.args.max_batch or len(lens)
+            out += [(self.targets[peer], loc[i:i + n].astype(np.uint64),
+                     rem[i:i + n].astype(np.uint64), lens[i:i + n].astype(np.uint64))
+                    for i in range(0, len(lens), n)]
+        self.reqs[op] = out
 
     def run_wave(self, op):
         submit = (self.te.batch_transfer_async_write_arrays if op == "WRITE"
@@ -81,5 +87,11 @@ def grep_transport(paths):
                                      "Transport"), limit=12)
 
 
+def extra_flags(p):
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="entries per batch at most (0: one batch per request and rank)")
+
+
 if __name__ == "__main__":
-    sys.exit(common.main("Mooncake", MooncakePeer, os.path.abspath(__file__), grep_transport))
+    sys.exit(common.main("Mooncake", MooncakePeer, os.path.abspath(__file__), grep_transport,
+                         extra_flags))

@@ -377,29 +377,12 @@ def gbps(nbytes, t):
 RESERVE_S = {"cuda": 8, "host": 2}  # of --budget-s, kept for the ceiling and closing the peers
 
 
-def driver_main(peer_name, script, args, argv, grep_transport):
-    t_start = time.monotonic()
-    shape, dshape = shapes(args)
-    tp = args.decode_tp
-    os.makedirs(args.logdir, exist_ok=True)
-    tag = f"{peer_name}-{args.order}-w{args.window}" + (f"-tp{tp}" if tp > 1 else "")
-    src0, dst0 = shape.request_pages(0)[0], dshape.request_pages(1)[0]
-    runs = [geometry.request_runs(shape.layout, dshape.layout, r, src0, dst0) for r in range(tp)]
-    result = {"peer": peer_name, "order": args.order, "window": args.window, "decode_tp": tp,
-              "memory": args.memory, "descs_per_request": sum(len(x[2]) for x in runs),
-              "runs_per_rank": [len(x[2]) for x in runs],
-              "run_bytes": sorted({int(n) for x in runs for n in x[2]}),
-              "page_bytes": shape.page, "request_bytes": shape.req_bytes, "ops": {}}
-    w = [Worker(script, r, argv, args.logdir, tag) for r in range(tp + 1)]
+def run_ops(args, w, ops, wave, t_start, result):
+    """Times and verifies each op into result["ops"]; returns the first error ("" if none): a
+    worker's error ends the ops, and those done so far stay reported."""
     dec = w[1:]
-    try:
-        info = [x.call(cmd="init") for x in w]
-        for r in range(1, tp + 1):
-            w[0].call(cmd="connect", peer=r, meta=info[r]["meta"], base=info[r]["base"])
-            w[r].call(cmd="connect", peer=0, meta=info[0]["meta"], base=info[0]["base"])
-        wave = shape.req_bytes * shape.window
-        ops = args.ops.split(",")
-        for k, op in enumerate(ops):
+    for k, op in enumerate(ops):
+        try:
             inits = [w[0]] if op == "WRITE" else dec
             prep = call_all(inits, cmd="prep", op=op)
             call_all(dec, cmd="poison")
@@ -432,11 +415,41 @@ def driver_main(peer_name, script, args, argv, grep_transport):
                           "aggregate_gbps": gbps(wave * len(t), sum(t)),
                           "min_gbps": gbps(wave, max(t)), "max_gbps": gbps(wave, min(t))})
             result["ops"][op] = r
-        if args.memory == "cuda":
+        except RuntimeError as e:
+            return f"{op}: {e}"
+    return ""
+
+
+def driver_main(peer_name, script, args, argv, grep_transport):
+    t_start = time.monotonic()
+    shape, dshape = shapes(args)
+    tp = args.decode_tp
+    os.makedirs(args.logdir, exist_ok=True)
+    tag = f"{peer_name}-{args.order}-w{args.window}" + (f"-tp{tp}" if tp > 1 else "")
+    src0, dst0 = shape.request_pages(0)[0], dshape.request_pages(1)[0]
+    runs = [geometry.request_runs(shape.layout, dshape.layout, r, src0, dst0) for r in range(tp)]
+    result = {"peer": peer_name, "order": args.order, "window": args.window, "decode_tp": tp,
+              "memory": args.memory, "descs_per_request": sum(len(x[2]) for x in runs),
+              "runs_per_rank": [len(x[2]) for x in runs],
+              "run_bytes": sorted({int(n) for x in runs for n in x[2]}),
+              "page_bytes": shape.page, "request_bytes": shape.req_bytes, "ops": {}}
+    w = [Worker(script, r, argv, args.logdir, tag) for r in range(tp + 1)]
+    try:
+        info = [x.call(cmd="init") for x in w]
+        for r in range(1, tp + 1):
+            w[0].call(cmd="connect", peer=r, meta=info[r]["meta"], base=info[r]["base"])
+            w[r].call(cmd="connect", peer=0, meta=info[0]["meta"], base=info[0]["base"])
+        wave = shape.req_bytes * shape.window
+        ops = args.ops.split(",")
+        error = run_ops(args, w, ops, wave, t_start, result)
+        if error:  # the ops done so far are still reported
+            result["error"] = error
+        elif args.memory == "cuda":
             c = w[0].call(cmd="ceiling")["times"]
             result["ceiling_gbps"] = gbps(shape.req_bytes, statistics.median(c))
-        for x in w:
-            x.call(cmd="quit")
+        if not error:
+            for x in w:
+                x.call(cmd="quit")
     finally:
         for x in w:  # after an error the workers still read commands: end their input
             try:
@@ -450,7 +463,8 @@ def driver_main(peer_name, script, args, argv, grep_transport):
                 x.p.kill()
             x.log.close()
     result["transport_log"] = grep_transport([x.log_path for x in w])
-    ok = bool(result["ops"]) and all(r["bad_pages"] == 0 for r in result["ops"].values())
+    ok = (not result.get("error") and bool(result["ops"])
+          and all(r["bad_pages"] == 0 for r in result["ops"].values()))
     result["verified"] = ok
     result["wall_s"] = time.monotonic() - t_start
     print_result(result)
@@ -458,6 +472,11 @@ def driver_main(peer_name, script, args, argv, grep_transport):
         with open(args.json_out, "a") as f:
             f.write(json.dumps(result) + "\n")
     return 0 if ok else 1
+
+
+def g(x):
+    """GB/s to print: one decimal, three below 1 GB/s (slow paths stay readable)."""
+    return f"{x:.1f}" if x >= 1 else f"{x:.3f}"
 
 
 def print_result(r):
@@ -472,17 +491,20 @@ def print_result(r):
     print(f"== {r['peer']} {f'TP 1->{tp} ' if tp > 1 else ''}{r['order']} window {r['window']} "
           f"({r['memory']}): {what}, {r['request_bytes'] >> 20} MiB")
     for op, x in r["ops"].items():
-        tail = (f"cold {x['cold_gbps']:.1f}  prep {x['prep_s'] * 1e3:.0f} ms  "
+        tail = (f"cold {g(x['cold_gbps'])}  prep {x['prep_s'] * 1e3:.0f} ms  "
                 f"pages verified {x['verified_pages']} bad {x['bad_pages']}  via {x['transport']}")
         if not x["iters"]:
             print(f"  {op:5s} timed: none (out of budget)  {tail}")
             continue
         ratio = f" ratio {x['aggregate_gbps'] / ceil:.3f}" if ceil else ""
-        print(f"  {op:5s} aggregate {x['aggregate_gbps']:8.1f} GB/s  median {x['median_gbps']:8.1f}"
-              f"  [{x['min_gbps']:.1f}..{x['max_gbps']:.1f}] over {x['iters']}{ratio}  {tail}")
+        print(f"  {op:5s} aggregate {g(x['aggregate_gbps']):>8s} GB/s  median "
+              f"{g(x['median_gbps']):>8s}  [{g(x['min_gbps'])}..{g(x['max_gbps'])}] over "
+              f"{x['iters']}{ratio}  {tail}")
     if ceil:
         print(f"  ceiling (one {r['request_bytes'] >> 20} MiB copy GPU0->GPU1, torch copy_): "
               f"{ceil:.1f} GB/s")
+    if r.get("error"):
+        print(f"  error: {r['error']}")
     for line in r["transport_log"]:
         print(f"  log: {line}")
     print(f"  verified: {'OK' if r['verified'] else 'FAILED'}  ({r['wall_s']:.0f} s)")

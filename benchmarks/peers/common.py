@@ -432,7 +432,8 @@ def driver_main(peer_name, script, args, argv, grep_transport):
               "memory": args.memory, "descs_per_request": sum(len(x[2]) for x in runs),
               "runs_per_rank": [len(x[2]) for x in runs],
               "run_bytes": sorted({int(n) for x in runs for n in x[2]}),
-              "page_bytes": shape.page, "request_bytes": shape.req_bytes, "ops": {}}
+              "page_bytes": shape.page, "request_bytes": shape.req_bytes, "argv": argv,
+              "ops": {}}
     w = [Worker(script, r, argv, args.logdir, tag) for r in range(tp + 1)]
     try:
         info = [x.call(cmd="init") for x in w]

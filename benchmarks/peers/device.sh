@@ -17,8 +17,9 @@
 #                           about a minute per wave for NIXL at its TP 1 cost per descriptor).
 #                           Each peer gets --budget-s, its share of what is left of BUDGET_S,
 #                           and cuts its timed iterations to fit (down to the cold wave alone).
-#                           MC_MAX_BATCH=N cuts Mooncake's batches to N entries (default: one
-#                           batch per request and rank, 131,072 entries at LBNHC).
+#                           MC_FLAGS adds flags to these Mooncake runs (e.g. "--max-batch 65536
+#                           --max-inflight 65536"; default: one batch per request and rank,
+#                           131,072 entries at LBNHC, the whole wave in flight).
 #     kvd-pull:ORDER:WINDOW kvd alone with --mode pull (whole requests, as the peers move them)
 #     offload               kvbench offload, NIXL loopback and the vLLM batched-copy method
 set -uo pipefail
@@ -91,7 +92,7 @@ tp2() {  # TP 1 -> 2: kvd at window $2, then each peer at window $3 within its s
   local l=$(( $(tmo) - 10 ))
   peer nixl "$1" "$3" "--decode-tp 2 --budget-s $(( 2 * l / (3 * TP2_LEFT) ))" -tp2  # NIXL: 2/3
   l=$(( $(tmo) - 10 ))
-  peer mooncake "$1" "$3" "--decode-tp 2 --budget-s $(( l / (2 * TP2_LEFT - 1) ))${MC_MAX_BATCH:+ --max-batch $MC_MAX_BATCH}" -tp2
+  peer mooncake "$1" "$3" "--decode-tp 2 --budget-s $(( l / (2 * TP2_LEFT - 1) ))${MC_FLAGS:+ $MC_FLAGS}" -tp2
   TP2_LEFT=$(( TP2_LEFT - 1 ))
 }
 offload() {

@@ -19,9 +19,10 @@ get_batch_transfer_status. The transport actually installed is read back from th
 On host memory (--memory host, the CPU-only rehearsal) the engine is initialised with tcp.
 
 usage: mooncake_bench.py [--memory cuda|host] [--order LBNHC|BLHNC] [--window N] [--ops ...]
-                         [--decode-tp N] [--budget-s S] [--max-batch N]
+                         [--decode-tp N] [--budget-s S] [--max-batch N] [--max-inflight N]
 """
 
+import collections
 import os
 import sys
 
@@ -64,14 +65,25 @@ class MooncakePeer:
         self.reqs[op] = out
 
     def run_wave(self, op):
+        """Submits every batch and waits for all. With --max-inflight N, first waits for the
+        oldest batches whenever a submission would take the entries in flight past N."""
         submit = (self.te.batch_transfer_async_write_arrays if op == "WRITE"
                   else self.te.batch_transfer_async_read_arrays)
-        ids = []
+        cap = self.args.max_inflight
+        inflight, entries = collections.deque(), 0
         for target, loc, rem, lens in self.reqs[op]:
+            while cap and inflight and entries + len(lens) > cap:
+                b, n = inflight.popleft()
+                self.wait([b])
+                entries -= n
             b = submit(target, loc, rem, lens)
             if b == 0 or b == -1:
                 raise RuntimeError(f"batch submit failed ({b})")
-            ids.append(b)
+            inflight.append((b, len(lens)))
+            entries += len(lens)
+        self.wait([b for b, _ in inflight])
+
+    def wait(self, ids):
         if self.te.get_batch_transfer_status(ids) != 0:
             raise RuntimeError("batch failed or timed out")
 
@@ -90,6 +102,8 @@ def grep_transport(paths):
 def extra_flags(p):
     p.add_argument("--max-batch", type=int, default=0,
                    help="entries per batch at most (0: one batch per request and rank)")
+    p.add_argument("--max-inflight", type=int, default=0,
+                   help="entries in flight at most (0: the whole wave at once)")
 
 
 if __name__ == "__main__":

@@ -172,7 +172,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
                (warmup ? "warmup-" + std::to_string(first + j + c.warmup_waves * c.window)
                        : "req-" + std::to_string(first + j));
       seeds[j] = pattern::Seed(ids[j]);
-      if (c.transfer_tokens) KV_ASSIGN_OR_RETURN(tokens[j], MintToken());
+      if (c.transfer_tokens) {
+        KV_ASSIGN_OR_RETURN(tokens[j], MintToken());
+      }
     }
     std::vector<std::atomic<bool>> failed(count);
     auto fail = [&](int j, const Status& s) {

@@ -226,6 +226,10 @@ int PdMain(int argc, char** argv) {
        "require transfer tokens (kvd --transfer-token auto): each request gets a random 128-bit "
        "token that the prefill engines fix before their first save (SetTransferToken) and the "
        "decode engines present, so layers stream while the prefill runs"},
+      {"busy-poll",
+       "the kvds started here spin instead of sleeping (kvd --busy-poll: lower latency per "
+       "message, a core per spinning thread)",
+       true},
       {"keep-going",
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
@@ -411,6 +415,10 @@ int PdMain(int argc, char** argv) {
   for (const auto& [key, value] : *transport_opts) {
     transport_args.insert(transport_args.end(), {"--transport-opt", key + "=" + value});
     opt_strings.push_back(key + "=" + value);
+  }
+  if (flags.has("busy-poll")) {
+    if (!prefill_socket.empty()) return Fail("--busy-poll is for the kvds started here");
+    transport_args.push_back("--busy-poll");
   }
   if (flags.has("auth-secret-file")) {
     if (!prefill_socket.empty()) return Fail("--auth-secret-file is for the kvds started here");

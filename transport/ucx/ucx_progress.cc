@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "base/thread_name.h"
 #include "transport/ucx/ucx_engine.h"
 #include "transport/ucx/ucx_validate.h"
 
@@ -36,7 +37,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, const EngineO
       new Engine(std::move(context), std::move(wake), std::move(epoll), options));
   KV_ASSIGN_OR_RETURN(engine->shared_, engine->OpenWorker());
   engine->shared_address_ = engine->shared_->address;
-  engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  engine->thread_ = std::thread([e = engine.get()] {
+    NameThisThread("ucx-progress");
+    e->Loop();
+  });
   return engine;
 }
 

@@ -82,10 +82,12 @@ void Scheduler::OnPeerFail(Peer& peer, const proto::Fail& fail) {
 void Scheduler::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
   std::vector<std::string> sources, loads;
   for (const auto& [id, r] : sources_) {
+    // Its ranks' engines, and those that fixed its token before saving (SetTransferToken).
     bool of_engine = std::find(r.token_engines.begin(), r.token_engines.end(), engine_id) !=
                      r.token_engines.end();
-    for (const auto& [rank_no, rank] : r.ranks)
-      of_engine = of_engine || rank.engine_id == engine_id;
+    for (const auto& [rank_no, rank] : r.ranks) {
+      if (rank.engine_id == engine_id) of_engine = true;
+    }
     if (of_engine) sources.push_back(id);
   }
   for (const auto& [id, r] : loads_) {

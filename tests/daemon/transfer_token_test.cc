@@ -533,5 +533,27 @@ TEST(EarlyTransferToken, EveryRankMaySetItAndTheFirstFixesIt) {
   EXPECT_EQ(prefill->Snapshot().transfers_in_flight(), 1u);
 }
 
+// A rank that fixed the token but saved nothing yet is one of the request's engines all the
+// same: when it leaves, the request fails (the other rank hears it) instead of waiting for a
+// save that never comes until its lease ends.
+TEST(EarlyTransferToken, ARankThatFixedTheTokenAndLeftFailsTheRequest) {
+  auto prefill = StartDaemon("prefill-node");
+  ASSERT_TRUE(prefill);
+  auto rank0 = Engine(prefill, "prefill", 0, 2);
+  auto rank1 = Engine(prefill, "prefill", 1, 2);
+  ASSERT_TRUE(rank0 && rank1);
+  ASSERT_TRUE(rank1->SetTransferToken("r", Token('a')).ok());
+  ASSERT_TRUE(rank1->DaemonStatusJson().ok());  // a round trip: kvd took the token
+  ASSERT_TRUE(rank0->SaveLayer("r", 0, std::vector<int64_t>{0}).ok());
+  ASSERT_TRUE(rank0->DaemonStatusJson().ok());
+  rank1.reset();
+  EXPECT_TRUE(Released(*rank0, "r"));
+  auto finished = rank0->RequestFinished("r");
+  ASSERT_FALSE(finished.ok());
+  EXPECT_EQ(finished.status().code(), Code::kAborted) << finished.status().ToString();
+  EXPECT_NE(finished.status().message().find("disconnected"), std::string::npos)
+      << finished.status().ToString();
+}
+
 }  // namespace
 }  // namespace kv

@@ -238,7 +238,10 @@ Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uin
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  // UCT may read a transport's address past its entry (ucx_validate.h): into zeros, not past
+  // kvd's buffer. UCX copies what it keeps of the address during ucp_ep_create.
+  const std::string padded = PaddedWorkerAddress(worker_address);
+  params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Engine::OnEndpointError;
   params.err_handler.arg = peer.get();

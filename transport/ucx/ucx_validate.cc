@@ -222,12 +222,11 @@ Status CheckWorkerAddress(std::string_view address, std::string_view own_address
         "can check (" +
         own.status().message() + ")");
   }
-  if (address.empty() || address[0] != own_address[0] ||
-      (own->version == 1 && (address.size() < 2 || address[1] != own_address[1]))) {
+  KV_ASSIGN_OR_RETURN(WorkerAddressInfo peer, ParseWorkerAddress(address));
+  if (peer.version != own->version || peer.flags != own->flags) {
     return Status::Incompatible(
         "the peer's ucx worker address is not in this UCX build's format (header differs)");
   }
-  KV_ASSIGN_OR_RETURN(WorkerAddressInfo peer, ParseWorkerAddress(address));
   // A transport this process has reads the peer's device and interface addresses as its own
   // fixed structures: their lengths must be ones this process packs for that transport (UCX
   // skips interfaces of transports it does not have).
@@ -253,6 +252,12 @@ Status CheckWorkerAddress(std::string_view address, std::string_view own_address
     return Status::InvalidArgument("the peer's ucx worker address names a worker of this kvd");
   }
   return Status::Ok();
+}
+
+std::string PaddedWorkerAddress(std::string_view address) {
+  std::string padded(address);
+  padded.append(kWorkerAddressPadding, '\0');
+  return padded;
 }
 
 }  // namespace kv::transport::ucx

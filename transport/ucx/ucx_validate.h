@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -72,5 +73,13 @@ Result<WorkerAddressInfo> ParseWorkerAddress(std::string_view address);
 // one naming a worker of this process.
 Status CheckWorkerAddress(std::string_view address, std::string_view own_address,
                           const std::vector<uint64_t>& own_uids);
+
+// UCT transports read a peer's device and interface addresses as fixed structures whose size can
+// depend on bits inside them (cma's iface address grows by a pid namespace when a flag in its
+// last byte is set): a checked address whose last interface is such a transport's can still be
+// read past its end. kvd hands ucp_ep_create this copy: the address, then kWorkerAddressPadding
+// zero bytes, so any such read stays inside kvd's buffer (and reads zeros: "no extension").
+inline constexpr size_t kWorkerAddressPadding = 1024;
+std::string PaddedWorkerAddress(std::string_view address);
 
 }  // namespace kv::transport::ucx

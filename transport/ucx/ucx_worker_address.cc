@@ -13,6 +13,8 @@ namespace {
 constexpr size_t kMaxInterfaces = 128;
 constexpr unsigned kMaxMemoryDomains = 64;
 constexpr unsigned kMaxSystemDevices = 64;
+// UCX's address versions 1 and 2 as the header's low nibble packs them.
+constexpr uint8_t kVersion1 = 0, kVersion2 = 1;
 constexpr uint8_t kFlagDebugInfo = 1, kFlagWorkerUid = 2, kFlagClientId = 4, kFlagAmOnly = 8;
 constexpr uint8_t kNullResource = 0xff;  // an address with no device at all
 constexpr uint8_t kLast = 0x80, kEmptyDevice = 0x80, kHasEpAddress = 0x40, kNumPaths = 0x40,
@@ -52,7 +54,7 @@ class AddressReader {
 bool ExtendedValue(AddressReader& in, uint8_t first, uint8_t mask, uint8_t version,
                    uint8_t* value) {
   *value = first & mask;
-  if (version == 1 && *value == mask) return in.u8(value);
+  if (version == kVersion2 && *value == mask) return in.u8(value);
   return true;
 }
 
@@ -81,10 +83,14 @@ Result<WorkerAddressInfo> ParseWorkerAddress(std::string_view address) {
   uint8_t header = 0;
   if (!in.u8(&header)) return bad(0, "empty");
   info.version = header & 0x0f;
-  if (info.version == 0) {
+  if (info.version == kVersion1) {
     info.flags = header >> 4;
-  } else if (info.version == 1) {
-    if (header >> 4 != 0) return bad(0, "unknown header bits");
+  } else if (info.version == kVersion2) {
+    // UCX 1.16 packs its release there (minor version modulo 16); 1.13 packs 0.
+    if (header >> 4 != 0) {
+      return Status::Incompatible("ucx worker address (version 2) packed by another UCX release (" +
+                                  std::to_string(header >> 4) + "), not this UCX build's format");
+    }
     if (!in.u8(&info.flags)) return bad(1, "truncated header");
   } else {
     // UCX asserts on an address version it does not know (ucp_address_unpack_header).
@@ -104,13 +110,20 @@ Result<WorkerAddressInfo> ParseWorkerAddress(std::string_view address) {
   uint8_t md_byte = 0;
   if (!in.u8(&md_byte)) return bad(in.at(), "no device list");
   if (md_byte == kNullResource) return bad(in.at() - 1, "no device (UCX could not reach it)");
-  const size_t attributes_size = info.version == 0 ? 16 : 8;
+  const size_t attributes_size = info.version == kVersion1 ? 16 : 8;
   for (size_t device = 0;; ++device) {
     const std::string where = "device " + std::to_string(device) + ": ";
     if (device != 0 && !in.u8(&md_byte)) return bad(in.at(), where + "missing");
-    if ((md_byte & kEmptyDevice) != 0) return bad(in.at() - 1, where + "empty device");
+    // UCX 1.16 ends a version 1 address with an empty device that carries its
+    // release; 1.13 packs no empty device in a worker address.
+    if ((md_byte & kEmptyDevice) != 0) {
+      return Status::Incompatible("ucx worker address: " + where +
+                                  "an empty device (what another UCX release packs to carry "
+                                  "its version), not this UCX build's format");
+    }
     uint8_t md_index = 0;
-    if (!ExtendedValue(in, md_byte, info.version == 0 ? 0x1f : 0x7f, info.version, &md_index))
+    if (!ExtendedValue(in, md_byte, info.version == kVersion1 ? 0x1f : 0x7f, info.version,
+                       &md_index))
       return bad(in.at(), where + "truncated memory domain");
     if (md_index >= kMaxMemoryDomains)
       return bad(in.at() - 1, where + "memory domain " + std::to_string(md_index));
@@ -141,7 +154,7 @@ Result<WorkerAddressInfo> ParseWorkerAddress(std::string_view address) {
       entry.device_address_length = device_length;
       if (!in.raw(&entry.transport_checksum)) return bad(in.at(), iface + "truncated");
       if (in.left() < attributes_size) return bad(in.at(), iface + "truncated attributes");
-      if (info.version == 0 && !SaneV1Attributes(address.data() + in.at()))
+      if (info.version == kVersion1 && !SaneV1Attributes(address.data() + in.at()))
         return bad(in.at(), iface + "attributes out of range");
       in.skip(attributes_size);
       uint8_t iface_byte = 0;

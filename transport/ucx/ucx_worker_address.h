@@ -36,6 +36,9 @@ inline constexpr size_t kMaxWorkerAddressBytes = 64 << 10;
 //               length byte [last 0x80 | ep address 0x40 | interface address length:6, v2:
 //               63 = the length in the next byte] | interface address
 // A worker address carries no endpoint addresses, no empty device and at least one device.
+// UCX 1.16 (read for comparison) packs its release into version 2's header (high nibble) and
+// ends a version 1 address with an empty device carrying it: both are refused as kIncompatible,
+// not guessed at.
 struct WorkerAddressInfo {
   struct Interface {
     uint16_t transport_checksum = 0;  // UCX's checksum of the transport's name
@@ -48,7 +51,8 @@ struct WorkerAddressInfo {
   std::vector<Interface> interfaces;
 };
 
-// kIncompatible for an address version UCX 1.13 does not pack (UCX aborts on one); kInvalidArgument
+// kIncompatible for an address version UCX 1.13 does not pack (UCX aborts on one) or another
+// release's additions (above); kInvalidArgument
 // naming the first entry that is truncated, overruns the buffer, counts past UCX's limits or
 // carries flags a worker address never has, or the bytes after the last entry.
 Result<WorkerAddressInfo> ParseWorkerAddress(std::string_view address);

@@ -1,8 +1,8 @@
 // Security issue 19: a worker address from a peer that proved the cluster secret is walked before
-// ucp_ep_create sees it (ucx_validate.h). A real address of this UCX build, mutated: the named
-// cases are mutations that made ucp_ep_create abort or fault (each run here in a forked child);
-// the property test hands every mutation the check accepts to ucp_ep_create in a forked child,
-// which must not die of a signal or hang.
+// ucp_ep_create sees it (ucx_worker_address.h). A real address of this UCX build, mutated: the
+// named cases are mutations that made ucp_ep_create abort or fault (each run here in a forked
+// child); the property test hands every mutation the check accepts to ucp_ep_create in a forked
+// child, which must not die of a signal or hang.
 //
 // The children connect as kvd does: to the address followed by PaddedWorkerAddress's zeros (UCT
 // reads some transports' addresses past their entries; a cma interface address whose flag byte
@@ -25,7 +25,7 @@
 
 #include "tools/testing/child_process.h"
 #include "transport/ucx/ucx_context.h"
-#include "transport/ucx/ucx_validate.h"
+#include "transport/ucx/ucx_worker_address.h"
 
 namespace kv::transport::ucx {
 namespace {
@@ -161,7 +161,7 @@ TEST_P(UcxAddress, TheRealAddressIsAcceptedAndConnects) {
   EXPECT_EQ(ConnectInChild(GetParam(), real, &why), Fate::kConnected) << why;
 }
 
-// Offsets in the real address, found by walking it (the layout in ucx_validate.h).
+// Offsets in the real address, found by walking it (the layout in ucx_worker_address.h).
 struct Landmarks {
   size_t first_device = 0;           // the first device's md byte
   size_t first_device_length = 0;    // its device-address length byte

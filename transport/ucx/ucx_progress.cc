@@ -214,7 +214,8 @@ void Engine::Sleep(bool work_in_flight) {
 }
 
 Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uint64_t endpoint) {
-  // Before UCX parses it (ucx_validate.h): a malformed address aborted kvd inside ucp_ep_create.
+  // Before UCX parses it (ucx_worker_address.h): a malformed address aborted kvd inside
+  // ucp_ep_create.
   std::vector<uint64_t> own_uids;
   for (const WorkerSlot* slot : workers_) {
     if (auto uid = WorkerUid(slot->address); uid.ok()) own_uids.push_back(*uid);
@@ -238,8 +239,8 @@ Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uin
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  // UCT may read a transport's address past its entry (ucx_validate.h): into zeros, not past
-  // kvd's buffer. UCX copies what it keeps of the address during ucp_ep_create.
+  // UCT may read a transport's address past its entry (ucx_worker_address.h): into zeros, not
+  // past kvd's buffer. ucp_ep_create keeps no pointer into the address once it returns.
   const std::string padded = PaddedWorkerAddress(worker_address);
   params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;

@@ -52,9 +52,9 @@ struct WorkerAddressInfo {
 };
 
 // kIncompatible for an address version UCX 1.13 does not pack (UCX aborts on one) or another
-// release's additions (above); kInvalidArgument
-// naming the first entry that is truncated, overruns the buffer, counts past UCX's limits or
-// carries flags a worker address never has, or the bytes after the last entry.
+// release's additions (above); kInvalidArgument naming the first entry that is truncated,
+// overruns the buffer, counts past UCX's limits or carries flags a worker address never has, or
+// the bytes after the last entry.
 Result<WorkerAddressInfo> ParseWorkerAddress(std::string_view address);
 
 // `own_address`: a worker address of this process (its header and its interfaces are the

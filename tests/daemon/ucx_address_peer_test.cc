@@ -142,7 +142,7 @@ TEST(UcxAddressFromAPeer, ACraftedWorkerAddressIsRefusedAndKvdKeepsServing) {
          w[0] = static_cast<char>((w[0] & 0xf0) | 7);
          return w;
        },
-       "version"},
+       "ucx worker address version 8"},
   };
   for (const Craft& c : crafts) {
     SCOPED_TRACE(c.name);

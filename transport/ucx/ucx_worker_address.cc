@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 namespace kv::transport::ucx {
 
@@ -181,10 +182,9 @@ Status CheckWorkerAddress(std::string_view address, std::string_view own_address
                           const std::vector<uint64_t>& own_uids) {
   auto own = ParseWorkerAddress(own_address);
   if (!own.ok()) {
-    return Status::Incompatible(
-        "this UCX build's own worker addresses are not in a format kvd "
-        "can check (" +
-        own.status().message() + ")");
+    std::string why = "this UCX build's own worker addresses are not in a format kvd can check: ";
+    why += own.status().message();
+    return Status::Incompatible(std::move(why));
   }
   KV_ASSIGN_OR_RETURN(WorkerAddressInfo peer, ParseWorkerAddress(address));
   if (peer.version != own->version || peer.flags != own->flags) {

@@ -25,6 +25,7 @@
 
 #include "tools/testing/child_process.h"
 #include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_validate.h"
 #include "transport/ucx/ucx_worker_address.h"
 
 namespace kv::transport::ucx {
@@ -138,6 +139,41 @@ Fate ConnectInChild(const std::string& version, const std::string& address, std:
   if (*code == 0) return Fate::kConnected;
   if (*code == 1) return Fate::kRefusedByUcx;
   return Fate::kHung;  // the child could not even set up: reported as a failure
+}
+
+// One seeded mutation of `real`: bit flips, a random byte, truncation, insertion, deletion or
+// trailing bytes, mostly past its first `keep` bytes.
+std::string Mutate(const std::string& real, std::mt19937_64& rng, size_t keep) {
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  std::string a = real;
+  const int kind = static_cast<int>(pick(6));
+  auto position = [&] {
+    return pick(4) == 0 || a.size() <= keep ? pick(a.size()) : keep + pick(a.size() - keep);
+  };
+  switch (kind) {
+    case 0:  // bit flips
+      for (size_t k = 1 + pick(3); k > 0; --k) a[position()] ^= static_cast<char>(1 << pick(8));
+      break;
+    case 1:  // a random byte
+      a[position()] = static_cast<char>(rng());
+      break;
+    case 2:  // truncation
+      a.resize(pick(a.size()));
+      break;
+    case 3: {  // insertion
+      std::string bytes(1 + pick(8), '\0');
+      for (char& c : bytes) c = static_cast<char>(rng());
+      a.insert(position(), bytes);
+      break;
+    }
+    case 4:  // deletion
+      a.erase(position(), 1 + pick(8));
+      break;
+    default:  // trailing bytes
+      for (size_t k = 1 + pick(16); k > 0; --k) a.push_back(static_cast<char>(rng()));
+      break;
+  }
+  return a;
 }
 
 class UcxAddress : public ::testing::TestWithParam<std::string> {
@@ -286,38 +322,10 @@ TEST_P(UcxAddress, NoAcceptedMutationCrashesUcx) {
   constexpr int kMutations = 3000;
   constexpr int kMaxChildren = 1500;  // bounds the time: each child starts a UCX context
   std::mt19937_64 rng(19);
-  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
   int accepted = 0, connected = 0, children = 0;
   std::map<Code, int> refused;
   for (int i = 0; i < kMutations; ++i) {
-    std::string a = real;
-    const int kind = static_cast<int>(pick(6));
-    // Mostly after the header and worker id (the header is compared byte for byte).
-    auto position = [&] { return pick(4) == 0 ? pick(a.size()) : 9 + pick(a.size() - 9); };
-    switch (kind) {
-      case 0:  // bit flips
-        for (size_t k = 1 + pick(3); k > 0; --k) a[position()] ^= static_cast<char>(1 << pick(8));
-        break;
-      case 1:  // a random byte
-        a[position()] = static_cast<char>(rng());
-        break;
-      case 2:  // truncation
-        a.resize(pick(a.size()));
-        break;
-      case 3: {  // insertion
-        std::string bytes(1 + pick(8), '\0');
-        for (char& c : bytes) c = static_cast<char>(rng());
-        a.insert(position(), bytes);
-        break;
-      }
-      case 4:  // deletion
-        a.erase(position(), 1 + pick(8));
-        break;
-      default: {  // trailing bytes
-        for (size_t k = 1 + pick(16); k > 0; --k) a.push_back(static_cast<char>(rng()));
-        break;
-      }
-    }
+    const std::string a = Mutate(real, rng, /*keep=*/9);
     Status s = Check(a);
     if (!s.ok()) {
       ++refused[s.code()];
@@ -343,6 +351,206 @@ TEST_P(UcxAddress, NoAcceptedMutationCrashesUcx) {
 
 INSTANTIATE_TEST_SUITE_P(AddressVersion, UcxAddress, ::testing::Values("v1", "v2"),
                          [](const auto& info) { return info.param; });
+
+// ---- Remote keys (RkeyShapes, ucx_validate.h) ----
+
+// A child that owns a worker, a mapped host buffer and a UCX allocation, sends its address and
+// the two packed keys, and keeps them alive until killed.
+struct KeyTarget {
+  std::unique_ptr<ChildProcess> child;
+  std::string address, mapped_key, allocated_key;
+};
+
+Result<KeyTarget> StartKeyTarget() {
+  KeyTarget t;
+  KV_ASSIGN_OR_RETURN(
+      t.child, ChildProcess::Start([](Channel& channel) {
+        Quiet();
+        auto context = CreateContext({});
+        if (!context.ok()) return 2;
+        auto worker = CreateWorker(context->get());
+        if (!worker.ok()) return 3;
+        auto bytes = WorkerAddress(worker->get());
+        static char buffer[4 * 4096];
+        auto mapped =
+            MemoryMap::Create(context->get(), buffer, sizeof buffer, MemoryLocation::Host());
+        auto allocated = MemoryMap::Allocate(context->get(), 4096);
+        if (!bytes.ok() || !mapped.ok() || !allocated.ok()) return 4;
+        if (!channel.Send(*bytes).ok() || !channel.Send((*mapped)->packed_rkey()).ok() ||
+            !channel.Send((*allocated)->packed_rkey()).ok()) {
+          return 5;
+        }
+        for (;;) {
+          ucp_worker_progress(worker->get());
+          usleep(1000);
+        }
+      }));
+  const auto deadline = harness::Clock::now() + 60s;
+  KV_ASSIGN_OR_RETURN(t.address, t.child->channel().Receive(deadline));
+  KV_ASSIGN_OR_RETURN(t.mapped_key, t.child->channel().Receive(deadline));
+  KV_ASSIGN_OR_RETURN(t.allocated_key, t.child->channel().Receive(deadline));
+  return t;
+}
+
+// How a child that connected to `address` and unpacked `key` (followed by 1 KiB of zeros, then a
+// PROT_NONE page) ended: kConnected when UCX unpacked it, kRefusedByUcx when UCX refused it.
+Fate UnpackInChild(const std::string& address, const std::string& key, std::string* why) {
+  auto child = ChildProcess::Start([&](Channel&) {
+    Quiet();
+    alarm(30);  // a hang becomes SIGALRM
+    const std::string padded = key + std::string(1024, '\0');
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t span = (padded.size() + page - 1) / page * page + page;
+    auto* base = static_cast<char*>(
+        mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base == MAP_FAILED || mprotect(base + span, page, PROT_NONE) != 0) return 5;
+    char* at = base + span - padded.size();
+    std::memcpy(at, padded.data(), padded.size());
+    auto context = CreateContext({});
+    if (!context.ok()) return 2;
+    auto worker = CreateWorker(context->get());
+    if (!worker.ok()) return 3;
+    const std::string peer = PaddedWorkerAddress(address);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &NoOp;
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(worker->get(), &params, &ep) != UCS_OK) return 6;
+    ucp_rkey_h rkey = nullptr;
+    const ucs_status_t s = ucp_ep_rkey_unpack(ep, at, &rkey);
+    if (s == UCS_OK) ucp_rkey_destroy(rkey);
+    _exit(s == UCS_OK ? 0 : 1);  // no teardown: only the unpack is under test
+  });
+  if (!child.ok()) {
+    *why = child.status().ToString();
+    return Fate::kHung;
+  }
+  auto code = (*child)->Wait(harness::Clock::now() + 60s);
+  if (!code.ok()) {
+    *why = code.status().ToString();
+    return code.status().code() == Code::kTimeout ? Fate::kHung : Fate::kCrashed;
+  }
+  *why = "exit " + std::to_string(*code);
+  if (*code == 0) return Fate::kConnected;
+  if (*code == 1) return Fate::kRefusedByUcx;
+  return Fate::kHung;  // the child could not even set up: reported as a failure
+}
+
+// `key` with memory domain `md` added to its map, with `entry` as its packed key.
+std::string WithDomain(const std::string& key, int md, const std::string& entry) {
+  uint64_t map = 0;
+  std::memcpy(&map, key.data(), sizeof map);
+  std::string out(reinterpret_cast<const char*>(&map), sizeof map);
+  const uint64_t grown = map | (uint64_t{1} << md);
+  std::memcpy(out.data(), &grown, sizeof grown);
+  out += key[sizeof map];  // memory type
+  size_t at = sizeof map + 1;
+  for (int d = 0; d < 64; ++d) {
+    if (d == md) out += static_cast<char>(entry.size()) + entry;
+    if ((map & (uint64_t{1} << d)) == 0) continue;
+    const size_t size = static_cast<uint8_t>(key[at]);
+    out += key.substr(at, 1 + size);
+    at += 1 + size;
+  }
+  return out + key.substr(at);  // the optional system-device trailer
+}
+
+// The domains a key names, with each one's key size.
+std::map<int, size_t> Domains(const std::string& key) {
+  std::map<int, size_t> out;
+  uint64_t map = 0;
+  std::memcpy(&map, key.data(), sizeof map);
+  size_t at = sizeof map + 1;
+  for (int d = 0; d < 64; ++d) {
+    if ((map & (uint64_t{1} << d)) == 0) continue;
+    out[d] = static_cast<uint8_t>(key[at]);
+    at += 1 + out[d];
+  }
+  return out;
+}
+
+class UcxRkey : public ::testing::Test {
+ public:
+  void SetUp() override {
+    auto target = StartKeyTarget();
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    t = std::move(*target);
+    ASSERT_TRUE(CheckPackedRkey(t.mapped_key).ok());
+    shapes.Learn(t.mapped_key);
+    shapes.Learn(t.allocated_key);
+  }
+  KeyTarget t;
+  RkeyShapes shapes;
+};
+
+TEST_F(UcxRkey, TheRealKeysAreAcceptedAndUnpack) {
+  for (const std::string* key : {&t.mapped_key, &t.allocated_key}) {
+    EXPECT_TRUE(shapes.Check(*key).ok()) << shapes.Check(*key).ToString();
+    std::string why;
+    EXPECT_EQ(UnpackInChild(t.address, *key, &why), Fate::kConnected) << why << ": " << Hex(*key);
+  }
+}
+
+// The class a scratch run found: a memory domain this UCX packs a key for (shared memory, from
+// the allocation's key) named with an empty entry. It walks cleanly; the shapes refuse it.
+TEST_F(UcxRkey, ADomainWithAnEntryOfTheWrongSizeIsRefused) {
+  const auto mapped = Domains(t.mapped_key);
+  int forged_domains = 0;
+  for (const auto& [md, size] : Domains(t.allocated_key)) {
+    if (mapped.count(md) != 0 || size == 0) continue;
+    const std::string forged = WithDomain(t.mapped_key, md, "");
+    ASSERT_TRUE(CheckPackedRkey(forged).ok()) << "the walk alone accepts it: " << Hex(forged);
+    Status s = shapes.Check(forged);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("memory domain " + std::to_string(md)), std::string::npos) << s.ToString();
+    std::string why;
+    const Fate fate = UnpackInChild(t.address, forged, &why);
+    std::cout << "memory domain " << md << " with an empty entry: ucp_ep_rkey_unpack " << Name(fate)
+              << " (" << why << ")\n";
+    ++forged_domains;
+  }
+  // A domain no key of this process names at all.
+  for (int md = 63; md >= 0; --md) {
+    if (mapped.count(md) != 0 || Domains(t.allocated_key).count(md) != 0) continue;
+    EXPECT_FALSE(shapes.Check(WithDomain(t.mapped_key, md, std::string(8, '\1'))).ok());
+    break;
+  }
+  if (forged_domains == 0) GTEST_SKIP() << "this UCX packs no allocation-only domain here";
+}
+
+// Seeded random mutations of the mapped key. Every one the shapes accept goes to
+// ucp_ep_rkey_unpack in a forked child: no accepted key may crash or hang it.
+TEST_F(UcxRkey, NoAcceptedMutationCrashesUcx) {
+  constexpr int kMutations = 3000;
+  constexpr int kMaxChildren = 1000;  // bounds the time: each child starts a UCX context
+  std::mt19937_64 rng(23);
+  int accepted = 0, unpacked = 0, children = 0, walked_only = 0;
+  for (int i = 0; i < kMutations; ++i) {
+    const std::string key = Mutate(t.mapped_key, rng, /*keep=*/0);
+    if (key.empty()) continue;
+    if (!shapes.Check(key).ok()) {
+      walked_only += CheckPackedRkey(key).ok();
+      continue;
+    }
+    ++accepted;
+    if (key == t.mapped_key || children == kMaxChildren) continue;
+    ++children;
+    std::string why;
+    const Fate fate = UnpackInChild(t.address, key, &why);
+    ASSERT_TRUE(fate == Fate::kConnected || fate == Fate::kRefusedByUcx)
+        << "mutation " << i << " was accepted and ucp_ep_rkey_unpack " << Name(fate) << " (" << why
+        << "): " << Hex(key) << "\n(the real key: " << Hex(t.mapped_key) << ")";
+    unpacked += fate == Fate::kConnected;
+  }
+  std::cout << kMutations << " mutations of a " << t.mapped_key.size() << "-byte key: " << accepted
+            << " accepted (" << children << " unpacked in a child: " << unpacked
+            << " unpacked, the rest refused by UCX, none crashed); " << walked_only
+            << " more walked cleanly but named a domain or size this UCX never packs\n";
+  EXPECT_GT(walked_only, 0);
+}
 
 }  // namespace
 }  // namespace kv::transport::ucx

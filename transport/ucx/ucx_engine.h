@@ -55,6 +55,7 @@
 #include "base/unique_fd.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_validate.h"
 
 namespace kv::transport::ucx {
 
@@ -280,6 +281,8 @@ class Engine {
   friend struct WorkerSlot;
   Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd, const EngineOptions& options);
   Result<std::shared_ptr<WorkerSlot>> OpenWorker();
+  // Fills rkey_shapes_ from the keys of a probe mapping and a probe allocation (Create).
+  void LearnRkeyShapes();
   void CloseWorker(WorkerSlot* slot);  // from ~WorkerSlot
   void Loop();
   bool RunCommands();
@@ -338,6 +341,7 @@ class Engine {
   const uint64_t max_bytes_in_flight_;  // per peer
 
   std::string shared_address_;  // set before the progress thread starts
+  RkeyShapes rkey_shapes_;      // learned before the progress thread starts (LearnRkeyShapes)
   // Every live worker, polled in turn (progress thread). Declared before everything that can
   // hold a worker, so that it outlives them.
   std::vector<WorkerSlot*> workers_;

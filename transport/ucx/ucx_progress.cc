@@ -37,11 +37,25 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, const EngineO
       new Engine(std::move(context), std::move(wake), std::move(epoll), options));
   KV_ASSIGN_OR_RETURN(engine->shared_, engine->OpenWorker());
   engine->shared_address_ = engine->shared_->address;
+  engine->LearnRkeyShapes();
   engine->thread_ = std::thread([e = engine.get()] {
     NameThisThread("ucx-progress");
     e->Loop();
   });
   return engine;
+}
+
+void Engine::LearnRkeyShapes() {
+  // The keys of a page mapped as kvd maps an engine's memory, and of one UCX allocates (shared
+  // memory). A probe that fails teaches nothing: peers' keys then get the structural check.
+  alignas(64) static char page[4096];
+  if (auto mapped = MemoryMap::Create(context_.get(), page, sizeof page, MemoryLocation::Host());
+      mapped.ok()) {
+    rkey_shapes_.Learn((*mapped)->packed_rkey());
+  }
+  if (auto allocated = MemoryMap::Allocate(context_.get(), sizeof page); allocated.ok()) {
+    rkey_shapes_.Learn((*allocated)->packed_rkey());
+  }
 }
 
 Engine::Engine(ContextPtr context, UniqueFd wake_fd, UniqueFd epoll_fd,
@@ -266,7 +280,7 @@ Status Engine::Disconnect(PeerId id) {
 Result<std::shared_ptr<RemoteKey>> Engine::UnpackRkey(PeerId id, const std::string& packed) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return Status::Unavailable("peer " + std::to_string(id) + " has failed");
-  KV_RETURN_IF_ERROR(CheckPackedRkey(packed));  // before UCX reads it (ucx_validate.h)
+  KV_RETURN_IF_ERROR(rkey_shapes_.Check(packed));  // before UCX reads it (ucx_validate.h)
   ucp_rkey_h rkey = nullptr;
   if (ucs_status_t s = ucp_ep_rkey_unpack(it->second->ep, packed.data(), &rkey); s != UCS_OK)
     return FromUcs(s, "ucp_ep_rkey_unpack");

@@ -38,6 +38,48 @@ Status CheckPackedRkey(std::string_view packed) {
   return Status::Ok();
 }
 
+namespace {
+
+// Calls `each(md, size)` for every memory domain of a key that CheckPackedRkey accepted.
+template <typename Each>
+void ForEachDomain(std::string_view packed, Each each) {
+  uint64_t md_map = 0;
+  std::memcpy(&md_map, packed.data(), sizeof md_map);
+  size_t at = sizeof md_map + 1;
+  for (int md = 0; md < 64; ++md) {
+    if ((md_map & (uint64_t{1} << md)) == 0) continue;
+    const size_t size = static_cast<uint8_t>(packed[at]);
+    each(md, size);
+    at += 1 + size;
+  }
+}
+
+bool IsHostKey(std::string_view packed) {
+  return static_cast<uint8_t>(packed[sizeof(uint64_t)]) == UCS_MEMORY_TYPE_HOST;
+}
+
+}  // namespace
+
+void RkeyShapes::Learn(std::string_view packed) {
+  if (!CheckPackedRkey(packed).ok() || !IsHostKey(packed)) return;
+  ForEachDomain(packed, [&](int md, size_t size) { sizes_[md].set(size); });
+  learned_ = true;
+}
+
+Status RkeyShapes::Check(std::string_view packed) const {
+  KV_RETURN_IF_ERROR(CheckPackedRkey(packed));
+  if (!learned_ || !IsHostKey(packed)) return Status::Ok();
+  Status status;
+  ForEachDomain(packed, [&](int md, size_t size) {
+    if (!status.ok() || sizes_[md].test(size)) return;
+    status = Status::InvalidArgument(
+        "ucx remote key names memory domain " + std::to_string(md) + " with a " +
+        std::to_string(size) + "-byte key, which this kvd's UCX never packs" +
+        (sizes_[md].none() ? " (no key of this kvd names that domain)" : ""));
+  });
+  return status;
+}
+
 Result<uint64_t> WorkerUid(std::string_view address) {
   if (address.size() < 1 + sizeof(uint64_t) || address.size() > kMaxWorkerAddressBytes) {
     return Status::InvalidArgument("ucx worker address of " + std::to_string(address.size()) +

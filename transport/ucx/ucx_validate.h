@@ -11,6 +11,8 @@
 //    build, which has no UCX, runs it too).
 #pragma once
 
+#include <array>
+#include <bitset>
 #include <cstdint>
 #include <string_view>
 
@@ -22,6 +24,27 @@ namespace kv::transport::ucx {
 inline constexpr size_t kMaxRkeyBytes = 64 << 10;
 
 Status CheckPackedRkey(std::string_view packed);
+
+// The memory domains, each with its key size, that the host-memory remote keys of this process
+// name. UCT reads a domain's key as a fixed structure, so a peer's key that names a shared-memory
+// domain with an empty entry made ucp_ep_rkey_unpack abort or fault although it walked cleanly
+// (SECURITY.md). A peer of the same UCX build and transports packs the same shapes; a peer's
+// host-memory key may name only domains learned here, each with a learned size. Keys of other
+// memory types (CUDA, with a UCX built for it) are checked structurally only.
+// Learn is not thread-safe; Check is, once learning is done (the ucx engine learns at creation).
+class RkeyShapes {
+ public:
+  // `packed`: a key this process packed (ucp_rkey_pack). Keys that do not walk are ignored.
+  void Learn(std::string_view packed);
+  // CheckPackedRkey, then, for a host-memory key once anything was learned, every domain of its
+  // map learned with that size; kInvalidArgument naming the domain otherwise.
+  Status Check(std::string_view packed) const;
+  bool empty() const { return !learned_; }
+
+ private:
+  std::array<std::bitset<256>, 64> sizes_{};  // per domain index: the key sizes seen
+  bool learned_ = false;
+};
 
 // The worker id (UCX's uid) a packed worker address names; kInvalidArgument when unreadable.
 Result<uint64_t> WorkerUid(std::string_view address);

@@ -136,6 +136,7 @@ Connection::Delivery Connection::DeliverFrames(size_t most) {
     if (opener_) {
       auto message = opener_->Open(**frame);
       if (!message.ok()) {
+        seal_broken_ = true;
         Close(message.status().WithContext(label_));
         return Delivery::kClosed;
       }

@@ -70,6 +70,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The oldest fd received and not yet claimed, or -1. The caller owns it.
   int TakeFd();
   bool open() const { return open_; }
+  // A received frame did not open (EnableSealing): the connection was closed for it.
+  bool seal_broken() const { return seal_broken_; }
   const std::string& label() const { return label_; }
   int native_handle() { return socket_.native_handle(); }
 
@@ -99,6 +101,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool open_ = true;
   bool partial_timer_armed_ = false;
+  bool seal_broken_ = false;
   uint64_t frames_received_ = 0;
   // EnableSealing: each direction's key and frame numbers; null before.
   std::unique_ptr<FrameSealer> sealer_;

@@ -407,6 +407,7 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   Peer* peer = FindPeer(peer_id);
   if (peer == nullptr) return;
   const std::string who = peer->name.empty() ? peer->conn->label() : "peer " + peer->name;
+  if (peer->conn->seal_broken()) ++auth_failures_;  // a frame altered or injected on the wire
   if (why.ok()) {
     spdlog::info("kvd {}: {} disconnected", options_.name, who);
   } else {

@@ -82,11 +82,12 @@ class Relay {
     EXPECT_EQ(listen(listen_fd_, 16), 0);
     EXPECT_EQ(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&any), &length), 0);
     address_ = "127.0.0.1:" + std::to_string(ntohs(any.sin_port));
-    threads_.emplace_back([this] { AcceptLoop(); });
+    acceptor_ = std::thread([this] { AcceptLoop(); });
   }
 
   ~Relay() {
     stop_ = true;
+    acceptor_.join();  // then no forwarder is added
     {
       std::lock_guard lock(mu_);
       for (int fd : fds_) shutdown(fd, SHUT_RDWR);
@@ -182,9 +183,10 @@ class Relay {
   std::string address_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
-  std::vector<int> fds_;              // guarded by mu_
-  std::string recorded_;              // guarded by mu_
-  std::vector<std::thread> threads_;  // the accept loop adds to it under mu_; joined at the end
+  std::vector<int> fds_;  // guarded by mu_
+  std::string recorded_;  // guarded by mu_
+  std::thread acceptor_;
+  std::vector<std::thread> threads_;  // the forwarders: added by the acceptor under mu_
 };
 
 // ---- engines --------------------------------------------------------------------------------

@@ -413,6 +413,17 @@ int kv_save_layers(kv_connector* c, int layer, const kv_save* saves, size_t n, v
   });
 }
 
+int kv_set_transfer_token(kv_connector* c, const char* request, const char* transfer_token,
+                          kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    KV_ASSIGN_OR_RETURN(auto id, Id(request, "request"));
+    KV_RETURN_IF_ERROR(NeedNonNull(transfer_token, "transfer_token"));
+    KV_ASSIGN_OR_RETURN(std::string raw, kv::connector::TokenFromHex(transfer_token, 64));
+    return connector->SetTransferToken(id, raw);
+  });
+}
+
 int kv_request_finished(kv_connector* c, const char* request, kv_transfer_params* out,
                         int64_t* remote_block_ids, size_t capacity, size_t* count, kv_error* err) {
   return Guarded(err, [&] {

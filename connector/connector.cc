@@ -38,6 +38,17 @@ Status CheckOptions(const ConnectorOptions& options) {
   return Status::Ok();
 }
 
+Status CheckEngineToken(const std::string& transfer_token) {
+  if (transfer_token.size() < kMinTransferTokenBytes ||
+      transfer_token.size() > kMaxTransferTokenBytes) {
+    return Status::InvalidArgument("transfer token of " + std::to_string(transfer_token.size()) +
+                                   " bytes; an engine's token has " +
+                                   std::to_string(kMinTransferTokenBytes) + " to " +
+                                   std::to_string(kMaxTransferTokenBytes));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* Version() {
@@ -94,6 +105,12 @@ Result<std::vector<Status>> Connector::SaveLayers(int layer, std::span<const Sav
   return core_->SaveLayers(layer, saves, cuda_stream);
 }
 
+Status Connector::SetTransferToken(const std::string& request, const std::string& transfer_token) {
+  KV_RETURN_IF_ERROR(CheckId(request, "request id"));
+  KV_RETURN_IF_ERROR(CheckEngineToken(transfer_token));
+  return core_->SetTransferToken(request, transfer_token);
+}
+
 Result<TransferParams> Connector::RequestFinished(const std::string& request) {
   KV_RETURN_IF_ERROR(CheckId(request, "request id"));
   return core_->RequestFinished(request, {});
@@ -102,13 +119,7 @@ Result<TransferParams> Connector::RequestFinished(const std::string& request) {
 Result<TransferParams> Connector::RequestFinished(const std::string& request,
                                                   const std::string& transfer_token) {
   KV_RETURN_IF_ERROR(CheckId(request, "request id"));
-  if (transfer_token.size() < kMinTransferTokenBytes ||
-      transfer_token.size() > kMaxTransferTokenBytes) {
-    return Status::InvalidArgument("transfer token of " + std::to_string(transfer_token.size()) +
-                                   " bytes; an engine's token has " +
-                                   std::to_string(kMinTransferTokenBytes) + " to " +
-                                   std::to_string(kMaxTransferTokenBytes));
-  }
+  KV_RETURN_IF_ERROR(CheckEngineToken(transfer_token));
   return core_->RequestFinished(request, transfer_token);
 }
 

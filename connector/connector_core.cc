@@ -15,8 +15,8 @@
 #include "connector/client.h"
 #include "connector/connector.h"
 #include "connector/host_memory.h"
-#include "daemon/transfer_support.h"
 #include "daemon/daemon.h"
+#include "daemon/transfer_support.h"
 #include "gpu/ipc_memory.h"
 #include "protocol/wire_layout.h"
 
@@ -294,6 +294,16 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
     out.push_back(std::move(s));
   }
   return out;
+}
+
+Status ConnectorCore::SetTransferToken(const std::string& request,
+                                       const std::string& transfer_token) {
+  KV_RETURN_IF_ERROR(CheckEngineRequestId(request));
+  KV_RETURN_IF_ERROR(client_->SaveError(request));
+  proto::EngineMessage m;
+  m.mutable_set_transfer_token()->set_request_id(request);
+  m.mutable_set_transfer_token()->set_transfer_token(transfer_token);
+  return client_->Send(std::move(m));
 }
 
 Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request,

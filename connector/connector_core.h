@@ -63,6 +63,8 @@ class ConnectorCore {
   // Connector::SaveLayers: the layer's event is recorded once for every save.
   Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
                                          void* cuda_stream);
+  // Connector::SetTransferToken (which checked the token's size): one-way, as SaveLayer.
+  Status SetTransferToken(const std::string& request, const std::string& transfer_token);
   // transfer_token: the engine's (Connector::RequestFinished checked its size), or empty.
   Result<TransferParams> RequestFinished(const std::string& request,
                                          const std::string& transfer_token);

@@ -1,5 +1,6 @@
 // Transfer tokens as the C API carries them (<kv/kv_connector.h>: kv_transfer_params and
-// kv_request_finished_with_token): lowercase hex of the raw bytes the C++ API uses.
+// kv_request_finished_with_token, kv_set_transfer_token): lowercase hex of the raw bytes the C++
+// API uses.
 // Pure functions; errors are kInvalidArgument naming the field, never the token.
 #pragma once
 

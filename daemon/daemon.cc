@@ -11,6 +11,7 @@
 #include <fstream>
 #include <future>
 
+#include "base/thread_name.h"
 #include "daemon/core.h"
 #include "daemon/peer_auth.h"
 #include "daemon/write_grants.h"
@@ -178,7 +179,15 @@ Status Daemon::Core::Start() {
   if (engine_acceptor_) AcceptEngines();
   Sweep();
   if (!options_.metrics_listen.empty()) KV_RETURN_IF_ERROR(StartMetrics());
-  io_thread_ = std::thread([this] { io_.run(); });
+  io_thread_ = std::thread([this] {
+    NameThisThread("kvd-io");
+    if (!options_.busy_poll) {
+      io_.run();
+      return;
+    }
+    // Ready handlers run as they come, and the reactor is asked without blocking in between.
+    while (!io_.stopped()) io_.poll();
+  });
   spdlog::info("kvd {}: peers on {}, engines on {}, transport {}", options_.name,
                listen_address_.empty() ? "-" : listen_address_,
                options_.socket_path.empty() ? "-" : options_.socket_path, transport_->name());

@@ -35,6 +35,9 @@ struct DaemonOptions {
   // those kvd derives itself: "device" for a backend with device_copies, UCX_NET_DEVICES for one
   // with ucx_config. Not used with `transport`.
   std::vector<std::pair<std::string, std::string>> transport_settings;
+  // The io thread polls without sleeping (`kvd --busy-poll`): lower latency per message, one
+  // core always busy.
+  bool busy_poll = false;
   // CUDA ordinal of kvd's own GPU work: the GPU transports' copy stream ("device" setting of
   // cuda_ipc and nccl). Engines' GPU regions are opened on their own devices, found by UUID.
   int device = 0;

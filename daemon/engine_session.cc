@@ -93,6 +93,16 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
       }
       return;
     }
+    case proto::EngineMessage::kSetTransferToken: {
+      // One-way from the connector, as a save: a token kvd refuses fails the request.
+      const proto::SetTransferToken& set = m.set_transfer_token();
+      const Status fixed = scheduler_->SetTransferToken(*engine, set);
+      if (!fixed.ok()) {
+        scheduler_->FailSave(engine_id, set.request_id(), fixed, "set_transfer_token");
+      }
+      if (m.seq() != 0) reply_to(fixed);
+      return;
+    }
     case proto::EngineMessage::kRequestFinished: {
       auto params = scheduler_->RequestFinished(*engine, m.request_finished());
       proto::Reply reply;

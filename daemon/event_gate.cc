@@ -5,12 +5,17 @@
 #include <memory>
 #include <utility>
 
+#include "base/thread_name.h"
+
 namespace kv::daemon {
 
 using transport::PeerId;
 
 EventGate::EventGate(transport::Transport* transport) : transport_(transport) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("kvd-gate");
+    Loop();
+  });
 }
 
 EventGate::~EventGate() {

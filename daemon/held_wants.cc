@@ -1,10 +1,13 @@
 // Transfer tokens that engines choose, and the Wants that arrive before them (core.h; SECURITY.md,
 // "Transfer tokens"). Scheduler methods (scheduler.h). The vLLM connector's scheduler mints a
 // request's token when the request finishes and hands it to the decode side in kv_transfer_params;
-// its workers pass the same token to kvd with RequestFinished a scheduler step later. The decode's
-// Want can overtake them: a Want that presents a token before its request's token is fixed is held
-// here, then checked as any other once it is (OnWant), or refused when its lease ends first.
-// Nothing moves towards a held Want's destination before its token matched.
+// its workers pass the same token to kvd with RequestFinished a scheduler step later. A router or
+// simulator that knows the request ahead mints it when the prefill starts, and the prefill ranks
+// fix it before their first save (SetTransferToken), so that the decode's Want is served while the
+// prefill still runs: per-layer streaming with tokens required. The decode's Want can overtake
+// either: a Want that presents a token before its request's token is fixed is held here, then
+// checked as any other once it is (OnWant), or refused when its lease ends first. Nothing moves
+// towards a held Want's destination before its token matched.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -64,11 +67,55 @@ Status Scheduler::FixEngineToken(SourceRequest& request, const std::string& toke
     return Status::Ok();
   } else {
     bad = Status::InvalidArgument("request " + request.id +
-                                  ": its prefill ranks finished it with different transfer tokens");
+                                  ": its prefill ranks gave it different transfer tokens");
   }
   // The engines disagree on the capability: nothing of this request may move.
   FinishSource(request.id, bad, /*tell_peer=*/true);
   return bad;
+}
+
+Status Scheduler::SetTransferToken(Engine& engine, const proto::SetTransferToken& m) {
+  const std::string& id = m.request_id();
+  KV_RETURN_IF_ERROR(CheckRequestId(id));
+  if (engine.regions.empty()) return Status::InvalidArgument("register_kv_caches first");
+  const std::string& token = m.transfer_token();
+  if (token.size() < auth::kTransferTokenBytes || token.size() > auth::kMaxTransferTokenBytes) {
+    return Status::InvalidArgument("request " + id + ": a transfer token of " +
+                                   std::to_string(token.size()) + " bytes, not " +
+                                   std::to_string(auth::kTransferTokenBytes) + " to " +
+                                   std::to_string(auth::kMaxTransferTokenBytes));
+  }
+  auto it = sources_.find(id);
+  if (it != sources_.end() && !it->second.instance.empty() &&
+      it->second.instance != engine.instance) {
+    return Status::AlreadyExists("request " + id + " belongs to instance " + it->second.instance);
+  }
+  if (it != sources_.end() && it->second.token_fixed && !auth::Equal(it->second.token, token)) {
+    return Status::InvalidArgument("request " + id +
+                                   ": its prefill ranks gave it different transfer tokens");
+  }
+  if (it == sources_.end()) {
+    KV_RETURN_IF_ERROR(CheckSourceRoom(id));
+    it = sources_.try_emplace(id).first;
+    it->second.id = id;
+    it->second.deadline = Clock::now() + options_.lease;
+  }
+  SourceRequest& request = it->second;
+  if (request.instance.empty()) {  // new, or a Want without a token created it (optional)
+    request.instance = engine.instance;
+    request.tp_size = engine.tp_size;
+    request.layers = static_cast<int>(engine.regions.front()->layout.spec().layers);
+  }
+  if (std::find(request.token_engines.begin(), request.token_engines.end(), engine.id) ==
+      request.token_engines.end()) {
+    request.token_engines.push_back(engine.id);
+  }
+  Trace("token", id, -1);
+  if (request.token_fixed) return Status::Ok();  // the same token again (another rank)
+  request.token = token;
+  request.token_fixed = true;
+  if (held_wants_.count(id) > 0) ReleaseHeldWants(id);  // may end the request
+  return Status::Ok();
 }
 
 namespace {

@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "auto|ucx|nccl|ipc|local]\n"
     "           [--device N]\n"
     "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
-    "           [--log-level trace|debug|info|warn|error]\n"
+    "           [--log-level trace|debug|info|warn|error] [--busy-poll]\n"
     "           [--lease-ms MS] [--heartbeat-ms MS] [--drain-ms MS]\n"
     "           [--auth-secret-file PATH | --insecure] [--transfer-token auto|required|optional]\n"
     "           [--max-peer-connections N] [--max-unauthenticated-peers N]\n"
@@ -49,6 +49,10 @@ constexpr const char* kUsage =
     "--lease-ms: how long a source holds a request's blocks waiting for the destination (30000).\n"
     "--heartbeat-ms: peer heartbeat interval; 5 missed declare the peer dead (1000).\n"
     "--drain-ms: on SIGTERM, how long transfers in flight may finish (5000).\n"
+    "--busy-poll: kvd's io thread (and the transport's posting thread, where it has one: ipc)\n"
+    "  spin instead of sleeping, so a message or batch is picked up within about a microsecond\n"
+    "  instead of a thread wake-up (~0.1 ms on a VM); costs one core per spinning thread.\n"
+    "  For nodes with cores to spare and short requests (benchmarks/pd_gpu.md).\n"
     "--metrics-listen: serve Prometheus metrics at http://HOST:PORT/metrics (none by default).\n"
     "--etcd: register this daemon (name, peer address, transport, version) in etcd under\n"
     "  /kvd/members/NAME, on a lease of --etcd-lease-s seconds (10) kept alive; removed on a\n"
@@ -71,10 +75,11 @@ constexpr const char* kUsage =
     "--transfer-token: whether a peer's WantRequest must present the request's transfer token\n"
     "  (kvd's, returned by the prefill engine's request_finished, or the engine's own, which\n"
     "  the vLLM connector mints into kv_transfer_params). required: a Want without one is\n"
-    "  refused; one whose token no prefill rank gave yet waits for it within its lease (no\n"
-    "  layer streaming to a decode that asks before the prefill finished). optional: a Want\n"
-    "  without a token binds the request (layer streaming, kvbench pd); one presented must\n"
-    "  match. auto (default): required with --auth-secret-file, optional without.\n"
+    "  refused; one whose token no prefill rank gave yet waits for it within its lease. Layers\n"
+    "  stream to a decode that asks before the prefill finished once the prefill ranks fixed\n"
+    "  the token early (set_transfer_token before the first save, as kvbench pd does).\n"
+    "  optional: a Want without a token binds the request too; one presented must match.\n"
+    "  auto (default): required with --auth-secret-file, optional without.\n"
     "--max-peer-connections (256), --max-unauthenticated-peers (32),\n"
     "  --max-peer-connections-per-address (32), --max-source-requests (65536),\n"
     "  --max-requests-per-peer (16384): limits; see\n"
@@ -218,6 +223,10 @@ int main(int argc, char** argv) {
     }
     if (arg.rfind("--", 0) != 0) return Fail("unexpected argument '" + arg + "' (see --help)");
     std::string name = arg.substr(2), value;
+    if (name == "busy-poll") {  // a switch: no value
+      options.busy_poll = true;
+      continue;
+    }
     if (name == "insecure") {  // a switch: no value
       flags[name] = "true";
       continue;
@@ -315,6 +324,12 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // --busy-poll reaches the transport's posting thread through its own setting, where it has one.
+  const bool takes_busy_poll =
+      std::any_of(backend->settings.begin(), backend->settings.end(),
+                  [](const auto& s) { return s.key == std::string_view("busy_poll"); });
+  if (options.busy_poll && takes_busy_poll)
+    options.transport_settings.emplace_back("busy_poll", "1");
   if (kv::Status s = kv::transport::CheckSettings(backend->name, {options.transport_settings});
       !s.ok()) {
     return Fail(s.message() + " (see --help)");

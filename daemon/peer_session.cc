@@ -371,7 +371,8 @@ void Daemon::Core::PeerConnected(uint64_t peer_id, std::string name, int ranks,
     return;
   }
   if (!connected.ok()) {
-    peer->conn->Close(connected.status().WithContext(peer->conn->label()));
+    // Told why (an authenticated peer whose transport address this kvd refused, issue 19).
+    RefusePeer(*peer, connected.status());
     return;
   }
   peer->transport_peer = *connected;

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "daemon/peer_auth.h"
 #include "protocol/wire_layout.h"
 
@@ -80,9 +82,13 @@ void Scheduler::OnPeerFail(Peer& peer, const proto::Fail& fail) {
 void Scheduler::FailRequestsOfEngine(uint64_t engine_id, const Status& why) {
   std::vector<std::string> sources, loads;
   for (const auto& [id, r] : sources_) {
+    // Its ranks' engines, and those that fixed its token before saving (SetTransferToken).
+    bool of_engine = std::find(r.token_engines.begin(), r.token_engines.end(), engine_id) !=
+                     r.token_engines.end();
     for (const auto& [rank_no, rank] : r.ranks) {
-      if (rank.engine_id == engine_id) sources.push_back(id);
+      if (rank.engine_id == engine_id) of_engine = true;
     }
+    if (of_engine) sources.push_back(id);
   }
   for (const auto& [id, r] : loads_) {
     for (const auto& [rank_no, rank] : r.ranks) {

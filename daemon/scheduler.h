@@ -118,9 +118,13 @@ struct SourceRequest {
   // by the destination's WantRequest (transfers.cc, OnWant).
   std::string token;
   // Transfer tokens (issue 19): the token is fixed once a RequestFinished handed it out or an
-  // engine chose it there (the vLLM connector's scheduler mints it; every rank must agree). A
-  // Want presenting a token before then is held (held_wants.cc).
+  // engine chose it there or earlier, with SetTransferToken (the vLLM connector's scheduler or a
+  // router mints it; every rank must agree). A Want presenting a token before then is held
+  // (held_wants.cc); once it is fixed, a Want presenting it streams at once.
   bool token_fixed = false;
+  // Engines that fixed or checked the token with SetTransferToken before saving anything: they
+  // hear the request's end (RequestDone) and fail it when they leave, as its ranks' engines do.
+  std::vector<uint64_t> token_engines;
   Clock::time_point started = Clock::now();  // for kvd_request_seconds (metrics_hooks.cc)
 
   // Decode ranks some destination wants.
@@ -234,9 +238,18 @@ class Scheduler {
 
   // ---- source side (transfers.cc) ----
   Status SaveLayer(Engine& engine, const proto::SaveLayer& save);
-  // A one-way save kvd refused: fails the request if it is the engine's instance's (every rank
-  // and the destination hear it), and tells the engine with RequestDone(sent) in any case.
-  void FailSave(uint64_t engine_id, const std::string& request_id, const Status& why);
+  // A one-way save (or SetTransferToken: `call` names it) kvd refused: fails the request if it
+  // is the engine's instance's (every rank and the destination hear it), and tells the engine
+  // with RequestDone(sent) in any case.
+  void FailSave(uint64_t engine_id, const std::string& request_id, const Status& why,
+                const std::string& call = "save_layer");
+  // Fixes the request's transfer token before the request finishes (held_wants.cc): creates the
+  // request if no save or Want named it yet; the first engine of the instance fixes the token,
+  // the others' must equal it. Wants held for the token are checked at once (a match streams
+  // layers as they are saved). Errors (a token of another size, another token than the fixed
+  // one, a request of another instance, no room): nothing changed; the caller fails the request
+  // (FailSave), as for a refused save.
+  Status SetTransferToken(Engine& engine, const proto::SetTransferToken& m);
   Result<proto::TransferParams> RequestFinished(Engine& engine, const proto::RequestFinished& m);
   // Every region of the Want imported: the peer's cache, else `fresh` (Core::HandleWant imports
   // the others first, off the io thread). Never blocks.

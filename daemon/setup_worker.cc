@@ -1,10 +1,16 @@
 #include "daemon/setup_worker.h"
 
+#include "base/thread_name.h"
+
 namespace kv::daemon {
 
 SetupWorker::SetupWorker(boost::asio::io_context& io, int threads, size_t max_jobs)
     : io_(io), max_jobs_(max_jobs) {
-  for (int i = 0; i < std::max(threads, 1); ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < std::max(threads, 1); ++i)
+    threads_.emplace_back([this] {
+      NameThisThread("kvd-setup");
+      Loop();
+    });
 }
 
 SetupWorker::~SetupWorker() {

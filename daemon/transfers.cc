@@ -79,14 +79,16 @@ Status Scheduler::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   return Status::Ok();
 }
 
-void Scheduler::FailSave(uint64_t engine_id, const std::string& request_id, const Status& why) {
+void Scheduler::FailSave(uint64_t engine_id, const std::string& request_id, const Status& why,
+                         const std::string& call) {
   Engine* engine = registry_.Find(engine_id);
   if (engine == nullptr) return;
-  const Status failure = why.WithContext("save_layer of " + request_id);
+  const Status failure = why.WithContext(call + " of " + request_id);
   bool told = false;
   auto it = sources_.find(request_id);
   if (it != sources_.end() && it->second.instance == engine->instance) {
     for (const auto& [r, rank] : it->second.ranks) told = told || rank.engine_id == engine_id;
+    for (uint64_t id : it->second.token_engines) told = told || id == engine_id;
     FinishSource(request_id, failure, /*tell_peer=*/true);
   }
   if (!told) {
@@ -428,6 +430,11 @@ void Scheduler::FinishSource(std::string request_id, const Status& status, bool 
   hooks_.source_ended(request, status);
   auto done = RequestDoneMessage(request_id, /*sent=*/true, status, request.bytes, request.runs);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, done);
+  for (uint64_t id : request.token_engines) {
+    const bool saved = std::any_of(request.ranks.begin(), request.ranks.end(),
+                                   [id](const auto& rank) { return rank.second.engine_id == id; });
+    if (!saved) SendToEngine(id, done);
+  }
   if (!status.ok()) DropHeldWants(request_id, status);  // Wants held for its token
 }
 

@@ -15,6 +15,14 @@ int Index(Axis a) {
 
 constexpr std::string_view kAxisNames = "LBHNSC";  // in Axis order
 
+// One byte of an order for an error text: 'X' if printable ASCII, else its value (a lone byte of
+// a multi-byte character is not text, and protobuf refuses a reply that is not UTF-8).
+std::string AxisByte(char c) {
+  const auto b = static_cast<unsigned char>(c);
+  if (b >= 0x20 && b < 0x7f) return std::string("'") + c + "'";
+  return "byte " + std::to_string(b);
+}
+
 // The order with L prepended when absent, or an error naming what is wrong with it.
 Result<std::string> NormalizeOrder(const std::string& order) {
   std::string full = order.find('L') == std::string::npos ? "L" + order : order;
@@ -22,8 +30,8 @@ Result<std::string> NormalizeOrder(const std::string& order) {
   for (char c : full) {
     const std::optional<Axis> axis = AxisFromName(c);
     if (!axis)
-      return Status::InvalidArgument("order '" + order + "': unknown axis '" + std::string(1, c) +
-                                     "' (axes are L, B, H, N, S, C)");
+      return Status::InvalidArgument("order '" + order + "': unknown axis " + AxisByte(c) +
+                                     " (axes are L, B, H, N, S, C)");
     const int a = Index(*axis);
     if (seen[a])
       return Status::InvalidArgument("order '" + order + "': axis " + std::string(1, c) +

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "base/utf8.h"
+
 namespace kv::proto {
 
 void ToWire(const LayoutSpec& spec, proto::Layout* out) {
@@ -45,7 +47,9 @@ Result<KvRegion> FromWire(const proto::Layout& wire) {
 
 void ToWire(const Status& status, proto::Error* out) {
   out->set_code(static_cast<int32_t>(status.code()));
-  out->set_message(status.message());
+  // proto3 refuses a string field that is not UTF-8: one bad byte would make the whole reply
+  // unreadable to the engine or peer (the daemon fuzz target found an error quoting one byte).
+  out->set_message(ToValidUtf8(status.message()));
 }
 
 Status FromWire(const proto::Error& wire) {

@@ -10,6 +10,16 @@
 #   usage (on the device): bash .peers/run/peers/device.sh [CASES]
 #   CASES, space-separated (default "LBNHC:32 BLHNC:32"):
 #     ORDER:WINDOW          kvd, NIXL and Mooncake on that layout and window
+#     TP2:ORDER:WINDOW[:PW] TP 1 -> 2 (one prefill rank on GPU 0, two decode ranks on GPU 1):
+#                           kvd (kvbench pd --decode-tp 2) at WINDOW, then NIXL and Mooncake
+#                           (--decode-tp 2) at window PW, default WINDOW for BLHNC and min(WINDOW,
+#                           8) for LBNHC (2 KiB descriptors: a window-32 wave is 8.4 M of them,
+#                           about a minute per wave for NIXL at its TP 1 cost per descriptor).
+#                           Each peer gets --budget-s, its share of what is left of BUDGET_S,
+#                           and cuts its timed iterations to fit (down to the cold wave alone).
+#                           MC_FLAGS adds flags to these Mooncake runs (e.g. "--max-batch 65536
+#                           --max-inflight 65536"; default: one batch per request and rank,
+#                           131,072 entries at LBNHC, the whole wave in flight).
 #     kvd-pull:ORDER:WINDOW kvd alone with --mode pull (whole requests, as the peers move them)
 #     offload               kvbench offload, NIXL loopback and the vLLM batched-copy method
 set -uo pipefail
@@ -57,9 +67,9 @@ NIXL_ENV=(PYTHONPATH=$PN UCX_MODULE_DIR=$PN/nixl_cu13.libs/ucx UCX_TLS=cuda_copy
           UCX_PROTO_INFO=y)
 MC_ENV=(PYTHONPATH=$PM MC_INTRANODE_NVLINK=true LD_LIBRARY_PATH=$MD/usr/lib/x86_64-linux-gnu:$TORCHLIB)
 
-pd() {  # kvd on one case; prints kvbench's summary lines. $3: extra kvbench flags
-  local order=$1 window=$2 tag=kvd-$1-w$2${3:+-pull}
-  (( $(tmo) < 30 )) && { echo "== kvd $order window $window: skipped (out of time)"; return; }
+pd() {  # kvd on one case; prints kvbench's summary lines. $3: extra kvbench flags, $4: tag suffix
+  local order=$1 window=$2 tag=kvd-$1-w$2${4-${3:+-pull}}
+  (( $(tmo) < 30 )) && { echo "== kvd $order window $window ${3:-}: skipped (out of time)"; return; }
   timeout "$(tmo)" env "${KVD_ENV[@]}" $B/bin/kvbench pd --memory cuda --transport ipc --tokens 4096 \
     --layers 32 --heads 8 --head-dim 128 --block-size 16 --prewrite --block-ids random \
     --prefill-order "$order" --decode-order "$order" --requests $(( window * 2 )) --window "$window" ${3:-} \
@@ -67,14 +77,23 @@ pd() {  # kvd on one case; prints kvbench's summary lines. $3: extra kvbench fla
   echo "== kvd $order window $window ${3:-} (kvbench pd --transport ipc) rc=$?"
   grep -E "round|requests .* verified|bytes |runs per request|ceiling|attention" "$OUT/$tag.log" | sed 's/^/  /'
 }
-peer() {  # $1 nixl|mooncake, $2 order, $3 window
-  local env_name script
+peer() {  # $1 nixl|mooncake, $2 order, $3 window; $4 extra harness flags, $5 log tag suffix
+  local env_name script log="$OUT/$1-$2-w$3${5:-}.log"
   if [[ $1 == nixl ]]; then script=nixl_bench.py; env_name=("${NIXL_ENV[@]}")
   else script=mooncake_bench.py; env_name=("${MC_ENV[@]}"); fi
-  (( $(tmo) < 30 )) && { echo "== $1 $2 window $3: skipped (out of time)"; return; }
+  (( $(tmo) < 30 )) && { echo "== $1 $2 window $3 ${4:-}: skipped (out of time)"; return; }
   timeout "$(tmo)" env "${env_name[@]}" python3 "$RUN/peers/$script" --memory cuda --order "$2" \
-    --window "$3" --logdir "$OUT/logs" --json-out "$OUT/peers.jsonl" > "$OUT/$1-$2-w$3.log" 2>&1
-  echo "(rc=$?)"; cat "$OUT/$1-$2-w$3.log" | cut -c1-400 | tail -25
+    --window "$3" ${4:-} --logdir "$OUT/logs" --json-out "$OUT/peers.jsonl" > "$log" 2>&1
+  echo "(rc=$?)"; cat "$log" | cut -c1-400 | tail -25
+}
+TP2_LEFT=0; for c in $CASES; do [[ $c == TP2:* ]] && TP2_LEFT=$(( TP2_LEFT + 1 )); done
+tp2() {  # TP 1 -> 2: kvd at window $2, then each peer at window $3 within its share of the time
+  pd "$1" "$2" "--decode-tp 2" -tp2  # left (the TP2 cases still to run share it)
+  local l=$(( $(tmo) - 10 ))
+  peer nixl "$1" "$3" "--decode-tp 2 --budget-s $(( 2 * l / (3 * TP2_LEFT) ))" -tp2  # NIXL: 2/3
+  l=$(( $(tmo) - 10 ))
+  peer mooncake "$1" "$3" "--decode-tp 2 --budget-s $(( l / (2 * TP2_LEFT - 1) ))${MC_FLAGS:+ $MC_FLAGS}" -tp2
+  TP2_LEFT=$(( TP2_LEFT - 1 ))
 }
 offload() {
   (( $(tmo) < 30 )) && { echo "== offload: skipped (out of time)"; return; }
@@ -96,6 +115,10 @@ for c in $CASES; do
         --json-out "$OUT/peers.jsonl" > "$OUT/offload.log" 2>&1
       echo "(offload_bench rc=$?)"; grep -E "^(==|  )" "$OUT/offload.log" | cut -c1-300 ;;
     kvd-pull:*) c=${c#kvd-pull:}; pd "${c%%:*}" "${c##*:}" "--mode pull" ;;
+    TP2:*)
+      IFS=: read -r _ o w pw <<< "$c"
+      [[ -z $pw ]] && { pw=$w; [[ $o == LBNHC ]] && (( w > 8 )) && pw=8; }
+      tp2 "$o" "$w" "$pw" ;;
     *) o=${c%%:*} w=${c##*:}; pd "$o" "$w"; peer nixl "$o" "$w"; peer mooncake "$o" "$w" ;;
   esac
 done

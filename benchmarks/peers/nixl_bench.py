@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """NIXL (nixl-cu13, UCX backend) on kvd's P/D request shape: GPU 0 -> GPU 1, WRITE (push) and
-READ (pull), every byte verified (common.py says how it is timed and checked).
+READ (pull), TP 1 or TP 1 -> N (--decode-tp N: the prefill agent pushes into every decode rank's
+agent, or each decode rank's agent pulls its heads), every byte verified (common.py says how it
+is timed and checked; geometry.py which runs a request moves).
 
 NIXL's documented fast path, as vLLM's NixlConnector and nixlbench use it: one agent per process
 with the UCX backend and its progress thread, the whole cache registered once as one VRAM region,
 metadata exchanged out of band (here through the driver), and per request a local and a remote
 descriptor list prepared once (prep_xfer_dlist) and a transfer handle made once
-(make_prepped_xfer); an iteration posts every handle (transfer) and polls check_xfer_state.
+(make_prepped_xfer), one descriptor per contiguous run (TP 1: one per page; TP 1 -> 2 LBNHC:
+131,072 of 2 KiB per request and rank); an iteration posts every handle (transfer) and polls
+check_xfer_state.
 
 Environment (set by device.sh): UCX_TLS=cuda_copy,cuda_ipc,sm,tcp,self (NIXL's UCX backend
 needs a transport with active messages and peer-failure handling for its wireup, which among
@@ -16,6 +20,7 @@ the protocol it picked per lane into the worker logs, which the driver greps and
 data path that fell back to tcp is seen.
 
 usage: nixl_bench.py [--memory cuda|host] [--order LBNHC|BLHNC] [--window N] [--ops WRITE,READ]
+                     [--decode-tp N] [--budget-s S]
 """
 
 import os
@@ -31,33 +36,34 @@ import common  # noqa: E402
 class NixlPeer:
     def __init__(self, rank, shape, cache, device, args):
         from nixl_cu13._api import nixl_agent, nixl_agent_config
-        self.rank, self.shape, self.cache = rank, shape, cache
+        self.rank, self.shape, self.cache, self.args = rank, shape, cache, args
         self.mem = "VRAM" if device >= 0 else "DRAM"
         self.dev = max(device, 0)
         self.agent = nixl_agent(f"kvpeer{rank}", nixl_agent_config(backends=["UCX"]))
         self.handles = {}
         self.dlists = []
-        self.remote_name = None
+        self.remote_names = {}
 
     def init(self):
         self.reg = self.agent.register_memory(
             [(self.cache.addr, self.shape.cache_bytes, self.dev, "")], self.mem)
         return self.agent.get_agent_metadata()
 
-    def connect(self, meta, base):
-        self.remote_name = self.agent.add_remote_agent(meta)
-        self.remote_base = base
+    def connect(self, peer, meta):
+        self.remote_names[peer] = self.agent.add_remote_agent(meta)
 
-    def prep(self, op, my_reqs, peer_reqs):
-        peer_dev = 1 - self.rank if self.mem == "VRAM" else 0
+    def prep(self, op, plan):
+        """Per request and remote worker: a local and a remote descriptor list (one descriptor per
+        run) and one transfer handle, made once."""
         hs = []
-        for mine, theirs in zip(my_reqs, peer_reqs):
-            loc = common.descs(self.shape, self.cache.addr, mine, self.dev)
-            rem = common.descs(self.shape, self.remote_base, theirs, peer_dev)
+        for peer, loc_addr, rem_addr, lens in plan:
+            peer_dev = max(common.worker_device(peer, self.args.memory), 0)
+            loc = common.nixl_rows(loc_addr, lens, self.dev)
+            rem = common.nixl_rows(rem_addr, lens, peer_dev)
             lh = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", loc, self.mem)
-            rh = self.agent.prep_xfer_dlist(self.remote_name, rem, self.mem)
+            rh = self.agent.prep_xfer_dlist(self.remote_names[peer], rem, self.mem)
             self.dlists += [lh, rh]
-            idx = np.arange(len(mine), dtype=np.int32)
+            idx = np.arange(len(lens), dtype=np.int32)
             hs.append(self.agent.make_prepped_xfer(op, lh, idx, rh, idx))
         self.handles[op] = hs
 

@@ -5,7 +5,8 @@
 // (Open) or to a kvd core running inside this process (OpenEmbedded: same protocol, over a
 // socketpair).
 //
-//   prefill rank:  RegisterKvCaches → per layer: (write K/V) → SaveLayer → RequestFinished
+//   prefill rank:  RegisterKvCaches → [SetTransferToken] → per layer: (write K/V) → SaveLayer
+//                  → RequestFinished
 //   decode rank:   RegisterKvCaches → StartLoad (or StartLoads) → per layer: WaitLayer → (attend)
 //   both:          GetFinished / GetFailedBlocks once per step
 //   CPU offload:   OffloadStore → (op.Wait) ... OffloadLookup → OffloadLoad → op.WaitLayer / Wait
@@ -59,7 +60,8 @@ struct TransferParams {
   std::string transfer_token{};
 };
 
-// The sizes of a transfer token an engine chooses (Connector::RequestFinished), in bytes.
+// The sizes of a transfer token an engine chooses (Connector::SetTransferToken,
+// Connector::RequestFinished), in bytes.
 inline constexpr size_t kMinTransferTokenBytes = 16;
 inline constexpr size_t kMaxTransferTokenBytes = 32;
 
@@ -246,8 +248,23 @@ class KV_EXPORT Connector {
   // range, or a failed event record.
   Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,
                                          void* cuda_stream = nullptr);
+  // Prefill: fixes `request`'s transfer token (kMinTransferTokenBytes to kMaxTransferTokenBytes
+  // from a CSPRNG) before the request finishes, for a router or engine that knows the request
+  // when its prefill starts and hands the token to the decode side then: a decode kvd's Want that
+  // presents it is served at once, so layers stream while the prefill still runs, with tokens
+  // required. Call it on every rank before (or after) the request's first SaveLayer and before
+  // RequestFinished; the first rank fixes it, every other call must pass the same token, and
+  // RequestFinished may then pass it again or none (it returns the fixed one). A separate call,
+  // not an argument of SaveLayer: it serves SaveLayer and SaveLayers alike and may come before
+  // the first layer is written. One-way, as SaveLayer: it returns once kvd has the message; it
+  // checks the token's size and the request id here (kInvalidArgument) and returns an earlier
+  // failure of the request. A token kvd refuses later (another one than the fixed token, a
+  // request of another instance) fails the request: every rank and destination hear it, and
+  // RequestFinished returns that error.
+  Status SetTransferToken(const std::string& request, const std::string& transfer_token);
   // Prefill: the request is done on this rank; returns what the decode side loads it with, its
-  // transfer_token being kvd's random capability for the request.
+  // transfer_token being kvd's random capability for the request (or the one SetTransferToken
+  // fixed).
   Result<TransferParams> RequestFinished(const std::string& request);
   // RequestFinished with a transfer token the engine chose itself (kMinTransferTokenBytes to
   // kMaxTransferTokenBytes from a CSPRNG): for engines whose scheduler hands the transfer params

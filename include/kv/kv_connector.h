@@ -202,6 +202,19 @@ typedef struct {
   int mode;       /* KV_MODE_PUSH or KV_MODE_PULL */
 } kv_transfer_params;
 
+/* Fixes `request`'s transfer token before the request finishes (Connector::SetTransferToken):
+ * `transfer_token` is 32 to 64 hex digits (16 to 32 bytes from a CSPRNG), NUL-terminated. For a
+ * router or engine that mints the token when the prefill starts and hands it to the decode side
+ * then: the decode kvd's Want that presents it is served at once, so layers stream while the
+ * prefill still runs, with tokens required. Every rank calls it, before (or after) its first
+ * kv_save_layer and before kv_request_finished(_with_token); the first fixes the token, the
+ * others must pass the same. A call of its own rather than a token argument on the first save:
+ * kv_save_layer and kv_save_layers (whose kv_save carries no struct_size to grow) stay as they
+ * are, and the token may be fixed before the first layer is written. One-way, as kv_save_layer:
+ * KV_INVALID_ARGUMENT for a bad id or token here; a token kvd refuses later (another one than
+ * the fixed token) fails the request, and kv_request_finished returns that error. */
+KV_EXPORT int kv_set_transfer_token(kv_connector* c, const char* request,
+                                    const char* transfer_token, kv_error* err);
 /* Finishes `request` on the prefill side and fills *out (its struct_size set by the caller).
  * Up to `capacity` of the prefill side's block ids (vLLM's remote_block_ids) go to
  * remote_block_ids (may be NULL when capacity is 0); *count (may be NULL) receives how many
@@ -212,9 +225,9 @@ KV_EXPORT int kv_request_finished(kv_connector* c, const char* request, kv_trans
 /* kv_request_finished with a transfer token the engine chose: `transfer_token` is 32 to 64 hex
  * digits (16 to 32 bytes from a CSPRNG), NUL-terminated; out->transfer_token receives it back.
  * For engines whose scheduler hands the params to the decode side before the ranks finish the
- * request here (vLLM); every rank must pass the same token, else the request fails. A decode
- * kvd's Want that presents it before then waits for it, within its lease. KV_INCOMPATIBLE from
- * a kvd too old to take it. */
+ * request here (vLLM); every rank must pass the same token (and the one kv_set_transfer_token
+ * fixed, if any), else the request fails. A decode kvd's Want that presents it before then
+ * waits for it, within its lease. KV_INCOMPATIBLE from a kvd too old to take it. */
 KV_EXPORT int kv_request_finished_with_token(kv_connector* c, const char* request,
                                              const char* transfer_token, kv_transfer_params* out,
                                              int64_t* remote_block_ids, size_t capacity,

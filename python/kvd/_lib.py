@@ -98,6 +98,7 @@ _SIGNATURES = {
                                c_void_p, _err_p]),
     "kv_request_finished": (c_int, [c_void_p, c_char_p, POINTER(KvTransferParamsStruct),
                                     c_void_p, c_size_t, POINTER(c_size_t), _err_p]),
+    "kv_set_transfer_token": (c_int, [c_void_p, c_char_p, c_char_p, _err_p]),
     "kv_request_finished_with_token": (c_int, [c_void_p, c_char_p, c_char_p,
                                                POINTER(KvTransferParamsStruct), c_void_p,
                                                c_size_t, POINTER(c_size_t), _err_p]),

@@ -312,6 +312,22 @@ class Connector(OffloadMixin):
         return [None if r.code == 0 else lib.error(r.code, r, f"save of {saves[i][0]!r}")
                 for i, r in enumerate(results)]
 
+    def set_transfer_token(self, request: str, transfer_token: str):
+        """Fixes `request`'s transfer token before it finishes (32 to 64 hex digits, e.g.
+        secrets.token_hex(16)), for a router or engine that mints it when the prefill starts and
+        hands it to the decode side then: a decode's Want presenting it is served at once, so
+        layers stream while the prefill runs, with tokens required. Every rank calls it before
+        (or after) its first save_layer and before request_finished; the first fixes it, the
+        others must pass the same. One-way, as save_layer: a token kvd refuses later fails the
+        request, and request_finished raises that error."""
+        if not isinstance(transfer_token, str):
+            raise InvalidArgumentError(f"transfer_token must be a str of hex digits, got "
+                                       f"{transfer_token!r}")
+        err = self._lib.err()
+        rc = self._lib.kv_set_transfer_token(self._handle(), _cstr(request, "request"),
+                                             transfer_token.encode(), err)
+        self._lib.check(rc, err, f"set_transfer_token({request!r})")
+
     def request_finished(self, request: str, transfer_token: str = None) -> TransferParams:
         """Finishes `request` on the prefill side: the TransferParams the decode side loads it
         with (to_dict() for the router). Their transfer_token is kvd's random capability for

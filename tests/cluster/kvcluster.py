@@ -240,13 +240,15 @@ class Cluster:
                   "UCX_LOG_FILE": "stderr"})
         if env:
             e.update(env)
-        # Peers off loopback must prove a shared secret (SECURITY.md); kvbench pd starts its loads
-        # before the prefill finished, so it has no transfer token to present: optional.
+        # Peers off loopback must prove a shared secret (SECURITY.md), and transfer tokens are
+        # then required (--transfer-token auto): kvbench pd's prefill engines fix each request's
+        # token before their first save and its decode engines present it, so its loads that
+        # start before the prefill finished still stream.
         cmd = self.ns(host) + [
             os.path.join(self.build, "bin", "kvd"), "--name", name,
             "--listen", f"{self.address(host)}:{port}", "--socket", socket,
             "--transport", "ucx", "--log-level", "warn",
-            "--auth-secret-file", self.secret_file(), "--transfer-token", "optional"] + list(args)
+            "--auth-secret-file", self.secret_file()] + list(args)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=e)
         log.close()
         self.children.append(proc)

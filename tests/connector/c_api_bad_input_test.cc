@@ -187,6 +187,19 @@ TEST_F(CApiBadInput, SaveFinishLoadWait) {
       KV_OK)
       << err.message;
   EXPECT_EQ(std::string(params.transfer_token), "00112233445566778899aabbccddeeff");
+  // The token fixed early (kv_set_transfer_token): checked here as above, one-way once good.
+  Expect(kv_set_transfer_token(nullptr, "u", token.c_str(), &err), KV_INVALID_ARGUMENT,
+         "connector");
+  Expect(kv_set_transfer_token(c, nullptr, token.c_str(), &err), KV_INVALID_ARGUMENT, "request");
+  Expect(kv_set_transfer_token(c, long_id.c_str(), token.c_str(), &err), KV_INVALID_ARGUMENT,
+         "longer than 256");
+  Expect(kv_set_transfer_token(c, "u", nullptr, &err), KV_INVALID_ARGUMENT, "transfer_token");
+  Expect(kv_set_transfer_token(c, "u", "0011zz", &err), KV_INVALID_ARGUMENT, "non-hex");
+  Expect(kv_set_transfer_token(c, "u", "0011", &err), KV_INVALID_ARGUMENT, "2 bytes");
+  ASSERT_EQ(kv_set_transfer_token(c, "u", token.c_str(), &err), KV_OK) << err.message;
+  for (int l = 0; l < 2; ++l) ASSERT_EQ(kv_save_layer(c, "u", l, blocks, 2, nullptr, &err), KV_OK);
+  ASSERT_EQ(kv_request_finished(c, "u", &params, nullptr, 0, nullptr, &err), KV_OK) << err.message;
+  EXPECT_EQ(std::string(params.transfer_token), "00112233445566778899aabbccddeeff");
 
   kv_transfer_params p = ParamsFrom(kv_daemon_address(d), 4);
   Expect(kv_start_load(nullptr, "a", &p, blocks, 1, &err), KV_INVALID_ARGUMENT, "connector");

@@ -1,9 +1,11 @@
 // The C API end to end: two embedded kvd cores, a prefill and a decode engine, one request.
 #include "kv/kv_connector.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -149,6 +151,65 @@ TEST_F(CApi, AFailedLoadSaysWhyAfterItsBlocksCameBack) {
   EXPECT_NE(std::string(why.message).find("127.0.0.1:1"), std::string::npos) << why.message;
   ASSERT_EQ(kv_load_error(decode, "never", &why, &err), 0) << err.message;
   EXPECT_EQ(why.code, KV_OK);
+}
+
+// kv_set_transfer_token: with a peer secret (tokens required) the decode's Want presents the
+// token the prefill fixed before its first save, and layer 0 arrives while the prefill still
+// runs (layer 1 not saved, the request not finished); kv_request_finished returns that token.
+TEST(CApiEarlyToken, AFixedTokenLetsLayersStreamBeforeTheRequestFinished) {
+  char dir_template[] = "/tmp/kv-c-api-token-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string secret = std::string(dir_template) + "/secret";
+  {
+    const int fd = open(secret.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    const std::string bytes(32, 'q');
+    ASSERT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    close(fd);
+  }
+  kv_error err{};
+  kv_daemon *p = nullptr, *d = nullptr;
+  for (auto [name, out] : {std::pair{"p", &p}, std::pair{"d", &d}}) {
+    kv_daemon_options o;
+    KV_INIT(o);
+    o.name = name;
+    o.transport = "local";
+    o.auth_secret_file = secret.c_str();
+    ASSERT_EQ(kv_daemon_start(&o, out, &err), 0) << err.message;
+  }
+  kv_connector *prefill = nullptr, *decode = nullptr;
+  void *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(OpenEmbedded(p, "prefill", &prefill, &err), 0) << err.message;
+  ASSERT_EQ(OpenEmbedded(d, "decode", &decode, &err), 0) << err.message;
+  ASSERT_EQ(RegisterOne(prefill, Layout(), &src, &err), 0) << err.message;
+  ASSERT_EQ(RegisterOne(decode, Layout(), &dst, &err), 0) << err.message;
+
+  const char* token = "0123456789abcdef0123456789abcdef";
+  ASSERT_EQ(kv_set_transfer_token(prefill, "r", token, &err), 0) << err.message;
+  kv_transfer_params params = ParamsFrom(kv_daemon_address(p), 4);  // one block
+  std::snprintf(params.transfer_token, sizeof(params.transfer_token), "%s", token);
+  const int64_t src_blocks[] = {1}, dst_blocks[] = {3};
+  ASSERT_EQ(kv_start_load(decode, "r", &params, dst_blocks, 1, &err), 0) << err.message;
+  std::memset(SmallPage(src, 0, 1), 0x61, 128);
+  ASSERT_EQ(kv_save_layer(prefill, "r", 0, src_blocks, 1, nullptr, &err), 0) << err.message;
+  ASSERT_EQ(kv_wait_layer(decode, "r", 0, &err), 0) << err.message;
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(SmallPage(dst, 0, 3)[i], 0x61);
+
+  std::memset(SmallPage(src, 1, 1), 0x62, 128);
+  ASSERT_EQ(kv_save_layer(prefill, "r", 1, src_blocks, 1, nullptr, &err), 0) << err.message;
+  kv_transfer_params out;
+  KV_INIT(out);
+  ASSERT_EQ(kv_request_finished(prefill, "r", &out, nullptr, 0, nullptr, &err), 0) << err.message;
+  EXPECT_STREQ(out.transfer_token, token);
+  ASSERT_EQ(kv_wait_layer(decode, "r", 1, &err), 0) << err.message;
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(SmallPage(dst, 1, 3)[i], 0x62);
+
+  kv_connector_close(prefill);
+  kv_connector_close(decode);
+  kv_daemon_stop(p);
+  kv_daemon_stop(d);
+  unlink(secret.c_str());
+  rmdir(dir_template);
 }
 
 }  // namespace

@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "daemon/daemon.h"
-#include "base/framing.h"
-#include "protocol/kvd.pb.h"
-#include "base/shared_memory.h"
-#include "protocol/wire_layout.h"
 #include "base/fd_passing.h"
+#include "base/framing.h"
+#include "base/shared_memory.h"
+#include "daemon/daemon.h"
+#include "protocol/kvd.pb.h"
+#include "protocol/wire_layout.h"
 
 namespace kv {
 namespace {
@@ -165,6 +165,21 @@ TEST_F(EngineMemory, AnUnsealedMemfdIsRefusedAndKvdKeepsServing) {
   EXPECT_NE(s.message().find("sealed"), std::string::npos) << s.ToString();
   EXPECT_TRUE(Register(4096, /*seal=*/true).ok());
   EXPECT_EQ(daemon_->Snapshot().regions(), 1u);
+}
+
+// An error that quotes the engine's input stays a readable reply: the order "LBN¼C" is valid UTF-8,
+// but its unknown axis is the lone byte 0xc2, which once went into the reply's text as is, and a
+// proto3 parser refuses a string field that is not UTF-8 (found by the daemon fuzz target).
+TEST_F(EngineMemory, AnErrorQuotingPartOfAMultiByteCharacterIsStillAReadableReply) {
+  proto::EngineMessage m = HostRegion(4096);
+  m.mutable_register_region()->mutable_layout()->set_order(
+      "LBN\xc2\xbc"
+      "C");
+  Status s = CallWithMemfd(m, 4096);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();  // not "bad reply"
+  EXPECT_NE(s.message().find("unknown axis byte 194"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(Register(4096, /*seal=*/true).ok());  // and kvd keeps serving this engine
 }
 
 // kvd maps (and populates) only the layout's span of the object, wherever it lies in it: a

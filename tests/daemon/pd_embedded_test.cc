@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "tools/kvbench/pd/pd_sim.h"
 #include "daemon/daemon.h"
+#include "tools/kvbench/pd/pd_sim.h"
 
 namespace kv {
 namespace {
@@ -82,10 +82,15 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 class PdEmbedded : public ::testing::TestWithParam<Case> {};
 
-std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::string& socket) {
+// `secret`: peers prove it, and transfer tokens are required (SECURITY.md).
+std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::string& socket,
+                                            bool busy_poll = false,
+                                            const std::string& secret = "") {
   daemon::DaemonOptions options;
   options.name = name;
+  options.busy_poll = busy_poll;
   options.socket_path = socket;
+  options.auth_secret = secret;
   options.transport_name = "local";
   options.lease = std::chrono::milliseconds(10000);
   auto d = daemon::Daemon::Start(std::move(options));
@@ -211,6 +216,54 @@ TEST(PdEmbeddedWarmup, WarmupWavesMoveBytesButAreNotCounted) {
   EXPECT_LE(r->posts, r->runs);
   EXPECT_EQ(prefill->Snapshot().transfers_done(),
             static_cast<uint64_t>(c.requests + c.warmup_waves * c.window));
+}
+
+// kvd --busy-poll: io threads that never sleep serve the same transfers, and stop when the
+// daemons do (a spin that missed the stop would hang the test at its destructor).
+TEST(PdEmbeddedBusyPoll, SpinningIoThreadsMoveEveryByteAndStop) {
+  auto prefill = StartDaemon("prefill-node", "", /*busy_poll=*/true);
+  auto decode = StartDaemon("decode-node", "", /*busy_poll=*/true);
+  ASSERT_TRUE(prefill && decode);
+  const PdConfig c = Small();
+  auto r = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ExpectAllVerified(r, c);
+  EXPECT_EQ(prefill->Snapshot().transfers_done(), static_cast<uint64_t>(c.requests));
+  const auto started = std::chrono::steady_clock::now();
+  prefill.reset();
+  decode.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+}
+
+// With a peer secret kvd requires transfer tokens: the simulator's router mints one per
+// request, the prefill ranks fix it before their first save and the decode ranks present it, so
+// every request streams and verifies (TP 2 -> 1, push). Without the tokens the same kvds refuse
+// every Want.
+TEST(PdEmbeddedTokens, WithTokensRequiredEveryRequestStreams) {
+  const std::string secret(32, 'z');
+  auto prefill = StartDaemon("prefill-node", "", /*busy_poll=*/false, secret);
+  auto decode = StartDaemon("decode-node", "", /*busy_poll=*/false, secret);
+  ASSERT_TRUE(prefill && decode);
+  PdConfig c = Small();
+  c.prefill_tp = 2;
+  auto r = connector::RunPd(
+      c, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ExpectAllVerified(r, c);
+  EXPECT_EQ(prefill->Snapshot().transfers_done(), static_cast<uint64_t>(c.requests));
+
+  PdConfig tokenless = Small();
+  tokenless.tag = "tokenless";
+  tokenless.transfer_tokens = false;
+  tokenless.stop_at_failed_wave = true;
+  auto refused = connector::RunPd(
+      tokenless, [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(prefill, o); },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->verified, 0);
+  EXPECT_GT(refused->failed, 0);
+  EXPECT_NE(refused->first_error.find("transfer token"), std::string::npos) << refused->first_error;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PdEmbedded, ::testing::ValuesIn(Cases()),

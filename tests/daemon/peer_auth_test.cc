@@ -46,8 +46,8 @@ std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, const std::
   options.listen = std::move(listen);
   options.auth_secret = secret;
   options.insecure_peers = insecure;
-  // The decode engines here ask before the prefill finished (layer streaming): no token yet.
-  options.require_transfer_token = false;
+  // With a secret transfer tokens are required (--transfer-token auto): RunPd's prefill engines
+  // fix each request's token before their first save and its decode engines present it.
   options.lease = std::chrono::milliseconds(10000);
   options.handshake_timeout = std::chrono::milliseconds(2000);
   auto local = transport::CreateTransport("local");

@@ -374,5 +374,186 @@ TEST(TransferToken, HeldWantsCountAgainstThePeersRequestLimit) {
   EXPECT_EQ(prefill->Snapshot().wants_held(), 1u);
 }
 
+// ---- tokens fixed before the request finishes (SetTransferToken) -------------------------------
+
+// A router mints the token when the prefill starts: the prefill fixes it before its first save
+// and the decode presents it, so with tokens required layer 0 streams while the prefill still
+// runs (layer 1 not saved, the request not finished), one Want before the token and one after.
+TEST(EarlyTransferToken, AWantPresentingItStreamsLayersBeforeTheRequestFinished) {
+  auto prefill = StartDaemon("prefill-node");
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(source && sink);
+  const std::vector<int64_t> source_blocks = {0};
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('k');
+  // "a": the Want comes first and is held until the token is fixed.
+  ASSERT_TRUE(sink->StartLoad("a", params, {std::vector<int64_t>{1}}).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 1));
+  ASSERT_TRUE(source->SetTransferToken("a", Token('k')).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 0)) << "the token did not release the held Want";
+  // "r": the token first, then the Want.
+  ASSERT_TRUE(source->SetTransferToken("r", Token('k')).ok());
+  ASSERT_TRUE(sink->StartLoad("r", params, {std::vector<int64_t>{2}}).ok());
+  for (const char* id : {"a", "r"}) ASSERT_TRUE(source->SaveLayer(id, 0, source_blocks).ok());
+
+  for (const char* id : {"a", "r"}) {
+    Status s = sink->WaitLayer(id, 0);
+    ASSERT_TRUE(s.ok()) << id << ": " << s.ToString();
+  }
+  EXPECT_TRUE(source->GetFinished().sent.empty()) << "a request ended before it was finished";
+  EXPECT_EQ(prefill->Snapshot().transfers_done(), 0u);
+  EXPECT_NE(decode->Snapshot().bytes_received(), 0u);
+
+  for (const char* id : {"a", "r"}) {
+    ASSERT_TRUE(source->SaveLayer(id, 1, source_blocks).ok());
+    auto finished = source->RequestFinished(id);  // no token: the fixed one comes back
+    ASSERT_TRUE(finished.ok()) << finished.status().ToString();
+    EXPECT_EQ(finished->transfer_token, Token('k'));
+    EXPECT_TRUE(sink->WaitLayer(id, 1).ok());
+    EXPECT_TRUE(Released(*source, id));
+  }
+}
+
+// A token presented early that is not the fixed one is refused, whether the Want came before the
+// token was fixed (held, then refused) or after; nothing reaches the thief, and the honest
+// destination still loads the request.
+TEST(EarlyTransferToken, AWrongTokenPresentedEarlyIsRefused) {
+  auto prefill = StartDaemon("prefill-node");
+  auto honest = StartDaemon("decode-node");
+  auto thief = StartDaemon("thief-node");
+  ASSERT_TRUE(prefill && honest && thief);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(honest, "decode");
+  auto early_thief = Engine(thief, "thief");
+  auto late_thief = Engine(thief, "thief-2");
+  ASSERT_TRUE(source && sink && early_thief && late_thief);
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('x');  // a guess
+  const std::vector<int64_t> blocks = {1};
+  ASSERT_TRUE(early_thief->StartLoad("r", params, blocks).ok());
+  ASSERT_TRUE(WantsHeld(prefill, 1));
+  ASSERT_TRUE(source->SetTransferToken("r", Token('k')).ok());
+  const std::vector<int64_t> source_blocks = {0};
+  ASSERT_TRUE(source->SaveLayer("r", 0, source_blocks).ok());
+  Status s = early_thief->WaitLayer("r", 0);
+  ASSERT_FALSE(s.ok()) << "a held Want with a wrong token was served";
+  EXPECT_NE(s.message().find("transfer token does not match"), std::string::npos) << s.ToString();
+  ASSERT_TRUE(late_thief->StartLoad("r", params, blocks).ok());
+  s = late_thief->WaitLayer("r", 0);
+  ASSERT_FALSE(s.ok()) << "a Want with a wrong token was served";
+  EXPECT_NE(s.message().find("transfer token does not match"), std::string::npos) << s.ToString();
+
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(sink->StartLoad("r", params, blocks).ok());
+  ASSERT_TRUE(sink->WaitLayer("r", 0).ok());
+  ASSERT_TRUE(source->SaveLayer("r", 1, source_blocks).ok());
+  ASSERT_TRUE(source->RequestFinished("r", Token('k')).ok());
+  EXPECT_TRUE(sink->WaitLayer("r", 1).ok());
+  EXPECT_TRUE(Released(*source, "r"));
+  EXPECT_EQ(thief->Snapshot().bytes_received(), 0u);
+}
+
+// A token fixed early, then another one at RequestFinished: the request fails on every side, as
+// when two ranks finish it with different tokens, also after a layer already streamed (the
+// destination's next layer never comes).
+TEST(EarlyTransferToken, AnotherTokenAtRequestFinishedFailsTheRequest) {
+  auto prefill = StartDaemon("prefill-node");
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(source && sink);
+  ASSERT_TRUE(source->SetTransferToken("r", Token('k')).ok());
+  TransferParams params;
+  params.peer_address = prefill->listen_address();
+  params.tokens = 16;
+  params.transfer_token = Token('k');
+  ASSERT_TRUE(sink->StartLoad("r", params, {std::vector<int64_t>{1}}).ok());
+  const std::vector<int64_t> source_blocks = {0};
+  ASSERT_TRUE(source->SaveLayer("r", 0, source_blocks).ok());
+  ASSERT_TRUE(sink->WaitLayer("r", 0).ok());
+  auto finished = source->RequestFinished("r", Token('b'));
+  ASSERT_FALSE(finished.ok()) << "a second token was taken";
+  EXPECT_NE(finished.status().message().find("different transfer tokens"), std::string::npos)
+      << finished.status().ToString();
+  Status s = sink->WaitLayer("r", 1);
+  EXPECT_FALSE(s.ok()) << "the destination did not hear of the failure";
+  EXPECT_TRUE(Released(*source, "r"));
+  EXPECT_EQ(prefill->Snapshot().transfers_failed(), 1u);
+}
+
+// Every rank of a TP prefill may fix the token; the first fixes it. A rank that gives another
+// one (before it saved anything) fails the request: both ranks hear it, and RequestFinished says
+// why. Sizes are checked in the connector.
+TEST(EarlyTransferToken, EveryRankMaySetItAndTheFirstFixesIt) {
+  auto prefill = StartDaemon("prefill-node");
+  ASSERT_TRUE(prefill);
+  auto rank0 = Engine(prefill, "prefill", 0, 2);
+  auto rank1 = Engine(prefill, "prefill", 1, 2);
+  ASSERT_TRUE(rank0 && rank1);
+  const std::vector<int64_t> blocks = {0};
+  ASSERT_TRUE(rank0->SetTransferToken("r", Token('a')).ok());
+  ASSERT_TRUE(rank1->SetTransferToken("r", Token('a')).ok());
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE(rank0->SaveLayer("r", l, blocks).ok());
+    ASSERT_TRUE(rank1->SaveLayer("r", l, blocks).ok());
+  }
+  for (auto* rank : {rank0.get(), rank1.get()}) {
+    auto finished = rank->RequestFinished("r");
+    ASSERT_TRUE(finished.ok()) << finished.status().ToString();
+    EXPECT_EQ(finished->transfer_token, Token('a'));
+  }
+
+  ASSERT_TRUE(rank0->SetTransferToken("r2", Token('a')).ok());
+  ASSERT_TRUE(rank0->SaveLayer("r2", 0, blocks).ok());
+  // One-way messages of two connections: a round trip on rank 0's makes kvd take its token and
+  // save before rank 1's token.
+  ASSERT_TRUE(rank0->DaemonStatusJson().ok());
+  ASSERT_TRUE(rank1->SetTransferToken("r2", Token('b')).ok());  // one-way: kvd refuses it
+  EXPECT_TRUE(Released(*rank0, "r2"));
+  EXPECT_TRUE(Released(*rank1, "r2"));
+  auto second = rank1->RequestFinished("r2");
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("different transfer tokens"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_EQ(prefill->Snapshot().transfers_failed(), 1u);
+
+  for (size_t n : {size_t{0}, size_t{15}, size_t{33}}) {
+    Status s = rank0->SetTransferToken("r3", std::string(n, 't'));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << n << ": " << s.ToString();
+  }
+  // Only "r" is still held (no destination wanted it): the refused tokens made no request.
+  EXPECT_EQ(prefill->Snapshot().transfers_in_flight(), 1u);
+}
+
+// A rank that fixed the token but saved nothing yet is one of the request's engines all the
+// same: when it leaves, the request fails (the other rank hears it) instead of waiting for a
+// save that never comes until its lease ends.
+TEST(EarlyTransferToken, ARankThatFixedTheTokenAndLeftFailsTheRequest) {
+  auto prefill = StartDaemon("prefill-node");
+  ASSERT_TRUE(prefill);
+  auto rank0 = Engine(prefill, "prefill", 0, 2);
+  auto rank1 = Engine(prefill, "prefill", 1, 2);
+  ASSERT_TRUE(rank0 && rank1);
+  ASSERT_TRUE(rank1->SetTransferToken("r", Token('a')).ok());
+  ASSERT_TRUE(rank1->DaemonStatusJson().ok());  // a round trip: kvd took the token
+  ASSERT_TRUE(rank0->SaveLayer("r", 0, std::vector<int64_t>{0}).ok());
+  ASSERT_TRUE(rank0->DaemonStatusJson().ok());
+  rank1.reset();
+  EXPECT_TRUE(Released(*rank0, "r"));
+  auto finished = rank0->RequestFinished("r");
+  ASSERT_FALSE(finished.ok());
+  EXPECT_EQ(finished.status().code(), Code::kAborted) << finished.status().ToString();
+  EXPECT_NE(finished.status().message().find("disconnected"), std::string::npos)
+      << finished.status().ToString();
+}
+
 }  // namespace
 }  // namespace kv

@@ -109,6 +109,9 @@ void Normalise(kv::proto::EngineMessage& m, const Harness& h) {
     case kv::proto::EngineMessage::kRequestFinished:
       m.mutable_request_finished()->set_request_id(MapId(m.request_finished().request_id()));
       break;
+    case kv::proto::EngineMessage::kSetTransferToken:
+      m.mutable_set_transfer_token()->set_request_id(MapId(m.set_transfer_token().request_id()));
+      break;
     case kv::proto::EngineMessage::kStartLoad: {
       auto* load = m.mutable_start_load();
       load->set_request_id(MapId(load->request_id()));

@@ -152,6 +152,24 @@ int main(int argc, char** argv) {
             .Engine(Save("r1", 1, {2, 3}))
             .Engine(Finished("r1", 4))
             .Status());
+  Write(daemon, "token_then_want_streams",
+        Seed(0)
+            .Engine([] {
+              kv::proto::EngineMessage m;
+              m.mutable_set_transfer_token()->set_request_id("r1");
+              m.mutable_set_transfer_token()->set_transfer_token(std::string(16, 't'));
+              return m;
+            }())
+            .Peer([] {
+              kv::proto::PeerMessage m = Want("r1", MODE_PUSH);
+              m.mutable_want()->set_transfer_token(std::string(16, 't'));
+              return m;
+            }())
+            .Engine(Save("r1", 0, {2, 3}))
+            .Status()
+            .Engine(Save("r1", 1, {2, 3}))
+            .Engine(Finished("r1", 4))
+            .Status());
   Write(daemon, "start_load_self", Seed(0).Engine(Load("r2", "self", 5)).Status());
   Write(daemon, "start_loads",
         Seed(0)

@@ -88,6 +88,15 @@ std::vector<Backend> GpuBackends() {
        .target_device = 1,
        .unavailable = &UnlessCudaIpc,
        .kill_outpaces_data = false},
+      // The same with a posting thread that spins instead of sleeping (kvd --busy-poll).
+      {.name = "cuda_ipc_busy_poll",
+       .transport = "cuda_ipc",
+       .settings = {{"busy_poll", "1"}},
+       .memory = &CudaMemory,
+       .initiator_device = 0,
+       .target_device = 1,
+       .unavailable = &UnlessCudaIpc,
+       .kill_outpaces_data = false},
       // 64 KiB staging: a gigabyte is 16384 chunks, still in the pipeline when the kill lands.
       {.name = "nccl",
        .transport = "nccl",

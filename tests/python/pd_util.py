@@ -126,13 +126,18 @@ def untouched_zero(engine: Engine, used_blocks):
 
 
 def run_pd(prefill: list, decode: list, address: str, requests=4, tokens=40, mode="push", seed=7,
-           early_push=True, timeout=20.0, engine_tokens=False):
+           early_push=True, timeout=20.0, engine_tokens=False, early_tokens=False):
     """`address`: the prefill kvd's. Prefill ranks save every layer of every request and finish them; decode ranks load them
     (push: announced before the saves when early_push) and wait layer by layer; every element is
     checked, the blocks no request used stay zero, and the sources release every request.
     engine_tokens: every request gets a transfer token chosen up front (as vLLM's scheduler
     does), the decode ranks load with it before the prefill saves (any mode), and the prefill
-    ranks finish the requests with it."""
+    ranks finish the requests with it.
+    early_tokens: engine_tokens, but the prefill ranks fix each token before their first save
+    (set_transfer_token, as behind a router that mints it when the prefill starts) and finish
+    the requests without it; in push mode layer 0 must be in place on every decode rank before
+    any prefill rank saved layer 1 (streaming with tokens required)."""
+    engine_tokens = engine_tokens or early_tokens
     g = torch.Generator().manual_seed(seed)
     ps, ds = prefill[0].shape, decode[0].shape
     src_pool, dst_pool = torch.arange(ps.blocks), torch.arange(ds.blocks)
@@ -153,14 +158,23 @@ def run_pd(prefill: list, decode: list, address: str, requests=4, tokens=40, mod
                                           transfer_token=chosen[r]))
     elif mode == "push" and early_push:
         load(lambda r: kvd.TransferParams(peer_address=address, request_id=r))
+    if early_tokens:
+        for p in prefill:
+            for r in ids:
+                p.connector.set_transfer_token(r, chosen[r])
     for layer in range(ps.layers):
         for p in prefill:
             for r in ids:
                 p.connector.save_layer(r, layer, src[r])
+        if early_tokens and mode == "push" and layer == 0:
+            for d in decode:
+                for r in ids:
+                    d.connector.wait_layer(r, 0)
     params = {}
     for p in prefill:
         for r in ids:
-            got = p.connector.request_finished(r, transfer_token=chosen.get(r))
+            got = p.connector.request_finished(
+                r, transfer_token=None if early_tokens else chosen.get(r))
             if engine_tokens:
                 assert got.transfer_token == chosen[r]
             params.setdefault(r, got)

@@ -77,6 +77,37 @@ def test_engine_chosen_tokens_with_a_secret(tmp_path, case):
                 e.connector.close()
 
 
+@pytest.mark.parametrize("case", ["plain_push", "tp1_to_2", "tp2_to_1"])
+def test_tokens_fixed_early_stream_with_a_secret(tmp_path, case):
+    """Transfer tokens required (a peer secret), the token fixed when the prefill starts
+    (set_transfer_token, as behind a router that mints it): in push mode every decode rank has
+    layer 0 before any prefill rank saved layer 1; a token another rank fixed differently fails
+    the request."""
+    src_shape, dst_shape, ptp, dtp, mode = CASES[case]
+    secret = write_secret(tmp_path)
+    with kvd.Daemon(name="prefill-node", transport="local", auth_secret_file=secret) as p, \
+            kvd.Daemon(name="decode-node", transport="local", auth_secret_file=secret) as d:
+        prefill = [make_engine(kvd.Connector(daemon=p, instance="prefill", tp_rank=r,
+                                             tp_size=ptp, timeout=10), src_shape, seed=11 + r)
+                   for r in range(ptp)]
+        decode = [make_engine(kvd.Connector(daemon=d, instance="decode", tp_rank=r,
+                                            tp_size=dtp, timeout=10), dst_shape)
+                  for r in range(dtp)]
+        try:
+            run_pd(prefill, decode, p.address, mode=mode, early_tokens=True)
+            first = prefill[0].connector
+            first.set_transfer_token("mismatch", "ab" * 16)
+            first.save_layer("mismatch", 0, [0])
+            first.set_transfer_token("mismatch", "cd" * 16)  # one-way: refused by kvd
+            with pytest.raises(kvd.KvdError, match="different transfer tokens"):
+                first.request_finished("mismatch")
+            with pytest.raises(kvd.InvalidArgumentError):
+                first.set_transfer_token("short", "ab" * 4)
+        finally:
+            for e in prefill + decode:
+                e.connector.close()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_embedded(daemons, case):
     src_shape, dst_shape, ptp, dtp, mode = CASES[case]

@@ -222,8 +222,14 @@ int PdMain(int argc, char** argv) {
        "host memory over ucx: auto (default: the chooser, by mean run size), direct (one put "
        "per run) or staged (gather -> one put -> scatter); sets the kvds' stage_runs_below"},
       {"auth-secret-file",
-       "the kvds started here authenticate each other with this secret (SECURITY.md); their "
-       "transfer tokens are optional, as the decode engines ask before the prefill finished"},
+       "the kvds started here authenticate each other with this secret (SECURITY.md) and "
+       "require transfer tokens (kvd --transfer-token auto): each request gets a random 128-bit "
+       "token that the prefill engines fix before their first save (SetTransferToken) and the "
+       "decode engines present, so layers stream while the prefill runs"},
+      {"busy-poll",
+       "the kvds started here spin instead of sleeping (kvd --busy-poll: lower latency per "
+       "message, a core per spinning thread)",
+       true},
       {"keep-going",
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
@@ -269,6 +275,11 @@ int PdMain(int argc, char** argv) {
         "per block (runs per request about layers x n, each run one block of one layer), which\n"
         "exposes kvd's cost per run. Guard blocks past the wave's stay unused and are checked\n"
         "to be zero either way. The default keeps figures comparable with earlier ones.\n\n"
+        "Transfer tokens: each request gets a random 128-bit token, as a router that knows the\n"
+        "request ahead would mint it; every prefill engine fixes it with SetTransferToken\n"
+        "(kv_set_transfer_token) before its first save, and the decode engines present it. So\n"
+        "layers stream while the prefill runs also where kvd requires tokens: kvds with a\n"
+        "secret (--auth-secret-file here, or your own with --prefill-daemon/--decode-daemon).\n\n"
         "examples:\n"
         "  kvbench pd\n"
         "  kvbench pd --prefill-tp 2 --decode-tp 1 --decode-order BLHNC --decode-block-size 32\n"
@@ -384,9 +395,10 @@ int PdMain(int argc, char** argv) {
       if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
     }
   } dir_guard{&dir};
-  // Issue 19: the kvds started here authenticate each other with the secret when given one. The
-  // decode engines here ask before the prefill finished (layer streaming), without the request's
-  // transfer token, which a kvd with a secret requires by default: they allow it.
+  // Issue 19: the kvds started here authenticate each other with the secret when given one, and
+  // then require transfer tokens (kvd's default, --transfer-token auto). The decode engines here
+  // ask before the prefill finished (layer streaming): they present the token the prefill
+  // engines fixed before their first save (PdConfig::transfer_tokens).
   std::vector<std::string> security_args, transport_args;
   auto transport_opts = flags.key_values("transport-opt");  // checked by the kvds themselves
   if (!transport_opts.ok()) return Fail(transport_opts.status().message());
@@ -404,10 +416,13 @@ int PdMain(int argc, char** argv) {
     transport_args.insert(transport_args.end(), {"--transport-opt", key + "=" + value});
     opt_strings.push_back(key + "=" + value);
   }
+  if (flags.has("busy-poll")) {
+    if (!prefill_socket.empty()) return Fail("--busy-poll is for the kvds started here");
+    transport_args.push_back("--busy-poll");
+  }
   if (flags.has("auth-secret-file")) {
     if (!prefill_socket.empty()) return Fail("--auth-secret-file is for the kvds started here");
-    security_args = {"--auth-secret-file", flags.str("auth-secret-file"), "--transfer-token",
-                     "optional"};
+    security_args = {"--auth-secret-file", flags.str("auth-secret-file")};
   }
   if (prefill_socket.empty()) {
     char tmpl[] = "/tmp/kvbench-pd-XXXXXX";

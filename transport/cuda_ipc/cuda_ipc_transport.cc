@@ -17,31 +17,31 @@
 #include <utility>
 #include <vector>
 
+#include "base/framed_socket.h"
+#include "base/unique_fd.h"
 #include "gpu/cuda_util.h"
 #include "gpu/fd_share.h"
 #include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
-#include "base/framed_socket.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
-#include "base/unique_fd.h"
 
 namespace kv::transport {
 namespace {
 
-using gpu::CudaEvent;
-using kv::FrameReader;
 using cuda_ipc::HostId;
 using cuda_ipc::IpcRegistration;
 using cuda_ipc::IpcRemote;
 using cuda_ipc::kFdPathBytes;
 using cuda_ipc::kHostIdBytes;
 using cuda_ipc::kMagic;
+using cuda_ipc::WireDescriptor;
+using gpu::CudaEvent;
+using kv::FrameReader;
 using kv::Listener;
 using kv::Socket;
-using cuda_ipc::WireDescriptor;
 
 // Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
 // batches may overlap on the device (one stream left the link idle between batches).
@@ -52,17 +52,19 @@ constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 class CudaIpcTransport final : public Transport {
  public:
   CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout,
-                   std::optional<kernels::CopyPath> copy_path)
+                   std::optional<kernels::CopyPath> copy_path, bool busy_poll)
       : device_(device),
         connect_timeout_(connect_timeout),
         copy_path_(copy_path),
+        busy_poll_(busy_poll),
         host_id_(HostId()) {}
 
   Status Start(const std::string& socket_dir) {
-    KV_ASSIGN_OR_RETURN(poster_, cuda_ipc::Poster::Start(device_, copy_path_,
-                                                    [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
-                                                      OnLaunched(std::move(job), std::move(launch));
-                                                    }));
+    KV_ASSIGN_OR_RETURN(
+        poster_, cuda_ipc::Poster::Start(device_, copy_path_, busy_poll_,
+                                         [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
+                                           OnLaunched(std::move(job), std::move(launch));
+                                         }));
     static std::atomic<int> counter{0};
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
@@ -507,13 +509,15 @@ class CudaIpcTransport final : public Transport {
   const int device_;
   const std::chrono::milliseconds connect_timeout_;
   const std::optional<kernels::CopyPath> copy_path_;
+  const bool busy_poll_;
   const std::string host_id_;
   Listener listener_;
   std::shared_ptr<gpu::FdServer> fd_server_;  // shared with the VMM registrations it serves
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::thread progress_;
-  std::unique_ptr<cuda_ipc::Poster> poster_;  // its thread calls OnLaunched: reset in the destructor
+  std::unique_ptr<cuda_ipc::Poster>
+      poster_;  // its thread calls OnLaunched: reset in the destructor
 
   std::mutex mu_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;
@@ -531,6 +535,8 @@ std::span<const SettingInfo> CudaIpcSettings() {
       {"socket_dir", "directory of the side-channel unix sockets (/tmp)"},
       {"connect_timeout_ms", "connects to a peer's side channel (5000)"},
       {"copy_path", "auto|kernel|engine: force the copy kernel or the copy engine (auto)"},
+      {"busy_poll",
+       "0|1: the posting thread spins instead of sleeping, one core (0; kvd --busy-poll)"},
   };
   return kSettings;
 }
@@ -546,6 +552,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
   KV_ASSIGN_OR_RETURN(int64_t device, IntSetting(options, "cuda_ipc", "device", current, 0));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "cuda_ipc", "connect_timeout_ms",
                                                      5000, 0, kMaxTimeoutMs));
+  KV_ASSIGN_OR_RETURN(int64_t busy_poll, IntSetting(options, "cuda_ipc", "busy_poll", 0, 0, 1));
   if (device >= count) {
     return Status::InvalidArgument("cuda_ipc: device " + std::to_string(device) + " of " +
                                    std::to_string(count));
@@ -564,7 +571,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
     }
   }
   auto transport = std::make_unique<CudaIpcTransport>(
-      static_cast<int>(device), std::chrono::milliseconds(timeout_ms), copy_path);
+      static_cast<int>(device), std::chrono::milliseconds(timeout_ms), copy_path, busy_poll != 0);
   KV_RETURN_IF_ERROR(transport->Start(socket_dir));
   return std::unique_ptr<Transport>(std::move(transport));
 }

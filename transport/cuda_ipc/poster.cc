@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "base/thread_name.h"
+
 namespace kv::transport::cuda_ipc {
 
 namespace {
@@ -30,14 +32,17 @@ bool DrainStream(cudaStream_t stream, std::chrono::nanoseconds timeout) {
 }  // namespace
 
 Result<std::unique_ptr<Poster>> Poster::Start(int device, std::optional<kernels::CopyPath> forced,
-                                              Launched launched) {
-  std::unique_ptr<Poster> poster(new Poster(device, std::move(launched)));
+                                              bool busy_poll, Launched launched) {
+  std::unique_ptr<Poster> poster(new Poster(device, busy_poll, std::move(launched)));
   poster->channels_.resize(kChannels);
   for (Channel& channel : poster->channels_) {
     KV_ASSIGN_OR_RETURN(channel.stream, CudaStream::Create(device));
     KV_ASSIGN_OR_RETURN(channel.copier, RunCopier::Create(device, forced));
   }
-  poster->thread_ = std::thread([p = poster.get()] { p->Loop(); });
+  poster->thread_ = std::thread([p = poster.get()] {
+    NameThisThread("ipc-poster");
+    p->Loop();
+  });
   return poster;
 }
 
@@ -46,6 +51,7 @@ Poster::~Poster() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    stopping_.store(true, std::memory_order_release);
     left.swap(queue_);
   }
   wake_.notify_all();
@@ -63,6 +69,7 @@ void Poster::Submit(PostJob job) {
   {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(job));
+    submitted_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_one();
 }
@@ -102,12 +109,32 @@ void Poster::Loop() {
     PostJob next;
     {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (busy_poll_) {
+        while (!stop_ && queue_.empty()) {
+          const uint64_t seen = submitted_.load(std::memory_order_relaxed);
+          lock.unlock();
+          SpinPast(seen);
+          lock.lock();
+        }
+      } else {
+        wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      }
       if (stop_) return;
       next = std::move(queue_.front());
       queue_.pop_front();
     }
     Dispatch(std::move(next));
+  }
+}
+
+void Poster::SpinPast(uint64_t seen) const {
+  while (submitted_.load(std::memory_order_acquire) == seen &&
+         !stopping_.load(std::memory_order_acquire)) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
   }
 }
 

@@ -23,11 +23,16 @@
 // A job whose deadline passes while it is queued is not launched: `launched` gets it with
 // kTimeout and no event.
 //
+// `busy_poll`: the thread spins on the queue instead of sleeping on a condition variable, so a
+// batch is taken within about a microsecond rather than after a thread wake-up (~80 µs on the
+// GPU machines, benchmarks/pd_gpu.md); it keeps one core busy while the transport lives.
+//
 // Thread-safety: Submit, TakeQueued and Recycle from any thread. `launched` runs on the poster's
 // thread with no lock of the poster's held; it must not call Submit synchronously in a way that
 // waits for the poster.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -38,11 +43,11 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/plan_copy.h"
-#include "layout/plan.h"
 #include "base/status.h"
 #include "gpu/cuda_util.h"
 #include "gpu/run_copier.h"
+#include "kernels/plan_copy.h"
+#include "layout/plan.h"
 #include "transport/transport.h"
 
 namespace kv::transport::cuda_ipc {
@@ -80,7 +85,7 @@ class Poster {
 
   // Creates the channels on `device` and starts the thread. `forced` as in RunCopier::Create.
   static Result<std::unique_ptr<Poster>> Start(int device, std::optional<kernels::CopyPath> forced,
-                                               Launched launched);
+                                               bool busy_poll, Launched launched);
   // Stops the thread after the job in hand; the batches still queued complete with kAborted
   // (their notes are dropped). Then waits, at most kDrainTimeout per channel, for the copies on
   // the channels to finish, since they write into mappings the caller is about to close.
@@ -104,8 +109,11 @@ class Poster {
     CudaStream stream;
     std::unique_ptr<RunCopier> copier;
   };
-  Poster(int device, Launched launched) : device_(device), launched_(std::move(launched)) {}
+  Poster(int device, bool busy_poll, Launched launched)
+      : device_(device), busy_poll_(busy_poll), launched_(std::move(launched)) {}
   void Loop();
+  // Busy polling: returns once a job was submitted after `seen` submissions, or on stop.
+  void SpinPast(uint64_t seen) const;
   // Launches `job`, or fails it (its deadline passed).
   void Dispatch(PostJob job);
   // Launches `job` with the batches queued behind it (before any note) between the same two
@@ -118,6 +126,7 @@ class Poster {
   Result<CudaEvent> TakeEvent();
 
   const int device_;
+  const bool busy_poll_;
   const Launched launched_;
   std::vector<Channel> channels_;   // the poster's thread only (and Start / the destructor)
   int next_channel_ = 0;            // likewise
@@ -129,6 +138,9 @@ class Poster {
   std::deque<PostJob> queue_;            // guarded by mu_
   std::vector<CudaEvent> spare_events_;  // guarded by mu_
   bool stop_ = false;                    // guarded by mu_
+  // Written under mu_, read without it by a spinning Loop.
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "base/thread_name.h"
 #include "gpu/cuda_util.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
@@ -500,9 +501,18 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, FrameReader frames,
   if (impl->wake_fd < 0) return Status::IoError("eventfd failed");
   Impl* raw = impl.get();
   std::shared_ptr<Link> link(new Link(std::move(impl)));
-  raw->sender = std::thread([raw] { raw->SendLoop(); });
-  raw->reader = std::thread([raw] { raw->ReadLoop(); });
-  raw->receiver = std::thread([raw] { raw->ReceiveLoop(); });
+  raw->sender = std::thread([raw] {
+    NameThisThread("nccl-send");
+    raw->SendLoop();
+  });
+  raw->reader = std::thread([raw] {
+    NameThisThread("nccl-read");
+    raw->ReadLoop();
+  });
+  raw->receiver = std::thread([raw] {
+    NameThisThread("nccl-recv");
+    raw->ReceiveLoop();
+  });
   return link;
 }
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <utility>
 
+#include "base/thread_name.h"
 #include "transport/intervals.h"
 #include "transport/run_check.h"
 #include "transport/settings.h"
@@ -45,7 +46,10 @@ bool StagesBetter(std::span<const Run> runs, uint64_t stage_runs_below) {
 Core::Core(std::unique_ptr<Transport> inner, const Config& config)
     : config_(config), instance_(RandomInstance()), inner_(std::move(inner)) {
   inner_->set_notification_handler([this](std::string_view frame) { OnFrame(frame); });
-  worker_ = std::thread([this] { WorkerLoop(); });
+  worker_ = std::thread([this] {
+    NameThisThread("staged-worker");
+    WorkerLoop();
+  });
 }
 
 Core::~Core() {

@@ -365,6 +365,11 @@ class Engine {
     Clock::time_point give_up;  // a close that hangs (a wedged worker) is abandoned
   };
   std::vector<Closing> closing_;
+  // Endpoint workers whose peer's address Connect refused: kept, and progressed, until
+  // kCloseTimeout has passed. The peer had this worker's address and was already wiring up to
+  // it; a worker destroyed at once left it a closed port, on which UCX 1.13 aborted the peer
+  // (tcp_ep.c:478, "Assertion `!(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX)' failed").
+  std::vector<std::pair<std::shared_ptr<WorkerSlot>, Clock::time_point>> retired_;
   std::set<BatchState*> in_flight_;
   NotificationHandler handler_;
   LocalRegions regions_;

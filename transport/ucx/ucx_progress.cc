@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "base/thread_name.h"
 #include "transport/ucx/ucx_engine.h"
 #include "transport/ucx/ucx_validate.h"
 
@@ -36,7 +37,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(ContextPtr context, const EngineO
       new Engine(std::move(context), std::move(wake), std::move(epoll), options));
   KV_ASSIGN_OR_RETURN(engine->shared_, engine->OpenWorker());
   engine->shared_address_ = engine->shared_->address;
-  engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  engine->thread_ = std::thread([e = engine.get()] {
+    NameThisThread("ucx-progress");
+    e->Loop();
+  });
   return engine;
 }
 
@@ -169,7 +173,7 @@ void Engine::Loop() {
     if (turn % 64 != 0) continue;
     Clock::time_point now = Clock::now();
     if (!in_flight_.empty()) CheckDeadlines(now);
-    if (!closing_.empty()) ReapClosedEndpoints();
+    if (!closing_.empty() || !retired_.empty()) ReapClosedEndpoints();
     if (worked) last_event = now;
     worked = false;
     // Shared-memory completions raise no event, so with batches in flight polling is what
@@ -210,13 +214,18 @@ void Engine::Sleep(bool work_in_flight) {
 }
 
 Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uint64_t endpoint) {
-  // Before UCX parses it (ucx_validate.h): a malformed address aborted kvd inside ucp_ep_create.
+  // Before UCX parses it (ucx_worker_address.h): a malformed address aborted kvd inside
+  // ucp_ep_create.
   std::vector<uint64_t> own_uids;
   for (const WorkerSlot* slot : workers_) {
     if (auto uid = WorkerUid(slot->address); uid.ok()) own_uids.push_back(*uid);
   }
   if (Status s = CheckWorkerAddress(worker_address, shared_address_, own_uids); !s.ok()) {
-    if (endpoint != 0) endpoints_.erase(endpoint);  // consumed either way
+    if (auto it = endpoints_.find(endpoint); endpoint != 0 && it != endpoints_.end()) {
+      // Consumed either way; destroyed only later (retired_).
+      retired_.emplace_back(std::move(it->second), Clock::now() + kCloseTimeout);
+      endpoints_.erase(it);
+    }
     return s;
   }
   auto peer = std::make_unique<Peer>();
@@ -234,7 +243,10 @@ Result<PeerId> Engine::Connect(const std::string& worker_address, PeerId id, uin
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  // UCT may read a transport's address past its entry (ucx_worker_address.h): into zeros, not
+  // past kvd's buffer. ucp_ep_create keeps no pointer into the address once it returns.
+  const std::string padded = PaddedWorkerAddress(worker_address);
+  params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Engine::OnEndpointError;
   params.err_handler.arg = peer.get();
@@ -511,6 +523,7 @@ ucs_status_t Engine::OnNotification(void* arg, const void*, size_t, void* data, 
 
 void Engine::ReapClosedEndpoints() {
   const Clock::time_point now = Clock::now();
+  std::erase_if(retired_, [now](const auto& entry) { return now >= entry.second; });
   std::erase_if(closing_, [now](Closing& entry) {
     if (ucp_request_check_status(entry.request) == UCS_INPROGRESS && now < entry.give_up)
       return false;
@@ -524,6 +537,7 @@ void Engine::Shutdown() {
   for (const auto& [id, peer] : peers_) ids.push_back(id);
   for (PeerId id : ids) FailPeer(id, Status::Aborted("the transport was closed"));
   endpoints_.clear();
+  retired_.clear();
   // Force-closed endpoints release their requests within a few progress calls; bound it anyway.
   Clock::time_point give_up = Clock::now() + std::chrono::seconds(2);
   for (;;) {

@@ -3,7 +3,6 @@
 #include <ucp/api/ucp.h>
 #include <ucs/memory/memory_type.h>
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -52,19 +51,6 @@ Result<uint64_t> WorkerUid(std::string_view address) {
     return Status::InvalidArgument("unreadable ucx worker address");
   }
   return attr.worker_uid;
-}
-
-Status CheckWorkerAddress(std::string_view address, std::string_view own_address,
-                          const std::vector<uint64_t>& own_uids) {
-  if (address.empty() || own_address.empty() || address[0] != own_address[0]) {
-    return Status::Incompatible(
-        "the peer's ucx worker address is not in this UCX build's format (header byte differs)");
-  }
-  KV_ASSIGN_OR_RETURN(uint64_t uid, WorkerUid(address));
-  if (std::find(own_uids.begin(), own_uids.end(), uid) != own_uids.end()) {
-    return Status::InvalidArgument("the peer's ucx worker address names a worker of this kvd");
-  }
-  return Status::Ok();
 }
 
 }  // namespace kv::transport::ucx

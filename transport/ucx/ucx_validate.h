@@ -7,33 +7,23 @@
 //    and optionally [sys_dev u8 | 3 bytes per device distance]: walked exactly, every length
 //    inside the buffer, mem_type a known memory type, at least one memory domain (a key with
 //    none makes UCX emulate RMA: kvd never posts to one);
-//  * a worker address is [header u8 | uuid u64 | ...]: bounded in size, its header byte the one
-//    this UCX build packs (same address version and flags), its worker id readable through
-//    ucp_worker_address_query and not one of this process's own workers (an endpoint to itself
-//    would let a peer make kvd act on its own memory).
-// The rest of a worker address (device and interface entries) is not parsed here: a peer that
-// proved the cluster secret can still craft one UCX chokes on (SECURITY.md, known gaps).
+//  * a worker address: ucx_worker_address.h (walked entry by entry, UCX-free so that the fuzz
+//    build, which has no UCX, runs it too).
 #pragma once
 
 #include <cstdint>
 #include <string_view>
-#include <vector>
 
 #include "base/status.h"
+#include "transport/ucx/ucx_worker_address.h"
 
 namespace kv::transport::ucx {
 
-inline constexpr size_t kMaxWorkerAddressBytes = 64 << 10;
 inline constexpr size_t kMaxRkeyBytes = 64 << 10;
 
 Status CheckPackedRkey(std::string_view packed);
 
 // The worker id (UCX's uid) a packed worker address names; kInvalidArgument when unreadable.
 Result<uint64_t> WorkerUid(std::string_view address);
-
-// `own_address`: a worker address of this process (its header byte is the reference);
-// `own_uids`: the ids of every worker of this process.
-Status CheckWorkerAddress(std::string_view address, std::string_view own_address,
-                          const std::vector<uint64_t>& own_uids);
 
 }  // namespace kv::transport::ucx

@@ -1,7 +1,10 @@
 #include "tools/kvbench/pd/pd_sim.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <latch>
 #include <mutex>
 #include <set>
@@ -16,6 +19,20 @@ namespace kv::connector {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A random 128-bit transfer token, as a router mints one per request (getrandom(2): the
+// kernel's CSPRNG).
+Result<std::string> MintToken() {
+  std::string token(kMinTransferTokenBytes, '\0');
+  size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = getrandom(token.data() + got, token.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::Internal("getrandom failed: no transfer token");
+    got += static_cast<size_t>(n);
+  }
+  return token;
+}
 
 int64_t BlocksFor(int64_t tokens, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
@@ -145,7 +162,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     const bool warmup = first < 0;
     if (first == 0) sent_before = sent();
     const int count = std::min(c.window, c.requests - first);
-    std::vector<std::string> ids(count);
+    std::vector<std::string> ids(count), tokens(count);
     std::vector<uint64_t> seeds(count);
     const int wave = first / c.window;
     const auto src_blocks = WaveBlocks(c, wave, count, np, true);
@@ -155,6 +172,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
                (warmup ? "warmup-" + std::to_string(first + j + c.warmup_waves * c.window)
                        : "req-" + std::to_string(first + j));
       seeds[j] = pattern::Seed(ids[j]);
+      if (c.transfer_tokens) {
+        KV_ASSIGN_OR_RETURN(tokens[j], MintToken());
+      }
     }
     std::vector<std::atomic<bool>> failed(count);
     auto fail = [&](int j, const Status& s) {
@@ -201,6 +221,11 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
           std::latch& latch;
           ~CountDown() { latch.count_down(); }
         } count_down{prefill_finished};
+        // The router's tokens, fixed before the first save (one-way, like the saves): the
+        // decode's Wants that present them stream at once, also where tokens are required.
+        for (int j = 0; c.transfer_tokens && j < count; ++j) {
+          fail(j, e.connector->SetTransferToken(ids[j], tokens[j]));
+        }
         for (int64_t l = 0; l < c.layers; ++l) {
           if (!c.prewrite) {
             if (Status s = memory->Forward(e.rank, c.layer_time); !s.ok()) {
@@ -218,7 +243,13 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         }
         for (int j = 0; j < count; ++j) {
           auto params = e.connector->RequestFinished(ids[j]);
-          if (!params.ok()) fail(j, params.status());
+          if (!params.ok()) {
+            fail(j, params.status());
+          } else if (c.transfer_tokens && params->transfer_token != tokens[j]) {
+            fail(j, Status::Internal("request " + ids[j] +
+                                     ": kvd finished it with another transfer token than the "
+                                     "one its prefill ranks fixed"));
+          }
         }
       });
     }
@@ -235,6 +266,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
           params.request_id = ids[j];
           params.tokens = c.tokens;
           params.mode = c.mode;
+          params.transfer_token = tokens[j];  // empty without c.transfer_tokens
           loads.push_back(LoadSpec{ids[j], std::move(params), dst_blocks[j]});
         }
         for (size_t begin = 0; begin < loads.size(); begin += kMaxLoadsPerCall) {

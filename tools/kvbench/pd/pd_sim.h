@@ -69,6 +69,12 @@ struct PdConfig {
   // The decode engines' transfer params name the prefill kvd by its daemon name instead of its
   // address (a decode kvd with --etcd resolves it).
   bool peer_by_name = false;
+  // Transfer tokens (SECURITY.md): as a router that knows each request ahead, the driver mints a
+  // random 128-bit token per request; every prefill rank fixes it with SetTransferToken before
+  // its first save and the decode ranks present it, so layers stream while the prefill runs
+  // also where kvd requires tokens (a kvd with a secret). False: no tokens (kvds must run
+  // --transfer-token optional).
+  bool transfer_tokens = true;
   // After the last wave, the engines' copy ceiling of it (PdEngines::MeasureCeiling; host
   // engines only).
   bool copy_ceiling = false;

@@ -101,14 +101,23 @@ Socket::~Socket() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Socket::Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+Socket::Socket(Socket&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), sealer_(std::move(other.sealer_)) {}
 
 Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
+    sealer_ = std::move(other.sealer_);
   }
   return *this;
+}
+
+Status Socket::EnableSealing(std::string_view key) {
+  KV_ASSIGN_OR_RETURN(FrameSealer sealer, FrameSealer::Create(key));
+  std::lock_guard lock(send_mu_);
+  sealer_ = std::make_unique<FrameSealer>(std::move(sealer));
+  return Status::Ok();
 }
 
 Result<Socket> Socket::Connect(std::string_view endpoint, SteadyTime deadline) {
@@ -159,6 +168,12 @@ Status Socket::SendFrame(std::string_view payload, SteadyTime deadline) {
   PutFrameHeader(static_cast<uint32_t>(payload.size()), header);
   std::lock_guard lock(send_mu_);
   std::string_view parts[2] = {std::string_view(header, kFrameHeaderBytes), payload};
+  std::string sealed;  // EnableSealing: the whole frame, sealed under the lock in wire order
+  if (sealer_) {
+    KV_RETURN_IF_ERROR(sealer_->Append(payload, &sealed, kMaxFrameBytes));
+    parts[0] = sealed;
+    parts[1] = std::string_view();
+  }
   size_t first = 0;
   while (first < 2) {
     iovec iov[2];
@@ -292,11 +307,36 @@ Status FrameReader::ReadAvailable(int fd) {
               : Status::Unavailable(std::string("framed socket read: ") + std::strerror(errno));
     break;
   }
+  KV_RETURN_IF_ERROR(broken_);
   while (true) {
     KV_ASSIGN_OR_RETURN(std::optional<std::string> frame, decoder_.Next());
     if (!frame) return end;
+    if (opener_) {
+      auto message = opener_->Open(*frame);
+      if (!message.ok()) {
+        broken_ = message.status();
+        return broken_;
+      }
+      *frame = std::move(message).value();
+    }
     ready_.push_back(std::move(*frame));
   }
+}
+
+Status FrameReader::EnableOpening(std::string_view key) {
+  KV_ASSIGN_OR_RETURN(FrameOpener opener, FrameOpener::Create(key));
+  opener_ = std::make_unique<FrameOpener>(std::move(opener));
+  // Frames already read came after the handshake too: they must open like every later one.
+  for (std::string& frame : ready_) {
+    auto message = opener_->Open(frame);
+    if (!message.ok()) {
+      broken_ = message.status();
+      ready_.clear();
+      return broken_;
+    }
+    frame = std::move(message).value();
+  }
+  return Status::Ok();
 }
 
 std::optional<std::string> FrameReader::Next() {

@@ -6,18 +6,26 @@
 // violation. Sending blocks until the frame is written or the deadline passes; receiving is
 // incremental (FrameReader) so one thread can poll many sockets.
 //
+// Sealing: once a side channel's handshake agreed on a key per direction
+// (transport/channel_auth.h), Socket::EnableSealing and FrameReader::EnableOpening make every
+// later frame an AEAD-sealed one (frame_seal.h): encrypted, and refused when altered, injected,
+// replayed or reordered. Without them frames are plaintext.
+//
 // Thread-safety: Socket::SendFrame may be called from several threads at once (frames are never
-// interleaved); reading belongs to one thread.
+// interleaved, and sealed frames are numbered in the order they go on the wire); reading belongs
+// to one thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "base/frame_seal.h"
 #include "base/framing.h"
 #include "base/status.h"
 
@@ -42,12 +50,19 @@ class Socket {
   // "unix:/path" or "tcp:host:port". Fails with kUnavailable when nobody listens by `deadline`.
   static Result<Socket> Connect(std::string_view endpoint, SteadyTime deadline);
 
-  // Writes one frame; kTimeout at the deadline, kUnavailable when the peer closed.
+  // Writes one frame; kTimeout at the deadline, kUnavailable when the peer closed. Sealed
+  // (EnableSealing): kResourceExhausted once the direction's frame numbers are spent. A frame
+  // that failed to go out whole leaves the stream unusable (the caller closes it).
   Status SendFrame(std::string_view payload, SteadyTime deadline);
+
+  // From now on every frame sent is sealed under `key` (crypto::kAeadKeyBytes bytes), numbered
+  // from 0. Call once, after the handshake's last plaintext frame went out.
+  Status EnableSealing(std::string_view key);
 
  private:
   int fd_ = -1;
   std::mutex send_mu_;
+  std::unique_ptr<FrameSealer> sealer_;  // guarded by send_mu_
 };
 
 // A listening socket. Listen("unix:/path") binds a fresh path (an existing file is removed and
@@ -84,14 +99,22 @@ class Listener {
 class FrameReader {
  public:
   // Reads what is available. kUnavailable on EOF or a reset; kInvalidArgument on an oversized
-  // frame (the socket is then unusable).
+  // frame, or (EnableOpening) on a frame that does not open: the socket is then unusable, and
+  // every later call fails the same way. Frames complete before the error stay ready for Next.
   Status ReadAvailable(int fd);
-  // The next complete frame, if any.
+  // The next complete frame (opened, once EnableOpening was called), if any.
   std::optional<std::string> Next();
+
+  // From now on every frame must be sealed under `key`, numbered from 0, and is handed out
+  // opened. Call once, when the handshake's last plaintext frame was taken with Next: frames
+  // already read and not yet taken are opened now (kInvalidArgument when one does not open).
+  Status EnableOpening(std::string_view key);
 
  private:
   FrameDecoder decoder_{kMaxFrameBytes};
   std::deque<std::string> ready_;
+  std::unique_ptr<FrameOpener> opener_;
+  Status broken_;  // the frame that did not open: reported by every later ReadAvailable
 };
 
 // Waits until `fd` is readable or the deadline passes. True when readable (or hung up).

@@ -1,7 +1,5 @@
 #include "daemon/connection.h"
 
-#include "daemon/peer_auth.h"
-
 #include <google/protobuf/message_lite.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -135,19 +133,14 @@ Connection::Delivery Connection::DeliverFrames(size_t most) {
     }
     if (!frame->has_value()) return Delivery::kDrained;
     ++frames_received_;
-    if (!receive_key_.empty()) {
-      std::string& body = **frame;
-      const size_t n = auth::kProofBytes;
-      if (body.size() < n ||
-          !auth::Equal(auth::FrameMac(receive_key_, receive_seq_,
-                                      std::string_view(body).substr(0, body.size() - n)),
-                       std::string_view(body).substr(body.size() - n))) {
-        Close(Status::InvalidArgument(label_ + ": a frame failed its message authentication "
-                                               "(altered, replayed or injected)"));
+    if (opener_) {
+      auto message = opener_->Open(**frame);
+      if (!message.ok()) {
+        seal_broken_ = true;
+        Close(message.status().WithContext(label_));
         return Delivery::kClosed;
       }
-      body.resize(body.size() - n);
-      ++receive_seq_;
+      **frame = std::move(message).value();
     }
     on_message_(std::move(**frame));
     if (!open_) return Delivery::kClosed;
@@ -180,9 +173,14 @@ Status Connection::Send(const google::protobuf::MessageLite& message) {
   if (!message.SerializeToString(&body)) {
     return Status::Internal(label_ + ": could not serialise " + message.GetTypeName());
   }
-  if (!send_key_.empty()) body += auth::FrameMac(send_key_, send_seq_++, body);
   std::string frame;
-  Status s = AppendFrame(body, &frame, limits_.max_frame_bytes);
+  Status s = sealer_ ? sealer_->Append(body, &frame, limits_.max_frame_bytes)
+                     : AppendFrame(body, &frame, limits_.max_frame_bytes);
+  if (s.code() == Code::kResourceExhausted) {
+    s = s.WithContext(label_);
+    Close(s);
+    return s;
+  }
   if (!s.ok()) return s.WithContext(label_);
   backlog_bytes_ += frame.size();
   if (backlog_bytes_ > limits_.max_write_backlog_bytes) {
@@ -244,9 +242,18 @@ void Connection::Close(const Status& why) {
   }
 }
 
-void Connection::EnableMac(std::string send_key, std::string receive_key) {
-  send_key_ = std::move(send_key);
-  receive_key_ = std::move(receive_key);
+Status Connection::EnableSealing(std::string_view send_key, std::string_view receive_key) {
+  auto sealer = FrameSealer::Create(send_key);
+  auto opener = FrameOpener::Create(receive_key);
+  Status s = sealer.ok() ? opener.status() : sealer.status();
+  if (!s.ok()) {
+    s = s.WithContext(label_ + ": sealing");
+    Close(s);
+    return s;
+  }
+  sealer_ = std::make_unique<FrameSealer>(std::move(sealer).value());
+  opener_ = std::make_unique<FrameOpener>(std::move(opener).value());
+  return Status::Ok();
 }
 
 int Connection::TakeFd() {

@@ -18,7 +18,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
+#include "base/frame_seal.h"
 #include "base/framing.h"
 #include "base/status.h"
 
@@ -57,14 +59,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closes now; the close handler runs (once) with `why`.
   void Close(const Status& why);
 
-  // From now on every frame sent carries an HMAC-SHA256 under `send_key` over its number and
-  // body, and every frame received must carry one under `receive_key` (peer_auth.h, session
-  // keys): a frame that does not closes the connection. Frames already queued are not changed.
-  void EnableMac(std::string send_key, std::string receive_key);
+  // From now on every frame sent is sealed under `send_key`, and every frame received must be
+  // sealed under `receive_key` (base/frame_seal.h: AES-256-GCM, each direction's frames
+  // numbered from 0; peer_auth.h derives the keys): encrypted, and a frame that does not open
+  // (altered, injected, replayed, reordered) closes the connection, as does a direction whose
+  // frame numbers are spent. Frames already queued are not changed. An error (a key of the
+  // wrong size) closes the connection and is returned.
+  Status EnableSealing(std::string_view send_key, std::string_view receive_key);
 
   // The oldest fd received and not yet claimed, or -1. The caller owns it.
   int TakeFd();
   bool open() const { return open_; }
+  // A received frame did not open (EnableSealing): the connection was closed for it.
+  bool seal_broken() const { return seal_broken_; }
   const std::string& label() const { return label_; }
   int native_handle() { return socket_.native_handle(); }
 
@@ -94,10 +101,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool open_ = true;
   bool partial_timer_armed_ = false;
+  bool seal_broken_ = false;
   uint64_t frames_received_ = 0;
-  // EnableMac: keys and the numbers of the next frame each way.
-  std::string send_key_, receive_key_;
-  uint64_t send_seq_ = 0, receive_seq_ = 0;
+  // EnableSealing: each direction's key and frame numbers; null before.
+  std::unique_ptr<FrameSealer> sealer_;
+  std::unique_ptr<FrameOpener> opener_;
   MessageHandler on_message_;
   CloseHandler on_close_;
 };

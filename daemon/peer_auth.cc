@@ -42,7 +42,7 @@ SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::stri
   const std::string_view acceptor_nonce = we_dialed ? their_nonce : our_nonce;
   auto key = [&](std::string_view direction) {
     std::string message;
-    AppendField(&message, "kvd peer session v1");
+    AppendField(&message, "kvd peer seal v1");
     AppendField(&message, direction);
     AppendField(&message, dialer);
     AppendField(&message, acceptor);
@@ -54,13 +54,6 @@ SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::stri
   std::string from_acceptor = key("acceptor to dialer");
   if (we_dialed) return {std::move(from_dialer), std::move(from_acceptor)};
   return {std::move(from_acceptor), std::move(from_dialer)};
-}
-
-std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body) {
-  std::string message;
-  for (int i = 0; i < 8; ++i) message.push_back(static_cast<char>((seq >> (8 * i)) & 0xff));
-  message.append(body);
-  return HmacSha256(key, message);
 }
 
 bool Equal(std::string_view a, std::string_view b) {

@@ -7,7 +7,11 @@
 // and both nonces, each length-prefixed. The role and the refusal of a peer named like us keep a
 // proof from being reflected back on a second connection; the nonces keep it from being
 // replayed; the names bind the node name the peer later uses to the proof. Nothing else (hello,
-// layouts, transport addresses) is sent or accepted before the other side's proof checked out.
+// layouts, transport addresses) is sent or accepted before the other side's proof checked out,
+// and every frame after the proofs is sealed (encrypted and authenticated, DeriveSessionKeys):
+// the challenges and proofs are the only plaintext on the peer port. The version in the
+// challenge (proto::PEER_PROTOCOL, 3 since the frames are sealed rather than MAC'd) must match
+// exactly, so a kvd of another version is refused with the two versions named.
 // The primitives (HMAC-SHA256, random bytes, constant-time compare) are base/hmac.h's.
 #pragma once
 
@@ -36,9 +40,11 @@ std::string Proof(std::string_view secret, uint32_t version, bool prover_dialed,
                   std::string_view prover_name, std::string_view verifier_name,
                   std::string_view prover_nonce, std::string_view verifier_nonce);
 
-// The keys that MAC every later frame of an authenticated connection, one per direction
-// (Connection::EnableMac): derived from the secret, both nonces, both names and the roles, so a
-// connection relayed between two kvds stays a pipe the relay can neither write into nor reorder.
+// The keys that seal every later frame of an authenticated connection, one per direction
+// (Connection::EnableSealing: AES-256-GCM, 32 bytes each): HMAC-SHA256 under the secret over a
+// label of their own ("kvd peer seal v1"), the direction, both names and both nonces, so each
+// connection and direction has fresh keys, and a connection relayed between two kvds stays a pipe
+// the relay can neither read, write into, replay nor reorder.
 struct SessionKeys {
   std::string send;
   std::string receive;
@@ -46,8 +52,6 @@ struct SessionKeys {
 SessionKeys DeriveSessionKeys(std::string_view secret, bool we_dialed, std::string_view our_name,
                               std::string_view their_name, std::string_view our_nonce,
                               std::string_view their_nonce);
-// HMAC-SHA256 of `body` under `key`, for the frame numbered `seq` in its direction.
-std::string FrameMac(std::string_view key, uint64_t seq, std::string_view body);
 
 // Constant-time equality of two byte strings (their lengths are not secret).
 bool Equal(std::string_view a, std::string_view b);

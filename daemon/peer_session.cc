@@ -16,6 +16,19 @@ namespace kv::daemon {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+namespace {
+
+// Peers must speak one protocol: the older kvd is told to upgrade rather than misparse frames
+// (3 seals the frames after the proofs, 2 MAC'd them).
+std::string PeerVersionMismatch(uint32_t theirs) {
+  return "peer speaks protocol " + std::to_string(theirs) + ", this kvd " +
+         std::to_string(proto::PEER_PROTOCOL) +
+         " (kvds must run the same peer protocol: upgrade the older one; 3 encrypts the peer "
+         "port)";
+}
+
+}  // namespace
+
 proto::PeerHello Daemon::Core::BuildHello() const {
   proto::PeerHello hello;
   hello.set_protocol_version(proto::PEER_PROTOCOL);
@@ -100,8 +113,7 @@ Status Daemon::Core::OnAuthMessage(Peer& peer, const proto::PeerMessage& m) {
       const proto::PeerChallenge& c = m.challenge();
       if (!peer.their_nonce.empty()) return Status::InvalidArgument("challenge sent twice");
       if (c.protocol_version() != proto::PEER_PROTOCOL) {
-        return Status::Incompatible("peer speaks protocol " + std::to_string(c.protocol_version()) +
-                                    ", this kvd " + std::to_string(proto::PEER_PROTOCOL));
+        return Status::Incompatible(PeerVersionMismatch(c.protocol_version()));
       }
       if (c.node_name().empty() || c.node_name().size() > kMaxRequestIdBytes) {
         return Status::InvalidArgument("peer node name must have 1 to 256 bytes");
@@ -136,12 +148,12 @@ Status Daemon::Core::OnAuthMessage(Peer& peer, const proto::PeerMessage& m) {
       }
       peer.authenticated = true;
       spdlog::info("kvd {}: {} authenticated as {}", options_.name, peer.conn->label(), peer.name);
-      // Every later frame both ways is MAC'd: the peer's next one is its hello, sent after it
+      // Every later frame both ways is sealed: the peer's next one is its hello, sent after it
       // checked our proof, which precedes everything we send from here on.
-      auth::SessionKeys keys =
+      const auth::SessionKeys keys =
           auth::DeriveSessionKeys(options_.auth_secret, peer.dialed, options_.name, peer.name,
                                   peer.our_nonce, peer.their_nonce);
-      peer.conn->EnableMac(std::move(keys.send), std::move(keys.receive));
+      if (!peer.conn->EnableSealing(keys.send, keys.receive).ok()) return Status::Ok();  // closed
       SendHello(peer);
       return Status::Ok();
     }
@@ -315,8 +327,7 @@ Status CheckPeerLayouts(const std::string& our_name, const proto::PeerHello& min
 Status Daemon::Core::HandlePeerHello(Peer& peer, const proto::PeerHello& hello) {
   if (peer.ready) return Status::InvalidArgument("hello sent twice");
   if (hello.protocol_version() != proto::PEER_PROTOCOL) {
-    return Status::Incompatible("peer speaks protocol " + std::to_string(hello.protocol_version()) +
-                                ", this kvd " + std::to_string(proto::PEER_PROTOCOL));
+    return Status::Incompatible(PeerVersionMismatch(hello.protocol_version()));
   }
   if (hello.node_name().empty() || hello.node_name().size() > kMaxRequestIdBytes) {
     return Status::InvalidArgument("peer node name must have 1 to 256 bytes");
@@ -397,6 +408,7 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   Peer* peer = FindPeer(peer_id);
   if (peer == nullptr) return;
   const std::string who = peer->name.empty() ? peer->conn->label() : "peer " + peer->name;
+  if (peer->conn->seal_broken()) ++auth_failures_;  // a frame altered or injected on the wire
   if (why.ok()) {
     spdlog::info("kvd {}: {} disconnected", options_.name, who);
   } else {

@@ -204,6 +204,31 @@ ChannelHandshake::Step ChannelHandshake::OnFrame(std::string_view frame) {
   return Fail(Status::InvalidArgument("unexpected side channel frame during the handshake"), true);
 }
 
+Status ChannelHandshake::SealChannel(Socket& socket, FrameReader& reader) const {
+  if (state_ != State::kDone) return Status::Internal("side channel sealed before its handshake");
+  if (auth_.secret.empty()) return Status::Ok();
+  const bool dialer = role_ == Role::kDialer;
+  const std::string_view dialer_name = dialer ? auth_.name : peer_name_;
+  const std::string_view acceptor_name = dialer ? peer_name_ : auth_.name;
+  const std::string_view dialer_nonce = dialer ? nonce_ : peer_nonce_;
+  const std::string_view acceptor_nonce = dialer ? peer_nonce_ : nonce_;
+  auto key = [&](std::string_view direction) {
+    std::string message;
+    crypto::AppendField(&message, "kvd side channel seal v1");
+    crypto::AppendField(&message, label_);
+    crypto::AppendField(&message, direction);
+    crypto::AppendField(&message, dialer_name);
+    crypto::AppendField(&message, acceptor_name);
+    crypto::AppendField(&message, dialer_nonce);
+    crypto::AppendField(&message, acceptor_nonce);
+    return crypto::HmacSha256(auth_.secret, message);  // empty on failure: refused by the AEAD
+  };
+  const std::string from_dialer = key("dialer to acceptor");
+  const std::string from_acceptor = key("acceptor to dialer");
+  KV_RETURN_IF_ERROR(socket.EnableSealing(dialer ? from_dialer : from_acceptor));
+  return reader.EnableOpening(dialer ? from_acceptor : from_dialer);
+}
+
 bool PeerIsLoopback(int fd) {
   sockaddr_storage addr{};
   socklen_t length = sizeof addr;
@@ -238,7 +263,11 @@ Result<std::string> DialHandshake(Socket& socket, FrameReader& reader, const Pee
       if (!sent.ok() && step.status.ok()) return sent;
     }
     KV_RETURN_IF_ERROR(step.status);
-    if (handshake.done()) return handshake.peer_name();
+    if (handshake.done()) {
+      KV_RETURN_IF_ERROR(handshake.SealChannel(socket, reader)
+                             .WithContext("side channel to " + handshake.peer_name()));
+      return handshake.peer_name();
+    }
     auto frame = ReceiveFrame(socket.fd(), reader, deadline);
     if (!frame.ok()) {
       return frame.status().WithContext("side channel handshake with " + std::string(label) +

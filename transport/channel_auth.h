@@ -16,9 +16,15 @@
 //    and dials loopback peers only (PeerIsLoopback) unless `insecure`. A side with a secret
 //    refuses a side without one, both ways.
 //
-// Not covered: the frames after the handshake are not MACed (a man in the middle who relays a
-// handshake between two honest sides can then inject frames), and nothing is encrypted (the
-// unique ids cross the wire in the clear): run the data network where only the cluster reaches.
+// After the handshake, with a secret, every frame both ways is sealed (SealChannel: base/
+// frame_seal.h, AES-256-GCM under a key per direction derived from the secret, the label, both
+// names and both nonces; each direction's frames numbered from 0): encrypted (the unique ids no
+// longer cross in the clear) and authenticated, so a man in the middle who relays a handshake
+// between two honest sides can neither read, inject, alter, replay nor reorder a frame; a frame
+// that does not open fails the reader (FrameReader::ReadAvailable) and the channel is closed.
+// Only the handshake's frames (labels, names, nonces, proofs) are plaintext. Without a secret
+// nothing is sealed (loopback only, or --insecure). What the channel's frames set up (NCCL's own
+// transports, which carry the KV bytes) is not encrypted by this.
 //
 // ChannelHandshake is a state machine over frames (no I/O), so a poll loop can drive many at
 // once; DialHandshake drives the dialer's side over a blocking-with-deadline socket. Neither is
@@ -43,7 +49,7 @@ class ChannelHandshake {
  public:
   enum class Role { kDialer, kAcceptor };
 
-  // `label` names the channel and its protocol version ("kvd-nccl/2").
+  // `label` names the channel and its protocol version ("kvd-nccl/4").
   ChannelHandshake(PeerAuth auth, std::string label, Role role);
 
   struct Step {
@@ -60,6 +66,13 @@ class ChannelHandshake {
   bool done() const { return state_ == State::kDone; }
   // The name the peer gave in its challenge (bound to its proof with a secret); empty before.
   const std::string& peer_name() const { return peer_name_; }
+
+  // Once done(), with a secret: seals the channel both ways (Socket::EnableSealing with this
+  // side's sending key, FrameReader::EnableOpening with the peer's). Call once, right after
+  // done(): after this side sent every frame the handshake gave it, and before it sends or takes
+  // any other frame. Without a secret: nothing (the channel stays plaintext). kInternal before
+  // done(); an error from the reader when a frame it already holds does not open.
+  Status SealChannel(Socket& socket, FrameReader& reader) const;
 
  private:
   enum class State { kStart, kWaitChallenge, kWaitProof, kWaitAccepted, kDone, kFailed };
@@ -88,9 +101,9 @@ bool PeerIsLoopback(int fd);
 Status AdmitPeer(const PeerAuth& auth, int fd);
 
 // The dialer's whole handshake on a connected socket: AdmitPeer, then frames until done, a
-// refusal or `deadline`. Returns the peer's name. A wrong or missing secret is kIncompatible
-// with the reason, on the first answer that shows it. Frames the peer sent after the handshake
-// stay in `reader` for the caller.
+// refusal or `deadline`, then SealChannel. Returns the peer's name. A wrong or missing secret is
+// kIncompatible with the reason, on the first answer that shows it. Frames the peer sent after
+// the handshake stay in `reader` for the caller (opened, once sealed).
 Result<std::string> DialHandshake(Socket& socket, FrameReader& reader, const PeerAuth& auth,
                                   std::string_view label, SteadyTime deadline);
 

@@ -3,13 +3,17 @@
 // the nccl backend does) hands it to a dialer with the right secret and to no other; a wrong or
 // missing secret fails the dialer on the first answer (kIncompatible, not the deadline's
 // kTimeout) with a reason; reflected proofs, another channel's label and a non-loopback peer
-// without a secret are refused.
+// without a secret are refused. After the handshake the channel is sealed (SealChannel): the id
+// never crosses in the clear, and a frame flipped, replayed or reordered on the wire fails the
+// reader; without secrets the channel stays plaintext.
 #include "transport/channel_auth.h"
 
 #include <sys/socket.h>
 
 #include <future>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -61,7 +65,11 @@ AcceptorResult Accept(Listener& listener, const PeerAuth& auth) {
   result.status = step.status;
   result.done = handshake.done();
   result.peer_name = handshake.peer_name();
-  if (result.done) (void)socket->SendFrame(kUniqueId, Later());
+  if (result.done) {
+    // As the nccl backend does: the channel is sealed before the id goes out.
+    result.status = handshake.SealChannel(*socket, reader);
+    if (result.status.ok()) (void)socket->SendFrame(kUniqueId, Later());
+  }
   return result;
 }
 
@@ -194,6 +202,184 @@ TEST(ChannelAuth, WithoutASecretANonLoopbackPeerIsNotAdmitted) {
   FrameReader reader;
   auto dialed = DialHandshake(a, reader, {"", false, "x"}, kLabel, Later());
   EXPECT_EQ(dialed.status().code(), Code::kUnavailable) << dialed.status().ToString();
+}
+
+// ---- sealed frames after the handshake ----------------------------------------------------------
+
+// Runs both sides' handshakes in memory, frame by frame; true when both are done.
+bool HandshakeInMemory(ChannelHandshake& dialer, ChannelHandshake& acceptor) {
+  std::vector<std::string> to_acceptor = dialer.Begin().send;
+  std::vector<std::string> to_dialer = acceptor.Begin().send;
+  for (int round = 0; round < 8 && !(dialer.done() && acceptor.done()); ++round) {
+    for (const std::string& f : to_acceptor) {
+      auto step = acceptor.OnFrame(f);
+      if (!step.status.ok()) return false;
+      to_dialer.insert(to_dialer.end(), step.send.begin(), step.send.end());
+    }
+    to_acceptor.clear();
+    for (const std::string& f : to_dialer) {
+      auto step = dialer.OnFrame(f);
+      if (!step.status.ok()) return false;
+      to_acceptor.insert(to_acceptor.end(), step.send.begin(), step.send.end());
+    }
+    to_dialer.clear();
+  }
+  return dialer.done() && acceptor.done();
+}
+
+std::pair<Socket, Socket> SocketPair() {
+  int fds[2];
+  EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds));
+  return {Socket(fds[0]), Socket(fds[1])};
+}
+
+// Everything readable on `fd` now, raw: what a man in the middle sees.
+std::string Drain(int fd) {
+  std::string bytes;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) bytes.append(buf, n);
+  return bytes;
+}
+
+std::vector<std::string> FrameBodies(const std::string& wire) {
+  FrameDecoder decoder;
+  decoder.Append(wire.data(), wire.size());
+  std::vector<std::string> bodies;
+  while (true) {
+    auto frame = decoder.Next();
+    if (!frame.ok() || !frame->has_value()) return bodies;
+    bodies.push_back(std::move(**frame));
+  }
+}
+
+// Two sides that finished the handshake, sealed; the wire between them runs through the test:
+// the dialer writes into `dialer_socket`, its bytes come out of `wire_from_dialer`; what the test
+// writes into `wire_to_acceptor` reaches the acceptor's socket, read with `acceptor_reader`.
+struct SealedChannel {
+  explicit SealedChannel(const std::string& secret)
+      : dialer({secret, false, "decode"}, std::string(kLabel), ChannelHandshake::Role::kDialer),
+        acceptor({secret, false, "prefill"}, std::string(kLabel),
+                 ChannelHandshake::Role::kAcceptor) {
+    auto [d, w] = SocketPair();
+    auto [r, a] = SocketPair();
+    dialer_socket = std::move(d);
+    wire_from_dialer = std::move(w);
+    wire_to_acceptor = std::move(r);
+    acceptor_socket = std::move(a);
+    handshaken = HandshakeInMemory(dialer, acceptor);
+    if (!handshaken) return;
+    dialer_sealed = dialer.SealChannel(dialer_socket, dialer_reader);
+    acceptor_sealed = acceptor.SealChannel(acceptor_socket, acceptor_reader);
+  }
+  ChannelHandshake dialer, acceptor;
+  Socket dialer_socket, wire_from_dialer, wire_to_acceptor, acceptor_socket;
+  FrameReader dialer_reader, acceptor_reader;
+  bool handshaken = false;
+  Status dialer_sealed, acceptor_sealed;
+};
+
+TEST(SealedChannel, TheIdCrossesEncryptedAndOpensInOrderBothWays) {
+  SealedChannel c(kSecret);
+  ASSERT_TRUE(c.handshaken);
+  ASSERT_TRUE(c.dialer_sealed.ok()) << c.dialer_sealed.ToString();
+  ASSERT_TRUE(c.acceptor_sealed.ok()) << c.acceptor_sealed.ToString();
+  for (const std::string_view f : {kUniqueId, std::string_view("second"), std::string_view("")}) {
+    ASSERT_TRUE(c.dialer_socket.SendFrame(f, Later()).ok());
+  }
+  const std::string wire = Drain(c.wire_from_dialer.fd());
+  ASSERT_FALSE(wire.empty());
+  EXPECT_EQ(wire.find(kUniqueId), std::string::npos) << "the id crossed in the clear";
+  EXPECT_EQ(wire.find("second"), std::string::npos);
+  ASSERT_EQ(::send(c.wire_to_acceptor.fd(), wire.data(), wire.size(), 0),
+            static_cast<ssize_t>(wire.size()));
+  for (const std::string_view expected :
+       {kUniqueId, std::string_view("second"), std::string_view("")}) {
+    auto frame = ReceiveFrame(c.acceptor_socket.fd(), c.acceptor_reader, Later());
+    ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+    EXPECT_EQ(*frame, expected);
+  }
+  // The other way, under the other key: the acceptor's answer opens at the dialer.
+  ASSERT_TRUE(c.acceptor_socket.SendFrame("ack", Later()).ok());
+  const std::string back = Drain(c.wire_to_acceptor.fd());
+  EXPECT_EQ(back.find("ack"), std::string::npos);
+  ASSERT_EQ(::send(c.wire_from_dialer.fd(), back.data(), back.size(), 0),
+            static_cast<ssize_t>(back.size()));
+  auto ack = ReceiveFrame(c.dialer_socket.fd(), c.dialer_reader, Later());
+  ASSERT_TRUE(ack.ok()) << ack.status().ToString();
+  EXPECT_EQ(*ack, "ack");
+}
+
+// A side's own frame reflected back to it was sealed under its sending key: it does not open.
+TEST(SealedChannel, AFrameReflectedToItsSenderDoesNotOpen) {
+  SealedChannel c(kSecret);
+  ASSERT_TRUE(c.handshaken && c.dialer_sealed.ok() && c.acceptor_sealed.ok());
+  ASSERT_TRUE(c.acceptor_socket.SendFrame("mine", Later()).ok());
+  const std::string own = Drain(c.wire_to_acceptor.fd());
+  ASSERT_FALSE(own.empty());
+  ASSERT_EQ(::send(c.wire_to_acceptor.fd(), own.data(), own.size(), 0),
+            static_cast<ssize_t>(own.size()));
+  ASSERT_TRUE(WaitReadable(c.acceptor_socket.fd(), Later()));
+  EXPECT_EQ(c.acceptor_reader.ReadAvailable(c.acceptor_socket.fd()).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(c.acceptor_reader.Next().has_value());
+}
+
+TEST(SealedChannel, AFlippedReplayedOrReorderedFrameFailsTheReader) {
+  enum class Tamper { kFlip, kReplay, kReorder };
+  for (const Tamper tamper : {Tamper::kFlip, Tamper::kReplay, Tamper::kReorder}) {
+    SealedChannel c(kSecret);
+    ASSERT_TRUE(c.handshaken && c.dialer_sealed.ok() && c.acceptor_sealed.ok());
+    for (const char* f : {"batch 0", "batch 1", "batch 2"}) {
+      ASSERT_TRUE(c.dialer_socket.SendFrame(f, Later()).ok());
+    }
+    std::vector<std::string> bodies = FrameBodies(Drain(c.wire_from_dialer.fd()));
+    ASSERT_EQ(bodies.size(), 3u);
+    switch (tamper) {
+      case Tamper::kFlip:
+        bodies[1][2] ^= 0x40;
+        break;
+      case Tamper::kReplay:
+        bodies[1] = bodies[0];
+        break;
+      case Tamper::kReorder:
+        std::swap(bodies[1], bodies[2]);
+        break;
+    }
+    std::string forwarded;
+    for (const std::string& b : bodies) ASSERT_TRUE(AppendFrame(b, &forwarded).ok());
+    ASSERT_EQ(::send(c.wire_to_acceptor.fd(), forwarded.data(), forwarded.size(), 0),
+              static_cast<ssize_t>(forwarded.size()));
+    ASSERT_TRUE(WaitReadable(c.acceptor_socket.fd(), Later()));
+    const Status read = c.acceptor_reader.ReadAvailable(c.acceptor_socket.fd());
+    EXPECT_EQ(read.code(), Code::kInvalidArgument) << read.ToString();
+    EXPECT_NE(read.message().find("sealed frame 1 did not open"), std::string::npos)
+        << read.ToString();
+    // The frame before the tampered one came out; nothing after it.
+    auto first = c.acceptor_reader.Next();
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(*first, "batch 0");
+    EXPECT_FALSE(c.acceptor_reader.Next().has_value());
+    EXPECT_FALSE(c.acceptor_reader.ReadAvailable(c.acceptor_socket.fd()).ok());
+  }
+}
+
+TEST(SealedChannel, WithoutSecretsTheChannelStaysPlaintext) {
+  SealedChannel c("");
+  ASSERT_TRUE(c.handshaken);
+  ASSERT_TRUE(c.dialer_sealed.ok() && c.acceptor_sealed.ok());
+  ASSERT_TRUE(c.dialer_socket.SendFrame(kUniqueId, Later()).ok());
+  const std::string wire = Drain(c.wire_from_dialer.fd());
+  EXPECT_NE(wire.find(kUniqueId), std::string::npos);
+  ASSERT_EQ(FrameBodies(wire), std::vector<std::string>{std::string(kUniqueId)});
+}
+
+TEST(SealedChannel, SealingBeforeTheHandshakeIsDoneIsRefused) {
+  ChannelHandshake early({kSecret, false, "decode"}, std::string(kLabel),
+                         ChannelHandshake::Role::kDialer);
+  ASSERT_TRUE(early.Begin().status.ok());
+  auto [a, b] = SocketPair();
+  FrameReader reader;
+  EXPECT_EQ(early.SealChannel(a, reader).code(), Code::kInternal);
 }
 
 }  // namespace

@@ -226,17 +226,17 @@ struct Link::Impl {
       uint64_t drained;
       while (::read(wake_fd, &drained, sizeof(drained)) > 0) {
       }
-      if (fds[0].revents != 0) {
-        Status read = frames.ReadAvailable(socket.fd());
-        while (auto frame = frames.Next()) {
-          Status handled = HandleFrame(*frame);
-          if (!handled.ok()) {
-            Fail(Status::Unavailable("nccl: " + handled.ToString()));
-            break;
-          }
+      // Frames the reader already holds (read with the hello) are handled on the first turn. A
+      // sealed frame that does not open fails the read, after the frames before it.
+      const Status read = fds[0].revents != 0 ? frames.ReadAvailable(socket.fd()) : Status::Ok();
+      while (auto frame = frames.Next()) {
+        Status handled = HandleFrame(*frame);
+        if (!handled.ok()) {
+          Fail(Status::Unavailable("nccl: " + handled.ToString()));
+          break;
         }
-        if (!read.ok()) Fail(Status::Unavailable("nccl: " + read.ToString()));
       }
+      if (!read.ok()) Fail(Status::Unavailable("nccl: " + read.ToString()));
       if (failed) break;
       FinishReceives();
       CheckDeadlines();
@@ -484,7 +484,8 @@ struct Link::Impl {
 
 Link::Link(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& options,
+Result<std::shared_ptr<Link>> Link::Start(Socket socket, FrameReader frames,
+                                          const LinkOptions& options,
                                           std::shared_ptr<RegionTable> regions,
                                           std::shared_ptr<NoteSink> notes) {
   if (options.lanes < 1 || options.lanes > kMaxLanes || options.slots < 1 ||
@@ -493,6 +494,7 @@ Result<std::shared_ptr<Link>> Link::Start(Socket socket, const LinkOptions& opti
   }
   auto impl = std::make_unique<Impl>(options);
   impl->socket = std::move(socket);
+  impl->frames = std::move(frames);
   impl->regions = std::move(regions);
   impl->notes = std::move(notes);
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -15,6 +15,10 @@
 // notification travels as a frame behind the batches posted before it, and the receiver holds
 // it until they have landed, so nothing waits for acks on the sending side.
 //
+// The side channel's frames are sealed when kvd has a secret (channel_auth.h, SealChannel): the
+// unique ids, announcements, acks and notes cross encrypted, and a frame that does not open
+// (altered, injected, replayed, reordered) fails the link like a malformed message.
+//
 // Failure: EOF, a malformed message, an announced batch past its deadline or an NCCL error fail
 // the link: every batch in flight completes with kUnavailable (kTimeout for the one that timed
 // out), the threads abort their communicators (ncclCommAbort) and later calls are refused. A put
@@ -61,8 +65,11 @@ struct LinkOptions {
 
 class Link {
  public:
-  // Takes a connected socket whose hello exchange is done and starts the two threads.
-  static Result<std::shared_ptr<Link>> Start(kv::Socket socket, const LinkOptions& options,
+  // Takes a connected socket whose hello exchange is done, and the reader that read its frames
+  // so far (frames it already holds are handled first); both sealed where the handshake sealed
+  // the channel (channel_auth.h). Starts the threads.
+  static Result<std::shared_ptr<Link>> Start(kv::Socket socket, kv::FrameReader frames,
+                                             const LinkOptions& options,
                                              std::shared_ptr<RegionTable> regions,
                                              std::shared_ptr<NoteSink> notes);
   ~Link();  // fails what is in flight with kAborted, aborts the communicators, joins

@@ -143,7 +143,8 @@ class NcclTransport final : public Transport {
     KV_RETURN_IF_ERROR(socket.SendFrame(nccl::EncodeHello(), deadline));
     KV_ASSIGN_OR_RETURN(std::string hello, kv::ReceiveFrame(socket.fd(), reader, deadline));
     KV_RETURN_IF_ERROR(nccl::DecodeHello(hello));
-    KV_ASSIGN_OR_RETURN(auto link, Link::Start(std::move(socket), options_, regions_, notes_));
+    KV_ASSIGN_OR_RETURN(
+        auto link, Link::Start(std::move(socket), std::move(reader), options_, regions_, notes_));
     std::lock_guard lock(mu_);
     PeerId id = next_peer_++;
     peers_[id] = std::move(link);
@@ -260,7 +261,8 @@ class NcclTransport final : public Transport {
     ChannelHandshake auth;
     FrameReader reader;
     Clock::time_point deadline;
-    bool done = false;  // a link started, or the peer failed the exchange: drop it
+    bool sealed = false;  // SealChannel ran (once the handshake was done)
+    bool done = false;    // a link started, or the peer failed the exchange: drop it
   };
   static constexpr size_t kMaxHandshakes = 16;
 
@@ -277,12 +279,17 @@ class NcclTransport final : public Transport {
       }
       if (!step.status.ok()) return true;  // refused (the peer heard why): close
     }
+    if (!h.sealed) {
+      // Every frame after the handshake is sealed (channel_auth.h): the hello, the unique ids.
+      if (!h.auth.SealChannel(h.socket, h.reader).ok()) return true;
+      h.sealed = true;
+    }
     auto hello = h.reader.Next();
     if (!hello) return false;
     if (!nccl::DecodeHello(*hello).ok()) return true;
     // A fresh socket's send buffer takes the small answer at once.
     if (!h.socket.SendFrame(nccl::EncodeHello(), h.deadline).ok()) return true;
-    auto link = Link::Start(std::move(h.socket), options_, regions_, notes_);
+    auto link = Link::Start(std::move(h.socket), std::move(h.reader), options_, regions_, notes_);
     if (link.ok()) {
       std::lock_guard lock(mu_);
       incoming_.push_back(std::move(link).value());

@@ -33,7 +33,9 @@ enum class MsgType : uint32_t {
   kNote,        // a notification for the peer's handler
 };
 
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/3";
+// Also the side channel's handshake label (channel_auth.h): 4 seals every frame after the
+// handshake, so a side of another version is refused at the handshake with both named.
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/4";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {

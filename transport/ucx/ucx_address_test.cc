@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <random>
@@ -96,35 +97,26 @@ const char* Name(Fate fate) {
   return "?";
 }
 
-// `pad`: as kvd connects (PaddedWorkerAddress); without, as UCX's own API would be called.
-Fate ConnectInChild(const std::string& version, const std::string& address, std::string* why,
-                    bool pad = true) {
-  auto child = ChildProcess::Start([&](Channel&) {
+// A copy of `bytes` that ends where a PROT_NONE page begins, so a read past it faults (for a
+// child: the mapping is never freed); null if the mapping failed.
+const char* BeforeGuardPage(const std::string& bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t span = (bytes.size() + page - 1) / page * page + page;
+  auto* base = static_cast<char*>(
+      mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (base == MAP_FAILED || mprotect(base + span, page, PROT_NONE) != 0) return nullptr;
+  char* at = base + span - bytes.size();
+  std::memcpy(at, bytes.data(), bytes.size());
+  return at;
+}
+
+// Runs `body` in a forked child (quiet, SIGALRM after 30 s) and names how it ended: exit 0 is
+// kConnected (UCX took the input), 1 kRefusedByUcx, a signal kCrashed, anything else kHung.
+Fate InChild(const std::function<int()>& body, std::string* why) {
+  auto child = ChildProcess::Start([&](Channel&) -> int {
     Quiet();
-    alarm(30);  // a hang becomes SIGALRM
-    // As kvd hands it to UCX (PaddedWorkerAddress), ending at a PROT_NONE page.
-    const std::string padded = pad ? PaddedWorkerAddress(address) : address;
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t span = (padded.size() + page - 1) / page * page + page;
-    auto* base = static_cast<char*>(
-        mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base == MAP_FAILED || mprotect(base + span, page, PROT_NONE) != 0) return 5;
-    char* at = base + span - padded.size();
-    std::memcpy(at, padded.data(), padded.size());
-    auto context = CreateContext(Options(version));
-    if (!context.ok()) return 2;
-    auto worker = CreateWorker(context->get());
-    if (!worker.ok()) return 3;
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.address = reinterpret_cast<const ucp_address_t*>(at);
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &NoOp;
-    ucp_ep_h ep = nullptr;
-    const ucs_status_t s = ucp_ep_create(worker->get(), &params, &ep);
-    for (int i = 0; i < 200; ++i) ucp_worker_progress(worker->get());
-    _exit(s == UCS_OK ? 0 : 1);  // no teardown: only the connect is under test
+    alarm(30);      // a hang becomes SIGALRM
+    _exit(body());  // no teardown: only the call under test matters
   });
   if (!child.ok()) {
     *why = child.status().ToString();
@@ -139,6 +131,37 @@ Fate ConnectInChild(const std::string& version, const std::string& address, std:
   if (*code == 0) return Fate::kConnected;
   if (*code == 1) return Fate::kRefusedByUcx;
   return Fate::kHung;  // the child could not even set up: reported as a failure
+}
+
+// An endpoint of a new context and worker to `address` (as kvd connects: padded), or null.
+ucp_ep_h ConnectFrom(ucp_worker_h worker, const char* address) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address);
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &NoOp;
+  ucp_ep_h ep = nullptr;
+  return ucp_ep_create(worker, &params, &ep) == UCS_OK ? ep : nullptr;
+}
+
+// `pad`: as kvd connects (PaddedWorkerAddress); without, as UCX's own API would be called.
+Fate ConnectInChild(const std::string& version, const std::string& address, std::string* why,
+                    bool pad = true) {
+  return InChild(
+      [&] {
+        // As kvd hands it to UCX (PaddedWorkerAddress), ending at a PROT_NONE page.
+        const char* at = BeforeGuardPage(pad ? PaddedWorkerAddress(address) : address);
+        if (at == nullptr) return 5;
+        auto context = CreateContext(Options(version));
+        if (!context.ok()) return 2;
+        auto worker = CreateWorker(context->get());
+        if (!worker.ok()) return 3;
+        const ucp_ep_h ep = ConnectFrom(worker->get(), at);
+        for (int i = 0; i < 200; ++i) ucp_worker_progress(worker->get());
+        return ep != nullptr ? 0 : 1;
+      },
+      why);
 }
 
 // One seeded mutation of `real`: bit flips, a random byte, truncation, insertion, deletion or
@@ -395,48 +418,22 @@ Result<KeyTarget> StartKeyTarget() {
 // How a child that connected to `address` and unpacked `key` (followed by 1 KiB of zeros, then a
 // PROT_NONE page) ended: kConnected when UCX unpacked it, kRefusedByUcx when UCX refused it.
 Fate UnpackInChild(const std::string& address, const std::string& key, std::string* why) {
-  auto child = ChildProcess::Start([&](Channel&) {
-    Quiet();
-    alarm(30);  // a hang becomes SIGALRM
-    const std::string padded = key + std::string(1024, '\0');
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t span = (padded.size() + page - 1) / page * page + page;
-    auto* base = static_cast<char*>(
-        mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base == MAP_FAILED || mprotect(base + span, page, PROT_NONE) != 0) return 5;
-    char* at = base + span - padded.size();
-    std::memcpy(at, padded.data(), padded.size());
-    auto context = CreateContext({});
-    if (!context.ok()) return 2;
-    auto worker = CreateWorker(context->get());
-    if (!worker.ok()) return 3;
-    const std::string peer = PaddedWorkerAddress(address);
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &NoOp;
-    ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(worker->get(), &params, &ep) != UCS_OK) return 6;
-    ucp_rkey_h rkey = nullptr;
-    const ucs_status_t s = ucp_ep_rkey_unpack(ep, at, &rkey);
-    if (s == UCS_OK) ucp_rkey_destroy(rkey);
-    _exit(s == UCS_OK ? 0 : 1);  // no teardown: only the unpack is under test
-  });
-  if (!child.ok()) {
-    *why = child.status().ToString();
-    return Fate::kHung;
-  }
-  auto code = (*child)->Wait(harness::Clock::now() + 60s);
-  if (!code.ok()) {
-    *why = code.status().ToString();
-    return code.status().code() == Code::kTimeout ? Fate::kHung : Fate::kCrashed;
-  }
-  *why = "exit " + std::to_string(*code);
-  if (*code == 0) return Fate::kConnected;
-  if (*code == 1) return Fate::kRefusedByUcx;
-  return Fate::kHung;  // the child could not even set up: reported as a failure
+  return InChild(
+      [&] {
+        const char* at = BeforeGuardPage(key + std::string(1024, '\0'));
+        if (at == nullptr) return 5;
+        auto context = CreateContext({});
+        if (!context.ok()) return 2;
+        auto worker = CreateWorker(context->get());
+        if (!worker.ok()) return 3;
+        const ucp_ep_h ep = ConnectFrom(worker->get(), PaddedWorkerAddress(address).c_str());
+        if (ep == nullptr) return 6;
+        ucp_rkey_h rkey = nullptr;
+        const ucs_status_t s = ucp_ep_rkey_unpack(ep, at, &rkey);
+        if (s == UCS_OK) ucp_rkey_destroy(rkey);
+        return s == UCS_OK ? 0 : 1;
+      },
+      why);
 }
 
 // `key` with memory domain `md` added to its map, with `entry` as its packed key.
@@ -505,7 +502,8 @@ TEST_F(UcxRkey, ADomainWithAnEntryOfTheWrongSizeIsRefused) {
     ASSERT_TRUE(CheckPackedRkey(forged).ok()) << "the walk alone accepts it: " << Hex(forged);
     Status s = shapes.Check(forged);
     EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find("memory domain " + std::to_string(md)), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("memory domain " + std::to_string(md)), std::string::npos)
+        << s.ToString();
     std::string why;
     const Fate fate = UnpackInChild(t.address, forged, &why);
     std::cout << "memory domain " << md << " with an empty entry: ucp_ep_rkey_unpack " << Name(fate)

@@ -17,6 +17,7 @@
 #include "base/frame_seal.h"
 #include "base/framed_socket.h"
 #include "base/framing.h"
+#include "tests/support/socket_pair.h"
 
 namespace kv {
 namespace {
@@ -244,23 +245,11 @@ SteadyTime Soon() {
   return std::chrono::steady_clock::now() + std::chrono::seconds(5);
 }
 
-std::pair<Socket, Socket> Pair() {
-  int fds[2];
-  EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds));
-  return {Socket(fds[0]), Socket(fds[1])};
-}
-
-// A raw read of everything on `fd` (what a relay on the wire sees).
-std::string Drain(int fd) {
-  std::string bytes;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) bytes.append(buf, n);
-  return bytes;
-}
+using testing_support::Drain;
+using testing_support::SocketPair;
 
 TEST(SealedSocket, PlaintextHandshakeThenSealedFramesBothWays) {
-  auto [a, b] = Pair();
+  auto [a, b] = SocketPair();
   ASSERT_TRUE(a.SendFrame("handshake", Soon()).ok());
   ASSERT_TRUE(a.EnableSealing(kKey).ok());
   ASSERT_TRUE(a.SendFrame("secret one", Soon()).ok());
@@ -280,7 +269,7 @@ TEST(SealedSocket, PlaintextHandshakeThenSealedFramesBothWays) {
 }
 
 TEST(SealedSocket, TheWireCarriesNoPlaintextAndATamperedFrameBreaksTheReader) {
-  auto [a, relay] = Pair();
+  auto [a, relay] = SocketPair();
   ASSERT_TRUE(a.EnableSealing(kKey).ok());
   ASSERT_TRUE(a.SendFrame("token=0123456789abcdef", Soon()).ok());
   ASSERT_TRUE(a.SendFrame("second", Soon()).ok());
@@ -292,7 +281,7 @@ TEST(SealedSocket, TheWireCarriesNoPlaintextAndATamperedFrameBreaksTheReader) {
   ASSERT_EQ(bodies.size(), 2u);
 
   for (const bool swap : {false, true}) {
-    auto [in, out] = Pair();  // the relay writes into `in`, the reader reads `out`
+    auto [in, out] = SocketPair();  // the relay writes into `in`, the reader reads `out`
     std::string forwarded;
     if (swap) {
       ASSERT_TRUE(AppendFrame(bodies[1], &forwarded).ok());

@@ -19,6 +19,7 @@
 
 #include "base/codec.h"
 #include "base/framed_socket.h"
+#include "tests/support/socket_pair.h"
 
 namespace kv::transport {
 namespace {
@@ -227,20 +228,8 @@ bool HandshakeInMemory(ChannelHandshake& dialer, ChannelHandshake& acceptor) {
   return dialer.done() && acceptor.done();
 }
 
-std::pair<Socket, Socket> SocketPair() {
-  int fds[2];
-  EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds));
-  return {Socket(fds[0]), Socket(fds[1])};
-}
-
-// Everything readable on `fd` now, raw: what a man in the middle sees.
-std::string Drain(int fd) {
-  std::string bytes;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) bytes.append(buf, n);
-  return bytes;
-}
+using testing_support::Drain;
+using testing_support::SocketPair;
 
 std::vector<std::string> FrameBodies(const std::string& wire) {
   FrameDecoder decoder;

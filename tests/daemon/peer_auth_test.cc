@@ -18,13 +18,14 @@
 #include <optional>
 #include <thread>
 
-#include "connector/connector.h"
-#include "tools/kvbench/pd/pd_sim.h"
-#include "daemon/daemon.h"
 #include "base/framing.h"
+#include "connector/connector.h"
+#include "daemon/daemon.h"
 #include "daemon/peer_auth.h"
 #include "protocol/kvd.pb.h"
 #include "tests/support/spy_transport.h"
+#include "tests/support/tiny_pd.h"
+#include "tools/kvbench/pd/pd_sim.h"
 #include "transport/transport.h"
 
 namespace kv {
@@ -283,15 +284,7 @@ TEST(PeerAuth, APeerWithoutTheSecretLearnsNothingAndGetsNoEndpoint) {
 // ------------------------------------------------------------------------------------
 
 connector::PdConfig Small() {
-  connector::PdConfig c;
-  c.requests = 4;
-  c.window = 2;
-  c.tokens = 40;
-  c.layers = 2;
-  c.heads = 2;
-  c.head_dim = 16;
-  c.timeout = std::chrono::milliseconds(10000);
-  return c;
+  return testing_support::TinyPd();
 }
 
 Result<connector::PdResult> RunPd(const std::shared_ptr<daemon::Daemon>& prefill,

@@ -22,6 +22,7 @@
 #include "base/framing.h"
 #include "connector/connector.h"
 #include "daemon/daemon.h"
+#include "tests/support/tiny_pd.h"
 #include "tools/kvbench/pd/pd_sim.h"
 #include "transport/transport.h"
 
@@ -219,15 +220,7 @@ Status Load(Connector& sink, const std::string& request, const connector::Transf
 }
 
 connector::PdConfig Small() {
-  connector::PdConfig c;
-  c.requests = 4;
-  c.window = 2;
-  c.tokens = 40;
-  c.layers = 2;
-  c.heads = 2;
-  c.head_dim = 16;
-  c.timeout = std::chrono::milliseconds(10000);
-  return c;
+  return testing_support::TinyPd();
 }
 
 // A P/D run straight between the two kvds (no relay): both still serve.

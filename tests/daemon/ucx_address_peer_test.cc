@@ -22,6 +22,7 @@
 #include "connector/connector.h"
 #include "daemon/daemon.h"
 #include "tests/support/forwarding_transport.h"
+#include "tests/support/tiny_pd.h"
 #include "tools/kvbench/pd/pd_sim.h"
 #include "transport/transport.h"
 
@@ -175,14 +176,7 @@ TEST(UcxAddressFromAPeer, ACraftedWorkerAddressIsRefusedAndKvdKeepsServing) {
   ASSERT_TRUE(honest_transport.ok());
   auto honest = Start("honest", std::move(*honest_transport));
   ASSERT_TRUE(honest);
-  connector::PdConfig config;
-  config.requests = 4;
-  config.window = 2;
-  config.tokens = 40;
-  config.layers = 2;
-  config.heads = 2;
-  config.head_dim = 16;
-  config.timeout = std::chrono::milliseconds(10000);
+  const connector::PdConfig config = testing_support::TinyPd();
   auto r = connector::RunPd(
       config,
       [&](const connector::ConnectorOptions& o) { return Connector::OpenEmbedded(victim, o); },

@@ -2,14 +2,15 @@
 // peers' hellos; a peer that dies while a batch of thousands of chunks is in flight must fail
 // that batch well within its deadline and leave the sender able to serve a new peer; posts and
 // notifications return at once while earlier batches wait on an engine's event; large runs that
-// skip the staging land next to staged ones, pushed and pulled, with notes behind the data.
+// skip the staging land next to staged ones, pushed and pulled, with notes behind the data; and
+// the two sides may group their NCCL launches differently.
 #include <gtest/gtest.h>
 
 #include <future>
 #include <thread>
 
-#include "tests/support/gpu_peers.h"
 #include "base/framed_socket.h"
+#include "tests/support/gpu_peers.h"
 
 namespace kv::transport::gputest {
 namespace {
@@ -150,6 +151,39 @@ TEST(GpuNcclTest, DirectRunsLandBesideStagedOnesPushedAndPulled) {
   EXPECT_TRUE(Stop(*sender).ok());
   EXPECT_TRUE(Stop(*receiver).ok());
   EXPECT_TRUE(Stop(*puller).ok());
+}
+
+// Each side groups its NCCL launches on its own (group_ops): a sender launching four sends at once
+// and a receiver launching one receive at a time, and the other way round, must still match
+// every chunk, across many slot reuses, pushed and pulled.
+TEST(GpuNcclTest, SidesGroupingTheirLaunchesDifferentlyLandEveryByte) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  constexpr uint64_t kBytes = 9 * kMiB;
+  std::vector<kv::Run> runs = MixedRuns();
+  for (uint64_t i = 0; i < 64; ++i)
+    runs.push_back({8 * kMiB + i * 4096, 8 * kMiB + i * 4096, 4000});
+  const Settings four = {{"staging_slots", "8"}, {"group_ops", "4"}, {"direct_bytes", "262144"}};
+  const Settings one = {{"group_ops", "1"}};
+  for (const auto& [send, receive] : {std::pair{four, one}, std::pair{one, four}}) {
+    auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, send);
+    auto receiver = StartPeer({"nccl", 1, kBytes, -1}, receive);
+    ASSERT_TRUE(sender.ok() && receiver.ok());
+    Status put = Transfer(*sender, *receiver, Op::kPut, runs);
+    ASSERT_TRUE(put.ok()) << put.ToString();
+    auto landed = Dump(*receiver);
+    ASSERT_TRUE(landed.ok());
+    EXPECT_TRUE(*landed == Expected(kBytes, kSeed, runs));
+    auto puller = StartPeer({"nccl", 1, kBytes, -1}, receive);
+    ASSERT_TRUE(puller.ok());
+    Status got = Transfer(*puller, *sender, Op::kGet, runs);
+    ASSERT_TRUE(got.ok()) << got.ToString();
+    auto pulled = Dump(*puller);
+    ASSERT_TRUE(pulled.ok());
+    EXPECT_TRUE(*pulled == Expected(kBytes, kSeed, runs));
+    EXPECT_TRUE(Stop(*sender).ok());
+    EXPECT_TRUE(Stop(*receiver).ok());
+    EXPECT_TRUE(Stop(*puller).ok());
+  }
 }
 
 }  // namespace

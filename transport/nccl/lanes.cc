@@ -20,33 +20,51 @@ Status Lanes::Join(std::string_view unique_id, int rank, SteadyTime deadline) {
   return lane.comm.Init(unique_id, rank, device_, deadline, cancelled_);
 }
 
-Status Lanes::Send(size_t lane, const void* data, uint64_t bytes, const gpu::CudaEvent* then,
-                   SteadyTime deadline) {
-  return Post(lane, true, const_cast<void*>(data), bytes, then, deadline);
-}
-
-Status Lanes::Recv(size_t lane, void* data, uint64_t bytes, const gpu::CudaEvent* then,
-                   SteadyTime deadline) {
-  return Post(lane, false, data, bytes, then, deadline);
-}
-
-Status Lanes::Post(size_t index, bool send, void* data, uint64_t bytes, const gpu::CudaEvent* then,
-                   SteadyTime deadline) {
+Status Lanes::Post(std::span<const Op> ops, SteadyTime deadline) {
+  if (ops.empty() || ops.size() > kMaxGroupOps) {
+    return Status::InvalidArgument("nccl: a group of " + std::to_string(ops.size()) +
+                                   " operations");
+  }
   std::lock_guard lock(mu_);
   if (aborted_ || cancelled_) return Status::Aborted("nccl: link failed");
-  Lane& lane = *lanes_[index];
-  KV_RETURN_IF_ERROR(SettleLocked(lane, deadline));
-  if (!lane.comm.ready()) return Status::Unavailable("nccl: communicator failed");
-  gpu::DeviceGuard guard(device_);
-  // The peer is rank 1 for the sender (rank 0) and rank 0 for the receiver.
-  ncclResult_t r = send ? ncclSend(data, bytes, ncclUint8, 1, lane.comm.get(), lane.stream.get())
-                        : ncclRecv(data, bytes, ncclUint8, 0, lane.comm.get(), lane.stream.get());
-  if (r != ncclSuccess && r != ncclInProgress) {
-    lane.comm.MarkFailed();
-    return NcclStatus(r, send ? "ncclSend" : "ncclRecv");
+  bool named[kMaxLanes] = {};
+  for (const Op& op : ops) {
+    if (op.lane >= lanes_.size()) return Status::InvalidArgument("nccl: no such lane");
+    Lane& lane = *lanes_[op.lane];
+    if (!named[op.lane]) KV_RETURN_IF_ERROR(SettleLocked(lane, deadline));
+    named[op.lane] = true;
+    if (!lane.comm.ready()) return Status::Unavailable("nccl: communicator failed");
   }
-  lane.in_flight = true;
-  lane.then = then;
+  gpu::DeviceGuard guard(device_);
+  for (const Op& op : ops) {
+    if (op.wait == nullptr) continue;
+    KV_RETURN_IF_ERROR(
+        gpu::CudaStatus(cudaStreamWaitEvent(lanes_[op.lane]->stream.get(), op.wait->get(), 0),
+                        "cudaStreamWaitEvent"));
+  }
+  // The peer is rank 1 for the sender (rank 0) and rank 0 for the receiver.
+  ncclResult_t r = ncclGroupStart();
+  for (const Op& op : ops) {
+    if (r != ncclSuccess) break;
+    Lane& lane = *lanes_[op.lane];
+    r = op.send ? ncclSend(op.data, op.bytes, ncclUint8, 1, lane.comm.get(), lane.stream.get())
+                : ncclRecv(op.data, op.bytes, ncclUint8, 0, lane.comm.get(), lane.stream.get());
+  }
+  // Ends the group even after a failed call: NCCL then drops the whole group.
+  const ncclResult_t ended = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = ended;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!named[i]) continue;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      lanes_[i]->comm.MarkFailed();
+      continue;
+    }
+    lanes_[i]->in_flight = true;
+  }
+  if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, "ncclGroupEnd (send/recv)");
+  for (const Op& op : ops) {
+    if (op.then != nullptr) lanes_[op.lane]->then.push_back(op.then);
+  }
   return Status::Ok();
 }
 
@@ -66,9 +84,13 @@ Status Lanes::SettleAll(SteadyTime deadline) {
 Status Lanes::SettleLocked(Lane& lane, SteadyTime deadline) {
   if (!lane.in_flight) return Status::Ok();
   lane.in_flight = false;
+  std::vector<const gpu::CudaEvent*> then;
+  then.swap(lane.then);
   KV_RETURN_IF_ERROR(lane.comm.WaitEnqueued(deadline, cancelled_));
-  if (lane.then == nullptr) return Status::Ok();
-  return lane.then->Record(lane.stream.get());
+  for (const gpu::CudaEvent* event : then) {
+    KV_RETURN_IF_ERROR(event->Record(lane.stream.get()));
+  }
+  return Status::Ok();
 }
 
 void Lanes::Abort() {

@@ -112,6 +112,7 @@ struct Link::Impl {
   std::unique_ptr<Staging> in;   // receive worker
   FrameReader frames;            // reader thread
   int wake_fd = -1;              // eventfd: the receive stream tells the reader a batch landed
+  gpu::CudaStream wake_stream;   // receive worker: where those wake-ups wait for their batches
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
@@ -166,7 +167,8 @@ struct Link::Impl {
   }
 
   StagingOptions Staged() const {
-    return {options.device, options.chunk_bytes, options.slots, options.copy_ctas};
+    return {options.device, options.chunk_bytes, options.slots, options.copy_ctas,
+            options.group_ops};
   }
 
   Status SendData(SendJob& job) {
@@ -389,12 +391,21 @@ struct Link::Impl {
     cudaStream_t copy = in->copy_stream();
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
+    // Acks leave the moment the last scatter finishes, not at the reader's next timeout. The
+    // wake-up runs on a stream of its own: a host function holds up its stream until CUDA's
+    // callback thread has run it, and on the copy stream that stalled every batch's next scatters
+    // (and so, through the slots, its receives) by a callback round trip.
+    if (!wake_stream.get()) {
+      KV_ASSIGN_OR_RETURN(wake_stream, gpu::CudaStream::Create(options.device));
+    }
+    KV_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(wake_stream.get(), landed.get(), 0), "cudaStreamWaitEvent"));
     {
       std::lock_guard lock(mu);
       recvs.push_back(PendingRecv{msg.seq, msg.reply_to, std::move(landed)});
     }
-    // Acks leave the moment the last scatter finishes, not at the reader's next timeout.
-    return CudaStatus(cudaLaunchHostFunc(copy, &WakeReader, this), "cudaLaunchHostFunc");
+    return CudaStatus(cudaLaunchHostFunc(wake_stream.get(), &WakeReader, this),
+                      "cudaLaunchHostFunc");
   }
 
   static void CUDART_CB WakeReader(void* self) {
@@ -522,7 +533,7 @@ Link::~Link() {
   impl_->reader.join();
   impl_->receiver.join();
   // Host callbacks still queued behind the scatters write to wake_fd.
-  if (impl_->in) cudaStreamSynchronize(impl_->in->copy_stream());
+  if (impl_->wake_stream.get()) cudaStreamSynchronize(impl_->wake_stream.get());
   ::close(impl_->wake_fd);
 }
 

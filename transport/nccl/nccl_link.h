@@ -60,6 +60,7 @@ struct LinkOptions {
   int slots = 4;       // staging slots per side and direction
   int lanes = 2;       // communicators per direction, 1..kMaxLanes
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
+  int group_ops = 2;   // operations per NCCL launch, 1..slots/2 (staging.h)
   std::chrono::milliseconds init_timeout{30000};
 };
 

@@ -321,6 +321,7 @@ std::span<const SettingInfo> NcclSettings() {
       {"staging_slots", "staging slots per side and direction, 1..64 (4)"},
       {"lanes", "communicators per direction the sender opens, 1..4 (2)"},
       {"copy_ctas", "grid of the gather/scatter kernels, 0 = one CTA per SM (16)"},
+      {"group_ops", "sends or receives per NCCL launch, at most staging_slots / 2 (2)"},
       {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
       {"timeout_ms", "connects, communicator creation and control messages (30000)"},
   };
@@ -343,6 +344,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   KV_ASSIGN_OR_RETURN(int64_t slots, IntSetting(options, "nccl", "staging_slots", 4, 1, 64));
   KV_ASSIGN_OR_RETURN(int64_t lanes, IntSetting(options, "nccl", "lanes", 2, 1, nccl::kMaxLanes));
   KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));
+  KV_ASSIGN_OR_RETURN(int64_t group_ops,
+                      IntSetting(options, "nccl", "group_ops", link.group_ops, 1, 64));
   KV_ASSIGN_OR_RETURN(int64_t direct, IntSetting(options, "nccl", "direct_bytes",
                                                  static_cast<int64_t>(link.direct_bytes), 0));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
@@ -356,6 +359,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   link.slots = static_cast<int>(slots);
   link.lanes = static_cast<int>(lanes);
   link.copy_ctas = static_cast<int>(copy_ctas);
+  link.group_ops = static_cast<int>(group_ops);
   link.direct_bytes = static_cast<uint64_t>(direct);
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   std::string host = "127.0.0.1";

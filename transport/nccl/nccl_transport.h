@@ -21,6 +21,7 @@
 // of a link must allow the sender's size), "staging_slots" (slots per side and direction,
 // 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 2),
 // "copy_ctas" (grid of the gather/scatter kernels, 0 = one CTA per SM; default 16),
+// "group_ops" (sends or receives per NCCL launch, capped at staging_slots / 2; default 2),
 // "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into
 // it; 0 = never; default 8 MiB), "timeout_ms" (connects, communicator
 // creation and control messages; default 30000); `kvd --transport-opt KEY=VALUE` passes them

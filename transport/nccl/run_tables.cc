@@ -65,7 +65,7 @@ Status LoadCopyKernel(int device) {
 
 Status RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cudaStream_t stream,
                        SteadyTime deadline) {
-  current_ ^= 1;
+  current_ = (current_ + 1) % kTableBuffers;
   Buffer& used = *buffers_[current_];
   while (used.armed) {
     KV_ASSIGN_OR_RETURN(bool done, used.released.Query());

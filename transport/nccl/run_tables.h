@@ -3,12 +3,14 @@
 // copy on the caller's stream, then one kernel launch per chunk reads its slice. So a chunk costs
 // the host a launch, and a batch one upload, however many chunks.
 //
-// Two table buffers alternate between batches. A buffer is rewritten only once the copies of the
-// batch that last used it are done: Load waits for that on the host (bounded, cancellable), and
-// in a running pipeline that batch, two back, is long finished. Memory grows to the largest
-// batch seen (16 bytes per 32 KiB of runs, plus one descriptor per run); outgrown buffers are
-// kept until destruction, because freeing CUDA memory synchronises the device (the engine's
-// gated work included) and this runs on the data path.
+// kTableBuffers table buffers take turns between batches. A buffer is rewritten only once the
+// copies of the batch that last used it are done: Load waits for that on the host (bounded,
+// cancellable). So the host runs at most that many batches ahead of the copies; eight, not two,
+// because a TP split's batches are small (~40 MiB: two batches are ~0.1 ms of GPU work, about
+// one NCCL launch of host time). Memory grows to the largest batch seen (16 bytes per 32 KiB of
+// runs, plus one descriptor per run) per buffer; outgrown buffers are kept until destruction,
+// because freeing CUDA memory synchronises the device (the engine's gated work included) and
+// this runs on the data path.
 //
 // Not thread-safe: one owner thread.
 #pragma once
@@ -61,8 +63,9 @@ class RunTables {
   const int copy_ctas_;
   const std::atomic<bool>& cancelled_;
   std::vector<std::unique_ptr<Buffer>> outgrown_;  // idle; destroyed after buffers_
-  std::unique_ptr<Buffer> buffers_[2];
-  int current_ = 1;
+  static constexpr int kTableBuffers = 8;
+  std::unique_ptr<Buffer> buffers_[kTableBuffers];
+  int current_ = kTableBuffers - 1;
   // Per chunk of the last Load: its first descriptor (in its table), how many it has, its
   // staging bytes. Chunks from runs_ on are groups', whose table starts group_table_ bytes in.
   std::vector<uint64_t> first_;

@@ -42,13 +42,41 @@ Status Staging::CheckChunk(uint64_t chunk_bytes, const Lanes& lanes) {
                                 std::to_string(options_.slot_bytes));
   }
   if (lanes.count() == 0) return Status::InvalidArgument("nccl: data before the communicator");
-  if (in_flight_.size() != lanes.count()) in_flight_.assign(lanes.count(), 0);
+  if (posted_.size() != lanes.count()) {
+    posted_.assign(lanes.count(), 0);
+    settled_.assign(lanes.count(), 0);
+  }
   return Status::Ok();
 }
 
+Status Staging::Flush(Lanes& lanes, SteadyTime deadline) {
+  if (group_.empty()) return Status::Ok();
+  // Post settles every lane the group names first.
+  for (const Lanes::Op& op : group_) settled_[op.lane] = posted_[op.lane];
+  KV_RETURN_IF_ERROR(lanes.Post(group_, deadline));
+  for (const Lanes::Op& op : group_) posted_[op.lane] = next_op_;
+  ++next_op_;
+  group_.clear();
+  return Status::Ok();
+}
+
+Status Staging::Add(Lanes& lanes, const Lanes::Op& op, SteadyTime deadline) {
+  group_.push_back(op);
+  if (group_.size() >= GroupSize()) return Flush(lanes, deadline);
+  return Status::Ok();
+}
+
+size_t Staging::GroupSize() const {
+  // A slot is reused `slots` chunks later, after the launch that used it was settled, so a
+  // group never holds two users of one slot; half the slots lets the gathers of the next group
+  // run while this one's sends do.
+  const int most = std::max(1, options_.slots / 2);
+  return static_cast<size_t>(std::clamp(options_.group_ops, 1, most));
+}
+
 Status Staging::SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline) {
-  if (!slot.used || in_flight_[slot.lane] != slot.op) return Status::Ok();
-  in_flight_[slot.lane] = 0;
+  if (!slot.used || slot.op <= settled_[slot.lane]) return Status::Ok();
+  settled_[slot.lane] = posted_[slot.lane];
   return lanes.Settle(slot.lane, deadline);
 }
 
@@ -78,20 +106,22 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
     KV_RETURN_IF_ERROR(tables_->Copy(k, base, slot.data, copy));
     KV_RETURN_IF_ERROR(slot.filled.Record(copy));
     const size_t lane = (first_lane_ + k) % lanes.count();
-    KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), slot.filled));
-    KV_RETURN_IF_ERROR(lanes.Send(lane, slot.data, tables_->bytes(k), &slot.drained, deadline));
     slot.used = true;
-    slot.op = in_flight_[lane] = next_op_++;
+    slot.op = next_op_;  // the launch of the group being built
     slot.lane = lane;
+    KV_RETURN_IF_ERROR(Add(
+        lanes, {lane, true, slot.data, tables_->bytes(k), &slot.filled, &slot.drained}, deadline));
   }
+  KV_RETURN_IF_ERROR(Flush(lanes, deadline));
   if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += staged;
   for (const Range& piece : split.direct) {
     const size_t lane = first_lane_++ % lanes.count();
-    KV_RETURN_IF_ERROR(lanes.Send(lane, base + piece.offset, piece.length, nullptr, deadline));
-    in_flight_[lane] = next_op_++;
+    KV_RETURN_IF_ERROR(Add(
+        lanes, {lane, true, const_cast<char*>(base) + piece.offset, piece.length, nullptr, nullptr},
+        deadline));
   }
-  return Status::Ok();
+  return Flush(lanes, deadline);
 }
 
 Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
@@ -102,7 +132,7 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
   KV_ASSIGN_OR_RETURN(const size_t staged,
                       LoadTables(split.staged, rows, chunk_bytes, Direction::kScatter, deadline));
   cudaStream_t copy = copy_stream_.get();
-  // Received but not yet scattered, in chunk order: (chunk, slot).
+  // Posted but not yet scattered, in chunk order: (chunk, slot).
   std::deque<std::pair<size_t, Slot*>> landed;
   auto scatter_front = [&]() -> Status {
     auto [k, slot] = landed.front();
@@ -112,26 +142,37 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
     KV_RETURN_IF_ERROR(tables_->Copy(k, slot->data, base, copy));
     return slot->drained.Record(copy);
   };
+  // Receives of the group being built, posted (and so ready to scatter) at its flush.
+  std::vector<std::pair<size_t, Slot*>> building;
+  auto flush = [&]() -> Status {
+    KV_RETURN_IF_ERROR(Flush(lanes, deadline));
+    landed.insert(landed.end(), building.begin(), building.end());
+    building.clear();
+    return Status::Ok();
+  };
   for (size_t k = 0; k < staged; ++k) {
     const size_t lane = (first_lane_ + k) % lanes.count();
     // Scatter what the lanes have had time to enqueue, oldest first, before asking more of them.
-    while (!landed.empty() && landed.front().first + lanes.count() <= k) {
+    while (!landed.empty() && landed.front().first + lanes.count() + GroupSize() <= k) {
       KV_RETURN_IF_ERROR(scatter_front());
     }
     Slot& slot = NextSlot();
     if (slot.used) {
+      // Its last receive is `slots` chunks back, so in a group already posted (GroupSize).
       while (!landed.empty() && std::any_of(landed.begin(), landed.end(),
                                             [&](const auto& e) { return e.second == &slot; })) {
         KV_RETURN_IF_ERROR(scatter_front());
       }
-      KV_RETURN_IF_ERROR(WaitOn(lanes.stream(lane), slot.drained));
     }
-    KV_RETURN_IF_ERROR(lanes.Recv(lane, slot.data, tables_->bytes(k), &slot.filled, deadline));
+    const gpu::CudaEvent* wait = slot.used ? &slot.drained : nullptr;
     slot.used = true;
-    slot.op = in_flight_[lane] = next_op_++;
+    slot.op = next_op_;
     slot.lane = lane;
-    landed.emplace_back(k, &slot);
+    building.emplace_back(k, &slot);
+    group_.push_back({lane, false, slot.data, tables_->bytes(k), wait, &slot.filled});
+    if (group_.size() >= GroupSize()) KV_RETURN_IF_ERROR(flush());
   }
+  KV_RETURN_IF_ERROR(flush());
   while (!landed.empty()) KV_RETURN_IF_ERROR(scatter_front());
   if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += staged;
@@ -140,13 +181,14 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
   for (const Range& piece : split.direct) {
     const size_t lane = first_lane_++ % lanes.count();
     KV_RETURN_IF_ERROR(
-        lanes.Recv(lane, base + piece.offset, piece.length, &lane_done_[lane], deadline));
-    in_flight_[lane] = next_op_++;
+        Add(lanes, {lane, false, base + piece.offset, piece.length, nullptr, &lane_done_[lane]},
+            deadline));
     direct_on[lane] = true;
   }
+  KV_RETURN_IF_ERROR(Flush(lanes, deadline));
   for (size_t lane = 0; lane < lanes.count(); ++lane) {
     if (!direct_on[lane]) continue;
-    in_flight_[lane] = 0;
+    settled_[lane] = posted_[lane];
     KV_RETURN_IF_ERROR(lanes.Settle(lane, deadline));
     KV_RETURN_IF_ERROR(WaitOn(copy, lane_done_[lane]));
   }

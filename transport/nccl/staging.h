@@ -7,6 +7,7 @@
 //             the slot (its `drained` event); send(k) on the next lane after gather(k) (`filled`);
 //   receiver: recv(k) on the next lane into the next slot after the scatter that last used the
 //             slot (`drained`); scatter(k) on the copy stream after recv(k) (`filled`).
+// Sends (receives) go to NCCL in groups of group_ops, one launch each (Lanes::Post).
 // So gathers and scatters overlap the wire, and lanes overlap each other. Large ranges skip all
 // that (SplitDirect): one ncclSend / ncclRecv per piece, between the regions themselves.
 // The sender leaves its last operations in flight when a batch is enqueued, so the NCCL enqueues
@@ -37,6 +38,9 @@ struct StagingOptions {
   uint64_t slot_bytes = 0;
   int slots = 0;
   int copy_ctas = 0;  // grid of the gather/scatter kernels; 0 = one CTA per SM
+  // Operations per NCCL launch (Lanes::Post), at most slots / 2 (at least 1): each launch of a
+  // non-blocking communicator costs the host ~50 µs, so small chunks pay it once per group.
+  int group_ops = 1;
 };
 
 class Staging {
@@ -66,19 +70,24 @@ class Staging {
     gpu::CudaEvent filled;   // sender: gather done; receiver: ncclRecv done
     gpu::CudaEvent drained;  // sender: ncclSend done; receiver: scatter done
     bool used = false;       // drained has been recorded (or is, once its lane settles)
-    uint64_t op = 0;         // the last operation that used the slot
+    uint64_t op = 0;         // the launch of the last operation that used the slot
     size_t lane = 0;         // and its lane
   };
 
   Staging(const StagingOptions& options, const std::atomic<bool>& cancelled)
       : options_(options), cancelled_(cancelled) {}
   Status CheckChunk(uint64_t chunk_bytes, const Lanes& lanes);
+  size_t GroupSize() const;
+  // Adds an operation to the group being built, launching the group once it is full; Flush
+  // launches what the group holds.
+  Status Add(Lanes& lanes, const Lanes::Op& op, SteadyTime deadline);
+  Status Flush(Lanes& lanes, SteadyTime deadline);
   // Chunks `ranges` and `rows` for `direction` and loads their tables on the copy stream;
   // returns the number of staged chunks (tables_->bytes(k) each).
   Result<size_t> LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
                             uint64_t chunk_bytes, Direction direction, SteadyTime deadline);
   Slot& NextSlot() { return slots_[next_slot_++ % slots_.size()]; }
-  // Makes sure the operation that last used `slot` is enqueued and its event recorded.
+  // Makes sure the launch that last used `slot` is enqueued and its events recorded.
   Status SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline);
 
   const StagingOptions options_;
@@ -88,11 +97,13 @@ class Staging {
   std::unique_ptr<RunTables> tables_;
   std::vector<Slot> slots_;
   size_t next_slot_ = 0;
-  uint64_t next_op_ = 1;
+  uint64_t next_op_ = 1;  // the launch being built
   // Operations sent (received) so far: operation k of a batch takes lane (first_lane_ + k) %
   // lanes on both sides, so single-operation batches (a layer each) rotate through the lanes too.
   uint64_t first_lane_ = 0;
-  std::vector<uint64_t> in_flight_;      // per lane: the operation Lanes has not settled, or 0
+  std::vector<Lanes::Op> group_;         // the launch being built
+  std::vector<uint64_t> posted_;         // per lane: its last launch
+  std::vector<uint64_t> settled_;        // per lane: launches up to this one are settled
   gpu::CudaEvent lane_done_[kMaxLanes];  // receiver: behind a lane's direct receives
 };
 

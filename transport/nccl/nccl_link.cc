@@ -186,30 +186,11 @@ struct Link::Impl {
     if (!out) {
       KV_ASSIGN_OR_RETURN(out, Staging::Create(Staged(), failed));
     }
-    SplitGroups(job);
+    SplitGroups(job.groups, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
+    job.groups = {};
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
     return out->Send(lanes_out, job.local_base, job.gather, job.rows, job.data.chunk_bytes,
                      job.data.direct_bytes, job.deadline);
-  }
-
-  // A put's groups as rows, in the receiver's view (the announcement) and ours (the gather).
-  // Rows travel staged, so a group whose rows do not fit a chunk goes as ranges.
-  static void SplitGroups(SendJob& job) {
-    job.data.strided.reserve(job.groups.size());
-    job.rows.reserve(job.groups.size());
-    for (const RunGroup& g : job.groups) {
-      if (g.length > job.data.chunk_bytes) {
-        for (uint64_t i = 0; i < g.count; ++i) {
-          const Run r = g.row(i);
-          job.data.ranges.push_back({r.dst_offset, r.length});
-          job.gather.push_back({r.src_offset, r.length});
-        }
-        continue;
-      }
-      job.data.strided.push_back({g.dst_offset, g.length, g.count, g.dst_stride});
-      job.rows.push_back({g.src_offset, g.length, g.count, g.src_stride});
-    }
-    job.groups = {};
   }
 
   // ---- reader thread ----
@@ -251,14 +232,20 @@ struct Link::Impl {
     cudaSetDevice(options.device);
     while (true) {
       Inbound item;
+      bool finish = false;  // nothing queued: enqueue the scatters the last batch left waiting
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return failed.load() || !inbound.empty(); });
-        if (failed) break;
-        item = std::move(inbound.front());
-        inbound.pop_front();
+        finish = in != nullptr && in->pending() && inbound.empty() && !failed;
+        if (!finish) {
+          cv.wait(lock, [&] { return failed.load() || !inbound.empty(); });
+          if (failed) break;
+          item = std::move(inbound.front());
+          inbound.pop_front();
+        }
       }
-      Status done = item.is_comm_init ? JoinIncoming(item.unique_id) : ReceiveData(item.data);
+      Status done = finish              ? in->FinishPending(lanes_in, ControlDeadline())
+                    : item.is_comm_init ? JoinIncoming(item.unique_id)
+                                        : ReceiveData(item.data);
       if (!done.ok()) Fail(Status::Unavailable("nccl receive: " + done.ToString()));
     }
   }
@@ -327,17 +314,6 @@ struct Link::Impl {
     return Status::InvalidArgument("unknown message");
   }
 
-  static Status CheckRanges(std::span<const Range> ranges, uint64_t length) {
-    for (const Range& r : ranges) {
-      if (r.offset > length || r.length > length - r.offset) {
-        return Status::OutOfRange("range [" + std::to_string(r.offset) + ", +" +
-                                  std::to_string(r.length) + ") outside the region of " +
-                                  std::to_string(length) + " bytes");
-      }
-    }
-    return Status::Ok();
-  }
-
   Status AnswerGet(GetRequestMsg req) {
     auto region = regions->Find(req.region_id);
     Status ok = region.ok() ? CheckRanges(req.ranges, region->second) : region.status();
@@ -386,9 +362,14 @@ struct Link::Impl {
     if (!in) {
       KV_ASSIGN_OR_RETURN(in, Staging::Create(Staged(), failed));
     }
-    KV_RETURN_IF_ERROR(in->Receive(lanes_in, base, scatter, msg.strided, msg.chunk_bytes,
-                                   msg.direct_bytes, ControlDeadline()));
-    cudaStream_t copy = in->copy_stream();
+    const uint64_t seq = msg.seq, reply_to = msg.reply_to;
+    return in->Receive(
+        lanes_in, base, scatter, msg.strided, msg.chunk_bytes, msg.direct_bytes, ControlDeadline(),
+        [this, seq, reply_to](cudaStream_t copy) { return Landed(seq, reply_to, copy); });
+  }
+
+  // The batch `seq` is in place once `copy` gets here: the reader acks it then.
+  Status Landed(uint64_t seq, uint64_t reply_to, cudaStream_t copy) {
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
     // Acks leave the moment the last scatter finishes, not at the reader's next timeout. The
@@ -402,7 +383,7 @@ struct Link::Impl {
         CudaStatus(cudaStreamWaitEvent(wake_stream.get(), landed.get(), 0), "cudaStreamWaitEvent"));
     {
       std::lock_guard lock(mu);
-      recvs.push_back(PendingRecv{msg.seq, msg.reply_to, std::move(landed)});
+      recvs.push_back(PendingRecv{seq, reply_to, std::move(landed)});
     }
     return CudaStatus(cudaLaunchHostFunc(wake_stream.get(), &WakeReader, this),
                       "cudaLaunchHostFunc");

@@ -80,13 +80,12 @@ Status Staging::SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline) 
   return lanes.Settle(slot.lane, deadline);
 }
 
-Result<size_t> Staging::LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
-                                   uint64_t chunk_bytes, Direction direction, SteadyTime deadline) {
+Result<int> Staging::LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
+                                uint64_t chunk_bytes, Direction direction, SteadyTime deadline) {
   const Chunks chunks = ChunkRuns(ranges, chunk_bytes, direction);
   const GroupChunks groups = ChunkGroups(rows, chunk_bytes, direction);
-  if (chunks.count() + groups.count() == 0) return size_t{0};
-  KV_RETURN_IF_ERROR(tables_->Load(chunks, groups, copy_stream_.get(), deadline));
-  return tables_->count();
+  if (chunks.count() + groups.count() == 0) return -1;
+  return tables_->Load(chunks, groups, copy_stream_.get(), deadline);
 }
 
 Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> ranges,
@@ -94,8 +93,9 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
                      SteadyTime deadline) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
   const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
-  KV_ASSIGN_OR_RETURN(const size_t staged,
+  KV_ASSIGN_OR_RETURN(const int table,
                       LoadTables(split.staged, rows, chunk_bytes, Direction::kGather, deadline));
+  const size_t staged = table < 0 ? 0 : tables_->count(table);
   cudaStream_t copy = copy_stream_.get();
   for (size_t k = 0; k < staged; ++k) {
     Slot& slot = NextSlot();
@@ -103,17 +103,18 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
       KV_RETURN_IF_ERROR(SettleSlot(lanes, slot, deadline));
       KV_RETURN_IF_ERROR(WaitOn(copy, slot.drained));
     }
-    KV_RETURN_IF_ERROR(tables_->Copy(k, base, slot.data, copy));
+    KV_RETURN_IF_ERROR(tables_->Copy(table, k, base, slot.data, copy));
     KV_RETURN_IF_ERROR(slot.filled.Record(copy));
     const size_t lane = (first_lane_ + k) % lanes.count();
     slot.used = true;
     slot.op = next_op_;  // the launch of the group being built
     slot.lane = lane;
-    KV_RETURN_IF_ERROR(Add(
-        lanes, {lane, true, slot.data, tables_->bytes(k), &slot.filled, &slot.drained}, deadline));
+    KV_RETURN_IF_ERROR(
+        Add(lanes, {lane, true, slot.data, tables_->bytes(table, k), &slot.filled, &slot.drained},
+            deadline));
   }
   KV_RETURN_IF_ERROR(Flush(lanes, deadline));
-  if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
+  if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(table, copy));
   first_lane_ += staged;
   for (const Range& piece : split.direct) {
     const size_t lane = first_lane_++ % lanes.count();
@@ -124,58 +125,78 @@ Status Staging::Send(Lanes& lanes, const char* base, std::span<const Range> rang
   return Flush(lanes, deadline);
 }
 
+Status Staging::ScatterFront(Lanes& lanes, SteadyTime deadline) {
+  Scatter front = std::move(scatters_.front());
+  scatters_.pop_front();
+  cudaStream_t copy = copy_stream_.get();
+  KV_RETURN_IF_ERROR(SettleSlot(lanes, *front.slot, deadline));  // records `filled`
+  KV_RETURN_IF_ERROR(WaitOn(copy, front.slot->filled));
+  KV_RETURN_IF_ERROR(tables_->Copy(front.table, front.k, front.slot->data, front.base, copy));
+  KV_RETURN_IF_ERROR(front.slot->drained.Record(copy));
+  if (!front.last) return Status::Ok();
+  --pending_batches_;
+  KV_RETURN_IF_ERROR(tables_->Release(front.table, copy));
+  return front.landed ? front.landed(copy) : Status::Ok();
+}
+
+Status Staging::FinishPending(Lanes& lanes, SteadyTime deadline) {
+  KV_RETURN_IF_ERROR(Flush(lanes, deadline));
+  while (!scatters_.empty()) KV_RETURN_IF_ERROR(ScatterFront(lanes, deadline));
+  return Status::Ok();
+}
+
 Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
                         std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
-                        SteadyTime deadline) {
+                        SteadyTime deadline, Landed landed) {
   KV_RETURN_IF_ERROR(CheckChunk(chunk_bytes, lanes));
   const DirectSplit split = SplitDirect(ranges, direct_bytes, chunk_bytes);
-  KV_ASSIGN_OR_RETURN(const size_t staged,
+  // Each batch waiting for its last scatters holds a table.
+  if (pending_batches_ >= RunTables::kTableBuffers - 1) {
+    KV_RETURN_IF_ERROR(FinishPending(lanes, deadline));
+  }
+  KV_ASSIGN_OR_RETURN(const int table,
                       LoadTables(split.staged, rows, chunk_bytes, Direction::kScatter, deadline));
-  cudaStream_t copy = copy_stream_.get();
-  // Posted but not yet scattered, in chunk order: (chunk, slot).
-  std::deque<std::pair<size_t, Slot*>> landed;
-  auto scatter_front = [&]() -> Status {
-    auto [k, slot] = landed.front();
-    landed.pop_front();
-    KV_RETURN_IF_ERROR(SettleSlot(lanes, *slot, deadline));  // records `filled`
-    KV_RETURN_IF_ERROR(WaitOn(copy, slot->filled));
-    KV_RETURN_IF_ERROR(tables_->Copy(k, slot->data, base, copy));
-    return slot->drained.Record(copy);
-  };
-  // Receives of the group being built, posted (and so ready to scatter) at its flush.
-  std::vector<std::pair<size_t, Slot*>> building;
+  const size_t staged = table < 0 ? 0 : tables_->count(table);
+  // Receives of the group being built, ready to scatter once it is posted.
+  std::vector<Scatter> building;
   auto flush = [&]() -> Status {
     KV_RETURN_IF_ERROR(Flush(lanes, deadline));
-    landed.insert(landed.end(), building.begin(), building.end());
+    for (Scatter& s : building) scatters_.push_back(std::move(s));
     building.clear();
     return Status::Ok();
   };
+  // The usual case, no direct pieces: the batch's last scatters wait for the next batch's
+  // receives, and the last one runs `landed`.
+  const bool defer = split.direct.empty();
+  if (staged > 0) ++pending_batches_;
   for (size_t k = 0; k < staged; ++k) {
     const size_t lane = (first_lane_ + k) % lanes.count();
     // Scatter what the lanes have had time to enqueue, oldest first, before asking more of them.
-    while (!landed.empty() && landed.front().first + lanes.count() + GroupSize() <= k) {
-      KV_RETURN_IF_ERROR(scatter_front());
+    while (!scatters_.empty() && scatters_.front().seq + lanes.count() + GroupSize() <= received_) {
+      KV_RETURN_IF_ERROR(ScatterFront(lanes, deadline));
     }
     Slot& slot = NextSlot();
     if (slot.used) {
       // Its last receive is `slots` chunks back, so in a group already posted (GroupSize).
-      while (!landed.empty() && std::any_of(landed.begin(), landed.end(),
-                                            [&](const auto& e) { return e.second == &slot; })) {
-        KV_RETURN_IF_ERROR(scatter_front());
+      while (std::any_of(scatters_.begin(), scatters_.end(),
+                         [&](const Scatter& e) { return e.slot == &slot; })) {
+        KV_RETURN_IF_ERROR(ScatterFront(lanes, deadline));
       }
     }
     const gpu::CudaEvent* wait = slot.used ? &slot.drained : nullptr;
     slot.used = true;
     slot.op = next_op_;
     slot.lane = lane;
-    building.emplace_back(k, &slot);
-    group_.push_back({lane, false, slot.data, tables_->bytes(k), wait, &slot.filled});
+    Scatter entry{received_++, table, k, &slot, base, k + 1 == staged, nullptr};
+    if (entry.last && defer) entry.landed = std::move(landed);
+    building.push_back(std::move(entry));
+    group_.push_back({lane, false, slot.data, tables_->bytes(table, k), wait, &slot.filled});
     if (group_.size() >= GroupSize()) KV_RETURN_IF_ERROR(flush());
   }
-  KV_RETURN_IF_ERROR(flush());
-  while (!landed.empty()) KV_RETURN_IF_ERROR(scatter_front());
-  if (staged > 0) KV_RETURN_IF_ERROR(tables_->Release(copy));
   first_lane_ += staged;
+  KV_RETURN_IF_ERROR(flush());
+  if (staged > 0 && defer) return Status::Ok();
+  KV_RETURN_IF_ERROR(FinishPending(lanes, deadline));
   // Direct pieces land in place; the copy stream waits for each lane's last one.
   bool direct_on[kMaxLanes] = {};
   for (const Range& piece : split.direct) {
@@ -186,13 +207,14 @@ Status Staging::Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
     direct_on[lane] = true;
   }
   KV_RETURN_IF_ERROR(Flush(lanes, deadline));
+  cudaStream_t copy = copy_stream_.get();
   for (size_t lane = 0; lane < lanes.count(); ++lane) {
     if (!direct_on[lane]) continue;
     settled_[lane] = posted_[lane];
     KV_RETURN_IF_ERROR(lanes.Settle(lane, deadline));
     KV_RETURN_IF_ERROR(WaitOn(copy, lane_done_[lane]));
   }
-  return Status::Ok();
+  return landed ? landed(copy) : Status::Ok();
 }
 
 }  // namespace kv::transport::nccl

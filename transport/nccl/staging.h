@@ -20,6 +20,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -58,11 +60,20 @@ class Staging {
   Status Send(Lanes& lanes, const char* base, std::span<const Range> ranges,
               std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
               SteadyTime deadline);
+  // Called with the copy stream once it is ordered after every byte of a batch.
+  using Landed = std::function<Status(cudaStream_t copy)>;
   // Enqueues the receives of a batch sent that way, and the scatters into `ranges` and `rows` of
-  // `base`. The copy stream is ordered after every byte of the batch when it returns.
+  // `base`; `landed` runs once every scatter of the batch is enqueued. That may be after Receive
+  // returns: the scatters of a batch's last chunks wait (in order) until the next batch's
+  // receives are posted, or until FinishPending, so the owner never waits for NCCL to enqueue a
+  // batch's last receive before it posts the next batch's.
   Status Receive(Lanes& lanes, char* base, std::span<const Range> ranges,
                  std::span<const Strided> rows, uint64_t chunk_bytes, uint64_t direct_bytes,
-                 SteadyTime deadline);
+                 SteadyTime deadline, Landed landed);
+  // Whether scatters wait for FinishPending; FinishPending enqueues them (and runs their
+  // batches' `landed`). Call it when no batch follows at once.
+  bool pending() const { return !scatters_.empty(); }
+  Status FinishPending(Lanes& lanes, SteadyTime deadline);
 
  private:
   struct Slot {
@@ -74,6 +85,18 @@ class Staging {
     size_t lane = 0;         // and its lane
   };
 
+  // A received chunk waiting for its scatter: chunk k of table `table`, into `base`; the last
+  // of its batch releases the table and runs the batch's `landed`.
+  struct Scatter {
+    uint64_t seq = 0;  // chunks received before it, over all batches
+    int table = 0;
+    size_t k = 0;
+    Slot* slot = nullptr;
+    char* base = nullptr;
+    bool last = false;
+    Landed landed;
+  };
+
   Staging(const StagingOptions& options, const std::atomic<bool>& cancelled)
       : options_(options), cancelled_(cancelled) {}
   Status CheckChunk(uint64_t chunk_bytes, const Lanes& lanes);
@@ -83,9 +106,10 @@ class Staging {
   Status Add(Lanes& lanes, const Lanes::Op& op, SteadyTime deadline);
   Status Flush(Lanes& lanes, SteadyTime deadline);
   // Chunks `ranges` and `rows` for `direction` and loads their tables on the copy stream;
-  // returns the number of staged chunks (tables_->bytes(k) each).
-  Result<size_t> LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
-                            uint64_t chunk_bytes, Direction direction, SteadyTime deadline);
+  // returns the table (tables_->count(table) staged chunks), or -1 when nothing is staged.
+  Result<int> LoadTables(std::span<const Range> ranges, std::span<const Strided> rows,
+                         uint64_t chunk_bytes, Direction direction, SteadyTime deadline);
+  Status ScatterFront(Lanes& lanes, SteadyTime deadline);
   Slot& NextSlot() { return slots_[next_slot_++ % slots_.size()]; }
   // Makes sure the launch that last used `slot` is enqueued and its events recorded.
   Status SettleSlot(Lanes& lanes, const Slot& slot, SteadyTime deadline);
@@ -105,6 +129,9 @@ class Staging {
   std::vector<uint64_t> posted_;         // per lane: its last launch
   std::vector<uint64_t> settled_;        // per lane: launches up to this one are settled
   gpu::CudaEvent lane_done_[kMaxLanes];  // receiver: behind a lane's direct receives
+  std::deque<Scatter> scatters_;         // receiver: posted, not yet scattered, in order
+  uint64_t received_ = 0;                // receiver: chunks posted so far
+  int pending_batches_ = 0;              // receiver: batches with a chunk in scatters_
 };
 
 }  // namespace kv::transport::nccl

@@ -186,6 +186,35 @@ Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strid
   return total;
 }
 
+Status CheckRanges(std::span<const Range> ranges, uint64_t region_bytes) {
+  for (const Range& r : ranges) {
+    if (r.offset > region_bytes || r.length > region_bytes - r.offset) {
+      return Status::OutOfRange("range [" + std::to_string(r.offset) + ", +" +
+                                std::to_string(r.length) + ") outside the region of " +
+                                std::to_string(region_bytes) + " bytes");
+    }
+  }
+  return Status::Ok();
+}
+
+void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg* msg,
+                 std::vector<Range>* gather, std::vector<Strided>* rows) {
+  msg->strided.reserve(groups.size());
+  rows->reserve(groups.size());
+  for (const RunGroup& g : groups) {
+    if (g.length > chunk_bytes) {
+      for (uint64_t i = 0; i < g.count; ++i) {
+        const Run r = g.row(i);
+        msg->ranges.push_back({r.dst_offset, r.length});
+        gather->push_back({r.src_offset, r.length});
+      }
+      continue;
+    }
+    msg->strided.push_back({g.dst_offset, g.length, g.count, g.dst_stride});
+    rows->push_back({g.src_offset, g.length, g.count, g.src_stride});
+  }
+}
+
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {
   // Rows of one shape (length, count, stride) lie in the region iff the first row's offset lies in
   // [lowest, highest]: worked out once per shape (a batch's groups nearly all share one), so each

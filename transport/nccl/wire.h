@@ -98,9 +98,17 @@ Result<std::string> DecodeNote(std::string_view frame);
 
 // Total bytes of `ranges`, and of the rows of `strided`; kInvalidArgument on overflow.
 Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided = {});
+// A peer's ranges checked before any byte moves: inside [0, region_bytes).
+Status CheckRanges(std::span<const Range> ranges, uint64_t region_bytes);
 // A peer's rows checked before any byte moves: inside [0, region_bytes), rows of 1 to
 // chunk_bytes bytes that do not overlap (|stride| >= length), at least one row each.
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes);
+
+// A put's run groups as rows, in the receiver's view (`msg->strided`) and the sender's
+// (`rows`). Rows travel staged, so a group whose rows do not fit a chunk goes as ranges
+// (`msg->ranges`, and `gather` in the sender's view).
+void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg* msg,
+                 std::vector<Range>* gather, std::vector<Strided>* rows);
 
 // A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
 // staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one

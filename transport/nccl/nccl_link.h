@@ -46,10 +46,12 @@
 
 namespace kv::transport::nccl {
 
-// Defaults measured on two H200s (benchmarks/gpu.md): fewer, larger chunks because each NCCL
-// operation on a non-blocking communicator costs the host ~50 µs; two lanes hide the gap between
-// one communicator's operations (eight slots measured no better than four, benchmarks/gpu.md); a
-// small copy grid leaves SMs to NCCL and the engines.
+// Defaults measured on two H200s (benchmarks/gpu.md, pd_gpu.md): fewer, larger chunks because
+// each NCCL launch on a non-blocking communicator costs the host ~50 µs; four lanes, so that two
+// launches (of group_ops operations on two lanes each) are in flight while the owner thread posts
+// the next batch: two lanes left each launch waiting for the last one's, and a TP split's small
+// batches at 0.74-0.91 of the wire, four at 0.98-0.99 (eight slots measured no better than four,
+// benchmarks/gpu.md); a small copy grid leaves SMs to NCCL and the engines.
 struct LinkOptions {
   int device = 0;
   uint64_t chunk_bytes = 32ull << 20;  // one staging slot; a batch moves in chunks of this
@@ -58,7 +60,7 @@ struct LinkOptions {
   // costs the host (~50 µs) are worth it.
   uint64_t direct_bytes = 8ull << 20;
   int slots = 4;       // staging slots per side and direction
-  int lanes = 2;       // communicators per direction, 1..kMaxLanes
+  int lanes = 4;       // communicators per direction, 1..kMaxLanes
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
   int group_ops = 2;   // operations per NCCL launch, 1..slots/2 (staging.h)
   std::chrono::milliseconds init_timeout{30000};

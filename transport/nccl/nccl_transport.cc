@@ -319,7 +319,7 @@ std::span<const SettingInfo> NcclSettings() {
       {"listen_host", "host of the TCP side channel (127.0.0.1)"},
       {"staging_bytes", "a staging slot and the chunk size; both sides allow it (33554432)"},
       {"staging_slots", "staging slots per side and direction, 1..64 (4)"},
-      {"lanes", "communicators per direction the sender opens, 1..4 (2)"},
+      {"lanes", "communicators per direction the sender opens, 1..4 (4)"},
       {"copy_ctas", "grid of the gather/scatter kernels, 0 = one CTA per SM (16)"},
       {"group_ops", "sends or receives per NCCL launch, at most staging_slots / 2 (2)"},
       {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
@@ -342,7 +342,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
                       IntSetting(options, "nccl", "staging_bytes", 32ll << 20,
                                  static_cast<int64_t>(nccl::kMinChunkBytes), 1ll << 40));
   KV_ASSIGN_OR_RETURN(int64_t slots, IntSetting(options, "nccl", "staging_slots", 4, 1, 64));
-  KV_ASSIGN_OR_RETURN(int64_t lanes, IntSetting(options, "nccl", "lanes", 2, 1, nccl::kMaxLanes));
+  KV_ASSIGN_OR_RETURN(int64_t lanes,
+                      IntSetting(options, "nccl", "lanes", link.lanes, 1, nccl::kMaxLanes));
   KV_ASSIGN_OR_RETURN(int64_t copy_ctas, IntSetting(options, "nccl", "copy_ctas", 16, 0, 1 << 16));
   KV_ASSIGN_OR_RETURN(int64_t group_ops,
                       IntSetting(options, "nccl", "group_ops", link.group_ops, 1, 64));

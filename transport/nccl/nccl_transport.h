@@ -19,7 +19,7 @@
 // Settings: "device" (CUDA ordinal; default the current device), "listen_host" (default
 // 127.0.0.1), "staging_bytes" (one staging slot and the chunk size; default 32 MiB; both sides
 // of a link must allow the sender's size), "staging_slots" (slots per side and direction,
-// 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 2),
+// 1..64; default 4), "lanes" (communicators per direction the sender opens, 1..4; default 4),
 // "copy_ctas" (grid of the gather/scatter kernels, 0 = one CTA per SM; default 16),
 // "group_ops" (sends or receives per NCCL launch, capped at staging_slots / 2; default 2),
 // "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into

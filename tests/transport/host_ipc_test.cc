@@ -18,6 +18,7 @@
 #include "base/framed_socket.h"
 #include "base/shared_memory.h"
 #include "tests/support/test_support.h"
+#include "transport/host_ipc/copier.h"
 #include "transport/host_ipc/regions.h"
 #include "transport/transport.h"
 
@@ -244,6 +245,36 @@ TEST(HostIpc, APeerWhoseSocketClosesFailsItsBatchesAndLaterPosts) {
   EXPECT_EQ(t->notify(*id, "after").code(), Code::kUnavailable);
   remote->reset();
   local->reset();
+}
+
+// copy_threads > 1: a batch split by bytes over the helpers lands exactly as one thread lands it,
+// runs cut where a share fills included, group rows with negative strides too.
+TEST(HostIpcCopier, SplitBatchesLandExactlyTheRuns) {
+  constexpr uint64_t kBytes = 6 << 20;
+  std::vector<char> src(kBytes);
+  for (uint64_t i = 0; i < kBytes; ++i) src[i] = static_cast<char>(testing::PatternByte(i, 7));
+  // Odd lengths, so that shares end inside runs; destinations spread, in reverse order.
+  std::vector<kv::Run> runs;
+  uint64_t at = 0;
+  for (uint64_t length : {3u << 20, 1u, 777'777u, 4096u, 65'537u}) {
+    runs.push_back({at, kBytes - at - length, length});
+    at += length;
+  }
+  const RunGroup group{at, 0, 1000, 300, 1000, 2000};  // rows into the gaps at the front
+  const RunGroup backwards{at + 300'000, 1'500'000, 512, 200, 512, -1024};
+  std::vector<char> expected(kBytes, 0);
+  host_ipc::Copier(1).Copy(src.data(), expected.data(), runs, {{group, backwards}});
+  for (int threads : {2, 3, 5}) {
+    host_ipc::Copier copier(threads);
+    for (int round = 0; round < 3; ++round) {  // the helpers serve batch after batch
+      std::vector<char> dst(kBytes, 0);
+      copier.Copy(src.data(), dst.data(), runs, {{group, backwards}});
+      EXPECT_TRUE(dst == expected) << threads << " threads, round " << round;
+    }
+  }
+  // The reference itself moved what the runs name.
+  EXPECT_EQ(std::memcmp(expected.data() + runs[0].dst_offset, src.data(), runs[0].length), 0);
+  EXPECT_EQ(expected[1], src[at + 1]);
 }
 
 }  // namespace

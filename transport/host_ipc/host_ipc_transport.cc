@@ -20,6 +20,7 @@
 #include "base/framed_socket.h"
 #include "base/thread_name.h"
 #include "base/unique_fd.h"
+#include "transport/host_ipc/copier.h"
 #include "transport/host_ipc/regions.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
@@ -50,21 +51,10 @@ struct Job {
   std::string note;
 };
 
-void CopyRuns(const Job& job) {
-  for (const Run& r : job.runs)
-    std::memcpy(job.dst + r.dst_offset, job.src + r.src_offset, r.length);
-  for (const RunGroup& g : job.groups) {
-    for (uint64_t i = 0; i < g.count; ++i) {
-      const Run r = g.row(i);
-      std::memcpy(job.dst + r.dst_offset, job.src + r.src_offset, r.length);
-    }
-  }
-}
-
 class HostIpcTransport final : public Transport {
  public:
-  explicit HostIpcTransport(std::chrono::milliseconds connect_timeout)
-      : connect_timeout_(connect_timeout), host_id_(host_ipc::HostId()) {}
+  HostIpcTransport(std::chrono::milliseconds connect_timeout, int copy_threads)
+      : connect_timeout_(connect_timeout), host_id_(host_ipc::HostId()), copier_(copy_threads) {}
 
   Status Start(const std::string& socket_dir) {
     static std::atomic<int> counter{0};
@@ -81,7 +71,7 @@ class HostIpcTransport final : public Transport {
       NameThisThread("hipc-progress");
       ProgressLoop();
     });
-    copier_ = std::thread([this] {
+    copy_thread_ = std::thread([this] {
       NameThisThread("hipc-copy");
       CopyLoop();
     });
@@ -98,7 +88,7 @@ class HostIpcTransport final : public Transport {
     work_.notify_all();
     Wake();
     // The copy thread finishes the copy in hand (it completes it), then stops.
-    if (copier_.joinable()) copier_.join();
+    if (copy_thread_.joinable()) copy_thread_.join();
     if (progress_.joinable()) progress_.join();
     for (Job& job : left) {
       if (!job.is_note && job.done) job.done(Status::Aborted("host_ipc transport destroyed"));
@@ -348,7 +338,7 @@ class HostIpcTransport final : public Transport {
     if (Clock::now() >= job.deadline) {
       status = Status::Timeout("host_ipc: batch passed its deadline before its turn");
     } else {
-      CopyRuns(job);
+      copier_.Copy(job.src, job.dst, job.runs, job.groups);
     }
     {
       std::lock_guard lock(mu_);
@@ -467,8 +457,9 @@ class HostIpcTransport final : public Transport {
   Listener listener_;
   std::shared_ptr<FdServer> fd_server_;  // shared with the registrations it serves
   UniqueFd wake_fd_;
+  host_ipc::Copier copier_;  // the copy thread's
   std::thread progress_;
-  std::thread copier_;
+  std::thread copy_thread_;
 
   std::mutex mu_;
   std::condition_variable work_;
@@ -486,6 +477,9 @@ std::span<const SettingInfo> HostIpcSettings() {
   static constexpr SettingInfo kSettings[] = {
       {"socket_dir", "directory of the side-channel and fd-server unix sockets (/tmp)"},
       {"connect_timeout_ms", "connects to a peer's side channel and fd fetches (5000)"},
+      {"copy_threads",
+       "threads a batch of 1 MiB or more is split over: the copy thread and copy_threads - 1 "
+       "helpers (1)"},
   };
   return kSettings;
 }
@@ -493,11 +487,14 @@ std::span<const SettingInfo> HostIpcSettings() {
 Result<std::unique_ptr<Transport>> CreateHostIpcTransport(const TransportOptions& options) {
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms, IntSetting(options, "host_ipc", "connect_timeout_ms",
                                                      5000, 1, kMaxTimeoutMs));
+  KV_ASSIGN_OR_RETURN(int64_t copy_threads, IntSetting(options, "host_ipc", "copy_threads", 1, 1,
+                                                       host_ipc::Copier::kMaxThreads));
   std::string socket_dir = "/tmp";
   for (const auto& [k, v] : options.settings) {
     if (k == "socket_dir") socket_dir = v;
   }
-  auto transport = std::make_unique<HostIpcTransport>(std::chrono::milliseconds(timeout_ms));
+  auto transport = std::make_unique<HostIpcTransport>(std::chrono::milliseconds(timeout_ms),
+                                                      static_cast<int>(copy_threads));
   KV_RETURN_IF_ERROR(transport->Start(socket_dir));
   return std::unique_ptr<Transport>(std::move(transport));
 }

@@ -4,8 +4,10 @@
 //
 // Why helpers: one thread's memcpy is what the P/D ceiling measures, but on the dev VM two
 // threads copied 256 MiB at 33–35 GB/s against one thread's 17–20 (benchmarks/pd.md, host_ipc):
-// where the host has a core to spare, a batch lands sooner split in two. Batches under
-// kMinSplitBytes are never split (a hand-off costs a thread wake-up, ~10–100 µs).
+// where the host has a core to spare, a batch may land sooner split in two. In kvd's P/D on that
+// 2-core VM it did not (its other core runs kvd's io thread and the engines), hence a setting,
+// default 1. Batches under kMinSplitBytes are never split: splitting the README demo's 512 KiB
+// batches cost 0.1–0.15 of the ceiling there (a hand-off is a thread wake-up).
 //
 // Thread-safety: Copy from one thread at a time (the backend's copy thread). The helpers live as
 // long as the Copier.

@@ -21,9 +21,12 @@
 // post() checks every run against both registrations (run_check.h) on the caller's thread and
 // queues the batch; one copy thread runs the queue in order: a batch whose deadline passed
 // before its turn fails kTimeout with nothing copied, otherwise its runs (and the rows of its run
-// groups) are memcpy'd and it completes. So completions come in posting order (except batches
-// failed by disconnect() or a peer's death, which complete at once) and a notification, sent by
-// the copy thread at its turn, follows the data of every batch posted before it; one behind a
+// groups) are memcpy'd (copier.h: split over helper threads when copy_threads > 1). Completions
+// come in posting order (except batches failed by disconnect() or a peer's death, which complete
+// at once), called on the copy thread once the queue ran empty or at most 16 batches / 8 MiB
+// after their copy ended, so that a caller's completion work (kvd's hand-over to its io thread)
+// does not hold up the next copy. A notification, sent by the copy thread at its turn, follows
+// the data of every batch posted before it, without waiting for their completions; one behind a
 // batch that failed is dropped (note_gate.h).
 //
 // Side channel: address() is "<host id>|unix:<path>" of a unix socket the backend listens on
@@ -35,7 +38,8 @@
 // cuda_ipc (SECURITY.md).
 //
 // Settings (TransportOptions): "socket_dir" (default /tmp), "connect_timeout_ms" (side-channel
-// connects and fd fetches; default 5000).
+// connects and fd fetches; default 5000), "copy_threads" (default 1: two threads doubled a bare
+// memcpy on the dev VM but not kvd's P/D there, benchmarks/pd.md).
 #pragma once
 
 #include <memory>

@@ -365,8 +365,13 @@ Result<OpenedRegion> Daemon::Core::OpenRegion(const proto::RegisterRegion& reg,
     region->where = MemoryLocation::Cuda(*device);
     region->gpu = std::move(mapping).value();
   }
-  KV_ASSIGN_OR_RETURN(region->registration,
-                      transport_->register_memory(region->base, region->bytes, region->where));
+  // A host region names its memfd: a backend that maps peers' memory (host_ipc) shares it.
+  const transport::Transport::SharedObject object =
+      region->host.fd() >= 0 ? transport::Transport::SharedObject{region->host.fd(), reg.offset()}
+                             : transport::Transport::SharedObject{};
+  KV_ASSIGN_OR_RETURN(
+      region->registration,
+      transport_->register_shared_memory(region->base, region->bytes, region->where, object));
   // Peers write into it only what a request granted them (write_grants.h).
   if (region->where.kind == MemoryKind::kHost) {
     KV_RETURN_IF_ERROR(transport_->guard_writes(*region->registration));

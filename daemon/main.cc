@@ -25,7 +25,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: kvd --name NAME --listen HOST:PORT --socket PATH [--transport "
-    "auto|ucx|nccl|ipc|local]\n"
+    "auto|ucx|host_ipc|nccl|ipc|local]\n"
     "           [--device N]\n"
     "           [--offload-bytes N[K|M|G]] [--offload-copy auto|kernel|copy-engine]\n"
     "           [--log-level trace|debug|info|warn|error] [--busy-poll]\n"
@@ -43,6 +43,8 @@ constexpr const char* kUsage =
     "ready line on stdout names it). Data moves over --transport (auto: the best this build has).\n"
     "--transport ipc is the cuda_ipc backend (GPUs of one host, straight over NVLink / PCIe);\n"
     "  nccl moves GPU memory through NCCL. Both serve engines that register GPU caches.\n"
+    "--transport host_ipc: host caches between kvds of one host, one memcpy per run: a peer\n"
+    "  kvd maps the engines' memfds (ucx copies twice through its shared-memory FIFO).\n"
     "--device: CUDA ordinal of kvd's own GPU work: the GPU transport's copy stream and GPU\n"
     "  offload (0). Engines' GPU caches are opened on their own devices, matched by UUID, so\n"
     "  CUDA_VISIBLE_DEVICES may differ between kvd and its engines.\n"

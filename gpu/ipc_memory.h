@@ -4,7 +4,7 @@
 // (cuMemCreate + cuMemMap: PyTorch's expandable segments, engines' own allocators), which
 // cudaIpcGetMemHandle refuses, travels as the POSIX file descriptor of its allocation
 // (cuMemExportToShareableHandle), passed over a unix socket with SCM_RIGHTS (the connector's
-// frames to kvd: transport/fd_passing.h; kvd to a peer: fd_share.h).
+// frames to kvd: transport/fd_passing.h; kvd to a peer: base/fd_share.h).
 //
 // CUDA lets a process open a given handle only once per device context, and refuses to export
 // (cudaIpcGetMemHandle) memory it imported. So every open goes through one process-wide cache,

@@ -3,6 +3,9 @@
 #include <vector>
 
 #include "transport/backends.h"
+#if KV_TRANSPORT_HAVE_HOST_IPC
+#include "transport/host_ipc/host_ipc_transport.h"
+#endif
 #include "transport/local/local_transport.h"
 #include "transport/staged/staged_transport.h"
 #if KV_TRANSPORT_HAVE_UCX
@@ -62,6 +65,9 @@ std::span<const Backend> CompiledBackends() {
     {"ucx", &CreateUcx, {.ucx_config = true}, UcxBackendSettings()},
 #endif
     {"local", &CreateLocalTransport, {}, {}},
+#if KV_TRANSPORT_HAVE_HOST_IPC
+    {"host_ipc", &CreateHostIpcTransport, {}, HostIpcSettings()},
+#endif
 #if KV_TRANSPORT_HAVE_CUDA_IPC
     {"cuda_ipc", &CreateCudaIpcTransport, {.device_copies = true}, CudaIpcSettings()},
 #endif

@@ -135,6 +135,23 @@ class Transport {
   virtual Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
                                                                       MemoryLocation where) = 0;
 
+  // The memory object behind host memory that another process of this host may map: a borrowed
+  // fd (the caller keeps it open while the registration lives; a backend that needs it longer
+  // duplicates it) and the byte offset of `base` inside the object. kvd passes an engine's memfd
+  // (sealed against shrinking and growing: base/shared_memory.h).
+  struct SharedObject {
+    int fd = -1;  // -1: none
+    uint64_t offset = 0;
+  };
+  // register_memory() of memory that lives in `object`. A backend that maps a peer's memory
+  // straight into its own process (host_ipc) needs it and answers register_memory() with
+  // kUnsupported; every other backend ignores the object (this default).
+  virtual Result<std::unique_ptr<MemoryRegistration>> register_shared_memory(
+      void* base, uint64_t length, MemoryLocation where, const SharedObject& object) {
+    (void)object;
+    return register_memory(base, length, where);
+  }
+
   // Allocates `length` bytes where this backend reaches them fastest and registers them; the
   // registration owns the memory and frees it on destruction. For UCX on one host that is a
   // shared-memory segment a peer writes into directly, with no work on this side. kUnsupported
@@ -217,7 +234,8 @@ class Transport {
   virtual void revoke_writes(uint64_t grant) { (void)grant; }
 };
 
-// Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests), and,
+// Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests),
+// "host_ipc" (host memory between processes of one host, one memcpy: host_ipc_transport.h), and,
 // where built, "nccl" and "cuda_ipc". kUnsupported when this build lacks the backend.
 // "ucx" is UCX behind the staged decorator (transport/staged/staged_transport.h): host memory
 // goes to UCX unchanged; GPU memory too where UCX has CUDA support, and where it has not (Debian's

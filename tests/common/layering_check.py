@@ -4,7 +4,7 @@
 - floors: base <- layout <- kernels <- gpu <- transport <- protocol <- daemon <- connector <- tools;
   a product file includes only its own floor and the floors below it (include/kv, the public
   headers, sits beside base);
-- a transport backend's folder (transport/{ucx,nccl,cuda_ipc,staged,local}/) is included only by
+- a transport backend's folder (transport/{ucx,nccl,cuda_ipc,host_ipc,staged,local}/) is included only by
   its own files and transport/factory.cc; a test of a backend's internals lives in that folder
   (NAME_test.cc, registered under tests/), and tests elsewhere go through transport/transport.h;
 - no dynamic_cast outside the backends; no getenv/setenv outside main()s and tests.
@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 FLOORS = ["base", "layout", "kernels", "gpu", "transport", "protocol", "daemon", "connector"]
-BACKENDS = ["ucx", "nccl", "cuda_ipc", "staged", "local"]
+BACKENDS = ["ucx", "nccl", "cuda_ipc", "host_ipc", "staged", "local"]
 MAINS = {"daemon/main.cc", "tools/kvbench/main.cc", "tools/kvctl/main.cc"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

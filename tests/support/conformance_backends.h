@@ -30,6 +30,8 @@ class SideMemory {
   virtual Status Write(const std::vector<uint8_t>& bytes) = 0;
   // The whole memory as it is now (what a completion or a notification said had landed).
   virtual Result<std::vector<uint8_t>> Read() = 0;
+  // The memory object it lives in, for register_shared_memory (none by default).
+  virtual Transport::SharedObject shared() const { return {}; }
 };
 
 // Allocates `bytes` of memory on `device` (-1: none named).
@@ -37,6 +39,9 @@ using MemoryFactory = Result<std::unique_ptr<SideMemory>> (*)(int device, uint64
 
 // Host memory (malloc); ignores the device.
 Result<std::unique_ptr<SideMemory>> HostMemory(int device, uint64_t bytes);
+// Host memory in a sealed memfd (base/shared_memory.h), as kvd holds an engine's region; shared()
+// names it. Ignores the device.
+Result<std::unique_ptr<SideMemory>> SharedHostMemory(int device, uint64_t bytes);
 
 enum class Hosting {
   // Both sides are threads of the test process (a backend that only reaches its own process,
@@ -98,6 +103,8 @@ inline std::vector<Backend> HostBackends() {
                     {"staging_bytes", "65536"},
                     {"staging_slots", "2"}},
        .unavailable = &UnlessUcx},
+      // The peer's memfd mapped, one memcpy per run.
+      {.name = "host_ipc", .transport = "host_ipc", .memory = &SharedHostMemory},
   };
 }
 

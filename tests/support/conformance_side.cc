@@ -9,8 +9,9 @@
 #include <map>
 #include <mutex>
 
-#include "tests/support/test_support.h"
 #include "base/codec.h"
+#include "base/shared_memory.h"
+#include "tests/support/test_support.h"
 
 namespace kv::transport::conformance {
 namespace {
@@ -71,6 +72,26 @@ class HostSideMemory final : public SideMemory {
   std::vector<uint8_t> bytes_;
 };
 
+class SharedHostSideMemory final : public SideMemory {
+ public:
+  explicit SharedHostSideMemory(SharedMemory memory) : memory_(std::move(memory)) {}
+  void* base() override { return memory_.data(); }
+  MemoryLocation location() const override { return MemoryLocation::Host(); }
+  Status Write(const std::vector<uint8_t>& bytes) override {
+    if (bytes.size() != memory_.size()) return Status::InvalidArgument("size mismatch");
+    std::memcpy(memory_.data(), bytes.data(), bytes.size());
+    return Status::Ok();
+  }
+  Result<std::vector<uint8_t>> Read() override {
+    const auto* data = static_cast<const uint8_t*>(memory_.data());
+    return std::vector<uint8_t>(data, data + memory_.size());
+  }
+  Transport::SharedObject shared() const override { return {memory_.fd(), 0}; }
+
+ private:
+  SharedMemory memory_;
+};
+
 // What one batch's completion did: the first status, and how often it was called.
 struct CompletionSlot {
   std::promise<Status> first;
@@ -117,7 +138,8 @@ class SideBody {
       snapshots_.insert_or_assign(std::string(note), std::move(snapshot));
     });
     KV_ASSIGN_OR_RETURN(registration_,
-                        transport_->register_memory(memory_->base(), bytes_, memory_->location()));
+                        transport_->register_shared_memory(memory_->base(), bytes_,
+                                                           memory_->location(), memory_->shared()));
     return Status::Ok();
   }
 
@@ -308,6 +330,12 @@ Result<std::vector<Status>> DecodeStatuses(ByteReader& r) {
 Result<std::unique_ptr<SideMemory>> HostMemory(int device, uint64_t bytes) {
   (void)device;
   return std::unique_ptr<SideMemory>(new HostSideMemory(bytes));
+}
+
+Result<std::unique_ptr<SideMemory>> SharedHostMemory(int device, uint64_t bytes) {
+  (void)device;
+  KV_ASSIGN_OR_RETURN(SharedMemory memory, SharedMemory::Create(bytes, "kv-conformance"));
+  return std::unique_ptr<SideMemory>(new SharedHostSideMemory(std::move(memory)));
 }
 
 std::vector<uint8_t> Pattern(uint64_t bytes, int seed) {

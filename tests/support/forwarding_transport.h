@@ -24,6 +24,10 @@ class ForwardingTransport : public transport::Transport {
       void* base, uint64_t length, MemoryLocation where) override {
     return inner_->register_memory(base, length, where);
   }
+  Result<std::unique_ptr<transport::MemoryRegistration>> register_shared_memory(
+      void* base, uint64_t length, MemoryLocation where, const SharedObject& object) override {
+    return inner_->register_shared_memory(base, length, where, object);
+  }
   Result<std::unique_ptr<transport::MemoryRegistration>> allocate_memory(
       uint64_t length, MemoryLocation where) override {
     return inner_->allocate_memory(length, where);

@@ -1,6 +1,6 @@
-// FdServer / FetchFd (gpu/fd_share.h): how a cuda_ipc peer fetches a VMM region's
+// FdServer / FetchFd (base/fd_share.h): how a cuda_ipc peer fetches a VMM region's
 // allocation fd. Plain memfds stand in for the CUDA handles, so no GPU is needed.
-#include "gpu/fd_share.h"
+#include "base/fd_share.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-namespace kv::gpu {
+namespace kv {
 namespace {
 
 using namespace std::chrono_literals;
@@ -114,4 +114,4 @@ TEST(FdShare, UniqueFdDuplicatesAndCloses) {
 }
 
 }  // namespace
-}  // namespace kv::gpu
+}  // namespace kv

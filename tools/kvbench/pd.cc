@@ -179,7 +179,9 @@ int PdMain(int argc, char** argv) {
       {"memory",
        "where the KV caches live: host (default) or cuda (prefill on GPU 0, decode on GPU 1, "
        "or GPU 0 with one GPU)"},
-      {"transport", "transport of the kvds started here: auto|ucx|nccl|ipc (default auto)"},
+      {"transport",
+       "transport of the kvds started here: auto|ucx|host_ipc|nccl|ipc (default auto; host_ipc: "
+       "host memory, one memcpy per run)"},
       {"transport-opt",
        "KEY=VALUE (repeatable): a setting of the kvds' transport, passed to them as kvd "
        "--transport-opt (keys: kvd --help), and to the ucx ceiling run",

@@ -17,10 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "base/fd_share.h"
 #include "base/framed_socket.h"
 #include "base/unique_fd.h"
 #include "gpu/cuda_util.h"
-#include "gpu/fd_share.h"
 #include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
@@ -69,7 +69,7 @@ class CudaIpcTransport final : public Transport {
     std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++) + ".sock";
     KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("unix:" + path));
-    KV_ASSIGN_OR_RETURN(fd_server_, gpu::FdServer::Start(path + ".fd"));
+    KV_ASSIGN_OR_RETURN(fd_server_, kv::FdServer::Start(path + ".fd"));
     wake_fd_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!wake_fd_.valid()) return Status::IoError("eventfd failed");
     progress_ = std::thread([this] { ProgressLoop(); });
@@ -188,7 +188,7 @@ class CudaIpcTransport final : public Transport {
     std::shared_ptr<gpu::IpcMemory> mapping;
     if (wire.share == static_cast<uint32_t>(gpu::ShareKind::kPosixFd)) {
       wire.fd_path[kFdPathBytes - 1] = '\0';
-      auto fd = gpu::FetchFd(wire.fd_path, wire.fd_token, Clock::now() + connect_timeout_);
+      auto fd = kv::FetchFd(wire.fd_path, wire.fd_token, Clock::now() + connect_timeout_);
       if (!fd.ok()) return fd.status().WithContext("cuda_ipc: fetching a VMM region's fd");
       KV_ASSIGN_OR_RETURN(
           mapping, gpu::OpenVmmMemory(std::move(fd).value(), wire.allocation_bytes, device_));
@@ -512,7 +512,7 @@ class CudaIpcTransport final : public Transport {
   const bool busy_poll_;
   const std::string host_id_;
   Listener listener_;
-  std::shared_ptr<gpu::FdServer> fd_server_;  // shared with the VMM registrations it serves
+  std::shared_ptr<kv::FdServer> fd_server_;  // shared with the VMM registrations it serves
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::thread progress_;

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "gpu/fd_share.h"
+#include "base/fd_share.h"
 #include "gpu/ipc_memory.h"
 #include "transport/transport.h"
 
@@ -55,7 +55,7 @@ inline std::string HostId() {
 class IpcRegistration final : public MemoryRegistration {
  public:
   IpcRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed,
-                  std::shared_ptr<gpu::FdServer> fd_server = nullptr, uint64_t fd_token = 0)
+                  std::shared_ptr<kv::FdServer> fd_server = nullptr, uint64_t fd_token = 0)
       : base_(base),
         length_(length),
         where_(where),
@@ -75,7 +75,7 @@ class IpcRegistration final : public MemoryRegistration {
   uint64_t length_;
   MemoryLocation where_;
   std::string packed_;
-  std::shared_ptr<gpu::FdServer> fd_server_;  // VMM memory: serves its fd until deregistered
+  std::shared_ptr<kv::FdServer> fd_server_;  // VMM memory: serves its fd until deregistered
   uint64_t fd_token_;
 };
 

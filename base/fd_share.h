@@ -1,8 +1,10 @@
 // Handing file descriptors to other processes of this host by token: the cuda_ipc backend shares
-// a VMM region with a peer as the POSIX fd of its allocation, which cannot travel in the packed
-// descriptor a peer receives over TCP. The exporter keeps each fd in an FdServer under a random
+// a VMM region with a peer as the POSIX fd of its allocation, and the host_ipc backend a host
+// region as the engine's memfd; neither can travel in the packed descriptor a peer receives over
+// TCP. The exporter keeps each fd in an FdServer under a random
 // token and names the server's unix socket and the token in the descriptor; the importer fetches
-// a duplicate with FetchFd (SCM_RIGHTS).
+// a duplicate with FetchFd (SCM_RIGHTS). Tokens are 64 random bits from the CSPRNG (hmac.h): a
+// process of this user that never saw a descriptor cannot guess one.
 //
 // Only processes of this user are served (SO_PEERCRED), one short request per connection.
 // Thread-safety: FdServer's methods may be called from any thread; it serves on its own thread.
@@ -16,11 +18,11 @@
 #include <string_view>
 #include <thread>
 
-#include "base/status.h"
 #include "base/framed_socket.h"
+#include "base/status.h"
 #include "base/unique_fd.h"
 
-namespace kv::gpu {
+namespace kv {
 
 class FdServer {
  public:
@@ -54,4 +56,4 @@ class FdServer {
 // at the deadline.
 Result<UniqueFd> FetchFd(std::string_view path, uint64_t token, SteadyTime deadline);
 
-}  // namespace kv::gpu
+}  // namespace kv

@@ -1,20 +1,21 @@
-#include "gpu/fd_share.h"
+#include "base/fd_share.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "base/fd_passing.h"
+#include "base/hmac.h"
 
-namespace kv::gpu {
+namespace kv {
 namespace {
 
 constexpr char kRequestMagic[8] = "kvdfd01";
@@ -41,9 +42,18 @@ void SendReply(int socket, ReplyCode code, std::string_view text, int fd) {
   }
 }
 
+// From the CSPRNG: a token is the only thing between a process of this user and the fd.
 uint64_t RandomToken() {
-  static std::mt19937_64 generator{std::random_device{}()};
-  return generator();
+  uint64_t token = 0;
+  auto bytes = crypto::RandomBytes(sizeof(token));
+  if (bytes.ok() && bytes->size() == sizeof(token)) {
+    std::memcpy(&token, bytes->data(), sizeof(token));
+  } else {
+    // getrandom(2) without OpenSSL's pool: never a guessable fallback.
+    while (::getrandom(&token, sizeof(token), 0) != static_cast<ssize_t>(sizeof(token))) {
+    }
+  }
+  return token;
 }
 
 }  // namespace
@@ -194,4 +204,4 @@ Result<UniqueFd> FetchFd(std::string_view path, uint64_t token, SteadyTime deadl
   }
 }
 
-}  // namespace kv::gpu
+}  // namespace kv

@@ -1,5 +1,7 @@
-// kvd as separate processes (build/bin/kvd) joined over loopback by UCX; engines in this process
-// over the unix sockets. Includes a prefill kvd killed with SIGKILL in the middle of a run.
+// kvd as separate processes (build/bin/kvd) joined over loopback by UCX, or by host_ipc (each maps
+// the other's engines' memfds and moves runs with one memcpy each); engines in this process over
+// the unix sockets. Includes a prefill kvd killed with SIGKILL in the middle of a run, pushing
+// and pulling.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -51,7 +53,7 @@ class PdProcesses : public ::testing::Test {
     o.binary = kv::harness::KvdBesideSelf();
     o.name = name;
     o.socket_path = (dir_ / (name + ".sock")).string();
-    o.transport = "ucx";
+    o.transport = transport_;
     o.extra_args = {"--log-level", "warn", "--lease-ms", "10000", "--heartbeat-ms", "200"};
     o.forward_output = true;  // kvd's warnings beside the test's output
     auto p = kv::harness::KvdProcess::Start(o);
@@ -60,12 +62,15 @@ class PdProcesses : public ::testing::Test {
   }
 
   // A prefill kvd SIGKILLed in the middle of a run: its requests fail, nothing outside their
-  // blocks is written, and the decode kvd serves a fresh prefill kvd's next run.
-  void KillPrefillMidRunThenRunAgain() {
+  // blocks is written, and the decode kvd serves a fresh prefill kvd's next run. Pulling over
+  // host_ipc, the decode kvd holds mappings of the dead kvd's engines' memfds: they stay valid
+  // (no SIGBUS) until let go.
+  void KillPrefillMidRunThenRunAgain(connector::Mode mode = connector::Mode::kPush) {
     prefill_ = Spawn("prefill");
     decode_ = Spawn("decode");
     ASSERT_TRUE(prefill_ && decode_);
     PdConfig c = Small();
+    c.mode = mode;
     c.requests = 40;
     c.window = 2;
     c.layers = 16;
@@ -94,6 +99,7 @@ class PdProcesses : public ::testing::Test {
     prefill_ = Spawn("prefill2");
     ASSERT_TRUE(prefill_);
     PdConfig next = Small();
+    next.mode = mode;
     auto again = Run(next);
     ASSERT_TRUE(again.ok()) << again.status().ToString();
     EXPECT_EQ(again->verified, next.requests) << again->first_error;
@@ -107,11 +113,21 @@ class PdProcesses : public ::testing::Test {
         [d](const ConnectorOptions& o) { return Connector::Open(d, o); }, progress);
   }
 
+  std::string transport_ = "ucx";
   std::filesystem::path dir_;
   std::unique_ptr<kv::harness::KvdProcess> prefill_, decode_;
 };
 
-TEST_F(PdProcesses, PushTp2To1ConvertingLayoutAndBlockSizeOverUcx) {
+// What every same-host transport between kvd processes must do.
+class PdProcessesOver : public PdProcesses, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    transport_ = GetParam();
+    PdProcesses::SetUp();
+  }
+};
+
+TEST_P(PdProcessesOver, PushTp2To1ConvertingLayoutAndBlockSize) {
   prefill_ = Spawn("prefill");
   decode_ = Spawn("decode");
   ASSERT_TRUE(prefill_ && decode_);
@@ -123,12 +139,17 @@ TEST_F(PdProcesses, PushTp2To1ConvertingLayoutAndBlockSizeOverUcx) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->verified, c.requests) << r->first_error;
   EXPECT_EQ(r->guard_bytes_written, 0u);
+  auto status =
+      connector::QueryDaemonStatus(prefill_->socket_path(), std::chrono::milliseconds(2000));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(status->transport(), transport_);
+  EXPECT_EQ(status->transfers_failed(), 0u);
   auto code = prefill_->Stop(std::chrono::milliseconds(5000));
   ASSERT_TRUE(code.ok()) << code.status().ToString();
   EXPECT_EQ(*code, 0);  // SIGTERM drains and exits cleanly
 }
 
-TEST_F(PdProcesses, PullTp1To2MlaOverUcx) {
+TEST_P(PdProcessesOver, PullTp1To2Mla) {
   prefill_ = Spawn("prefill");
   decode_ = Spawn("decode");
   ASSERT_TRUE(prefill_ && decode_);
@@ -140,6 +161,20 @@ TEST_F(PdProcesses, PullTp1To2MlaOverUcx) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->verified, c.requests) << r->first_error;
   EXPECT_EQ(r->guard_bytes_written, 0u);
+}
+
+TEST_P(PdProcessesOver, PrefillKvdKilledMidPushFailsRequestsAndDecodeServesTheNextRun) {
+  KillPrefillMidRunThenRunAgain(connector::Mode::kPush);
+}
+
+INSTANTIATE_TEST_SUITE_P(SameHost, PdProcessesOver, ::testing::Values("ucx", "host_ipc"),
+                         [](const auto& info) { return info.param; });
+
+// Pulling from a prefill kvd that dies: over host_ipc the puller's mappings of its memfds outlive
+// it.
+TEST_F(PdProcesses, PrefillKvdKilledMidPullOverHostIpcFailsRequestsAndDecodeServesTheNextRun) {
+  transport_ = "host_ipc";
+  KillPrefillMidRunThenRunAgain(connector::Mode::kPull);
 }
 
 // TP 1 -> 2 with the decode ranks behind two kvds (TP across hosts, here on one): each decode
@@ -192,10 +227,6 @@ TEST_F(PdProcesses, APeerNameWithoutEtcdFailsTheLoadsAtOnce) {
   EXPECT_EQ(r->failed, c.requests);
   EXPECT_NE(r->first_error.find("--etcd"), std::string::npos) << r->first_error;
   EXPECT_LT(std::chrono::steady_clock::now() - start, c.timeout) << "failed by kvd, not waited out";
-}
-
-TEST_F(PdProcesses, PrefillKvdKilledMidRunFailsRequestsAndDecodeServesTheNextRun) {
-  KillPrefillMidRunThenRunAgain();
 }
 
 // The same over UCX's tcp transport, the path two hosts take. There UCX 1.13 would emulate the

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -209,10 +210,11 @@ class SideBody {
 
   // Answers twice: once every post() and the notify returned, then with the completions.
   std::string PostAndWait(ByteReader& r) {
-    uint32_t op = 0;
+    uint32_t op = 0, answer_after = 0;
     uint64_t deadline_ms = 0, count = 0;
     std::string_view note;
-    if (!r.u32(&op) || !r.u64(&deadline_ms) || !r.bytes(&note) || !r.u64(&count) || count > 100000)
+    if (!r.u32(&op) || !r.u64(&deadline_ms) || !r.u32(&answer_after) || !r.bytes(&note) ||
+        !r.u64(&count) || count > 100000)
       return EncodeStatus(Status::Internal("bad post"));
     std::vector<std::vector<kv::Run>> batches(count);
     for (auto& runs : batches) {
@@ -237,6 +239,13 @@ class SideBody {
       slots.push_back(std::move(slot));
     }
     Status noted = note.empty() ? Status::Ok() : transport_->notify(peer_, std::string(note));
+    // Script::answer_after_completions: polled, until the deadline at most.
+    while (answer_after > 0 && Clock::now() < deadline) {
+      uint32_t done = 0;
+      for (const auto& slot : slots) done += slot->calls.load() > 0 ? 1 : 0;
+      if (done >= answer_after) break;
+      std::this_thread::sleep_for(100us);
+    }
     ByteWriter first;
     first.u32(0).bytes({}).u64(posted.size());
     for (const Status& s : posted) first.bytes(EncodeStatus(s));
@@ -369,9 +378,9 @@ Result<std::unique_ptr<Side>> Side::Start(const Backend& backend, bool initiator
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
       return Status::IoError(std::string("socketpair: ") + std::strerror(errno));
     side->channel_ = std::make_unique<Channel>(fds[0]);
-    side->thread_ = std::thread([body, fd = fds[1]] {
+    side->thread_ = std::thread([body, fd = fds[1], code = &side->thread_code_] {
       Channel channel(fd);
-      (void)body(channel);
+      *code = body(channel);
     });
   }
   KV_ASSIGN_OR_RETURN(std::string hello, side->Receive());
@@ -394,6 +403,21 @@ Side::~Side() {
     channel_.reset();  // the side's next receive fails: it shuts down and returns
     if (thread_.joinable()) thread_.join();
   }
+}
+
+Status Side::Exit() {
+  int code = 0;
+  if (process_) {
+    KV_RETURN_IF_ERROR(process_->channel().Send(ByteWriter().u32(kExit).take()));
+    KV_ASSIGN_OR_RETURN(code, process_->Wait(Clock::now() + 10s));
+    process_.reset();
+  } else {
+    channel_.reset();
+    if (thread_.joinable()) thread_.join();
+    code = thread_code_;
+  }
+  if (code != 0) return Status::Internal("the side exited with " + std::to_string(code));
+  return Status::Ok();
 }
 
 Result<std::string> Side::Receive() {
@@ -420,6 +444,7 @@ Result<Outcome> Side::Post(const Script& script) {
   w.u32(kPost)
       .u32(static_cast<uint32_t>(script.op))
       .u64(static_cast<uint64_t>(script.deadline.count()))
+      .u32(static_cast<uint32_t>(std::max(0, script.answer_after_completions)))
       .bytes(script.note)
       .u64(script.batches.size());
   for (const auto& runs : script.batches) w.bytes(EncodeRuns(runs));

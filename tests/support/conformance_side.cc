@@ -2,7 +2,6 @@
 
 #include <sys/socket.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -210,11 +209,10 @@ class SideBody {
 
   // Answers twice: once every post() and the notify returned, then with the completions.
   std::string PostAndWait(ByteReader& r) {
-    uint32_t op = 0, answer_after = 0;
+    uint32_t op = 0;
     uint64_t deadline_ms = 0, count = 0;
     std::string_view note;
-    if (!r.u32(&op) || !r.u64(&deadline_ms) || !r.u32(&answer_after) || !r.bytes(&note) ||
-        !r.u64(&count) || count > 100000)
+    if (!r.u32(&op) || !r.u64(&deadline_ms) || !r.bytes(&note) || !r.u64(&count) || count > 100000)
       return EncodeStatus(Status::Internal("bad post"));
     std::vector<std::vector<kv::Run>> batches(count);
     for (auto& runs : batches) {
@@ -239,13 +237,6 @@ class SideBody {
       slots.push_back(std::move(slot));
     }
     Status noted = note.empty() ? Status::Ok() : transport_->notify(peer_, std::string(note));
-    // Script::answer_after_completions: polled, until the deadline at most.
-    while (answer_after > 0 && Clock::now() < deadline) {
-      uint32_t done = 0;
-      for (const auto& slot : slots) done += slot->calls.load() > 0 ? 1 : 0;
-      if (done >= answer_after) break;
-      std::this_thread::sleep_for(100us);
-    }
     ByteWriter first;
     first.u32(0).bytes({}).u64(posted.size());
     for (const Status& s : posted) first.bytes(EncodeStatus(s));
@@ -444,7 +435,6 @@ Result<Outcome> Side::Post(const Script& script) {
   w.u32(kPost)
       .u32(static_cast<uint32_t>(script.op))
       .u64(static_cast<uint64_t>(script.deadline.count()))
-      .u32(static_cast<uint32_t>(std::max(0, script.answer_after_completions)))
       .bytes(script.note)
       .u64(script.batches.size());
   for (const auto& runs : script.batches) w.bytes(EncodeRuns(runs));

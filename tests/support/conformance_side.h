@@ -46,9 +46,6 @@ struct Script {
   std::vector<std::vector<kv::Run>> batches;
   std::chrono::milliseconds deadline{10000};  // from just before the first post()
   std::string note;
-  // Post() returns only once this many batches completed (or the deadline passed): a test that
-  // kills the target then finds the batches under way, some landed and the next ones moving.
-  int answer_after_completions = 0;
 };
 
 struct Outcome {

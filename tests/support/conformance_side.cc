@@ -369,9 +369,9 @@ Result<std::unique_ptr<Side>> Side::Start(const Backend& backend, bool initiator
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
       return Status::IoError(std::string("socketpair: ") + std::strerror(errno));
     side->channel_ = std::make_unique<Channel>(fds[0]);
-    side->thread_ = std::thread([body, fd = fds[1]] {
+    side->thread_ = std::thread([body, fd = fds[1], code = &side->thread_code_] {
       Channel channel(fd);
-      (void)body(channel);
+      *code = body(channel);
     });
   }
   KV_ASSIGN_OR_RETURN(std::string hello, side->Receive());
@@ -394,6 +394,21 @@ Side::~Side() {
     channel_.reset();  // the side's next receive fails: it shuts down and returns
     if (thread_.joinable()) thread_.join();
   }
+}
+
+Status Side::Exit() {
+  int code = 0;
+  if (process_) {
+    KV_RETURN_IF_ERROR(process_->channel().Send(ByteWriter().u32(kExit).take()));
+    KV_ASSIGN_OR_RETURN(code, process_->Wait(Clock::now() + 10s));
+    process_.reset();
+  } else {
+    channel_.reset();
+    if (thread_.joinable()) thread_.join();
+    code = thread_code_;
+  }
+  if (code != 0) return Status::Internal("the side exited with " + std::to_string(code));
+  return Status::Ok();
 }
 
 Result<std::string> Side::Receive() {

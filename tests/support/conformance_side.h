@@ -87,6 +87,11 @@ class Side {
   // memory stays until the side goes, so nothing a late copy does is undefined).
   Status Kill();
 
+  // Ends the side as ~Side does (its transport is destroyed) and says how that went: OK where the
+  // side returned 0, else its exit code or the signal it died of (a completion run twice or on
+  // a finished batch, a crash in the transport's teardown). Call nothing else afterwards.
+  Status Exit();
+
  private:
   Side() = default;
   Result<std::string> Call(const std::string& command);
@@ -95,6 +100,7 @@ class Side {
   std::unique_ptr<ChildProcess> process_;  // kProcesses
   std::unique_ptr<Channel> channel_;       // kThreads: our end
   std::thread thread_;                     // kThreads: runs the side
+  int thread_code_ = 0;                    // kThreads: what the side returned, once joined
   std::string address_;
   std::string descriptor_;
 };

@@ -193,13 +193,9 @@ void Engine::StartAm(Peer* peer, BatchState* batch) {
       ucp_request_free(request);
     }
   }
-  // The flush bounds the sends (a force-closed endpoint fails it), the ack says they landed.
-  ucp_request_param_t flush{};
-  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  flush.cb.send = &Engine::OnBatchFlushed;
-  flush.user_data = batch;
-  ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep, &flush);
-  if (!UCS_PTR_IS_PTR(request)) BatchFlushed(batch, UCS_PTR_STATUS(request));
+  // The flush bounds the sends (a force-closed endpoint fails it, or FinishOrphans does), the
+  // ack says they landed.
+  FlushBatch(peer->ep, batch);
 }
 
 void Engine::BatchFlushed(BatchState* batch, ucs_status_t status) {

@@ -17,7 +17,9 @@
 //  * A batch past its deadline fails its peer: the endpoint is force-closed, which makes UCX
 //    release every request on it; the late batch completes with kTimeout, the peer's other
 //    batches with kUnavailable. done() therefore never runs while UCX may still touch the batch's
-//    memory: after done(), the caller may free or reuse it.
+//    memory: after done(), the caller may free or reuse it. A batch whose flush UCX has not
+//    called back once the close completed (or was abandoned) is finished then (FlushRef).
+//    Every batch completes exactly once.
 //  * An endpoint error (the peer died) fails every batch to that peer with kUnavailable; later
 //    batches to it complete with kUnavailable; the caller reconnects.
 //  * A batch holds its local mapping and its remote key: deregistering while a batch is in flight
@@ -96,6 +98,7 @@ struct EngineOptions {
 
 class Engine;
 struct Peer;
+struct BatchState;
 
 // What a put message names: the sender's batch, and the receiver's absolute address (data) or a
 // byte count (end, ack).
@@ -182,6 +185,17 @@ struct RemoteKey {
   ucp_rkey_h rkey;
 };
 
+// What a batch's flush callback finds its batch by. UCX 1.13.1 does not call back every flush
+// of a force-closed endpoint: with four put batches in flight to a SIGKILLed peer over shm,
+// ucp_ep_close_nbx completed at once having called back one flush; the other three came back
+// only when the worker was destroyed. So once the close completed (or was abandoned) the engine
+// finishes the batches UCX still owes (FinishOrphans) and clears `batch` here; the late callback
+// then frees the ref and touches nothing else. A flush never called back leaks its ref.
+struct FlushRef {
+  Engine* engine;
+  BatchState* batch;  // null once the batch finished without this flush
+};
+
 // One accepted batch, owned by the progress thread from Enqueue until done() has run.
 struct BatchState {
   Engine* engine = nullptr;
@@ -203,6 +217,7 @@ struct BatchState {
   bool acked = false;
   uint64_t seq = 0;                // set when its peer takes puts as messages: notes wait for it
   std::vector<PutHeader> headers;  // of its messages, until they are sent
+  FlushRef* flush = nullptr;       // its flush, while UCX owes the callback
 };
 
 struct Note {
@@ -290,6 +305,9 @@ class Engine {
   void CheckDeadlines(Clock::time_point now);
   void HandleEndpointErrors();
   void FailPeer(PeerId id, const Status& reason);
+  // Finishes the batches of the failed peer `id` still in flight once its endpoint's close
+  // completed or was abandoned: UCX will not call their flushes back (FlushRef).
+  void FinishOrphans(PeerId id);
   void ReapClosedEndpoints();
   // ---- The active-message put path (ucx_am_put.cc) -----------------------------------------
   Status SetAmHandlers(WorkerSlot* slot);
@@ -320,6 +338,8 @@ class Engine {
   // Hands the peer's queued work to UCX while the in-flight bound allows.
   void Pump(Peer* peer);
   void Start(Peer* peer, BatchState* batch);
+  // The flush that ends a started batch (BatchFlushed, now or from OnBatchFlushed).
+  void FlushBatch(ucp_ep_h ep, BatchState* batch);
   void FlushNote(Peer* peer, uint64_t seq);
   void Finish(BatchState* batch, ucs_status_t status);
   // Resets a finished batch (releasing its mapping and remote key) and keeps it for NewBatch().

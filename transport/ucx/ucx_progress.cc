@@ -345,21 +345,37 @@ void Engine::Start(Peer* peer, BatchState* batch) {
     }
     if (request != nullptr) ucp_request_free(request);
   }
+  FlushBatch(ep, batch);
+}
+
+void Engine::FlushBatch(ucp_ep_h ep, BatchState* batch) {
+  auto* ref = new FlushRef{this, batch};
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   flush.cb.send = &Engine::OnBatchFlushed;
-  flush.user_data = batch;
+  flush.user_data = ref;
   ucs_status_ptr_t request = ucp_ep_flush_nbx(ep, &flush);
-  if (!UCS_PTR_IS_PTR(request)) Finish(batch, UCS_PTR_STATUS(request));
+  if (UCS_PTR_IS_PTR(request)) {
+    batch->flush = ref;
+    return;
+  }
+  delete ref;
+  BatchFlushed(batch, UCS_PTR_STATUS(request));
 }
 
 void Engine::OnBatchFlushed(void* request, ucs_status_t status, void* user_data) {
-  auto* batch = static_cast<BatchState*>(user_data);
+  std::unique_ptr<FlushRef> ref(static_cast<FlushRef*>(user_data));
   ucp_request_free(request);
-  batch->engine->BatchFlushed(batch, status);
+  if (ref->batch == nullptr) return;  // finished without it (FinishOrphans, Shutdown)
+  ref->batch->flush = nullptr;
+  ref->engine->BatchFlushed(ref->batch, status);
 }
 
 void Engine::Finish(BatchState* batch, ucs_status_t status) {
+  if (batch->flush != nullptr) {  // UCX still owes its flush: the late callback must not find it
+    batch->flush->batch = nullptr;
+    batch->flush = nullptr;
+  }
   in_flight_.erase(batch);
   if (batch->seq != 0) AmBatchDone(batch);
   if (batch->posted) {
@@ -453,8 +469,20 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
-  if (UCS_PTR_IS_PTR(request))
+  if (UCS_PTR_IS_PTR(request)) {
     closing_.push_back(Closing{std::move(peer), request, Clock::now() + kCloseTimeout});
+  } else {
+    FinishOrphans(id);
+  }
+}
+
+void Engine::FinishOrphans(PeerId id) {
+  // The lanes are gone: nothing of these batches moves any more. Their failure is set (FailPeer).
+  std::vector<BatchState*> orphans;
+  for (BatchState* batch : in_flight_) {
+    if (batch->peer == id) orphans.push_back(batch);
+  }
+  for (BatchState* batch : orphans) Finish(batch, UCS_ERR_CANCELED);
 }
 
 void Engine::Notify(PeerId id, std::string message) {
@@ -538,12 +566,16 @@ ucs_status_t Engine::OnNotification(void* arg, const void*, size_t, void* data, 
 void Engine::ReapClosedEndpoints() {
   const Clock::time_point now = Clock::now();
   std::erase_if(retired_, [now](const auto& entry) { return now >= entry.second; });
-  std::erase_if(closing_, [now](Closing& entry) {
+  std::vector<PeerId> closed;
+  std::erase_if(closing_, [now, &closed](Closing& entry) {
     if (ucp_request_check_status(entry.request) == UCS_INPROGRESS && now < entry.give_up)
       return false;
     ucp_request_free(entry.request);  // UCX releases an unfinished one when it completes
-    return true;                      // drops the peer and, if it was the last holder, its worker
+    closed.push_back(entry.peer->id);
+    return true;  // drops the peer and, if it was the last holder, its worker
   });
+  // An abandoned close too: a batch must end, and its endpoint is not progressed any more.
+  for (PeerId id : closed) FinishOrphans(id);
 }
 
 void Engine::Shutdown() {

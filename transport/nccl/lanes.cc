@@ -84,13 +84,12 @@ Status Lanes::SettleAll(SteadyTime deadline) {
 Status Lanes::SettleLocked(Lane& lane, SteadyTime deadline) {
   if (!lane.in_flight) return Status::Ok();
   lane.in_flight = false;
-  std::vector<const gpu::CudaEvent*> then;
-  then.swap(lane.then);
-  KV_RETURN_IF_ERROR(lane.comm.WaitEnqueued(deadline, cancelled_));
-  for (const gpu::CudaEvent* event : then) {
-    KV_RETURN_IF_ERROR(event->Record(lane.stream.get()));
+  Status enqueued = lane.comm.WaitEnqueued(deadline, cancelled_);
+  for (const gpu::CudaEvent* event : lane.then) {
+    if (enqueued.ok()) enqueued = event->Record(lane.stream.get());
   }
-  return Status::Ok();
+  lane.then.clear();  // keeps its capacity: no allocation per launch
+  return enqueued;
 }
 
 void Lanes::Abort() {

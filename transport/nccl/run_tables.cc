@@ -91,7 +91,14 @@ Result<int> RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cud
   used.armed = false;
   const size_t runs = chunks.count();
   const size_t total_chunks = chunks.count() + groups.count();
-  std::vector<uint64_t> first(total_chunks), count(total_chunks), sizes(total_chunks);
+  // Filled in scratch vectors, then swapped with the buffer's: no allocation per batch once
+  // they have grown.
+  std::vector<uint64_t>& first = scratch_first_;
+  std::vector<uint64_t>& count = scratch_count_;
+  std::vector<uint64_t>& sizes = scratch_bytes_;
+  first.resize(total_chunks);
+  count.resize(total_chunks);
+  sizes.resize(total_chunks);
   uint64_t run_descriptors = 0, group_descriptors = 0;
   for (size_t k = 0; k < chunks.count(); ++k) {
     first[k] = run_descriptors;
@@ -122,9 +129,9 @@ Result<int> RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cud
     outgrown_.push_back(std::exchange(buffers_[current_], std::move(grown)));
   }
   Buffer& b = *buffers_[current_];
-  b.first = std::move(first);
-  b.count = std::move(count);
-  b.bytes = std::move(sizes);
+  b.first.swap(first);
+  b.count.swap(count);
+  b.bytes.swap(sizes);
   b.runs = runs;
   b.group_table = group_table;
   auto* host = static_cast<kernels::PlanCopyChunk*>(b.host);

@@ -68,6 +68,7 @@ class RunTables {
   const std::atomic<bool>& cancelled_;
   std::vector<std::unique_ptr<Buffer>> outgrown_;  // idle; destroyed after buffers_
   std::unique_ptr<Buffer> buffers_[kTableBuffers];
+  std::vector<uint64_t> scratch_first_, scratch_count_, scratch_bytes_;  // Load's, reused
   int current_ = kTableBuffers - 1;
 };
 

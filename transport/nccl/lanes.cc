@@ -74,13 +74,6 @@ Status Lanes::Settle(size_t lane, SteadyTime deadline) {
   return SettleLocked(*lanes_[lane], deadline);
 }
 
-Status Lanes::SettleAll(SteadyTime deadline) {
-  std::lock_guard lock(mu_);
-  if (aborted_) return Status::Aborted("nccl: link failed");
-  for (auto& lane : lanes_) KV_RETURN_IF_ERROR(SettleLocked(*lane, deadline));
-  return Status::Ok();
-}
-
 Status Lanes::SettleLocked(Lane& lane, SteadyTime deadline) {
   if (!lane.in_flight) return Status::Ok();
   lane.in_flight = false;

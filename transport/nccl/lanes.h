@@ -68,7 +68,6 @@ class Lanes {
 
   // Waits until the lane's launch in flight is enqueued and records its events.
   Status Settle(size_t lane, SteadyTime deadline);
-  Status SettleAll(SteadyTime deadline);
 
   // Aborts every communicator (their kernels stop); later calls fail with kAborted. The aborts run
   // at once, each on a thread of its own: ncclCommAbort raises its communicator's abort flag and

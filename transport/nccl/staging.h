@@ -50,9 +50,6 @@ class Staging {
   static Result<std::unique_ptr<Staging>> Create(const StagingOptions& options,
                                                  const std::atomic<bool>& cancelled);
 
-  uint64_t slot_bytes() const { return options_.slot_bytes; }
-  cudaStream_t copy_stream() const { return copy_stream_.get(); }
-
   // Enqueues the sends of `ranges` and the rows of `rows` of `base` on `lanes`: the staged ones
   // gathered in chunks of chunk_bytes ≤ slot_bytes (the ranges' chunks, then the rows'), ranges
   // of at least direct_bytes (not 0) straight from `base`. Everything is enqueued (or on its way

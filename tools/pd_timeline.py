@@ -40,7 +40,8 @@ def main():
     for e in events:
         number = re.search(r"(\d+)$", e[2])
         waves[int(number[1]) // args.window if number else 0].append(e)
-    print("wave  first want  first post  last post  last flushed  last notice  batches  "
+    print("wave  first request  last save  first want  first post  last post  last flushed  "
+          "last notice  batches  "
           "post->flushed p50/max  lag p50/max  data GB/s (first post..last flushed)")
     for w, es in sorted(waves.items()):
         t0 = es[0][0]
@@ -56,7 +57,8 @@ def main():
         span = max(last("flushed") - first("post"), 1)
         gbps = posted / span / 1e3
         p50 = lambda v: int(statistics.median(v)) if v else -1
-        print(f"{w:4}  {first('want'):10}  {first('post'):10}  {last('post'):9}  "
+        print(f"{w:4}  {first('request'):13}  {last('save'):9}  {first('want'):10}  "
+              f"{first('post'):10}  {last('post'):9}  "
               f"{last('flushed'):12}  {last('notice'):11}  {len(latency):7}  "
               f"{p50(latency):10}/{max(latency, default=-1):<10}  {p50(lag):5}/{max(lag, default=-1):<6}  "
               f"{gbps:.2f}")

@@ -26,8 +26,6 @@ std::string HostId() {
 SameHostChannel::SameHostChannel(std::string name, std::mutex* mu, Gone gone)
     : name_(std::move(name)), host_id_(HostId()), mu_(mu), gone_(std::move(gone)) {}
 
-SameHostChannel::~SameHostChannel() = default;
-
 Result<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(std::string name,
                                                                const std::string& socket_dir,
                                                                std::string_view tag, std::mutex* mu,
@@ -67,18 +65,6 @@ Result<PeerId> SameHostChannel::Connect(std::string_view address, SteadyTime dea
   return id;
 }
 
-void SameHostChannel::Disconnect(PeerId peer) {
-  const Status why = Status::Aborted(name_ + ": peer disconnected");
-  std::vector<Completion> failed;
-  {
-    std::lock_guard lock(*mu_);
-    if (peers_.erase(peer) == 0) return;
-    gone_(peer, why, &failed);
-  }
-  for (Completion& done : failed) done(why);
-  Wake();
-}
-
 Result<std::string> SameHostChannel::FdPathOf(PeerId peer) const {
   std::lock_guard lock(*mu_);
   auto it = peers_.find(peer);
@@ -108,7 +94,7 @@ void SameHostChannel::SendNote(PeerId peer, std::string_view note, SteadyTime de
     if (it == peers_.end() || it->second->dead) return;
     to = it->second;
   }
-  if (!to->socket.SendFrame(note, deadline).ok()) MarkDead(peer);
+  if (!to->socket.SendFrame(note, deadline).ok()) Drop(peer, /*forget=*/false);
 }
 
 void SameHostChannel::SetNotificationHandler(NotificationHandler handler) {
@@ -116,17 +102,23 @@ void SameHostChannel::SetNotificationHandler(NotificationHandler handler) {
   handler_ = std::move(handler);
 }
 
-void SameHostChannel::MarkDead(PeerId peer) {
-  const Status why = Status::Unavailable(name_ + ": peer process is gone");
+void SameHostChannel::Drop(PeerId peer, bool forget) {
+  const Status why = forget ? Status::Aborted(name_ + ": peer disconnected")
+                            : Status::Unavailable(name_ + ": peer process is gone");
   std::vector<Completion> failed;
   {
     std::lock_guard lock(*mu_);
     auto it = peers_.find(peer);
-    if (it == peers_.end() || it->second->dead) return;
-    it->second->dead = true;
+    if (it == peers_.end() || (!forget && it->second->dead)) return;
+    if (forget) {
+      peers_.erase(it);
+    } else {
+      it->second->dead = true;
+    }
     gone_(peer, why, &failed);
   }
   for (Completion& done : failed) done(why);
+  if (forget) Wake();  // Poll stops watching its connection
 }
 
 void SameHostChannel::Wake() {
@@ -199,7 +191,7 @@ void SameHostChannel::CheckOutgoing(PeerId peer) {
   char byte[256];
   ssize_t n = recv(out->socket.fd(), byte, sizeof(byte), MSG_DONTWAIT);
   if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
-  MarkDead(peer);
+  Drop(peer, /*forget=*/false);
 }
 
 }  // namespace kv::transport

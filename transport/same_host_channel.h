@@ -1,6 +1,7 @@
 // The side channel of the same-host backends (cuda_ipc, host_ipc): the unix socket a transport
 // listens on, one connection to each peer it connected to, and the fd server beside the socket
-// that hands the fds of its registered memory objects to peers (base/fd_share.h).
+// that hands the fds of its registered memory objects to peers (base/fd_share.h); with the
+// descriptors and registrations that name that fd server.
 //
 // Address: "<host id>|unix:<socket_dir>/kvd-<tag>-<pid>-<n>.sock"; the fd server listens at that
 // path + ".fd". A peer on another host (or this host booted again) is refused: its memory means
@@ -31,12 +32,14 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/fd_share.h"
@@ -68,6 +71,38 @@ void TakeJobsOf(Queue* queue, PeerId peer, std::vector<Completion>* failed) {
   }
 }
 
+// A registered region: what the backend packed for its peers' import_remote(), and the token under
+// which the channel's fd server serves the region's memory object to them (none: null server).
+// Deregistering stops serving the fd: peers that mapped the object keep their mappings; new imports
+// get kNotFound. Each backend derives its own final class, so that a batch naming another
+// backend's registration is told apart (dynamic_cast) and refused.
+class SameHostRegistration : public MemoryRegistration {
+ public:
+  SameHostRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed,
+                       std::shared_ptr<FdServer> fd_server, uint64_t fd_token)
+      : base_(base),
+        length_(length),
+        where_(where),
+        packed_(std::move(packed)),
+        fd_server_(std::move(fd_server)),
+        fd_token_(fd_token) {}
+  ~SameHostRegistration() override {
+    if (fd_server_) fd_server_->Remove(fd_token_);
+  }
+  void* base() const override { return base_; }
+  uint64_t length() const override { return length_; }
+  MemoryLocation location() const override { return where_; }
+  std::string packed_descriptor() const override { return packed_; }
+
+ private:
+  void* base_;
+  uint64_t length_;
+  MemoryLocation where_;
+  std::string packed_;
+  std::shared_ptr<FdServer> fd_server_;
+  uint64_t fd_token_;
+};
+
 class SameHostChannel {
  public:
   using Gone = std::function<void(PeerId peer, const Status& why, std::vector<Completion>* failed)>;
@@ -81,7 +116,7 @@ class SameHostChannel {
                                                        Gone gone);
   // Closes every connection. The caller has stopped calling Poll. The fd server lives on while
   // registrations hold it.
-  ~SameHostChannel();
+  ~SameHostChannel() = default;
   SameHostChannel(const SameHostChannel&) = delete;
   SameHostChannel& operator=(const SameHostChannel&) = delete;
 
@@ -90,12 +125,43 @@ class SameHostChannel {
   // Shared with the registrations whose fds it serves.
   const std::shared_ptr<FdServer>& fd_server() const { return fd_server_; }
 
+  // A descriptor's bytes (Wire: a backend's fixed-size struct with `char magic[8]`, `char
+  // fd_path[kFdPathBytes]` and `char host_id[kHostIdBytes]`): `wire` with `magic` and this host's
+  // id filled in.
+  template <typename Wire>
+  std::string Pack(Wire wire, const char (&magic)[8]) const {
+    std::memcpy(wire.magic, magic, sizeof(wire.magic));
+    std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
+    return std::string(reinterpret_cast<const char*>(&wire), sizeof(wire));
+  }
+  // The descriptor in `packed`, its strings NUL-terminated: kInvalidArgument for a blob of another
+  // size or magic, kIncompatible for one from another host. Its other fields are the caller's to
+  // check.
+  template <typename Wire>
+  Result<Wire> Unpack(std::string_view packed, const char (&magic)[8]) const {
+    if (packed.size() != sizeof(Wire)) {
+      return Status::InvalidArgument(name_ + " descriptor has " + std::to_string(packed.size()) +
+                                     " bytes, expected " + std::to_string(sizeof(Wire)));
+    }
+    Wire wire;
+    std::memcpy(&wire, packed.data(), sizeof(wire));
+    if (std::memcmp(wire.magic, magic, sizeof(wire.magic)) != 0) {
+      return Status::InvalidArgument("not a " + name_ + " descriptor");
+    }
+    wire.host_id[kHostIdBytes - 1] = '\0';
+    wire.fd_path[kFdPathBytes - 1] = '\0';
+    if (host_id_ != wire.host_id) {
+      return Status::Incompatible(name_ + " descriptor comes from another host");
+    }
+    return wire;
+  }
+
   // Connects to the side channel at `address` (another channel's address()) and numbers the peer.
   // kInvalidArgument for a malformed address, kIncompatible for another host's, and
   // Socket::Connect's errors (kUnavailable when nobody listens by `deadline`).
   Result<PeerId> Connect(std::string_view address, SteadyTime deadline);
   // Forgets `peer` and runs the gone hook with kAborted; nothing when it is unknown.
-  void Disconnect(PeerId peer);
+  void Disconnect(PeerId peer) { Drop(peer, /*forget=*/true); }
   // The path of `peer`'s fd server ("<its socket>.fd"); kNotFound when it is unknown.
   Result<std::string> FdPathOf(PeerId peer) const;
 
@@ -128,7 +194,8 @@ class SameHostChannel {
     FrameReader reader;
   };
   SameHostChannel(std::string name, std::mutex* mu, Gone gone);
-  void MarkDead(PeerId peer);
+  // Disconnect() (`forget`: the peer is erased) or the peer died (it is marked dead, once).
+  void Drop(PeerId peer, bool forget);
   // The peer never writes on the socket we opened, so readability there means it closed.
   void CheckOutgoing(PeerId peer);
   void ReadNotifications(const std::vector<pollfd>& fds);

@@ -94,7 +94,6 @@ class CudaIpcTransport final : public Transport {
     auto exported = gpu::ExportDeviceMemory(base, length, where.device);
     if (!exported.ok()) return exported.status().WithContext("cuda_ipc");
     WireDescriptor wire{};
-    std::memcpy(wire.magic, kMagic, sizeof(kMagic));
     wire.share = static_cast<uint32_t>(exported->kind);
     uint64_t token = 0;
     if (exported->kind == gpu::ShareKind::kPosixFd) {
@@ -111,10 +110,8 @@ class CudaIpcTransport final : public Transport {
     wire.offset = exported->offset;
     wire.length = length;
     wire.allocation_bytes = exported->allocation_bytes;
-    std::memcpy(wire.host_id, channel_->host_id().data(), channel_->host_id().size());
-    std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
     return std::unique_ptr<MemoryRegistration>(
-        new IpcRegistration(base, length, where, std::move(packed),
+        new IpcRegistration(base, length, where, channel_->Pack(wire, kMagic),
                             token != 0 ? channel_->fd_server() : nullptr, token));
   }
 
@@ -127,19 +124,7 @@ class CudaIpcTransport final : public Transport {
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override {
     KV_RETURN_IF_ERROR(channel_->FdPathOf(peer).status());  // kNotFound: an unknown peer
-    if (packed.size() != sizeof(WireDescriptor)) {
-      return Status::InvalidArgument("cuda_ipc descriptor has " + std::to_string(packed.size()) +
-                                     " bytes, expected " + std::to_string(sizeof(WireDescriptor)));
-    }
-    WireDescriptor wire;
-    std::memcpy(&wire, packed.data(), sizeof(wire));
-    if (std::memcmp(wire.magic, kMagic, sizeof(kMagic)) != 0) {
-      return Status::InvalidArgument("not a cuda_ipc descriptor");
-    }
-    wire.host_id[kHostIdBytes - 1] = '\0';
-    if (channel_->host_id() != wire.host_id) {
-      return Status::Incompatible("cuda_ipc descriptor comes from another host");
-    }
+    KV_ASSIGN_OR_RETURN(WireDescriptor wire, channel_->Unpack<WireDescriptor>(packed, kMagic));
     if (wire.length == 0 || wire.offset > wire.allocation_bytes ||
         wire.length > wire.allocation_bytes - wire.offset) {
       return Status::InvalidArgument("cuda_ipc descriptor range lies outside its allocation");
@@ -150,7 +135,6 @@ class CudaIpcTransport final : public Transport {
     }
     std::shared_ptr<gpu::IpcMemory> mapping;
     if (wire.share == static_cast<uint32_t>(gpu::ShareKind::kPosixFd)) {
-      wire.fd_path[kFdPathBytes - 1] = '\0';
       auto fd = kv::FetchFd(wire.fd_path, wire.fd_token, Clock::now() + connect_timeout_);
       if (!fd.ok()) return fd.status().WithContext("cuda_ipc: fetching a VMM region's fd");
       KV_ASSIGN_OR_RETURN(

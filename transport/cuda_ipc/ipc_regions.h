@@ -11,7 +11,6 @@
 
 #include "gpu/ipc_memory.h"
 #include "transport/same_host_channel.h"
-#include "transport/same_host_registration.h"
 #include "transport/transport.h"
 
 namespace kv::transport::cuda_ipc {

@@ -138,16 +138,13 @@ class HostIpcTransport final : public Transport {
     UniqueFd dup(fcntl(object.fd, F_DUPFD_CLOEXEC, 0));
     if (!dup.valid()) return Status::IoError("host_ipc: dup of the memory object's fd failed");
     WireDescriptor wire{};
-    std::memcpy(wire.magic, kMagic, sizeof(kMagic));
     const std::shared_ptr<FdServer>& fd_server = channel_->fd_server();
     std::memcpy(wire.fd_path, fd_server->path().data(), fd_server->path().size());  // fits (Open)
     wire.fd_token = fd_server->Add(std::move(dup));
     wire.offset = object.offset;
     wire.length = length;
-    std::memcpy(wire.host_id, channel_->host_id().data(), channel_->host_id().size());
-    std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
     return std::unique_ptr<MemoryRegistration>(new host_ipc::Registration(
-        base, length, where, std::move(packed), fd_server, wire.fd_token));
+        base, length, where, channel_->Pack(wire, kMagic), fd_server, wire.fd_token));
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {
@@ -159,20 +156,8 @@ class HostIpcTransport final : public Transport {
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override {
     KV_ASSIGN_OR_RETURN(const std::string fd_path, channel_->FdPathOf(peer));
-    if (packed.size() != sizeof(WireDescriptor)) {
-      return Status::InvalidArgument("host_ipc descriptor has " + std::to_string(packed.size()) +
-                                     " bytes, expected " + std::to_string(sizeof(WireDescriptor)));
-    }
-    WireDescriptor wire;
-    std::memcpy(&wire, packed.data(), sizeof(wire));
-    if (std::memcmp(wire.magic, kMagic, sizeof(kMagic)) != 0) {
-      return Status::InvalidArgument("not a host_ipc descriptor");
-    }
-    wire.host_id[kHostIdBytes - 1] = '\0';
-    if (channel_->host_id() != wire.host_id) {
-      return Status::Incompatible("host_ipc descriptor comes from another host");
-    }
-    wire.fd_path[kFdPathBytes - 1] = '\0';
+    KV_ASSIGN_OR_RETURN(const WireDescriptor wire,
+                        channel_->Unpack<WireDescriptor>(packed, kMagic));
     // Only the fd server beside the side channel this peer was connected on: a descriptor cannot
     // send this process to another socket of the host.
     if (fd_path != wire.fd_path) {

@@ -9,7 +9,6 @@
 
 #include "base/shared_memory.h"
 #include "transport/same_host_channel.h"
-#include "transport/same_host_registration.h"
 #include "transport/transport.h"
 
 namespace kv::transport::host_ipc {

@@ -75,7 +75,7 @@ void TakeJobsOf(Queue* queue, PeerId peer, std::vector<Completion>* failed) {
 // which the channel's fd server serves the region's memory object to them (none: null server).
 // Deregistering stops serving the fd: peers that mapped the object keep their mappings; new imports
 // get kNotFound. Each backend derives its own final class, so that a batch naming another
-// backend's registration is told apart (dynamic_cast) and refused.
+// backend's registration is told apart by its type and refused.
 class SameHostRegistration : public MemoryRegistration {
  public:
   SameHostRegistration(void* base, uint64_t length, MemoryLocation where, std::string packed,

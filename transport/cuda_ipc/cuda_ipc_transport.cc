@@ -98,9 +98,8 @@ class CudaIpcTransport final : public Transport {
     uint64_t token = 0;
     if (exported->kind == gpu::ShareKind::kPosixFd) {
       // A VMM allocation's fd cannot travel in the descriptor: peers fetch it from the channel's
-      // fd server.
+      // fd server, whose path fits (SameHostChannel::Open).
       const std::string& fd_path = channel_->fd_server()->path();
-      if (fd_path.size() >= kFdPathBytes) return Status::Internal("cuda_ipc: fd socket path");
       token = channel_->fd_server()->Add(std::move(exported->fd));
       wire.fd_token = token;
       std::memcpy(wire.fd_path, fd_path.data(), fd_path.size());

@@ -64,9 +64,11 @@ class HostIpcTransport final : public Transport {
     };
     KV_ASSIGN_OR_RETURN(channel_,
                         SameHostChannel::Open("host_ipc", socket_dir, "hipc", &mu_, gone));
+    // The side channel: accepts peers' connections, delivers their notifications, and watches the
+    // connections to peers for closing.
     progress_ = std::thread([this] {
       NameThisThread("hipc-progress");
-      ProgressLoop();
+      while (!stop_) channel_->Poll(std::chrono::milliseconds(50));
     });
     copy_thread_ = std::thread([this] {
       NameThisThread("hipc-copy");
@@ -302,12 +304,6 @@ class HostIpcTransport final : public Transport {
       if (!gate_.MayDeliver(job.peer, NoteGate::Ticket{job.first, job.seq})) return;
     }
     channel_->SendNote(job.peer, job.note, Clock::now() + connect_timeout_);  // a gone peer: none
-  }
-
-  // The side channel: accepts peers' connections, delivers their notifications, and watches the
-  // connections to peers for closing.
-  void ProgressLoop() {
-    while (!stop_) channel_->Poll(std::chrono::milliseconds(50));
   }
 
   const std::chrono::milliseconds connect_timeout_;

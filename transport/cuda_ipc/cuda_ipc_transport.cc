@@ -1,16 +1,11 @@
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 
 #include <cuda_runtime_api.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -19,29 +14,23 @@
 
 #include "base/fd_share.h"
 #include "base/framed_socket.h"
-#include "base/unique_fd.h"
 #include "gpu/cuda_util.h"
 #include "gpu/ipc_memory.h"
 #include "transport/cuda_ipc/ipc_regions.h"
 #include "transport/cuda_ipc/poster.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
+#include "transport/same_host_channel.h"
 #include "transport/settings.h"
 
 namespace kv::transport {
 namespace {
 
-using cuda_ipc::HostId;
 using cuda_ipc::IpcRegistration;
 using cuda_ipc::IpcRemote;
-using cuda_ipc::kFdPathBytes;
-using cuda_ipc::kHostIdBytes;
 using cuda_ipc::kMagic;
 using cuda_ipc::WireDescriptor;
 using gpu::CudaEvent;
-using kv::FrameReader;
-using kv::Listener;
-using kv::Socket;
 
 // Batches go round-robin onto the poster's streams, each with its own copier, so consecutive
 // batches may overlap on the device (one stream left the link idle between batches).
@@ -56,8 +45,7 @@ class CudaIpcTransport final : public Transport {
       : device_(device),
         connect_timeout_(connect_timeout),
         copy_path_(copy_path),
-        busy_poll_(busy_poll),
-        host_id_(HostId()) {}
+        busy_poll_(busy_poll) {}
 
   Status Start(const std::string& socket_dir) {
     KV_ASSIGN_OR_RETURN(
@@ -65,13 +53,15 @@ class CudaIpcTransport final : public Transport {
                                          [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
                                            OnLaunched(std::move(job), std::move(launch));
                                          }));
-    static std::atomic<int> counter{0};
-    std::string path = socket_dir + "/kvd-ipc-" + std::to_string(getpid()) + "-" +
-                       std::to_string(counter++) + ".sock";
-    KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("unix:" + path));
-    KV_ASSIGN_OR_RETURN(fd_server_, kv::FdServer::Start(path + ".fd"));
-    wake_fd_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!wake_fd_.valid()) return Status::IoError("eventfd failed");
+    // A peer gone: its batches in pending_ fail with `why` once their events fired, its notes
+    // there are dropped, and its jobs still queued at the poster never launch. (Taking them under
+    // mu_ keeps post()'s lock order: mu_, then the poster's.)
+    auto gone = [this](PeerId peer, const Status& why, std::vector<Completion>* failed) {
+      FailPendingOf(peer, why);
+      gate_.ForgetPeer(peer);
+      poster_->TakeQueued(peer, failed);
+    };
+    KV_ASSIGN_OR_RETURN(channel_, SameHostChannel::Open("cuda_ipc", socket_dir, "ipc", &mu_, gone));
     progress_ = std::thread([this] { ProgressLoop(); });
     return Status::Ok();
   }
@@ -81,7 +71,7 @@ class CudaIpcTransport final : public Transport {
     // lands in pending_, and its destructor waits, bounded, for the copies still writing into
     // peer mappings before those batches fail here.
     stop_ = true;
-    Wake();
+    if (channel_) channel_->Wake();
     if (progress_.joinable()) progress_.join();
     poster_.reset();
     for (Pending& p : pending_) {
@@ -90,7 +80,7 @@ class CudaIpcTransport final : public Transport {
   }
 
   std::string_view name() const override { return "cuda_ipc"; }
-  std::string address() const override { return host_id_ + "|" + listener_.endpoint(); }
+  std::string address() const override { return channel_->address(); }
   bool supports(MemoryKind kind) const override { return kind == MemoryKind::kCuda; }
   bool takes_run_groups() const override { return true; }
 
@@ -104,14 +94,13 @@ class CudaIpcTransport final : public Transport {
     auto exported = gpu::ExportDeviceMemory(base, length, where.device);
     if (!exported.ok()) return exported.status().WithContext("cuda_ipc");
     WireDescriptor wire{};
-    std::memcpy(wire.magic, kMagic, sizeof(kMagic));
     wire.share = static_cast<uint32_t>(exported->kind);
     uint64_t token = 0;
     if (exported->kind == gpu::ShareKind::kPosixFd) {
-      // A VMM allocation's fd cannot travel in the descriptor: peers fetch it from fd_server_.
-      const std::string& fd_path = fd_server_->path();
-      if (fd_path.size() >= kFdPathBytes) return Status::Internal("cuda_ipc: fd socket path");
-      token = fd_server_->Add(std::move(exported->fd));
+      // A VMM allocation's fd cannot travel in the descriptor: peers fetch it from the channel's
+      // fd server, whose path fits (SameHostChannel::Open).
+      const std::string& fd_path = channel_->fd_server()->path();
+      token = channel_->fd_server()->Add(std::move(exported->fd));
       wire.fd_token = token;
       std::memcpy(wire.fd_path, fd_path.data(), fd_path.size());
     } else {
@@ -120,63 +109,21 @@ class CudaIpcTransport final : public Transport {
     wire.offset = exported->offset;
     wire.length = length;
     wire.allocation_bytes = exported->allocation_bytes;
-    std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
-    std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
-    return std::unique_ptr<MemoryRegistration>(new IpcRegistration(
-        base, length, where, std::move(packed), token != 0 ? fd_server_ : nullptr, token));
+    return std::unique_ptr<MemoryRegistration>(
+        new IpcRegistration(base, length, where, channel_->Pack(wire, kMagic),
+                            token != 0 ? channel_->fd_server() : nullptr, token));
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {
-    size_t bar = peer_address.find('|');
-    if (bar == std::string_view::npos) {
-      return Status::InvalidArgument("cuda_ipc address must be '<host id>|unix:<path>'");
-    }
-    if (peer_address.substr(0, bar) != host_id_) {
-      return Status::Incompatible("cuda_ipc peer is on another host (or booted differently)");
-    }
-    KV_ASSIGN_OR_RETURN(Socket socket, Socket::Connect(peer_address.substr(bar + 1),
-                                                       Clock::now() + connect_timeout_));
-    auto peer = std::make_shared<Peer>();
-    peer->socket = std::move(socket);
-    std::lock_guard lock(mu_);
-    PeerId id = next_peer_++;
-    peers_[id] = std::move(peer);
-    Wake();
-    return id;
+    return channel_->Connect(peer_address, Clock::now() + connect_timeout_);
   }
 
-  void disconnect(PeerId peer) override {
-    std::vector<Completion> failed;
-    {
-      std::lock_guard lock(mu_);
-      if (peers_.erase(peer) == 0) return;
-      FailPendingOf(peer, Status::Aborted("cuda_ipc: peer disconnected"));
-      gate_.ForgetPeer(peer);
-    }
-    poster_->TakeQueued(peer, &failed);  // never launched: nothing of them runs
-    for (Completion& done : failed) done(Status::Aborted("cuda_ipc: peer disconnected"));
-    Wake();
-  }
+  void disconnect(PeerId peer) override { channel_->Disconnect(peer); }
 
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override {
-    {
-      std::lock_guard lock(mu_);
-      if (peers_.count(peer) == 0) return Status::NotFound("cuda_ipc: unknown peer");
-    }
-    if (packed.size() != sizeof(WireDescriptor)) {
-      return Status::InvalidArgument("cuda_ipc descriptor has " + std::to_string(packed.size()) +
-                                     " bytes, expected " + std::to_string(sizeof(WireDescriptor)));
-    }
-    WireDescriptor wire;
-    std::memcpy(&wire, packed.data(), sizeof(wire));
-    if (std::memcmp(wire.magic, kMagic, sizeof(kMagic)) != 0) {
-      return Status::InvalidArgument("not a cuda_ipc descriptor");
-    }
-    wire.host_id[kHostIdBytes - 1] = '\0';
-    if (host_id_ != wire.host_id) {
-      return Status::Incompatible("cuda_ipc descriptor comes from another host");
-    }
+    KV_RETURN_IF_ERROR(channel_->FdPathOf(peer).status());  // kNotFound: an unknown peer
+    KV_ASSIGN_OR_RETURN(WireDescriptor wire, channel_->Unpack<WireDescriptor>(packed, kMagic));
     if (wire.length == 0 || wire.offset > wire.allocation_bytes ||
         wire.length > wire.allocation_bytes - wire.offset) {
       return Status::InvalidArgument("cuda_ipc descriptor range lies outside its allocation");
@@ -187,7 +134,6 @@ class CudaIpcTransport final : public Transport {
     }
     std::shared_ptr<gpu::IpcMemory> mapping;
     if (wire.share == static_cast<uint32_t>(gpu::ShareKind::kPosixFd)) {
-      wire.fd_path[kFdPathBytes - 1] = '\0';
       auto fd = kv::FetchFd(wire.fd_path, wire.fd_token, Clock::now() + connect_timeout_);
       if (!fd.ok()) return fd.status().WithContext("cuda_ipc: fetching a VMM region's fd");
       KV_ASSIGN_OR_RETURN(
@@ -228,7 +174,7 @@ class CudaIpcTransport final : public Transport {
     job.done = std::move(done);
     // Numbered and queued under one lock: the poster's order is the gate's.
     std::lock_guard lock(mu_);
-    KV_RETURN_IF_ERROR(CheckPeerLocked(job.peer));
+    KV_RETURN_IF_ERROR(channel_->CheckPeerLocked(job.peer));
     job.seq = gate_.BatchPosted(job.peer);
     poster_->Submit(std::move(job));
     return Status::Ok();
@@ -244,7 +190,7 @@ class CudaIpcTransport final : public Transport {
     job.deadline = Clock::now() + connect_timeout_;
     job.note = std::move(message);
     std::lock_guard lock(mu_);
-    KV_RETURN_IF_ERROR(CheckPeerLocked(peer));
+    KV_RETURN_IF_ERROR(channel_->CheckPeerLocked(peer));
     const NoteGate::Ticket ticket = gate_.NotePosted(peer);
     job.first = ticket.first;
     job.seq = ticket.last;
@@ -253,15 +199,10 @@ class CudaIpcTransport final : public Transport {
   }
 
   void set_notification_handler(NotificationHandler handler) override {
-    std::lock_guard lock(mu_);
-    handler_ = std::move(handler);
+    channel_->SetNotificationHandler(std::move(handler));
   }
 
  private:
-  struct Peer {
-    Socket socket;
-    bool dead = false;  // guarded by mu_
-  };
   // A batch on the stream, or a notification waiting for the batches posted before it (the gate
   // knows them).
   struct Pending {
@@ -276,13 +217,6 @@ class CudaIpcTransport final : public Transport {
     uint64_t seq = 0, first = 0;         // the gate's: a batch's number; a note's Ticket
   };
 
-  Status CheckPeerLocked(PeerId peer) const {
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status::NotFound("cuda_ipc: peer not connected");
-    if (it->second->dead) return Status::Unavailable("cuda_ipc: peer is gone");
-    return Status::Ok();
-  }
-
   // On the poster's thread, in launch order (submission order, except that a batch taken into
   // another's launch goes with it): the batch's copies are enqueued (or failed), or the note's
   // turn came; either now waits in pending_ for the progress thread.
@@ -290,10 +224,7 @@ class CudaIpcTransport final : public Transport {
     Status failed = Status::Ok();  // a batch that completes here, with this
     {
       std::lock_guard lock(mu_);
-      auto it = peers_.find(job.peer);
-      Status gone = it == peers_.end() ? Status::Aborted("cuda_ipc: peer disconnected")
-                    : it->second->dead ? Status::Unavailable("cuda_ipc: peer process is gone")
-                                       : Status::Ok();
+      Status gone = channel_->GoneLocked(job.peer);
       if (!gone.ok() && (job.is_note || launch.event.get() == nullptr)) {
         failed = std::move(gone);  // a note goes nowhere; a batch without an event never ran
       } else if (job.is_note) {
@@ -326,16 +257,7 @@ class CudaIpcTransport final : public Transport {
       if (job.done) job.done(std::move(failed));
       return;
     }
-    Wake();  // the progress thread starts watching the batch's event, or the note, now
-  }
-  struct Incoming {
-    Socket socket;
-    FrameReader reader;
-  };
-
-  void Wake() {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
+    channel_->Wake();  // the progress thread starts watching the batch's event, or the note, now
   }
 
   // Makes `why` the outcome of `peer`'s batches in pending_ and drops its notes (caller holds
@@ -355,25 +277,16 @@ class CudaIpcTransport final : public Transport {
     }
   }
 
+  // The side channel's passes (same_host_channel.h), each followed by a look at pending_.
   void ProgressLoop() {
-    std::vector<Incoming> incoming;
     Clock::time_point last_progress = Clock::now();
     bool progressed = false;  // a batch was posted or completed since the last pass
     while (!stop_) {
-      std::vector<std::pair<PeerId, std::shared_ptr<Peer>>> outgoing;
       bool busy = false;
       {
         std::lock_guard lock(mu_);
-        for (auto& [id, peer] : peers_) {
-          if (!peer->dead) outgoing.emplace_back(id, peer);
-        }
         busy = !pending_.empty();
       }
-      std::vector<pollfd> fds;
-      fds.push_back({wake_fd_.get(), POLLIN, 0});
-      fds.push_back({listener_.fd(), POLLIN, 0});
-      for (Incoming& in : incoming) fds.push_back({in.socket.fd(), POLLIN, 0});
-      for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
       // With batches in flight the loop does not sleep: it queries their events on every pass,
       // so a finished copy completes within microseconds (a host function behind each copy woke
       // it far later: benchmarks/gpu.md, run 3). After kSpinWindow without progress (a batch gated
@@ -382,80 +295,15 @@ class CudaIpcTransport final : public Transport {
       const auto now = Clock::now();
       if (!busy || progressed) last_progress = now;
       const bool spin = busy && now - last_progress < kSpinWindow;
-      timespec wait{};
-      wait.tv_nsec = !busy ? 50'000'000 : spin ? 0 : 100'000;
-      ppoll(fds.data(), fds.size(), &wait, nullptr);
-
-      uint64_t drained;
-      progressed = false;
-      while (read(wake_fd_.get(), &drained, sizeof(drained)) > 0) progressed = true;
-      const size_t polled_in = incoming.size();
-      for (size_t i = 0; i < outgoing.size(); ++i) {
-        if (fds[2 + polled_in + i].revents != 0) CheckOutgoing(outgoing[i].first);
-      }
-      ReadNotifications(fds, &incoming);
-      while (true) {
-        auto accepted = listener_.Accept();
-        if (!accepted.ok() || !accepted->valid()) break;
-        incoming.push_back(Incoming{std::move(accepted).value(), {}});
-      }
+      progressed = channel_->Poll(std::chrono::microseconds(!busy ? 50'000 : spin ? 0 : 100));
       progressed |= CompleteReady();
     }
-  }
-
-  // Delivers every complete notification; drops connections that closed. Backwards, so erasing
-  // keeps the pollfd indices of the entries still to visit.
-  void ReadNotifications(const std::vector<pollfd>& fds, std::vector<Incoming>* incoming) {
-    NotificationHandler handler;
-    {
-      std::lock_guard lock(mu_);
-      handler = handler_;
-    }
-    for (size_t i = incoming->size(); i-- > 0;) {
-      if (fds[2 + i].revents == 0) continue;
-      Incoming& in = (*incoming)[i];
-      Status read = in.reader.ReadAvailable(in.socket.fd());
-      while (auto frame = in.reader.Next()) {
-        if (handler) handler(*frame);
-      }
-      if (!read.ok()) incoming->erase(incoming->begin() + static_cast<std::ptrdiff_t>(i));
-    }
-  }
-
-  // The peer never writes on the socket we opened, so readability there means it closed.
-  void CheckOutgoing(PeerId id) {
-    std::shared_ptr<Peer> peer;
-    {
-      std::lock_guard lock(mu_);
-      auto it = peers_.find(id);
-      if (it == peers_.end()) return;
-      peer = it->second;
-    }
-    char byte[256];
-    ssize_t n = recv(peer->socket.fd(), byte, sizeof(byte), MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
-    MarkDead(id);
-  }
-
-  void MarkDead(PeerId id) {
-    std::vector<Completion> failed;
-    {
-      std::lock_guard lock(mu_);
-      auto it = peers_.find(id);
-      if (it == peers_.end() || it->second->dead) return;
-      it->second->dead = true;
-      FailPendingOf(id, Status::Unavailable("cuda_ipc: peer process is gone"));
-      gate_.ForgetPeer(id);
-    }
-    poster_->TakeQueued(id, &failed);  // never launched: nothing of them runs
-    for (Completion& done : failed) done(Status::Unavailable("cuda_ipc: peer process is gone"));
   }
 
   // Returns whether any batch finished (or failed).
   bool CompleteReady() {
     std::vector<std::pair<Completion, Status>> finished;
-    std::vector<std::pair<std::shared_ptr<Peer>, Pending>> notes;
-    std::vector<PeerId> dead;
+    std::vector<Pending> notes;
     std::vector<CudaEvent> spare;
     {
       std::lock_guard lock(mu_);
@@ -474,10 +322,7 @@ class CudaIpcTransport final : public Transport {
             continue;
           }
           // Dropped when a batch it waited on failed (note_gate.h).
-          auto peer = peers_.find(it->peer);
-          if (peer != peers_.end() && gate_.MayDeliver(it->peer, ticket)) {
-            notes.emplace_back(peer->second, std::move(*it));
-          }
+          if (gate_.MayDeliver(it->peer, ticket)) notes.push_back(std::move(*it));
           it = pending_.erase(it);
           continue;
         }
@@ -499,10 +344,8 @@ class CudaIpcTransport final : public Transport {
     }
     for (CudaEvent& event : spare) poster_->Recycle(std::move(event));
     for (auto& [done, status] : finished) done(std::move(status));
-    for (auto& [peer, note] : notes) {
-      if (!peer->socket.SendFrame(note.note, note.deadline).ok()) dead.push_back(note.peer);
-    }
-    for (PeerId id : dead) MarkDead(id);
+    // A peer gone by now gets none; one whose send fails is dead from then on.
+    for (Pending& note : notes) channel_->SendNote(note.peer, note.note, note.deadline);
     return !finished.empty();
   }
 
@@ -510,21 +353,15 @@ class CudaIpcTransport final : public Transport {
   const std::chrono::milliseconds connect_timeout_;
   const std::optional<kernels::CopyPath> copy_path_;
   const bool busy_poll_;
-  const std::string host_id_;
-  Listener listener_;
-  std::shared_ptr<kv::FdServer> fd_server_;  // shared with the VMM registrations it serves
-  UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::thread progress_;
   std::unique_ptr<cuda_ipc::Poster>
       poster_;  // its thread calls OnLaunched: reset in the destructor
 
   std::mutex mu_;
-  std::map<PeerId, std::shared_ptr<Peer>> peers_;
-  PeerId next_peer_ = 1;
+  std::unique_ptr<SameHostChannel> channel_;  // its peers guarded by mu_; Poll is progress_'s
   std::deque<Pending> pending_;
   NoteGate gate_;  // guarded by mu_
-  NotificationHandler handler_;
 };
 
 }  // namespace

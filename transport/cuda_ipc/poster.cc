@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/thread_name.h"
+#include "transport/same_host_channel.h"
 
 namespace kv::transport::cuda_ipc {
 
@@ -76,14 +77,7 @@ void Poster::Submit(PostJob job) {
 
 void Poster::TakeQueued(PeerId peer, std::vector<Completion>* failed) {
   std::lock_guard lock(mu_);
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    if (it->peer != peer) {
-      ++it;
-      continue;
-    }
-    if (!it->is_note && it->done) failed->push_back(std::move(it->done));
-    it = queue_.erase(it);
-  }
+  TakeJobsOf(&queue_, peer, failed);
 }
 
 void Poster::Recycle(CudaEvent event) {

@@ -20,6 +20,7 @@
 #include "tests/support/test_support.h"
 #include "transport/host_ipc/copier.h"
 #include "transport/host_ipc/regions.h"
+#include "transport/same_host_channel.h"
 #include "transport/transport.h"
 
 namespace kv::transport {
@@ -61,7 +62,7 @@ class FakePeer {
     EXPECT_TRUE(server.ok()) << server.status().ToString();
     if (server.ok()) server_ = std::move(*server);
   }
-  std::string address() const { return host_ipc::HostId() + "|unix:" + path_; }
+  std::string address() const { return HostId() + "|unix:" + path_; }
   // The connection the importer opened, once it came (bounded).
   Socket Accept() {
     const auto deadline = Clock::now() + 10s;
@@ -81,7 +82,7 @@ class FakePeer {
     std::memcpy(wire.fd_path, fd_path.data(), fd_path.size());
     wire.offset = offset;
     wire.length = length;
-    const std::string host = host_ipc::HostId();
+    const std::string host = HostId();
     std::memcpy(wire.host_id, host.data(), host.size());
     return std::string(reinterpret_cast<const char*>(&wire), sizeof(wire));
   }

@@ -1,17 +1,12 @@
 #include "transport/host_ipc/host_ipc_transport.h"
 
 #include <fcntl.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -24,13 +19,12 @@
 #include "transport/host_ipc/regions.h"
 #include "transport/note_gate.h"
 #include "transport/run_check.h"
+#include "transport/same_host_channel.h"
 #include "transport/settings.h"
 
 namespace kv::transport {
 namespace {
 
-using host_ipc::kFdPathBytes;
-using host_ipc::kHostIdBytes;
 using host_ipc::kMagic;
 using host_ipc::WireDescriptor;
 
@@ -59,22 +53,22 @@ constexpr uint64_t kMaxDeferredBytes = 8 << 20;
 class HostIpcTransport final : public Transport {
  public:
   HostIpcTransport(std::chrono::milliseconds connect_timeout, int copy_threads)
-      : connect_timeout_(connect_timeout), host_id_(host_ipc::HostId()), copier_(copy_threads) {}
+      : connect_timeout_(connect_timeout), copier_(copy_threads) {}
 
   Status Start(const std::string& socket_dir) {
-    static std::atomic<int> counter{0};
-    std::string path = socket_dir + "/kvd-hipc-" + std::to_string(getpid()) + "-" +
-                       std::to_string(counter++) + ".sock";
-    if (path.size() + 3 >= kFdPathBytes) {
-      return Status::InvalidArgument("host_ipc: socket_dir '" + socket_dir + "' is too long");
-    }
-    KV_ASSIGN_OR_RETURN(listener_, Listener::Listen("unix:" + path));
-    KV_ASSIGN_OR_RETURN(fd_server_, FdServer::Start(path + ".fd"));
-    wake_fd_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!wake_fd_.valid()) return Status::IoError("host_ipc: eventfd failed");
+    // A peer gone: its queued jobs never run (their batches fail with the channel's status), and
+    // its notes go nowhere.
+    auto gone = [this](PeerId peer, const Status&, std::vector<Completion>* failed) {
+      TakeJobsOf(&queue_, peer, failed);
+      gate_.ForgetPeer(peer);
+    };
+    KV_ASSIGN_OR_RETURN(channel_,
+                        SameHostChannel::Open("host_ipc", socket_dir, "hipc", &mu_, gone));
+    // The side channel: accepts peers' connections, delivers their notifications, and watches the
+    // connections to peers for closing.
     progress_ = std::thread([this] {
       NameThisThread("hipc-progress");
-      ProgressLoop();
+      while (!stop_) channel_->Poll(std::chrono::milliseconds(50));
     });
     copy_thread_ = std::thread([this] {
       NameThisThread("hipc-copy");
@@ -91,7 +85,7 @@ class HostIpcTransport final : public Transport {
       left.swap(queue_);
     }
     work_.notify_all();
-    Wake();
+    if (channel_) channel_->Wake();
     // The copy thread finishes the copy in hand (it completes it), then stops.
     if (copy_thread_.joinable()) copy_thread_.join();
     if (progress_.joinable()) progress_.join();
@@ -101,7 +95,7 @@ class HostIpcTransport final : public Transport {
   }
 
   std::string_view name() const override { return "host_ipc"; }
-  std::string address() const override { return host_id_ + "|" + listener_.endpoint(); }
+  std::string address() const override { return channel_->address(); }
   bool supports(MemoryKind kind) const override { return kind == MemoryKind::kHost; }
   bool takes_run_groups() const override { return true; }
 
@@ -146,73 +140,26 @@ class HostIpcTransport final : public Transport {
     UniqueFd dup(fcntl(object.fd, F_DUPFD_CLOEXEC, 0));
     if (!dup.valid()) return Status::IoError("host_ipc: dup of the memory object's fd failed");
     WireDescriptor wire{};
-    std::memcpy(wire.magic, kMagic, sizeof(kMagic));
-    const std::string& fd_path = fd_server_->path();
-    std::memcpy(wire.fd_path, fd_path.data(), fd_path.size());  // checked short in Start
-    wire.fd_token = fd_server_->Add(std::move(dup));
+    const std::shared_ptr<FdServer>& fd_server = channel_->fd_server();
+    std::memcpy(wire.fd_path, fd_server->path().data(), fd_server->path().size());  // fits (Open)
+    wire.fd_token = fd_server->Add(std::move(dup));
     wire.offset = object.offset;
     wire.length = length;
-    std::memcpy(wire.host_id, host_id_.data(), host_id_.size());
-    std::string packed(reinterpret_cast<const char*>(&wire), sizeof(wire));
     return std::unique_ptr<MemoryRegistration>(new host_ipc::Registration(
-        base, length, where, std::move(packed), fd_server_, wire.fd_token));
+        base, length, where, channel_->Pack(wire, kMagic), fd_server, wire.fd_token));
   }
 
   Result<PeerId> connect(std::string_view peer_address) override {
-    size_t bar = peer_address.find('|');
-    if (bar == std::string_view::npos || peer_address.substr(bar + 1, 5) != "unix:") {
-      return Status::InvalidArgument("host_ipc address must be '<host id>|unix:<path>'");
-    }
-    if (peer_address.substr(0, bar) != host_id_) {
-      return Status::Incompatible("host_ipc peer is on another host (or booted differently)");
-    }
-    const std::string endpoint(peer_address.substr(bar + 1));
-    KV_ASSIGN_OR_RETURN(Socket socket, Socket::Connect(endpoint, Clock::now() + connect_timeout_));
-    auto peer = std::make_shared<Peer>();
-    peer->socket = std::move(socket);
-    peer->fd_path = endpoint.substr(5) + ".fd";
-    std::lock_guard lock(mu_);
-    PeerId id = next_peer_++;
-    peers_[id] = std::move(peer);
-    Wake();
-    return id;
+    return channel_->Connect(peer_address, Clock::now() + connect_timeout_);
   }
 
-  void disconnect(PeerId peer) override {
-    std::vector<Completion> failed;
-    {
-      std::lock_guard lock(mu_);
-      if (peers_.erase(peer) == 0) return;
-      TakeQueuedLocked(peer, &failed);  // not started: nothing of them runs
-      gate_.ForgetPeer(peer);
-    }
-    for (Completion& done : failed) done(Status::Aborted("host_ipc: peer disconnected"));
-    Wake();
-  }
+  void disconnect(PeerId peer) override { channel_->Disconnect(peer); }
 
   Result<std::unique_ptr<RemoteMemory>> import_remote(PeerId peer,
                                                       std::string_view packed) override {
-    std::string fd_path;
-    {
-      std::lock_guard lock(mu_);
-      auto it = peers_.find(peer);
-      if (it == peers_.end()) return Status::NotFound("host_ipc: unknown peer");
-      fd_path = it->second->fd_path;
-    }
-    if (packed.size() != sizeof(WireDescriptor)) {
-      return Status::InvalidArgument("host_ipc descriptor has " + std::to_string(packed.size()) +
-                                     " bytes, expected " + std::to_string(sizeof(WireDescriptor)));
-    }
-    WireDescriptor wire;
-    std::memcpy(&wire, packed.data(), sizeof(wire));
-    if (std::memcmp(wire.magic, kMagic, sizeof(kMagic)) != 0) {
-      return Status::InvalidArgument("not a host_ipc descriptor");
-    }
-    wire.host_id[kHostIdBytes - 1] = '\0';
-    if (host_id_ != wire.host_id) {
-      return Status::Incompatible("host_ipc descriptor comes from another host");
-    }
-    wire.fd_path[kFdPathBytes - 1] = '\0';
+    KV_ASSIGN_OR_RETURN(const std::string fd_path, channel_->FdPathOf(peer));
+    KV_ASSIGN_OR_RETURN(const WireDescriptor wire,
+                        channel_->Unpack<WireDescriptor>(packed, kMagic));
     // Only the fd server beside the side channel this peer was connected on: a descriptor cannot
     // send this process to another socket of the host.
     if (fd_path != wire.fd_path) {
@@ -251,7 +198,7 @@ class HostIpcTransport final : public Transport {
     job.done = std::move(done);
     {
       std::lock_guard lock(mu_);
-      KV_RETURN_IF_ERROR(CheckPeerLocked(job.peer));
+      KV_RETURN_IF_ERROR(channel_->CheckPeerLocked(job.peer));
       job.seq = gate_.BatchPosted(job.peer);
       queue_.push_back(std::move(job));
     }
@@ -269,7 +216,7 @@ class HostIpcTransport final : public Transport {
     job.note = std::move(message);
     {
       std::lock_guard lock(mu_);
-      KV_RETURN_IF_ERROR(CheckPeerLocked(peer));
+      KV_RETURN_IF_ERROR(channel_->CheckPeerLocked(peer));
       const NoteGate::Ticket ticket = gate_.NotePosted(peer);
       job.first = ticket.first;
       job.seq = ticket.last;
@@ -280,46 +227,10 @@ class HostIpcTransport final : public Transport {
   }
 
   void set_notification_handler(NotificationHandler handler) override {
-    std::lock_guard lock(mu_);
-    handler_ = std::move(handler);
+    channel_->SetNotificationHandler(std::move(handler));
   }
 
  private:
-  struct Peer {
-    Socket socket;
-    std::string fd_path;  // the peer's fd server: "<its socket>.fd"
-    bool dead = false;    // guarded by mu_
-  };
-  struct Incoming {
-    Socket socket;
-    FrameReader reader;
-  };
-
-  Status CheckPeerLocked(PeerId peer) const {
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status::NotFound("host_ipc: peer not connected");
-    if (it->second->dead) return Status::Unavailable("host_ipc: peer is gone");
-    return Status::Ok();
-  }
-
-  // Removes `peer`'s queued jobs, adding their batches' completions to *failed (caller holds mu_).
-  void TakeQueuedLocked(PeerId peer, std::vector<Completion>* failed) {
-    for (auto it = queue_.begin(); it != queue_.end();) {
-      if (it->peer != peer) {
-        ++it;
-        continue;
-      }
-      if (!it->is_note && it->done) failed->push_back(std::move(it->done));
-      it = queue_.erase(it);
-    }
-  }
-
-  void Wake() {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
-  }
-
-  // The copy thread: runs the queue in order.
   // Completions of batches copied, not yet called, in copy order (the copy thread's).
   struct Finished {
     Completion done;
@@ -374,16 +285,12 @@ class HostIpcTransport final : public Transport {
       for (const Run& r : job.runs) bytes += r.length;
       for (const RunGroup& g : job.groups) bytes += g.count * g.length;
     }
-    Status& status = job.status;
     {
       std::lock_guard lock(mu_);
-      auto it = peers_.find(job.peer);
       // A peer that went while the copy ran: the copy is over, and the batch fails as its queued
       // companions did.
-      if (status.ok() && it == peers_.end())
-        status = Status::Aborted("host_ipc: peer disconnected");
-      if (status.ok() && it->second->dead) status = Status::Unavailable("host_ipc: peer is gone");
-      if (it != peers_.end()) gate_.BatchDone(job.peer, job.seq, status.ok());
+      if (job.status.ok()) job.status = channel_->GoneLocked(job.peer);
+      gate_.BatchDone(job.peer, job.seq, job.status.ok());  // a peer gone is forgotten: no-op
     }
     job.mapping.reset();  // before the caller learns of it: the last user unmaps here
     return bytes;
@@ -391,119 +298,25 @@ class HostIpcTransport final : public Transport {
 
   // At its turn every batch before it finished (one thread runs the queue in order).
   void SendNote(Job job) {
-    std::shared_ptr<Peer> peer;
     {
       std::lock_guard lock(mu_);
-      auto it = peers_.find(job.peer);
-      if (it == peers_.end() || it->second->dead) return;
       // Dropped when a batch it follows failed (note_gate.h).
       if (!gate_.MayDeliver(job.peer, NoteGate::Ticket{job.first, job.seq})) return;
-      peer = it->second;
     }
-    if (!peer->socket.SendFrame(job.note, Clock::now() + connect_timeout_).ok()) {
-      MarkDead(job.peer);
-    }
-  }
-
-  void MarkDead(PeerId id) {
-    std::vector<Completion> failed;
-    {
-      std::lock_guard lock(mu_);
-      auto it = peers_.find(id);
-      if (it == peers_.end() || it->second->dead) return;
-      it->second->dead = true;
-      TakeQueuedLocked(id, &failed);
-      gate_.ForgetPeer(id);
-    }
-    for (Completion& done : failed) done(Status::Unavailable("host_ipc: peer process is gone"));
-  }
-
-  // The side channel: accepts peers' connections, delivers their notifications, and watches the
-  // connections to peers for closing.
-  void ProgressLoop() {
-    std::vector<Incoming> incoming;
-    while (!stop_) {
-      std::vector<std::pair<PeerId, std::shared_ptr<Peer>>> outgoing;
-      {
-        std::lock_guard lock(mu_);
-        for (auto& [id, peer] : peers_) {
-          if (!peer->dead) outgoing.emplace_back(id, peer);
-        }
-      }
-      std::vector<pollfd> fds;
-      fds.push_back({wake_fd_.get(), POLLIN, 0});
-      fds.push_back({listener_.fd(), POLLIN, 0});
-      for (Incoming& in : incoming) fds.push_back({in.socket.fd(), POLLIN, 0});
-      for (auto& out : outgoing) fds.push_back({out.second->socket.fd(), POLLIN, 0});
-      poll(fds.data(), fds.size(), 50);
-
-      uint64_t drained;
-      while (read(wake_fd_.get(), &drained, sizeof(drained)) > 0) {
-      }
-      const size_t polled_in = incoming.size();
-      for (size_t i = 0; i < outgoing.size(); ++i) {
-        if (fds[2 + polled_in + i].revents != 0) CheckOutgoing(outgoing[i].first);
-      }
-      ReadNotifications(fds, &incoming);
-      while (true) {
-        auto accepted = listener_.Accept();
-        if (!accepted.ok() || !accepted->valid()) break;
-        incoming.push_back(Incoming{std::move(accepted).value(), {}});
-      }
-    }
-  }
-
-  // Delivers every complete notification; drops connections that closed. Backwards, so erasing
-  // keeps the pollfd indices of the entries still to visit.
-  void ReadNotifications(const std::vector<pollfd>& fds, std::vector<Incoming>* incoming) {
-    NotificationHandler handler;
-    {
-      std::lock_guard lock(mu_);
-      handler = handler_;
-    }
-    for (size_t i = incoming->size(); i-- > 0;) {
-      if (fds[2 + i].revents == 0) continue;
-      Incoming& in = (*incoming)[i];
-      Status read = in.reader.ReadAvailable(in.socket.fd());
-      while (auto frame = in.reader.Next()) {
-        if (handler) handler(*frame);
-      }
-      if (!read.ok()) incoming->erase(incoming->begin() + static_cast<std::ptrdiff_t>(i));
-    }
-  }
-
-  // The peer never writes on the socket we opened, so readability there means it closed.
-  void CheckOutgoing(PeerId id) {
-    std::shared_ptr<Peer> peer;
-    {
-      std::lock_guard lock(mu_);
-      auto it = peers_.find(id);
-      if (it == peers_.end()) return;
-      peer = it->second;
-    }
-    char byte[256];
-    ssize_t n = recv(peer->socket.fd(), byte, sizeof(byte), MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
-    MarkDead(id);
+    channel_->SendNote(job.peer, job.note, Clock::now() + connect_timeout_);  // a gone peer: none
   }
 
   const std::chrono::milliseconds connect_timeout_;
-  const std::string host_id_;
-  Listener listener_;
-  std::shared_ptr<FdServer> fd_server_;  // shared with the registrations it serves
-  UniqueFd wake_fd_;
   host_ipc::Copier copier_;  // the copy thread's
   std::thread progress_;
   std::thread copy_thread_;
 
   std::mutex mu_;
+  std::unique_ptr<SameHostChannel> channel_;  // its peers guarded by mu_; Poll is progress_'s
   std::condition_variable work_;
   std::atomic<bool> stop_{false};  // written under mu_
   std::deque<Job> queue_;          // guarded by mu_: batches and notes, in posting order
-  std::map<PeerId, std::shared_ptr<Peer>> peers_;
-  PeerId next_peer_ = 1;
-  NoteGate gate_;  // guarded by mu_
-  NotificationHandler handler_;
+  NoteGate gate_;                  // guarded by mu_
 };
 
 }  // namespace

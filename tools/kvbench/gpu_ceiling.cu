@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/plan_copy.h"
 #include "tools/kvbench/gpu_ceiling.h"
 
 namespace kv::bench {
@@ -108,6 +111,33 @@ Result<double> NcclSeconds(int src, int dst, const DeviceBuffer& from, const Dev
 }
 #endif
 
+// The plan copy kernel over random 64 KiB pages, src → dst, on `stream` (a stream of src).
+Result<double> PageKernelSeconds(int src, const DeviceBuffer& from, const DeviceBuffer& to,
+                                 uint64_t bytes, int iters, cudaStream_t stream) {
+  constexpr uint64_t kPage = 64 << 10;
+  const uint64_t pages = bytes / kPage;
+  if (pages == 0) return 0.0;
+  std::vector<uint64_t> order(pages);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  std::vector<Run> runs(pages);
+  for (uint64_t i = 0; i < pages; ++i) runs[i] = {order[i] * kPage, i * kPage, kPage};
+  std::shuffle(runs.begin(), runs.end(), std::mt19937(2));
+  const uint64_t chunks = kernels::PlanCopyChunks(runs);
+  const uint64_t table_bytes = kernels::PlanCopyTableBytes(runs.size(), chunks);
+  std::vector<unsigned char> host(table_bytes);
+  KV_RETURN_IF_ERROR(kernels::EncodePlanCopyTable(runs, host.data(), table_bytes).status());
+  DeviceBuffer table;
+  KV_RETURN_IF_ERROR(table.Allocate(src, table_bytes));
+  KV_RETURN_IF_ERROR(Cuda(cudaMemcpy(table.get(), host.data(), table_bytes, cudaMemcpyHostToDevice),
+                          "uploading the page table"));
+  return Time(iters, [&]() -> Status {
+    KV_RETURN_IF_ERROR(kernels::LaunchPlanCopy(from.get(), to.get(), table.get(), runs.size(),
+                                               chunks, {}, stream));
+    return Cuda(cudaStreamSynchronize(stream), "sync");
+  });
+}
+
 Result<GpuCeilings> Measure(int src, int dst, uint64_t bytes, int iters) {
   DeviceBuffer to, from;
   KV_RETURN_IF_ERROR(to.Allocate(dst, bytes));
@@ -125,6 +155,8 @@ Result<GpuCeilings> Measure(int src, int dst, uint64_t bytes, int iters) {
                                                 "cudaMemcpyPeerAsync"));
                         return Cuda(cudaStreamSynchronize(stream.get()), "sync");
                       }));
+  KV_ASSIGN_OR_RETURN(c.page_kernel_seconds,
+                      PageKernelSeconds(src, from, to, bytes, iters, stream.get()));
 #if KV_HAVE_NCCL
   if (src != dst) {  // NCCL refuses a communicator with one GPU twice
     KV_ASSIGN_OR_RETURN(c.nccl_seconds, NcclSeconds(src, dst, from, to, bytes, iters));

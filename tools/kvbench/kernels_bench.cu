@@ -6,7 +6,9 @@
 //  - device→pinned host and back (pages as above) through the chosen path, against one large
 //    pinned cudaMemcpyAsync of the same bytes, and the speed-up over one cudaMemcpyAsync a page;
 //  - paged decode attention (bf16, 32 query heads over 8 KV heads, head_dim 128), K/V bytes read
-//    per second against the device copy bandwidth counted as bytes read + written per second.
+//    per second against the device copy bandwidth counted as bytes read + written per second;
+//  - with two GPUs, GPU 0 → GPU 1: the plan copy kernel pushing and pulling random 64 KiB pages
+//    (several grids), and the kernel beside the copy engines, against one cudaMemcpyPeerAsync.
 // What is timed: every figure is the median over --iters samples (after two warm-up runs) of
 // kBackToBack runs issued back to back between two CUDA events, divided by kBackToBack. Each
 // sample is led in by one more run that is not timed, so the start event fires when the stream
@@ -229,6 +231,108 @@ double DeviceCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions
   return ceiling;
 }
 
+// GPU 0 → GPU 1 over NVLink (peer access on): the plan copy kernel over random 64 KiB pages,
+// pushed (launched on GPU 0, storing into GPU 1) and pulled (launched on GPU 1, loading from
+// GPU 0), for several grids, against one cudaMemcpyPeerAsync of the same bytes: the ceiling
+// kvbench pd --transport ipc compares against. Figures count bytes moved once.
+void PeerCopies(int iters, uint64_t total, Report& report) {
+  int access = 0;
+  BENCH_CUDA(cudaDeviceCanAccessPeer(&access, 0, 1));
+  if (!access) {
+    std::printf("  skipped: GPU 0 cannot access GPU 1\n");
+    return;
+  }
+  cudaStream_t streams[2];
+  for (int d : {0, 1}) {
+    BENCH_CUDA(cudaSetDevice(d));
+    const cudaError_t e = cudaDeviceEnablePeerAccess(1 - d, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) BENCH_CUDA(e);
+    (void)cudaGetLastError();
+    BENCH_CUDA(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking));
+  }
+  BENCH_CUDA(cudaSetDevice(1));
+  DeviceMemory dst(total);
+  BENCH_CUDA(cudaSetDevice(0));
+  DeviceMemory src(total);
+  Fill(src.get(), total, 3);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  Timer push{streams[0], iters}, pull{streams[1], iters};
+  const double one = push.MedianSeconds(
+      [&] { BENCH_CUDA(cudaMemcpyPeerAsync(dst.get(), 1, src.get(), 0, total, push.stream)); });
+  const double ceiling = GBs(total, one);
+  std::printf("peer copy ceiling: cudaMemcpyPeerAsync GPU 0 -> 1 of %.2f GiB: %.1f GB/s\n",
+              total / 1073741824.0, ceiling);
+  const auto runs = PageRuns(total, 64 << 10, 64);
+  const Run whole{0, 0, total};
+  for (bool random : {true, false}) {
+    const std::span<const Run> table_runs =
+        random ? std::span<const Run>(runs) : std::span<const Run>(&whole, 1);
+    const uint64_t chunks = kernels::PlanCopyChunks(table_runs);
+    const uint64_t table_bytes = kernels::PlanCopyTableBytes(table_runs.size(), chunks);
+    PinnedMemory host_table(table_bytes);
+    Check(kernels::EncodePlanCopyTable(table_runs, host_table.get(), table_bytes).status(),
+          "encode");
+    for (int d : {0, 1}) {
+      BENCH_CUDA(cudaSetDevice(d));
+      DeviceMemory device_table(table_bytes);
+      BENCH_CUDA(
+          cudaMemcpy(device_table.get(), host_table.get(), table_bytes, cudaMemcpyHostToDevice));
+      Timer& timer = d == 0 ? push : pull;
+      for (int ctas : {0, 96, 64, 32}) {
+        const kernels::PlanCopyOptions options{ctas};
+        const double seconds = timer.MedianSeconds([&] {
+          Check(kernels::LaunchPlanCopy(src.get(), dst.get(), device_table.get(), 0, chunks,
+                                        options, timer.stream),
+                "plan copy kernel");
+        });
+        report.Add(std::string("peer kernel ") + (d == 0 ? "push" : "pull") + ", " +
+                       (random ? "random 64KiB pages" : "one run") + ", ctas " +
+                       (ctas ? std::to_string(ctas) : std::string("all")),
+                   GBs(total, seconds), ceiling, "GB/s");
+      }
+    }
+  }
+  // Both at once: 1/k of the pages through the copy engines on a second stream, the rest by the
+  // kernel (push). The engines move 64 KiB pages slowly alone, but they use NVLink the SMs leave
+  // idle: does the sum pass the one-piece ceiling?
+  BENCH_CUDA(cudaSetDevice(0));
+  cudaStream_t engine_stream;
+  cudaEvent_t fork, join;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&engine_stream, cudaStreamNonBlocking));
+  BENCH_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  BENCH_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  for (size_t k : {size_t{16}, size_t{8}, size_t{4}}) {
+    const size_t split = runs.size() / k;
+    const std::span<const Run> engine_runs(runs.data(), split);
+    const std::span<const Run> kernel_runs(runs.data() + split, runs.size() - split);
+    const uint64_t chunks = kernels::PlanCopyChunks(kernel_runs);
+    const uint64_t table_bytes = kernels::PlanCopyTableBytes(kernel_runs.size(), chunks);
+    PinnedMemory host_table(table_bytes);
+    Check(kernels::EncodePlanCopyTable(kernel_runs, host_table.get(), table_bytes).status(),
+          "encode");
+    DeviceMemory device_table(table_bytes);
+    BENCH_CUDA(
+        cudaMemcpy(device_table.get(), host_table.get(), table_bytes, cudaMemcpyHostToDevice));
+    const double seconds = push.MedianSeconds([&] {
+      BENCH_CUDA(cudaEventRecord(fork, push.stream));
+      BENCH_CUDA(cudaStreamWaitEvent(engine_stream, fork, 0));
+      Check(kernels::LaunchBatchCopy(src.get(), dst.get(), engine_runs, engine_stream),
+            "batch copy");
+      Check(kernels::LaunchPlanCopy(src.get(), dst.get(), device_table.get(), 0, chunks, {},
+                                    push.stream),
+            "plan copy kernel");
+      BENCH_CUDA(cudaEventRecord(join, engine_stream));
+      BENCH_CUDA(cudaStreamWaitEvent(push.stream, join, 0));
+    });
+    report.Add("peer kernel push + engines 1/" + std::to_string(k) + ", random 64KiB pages",
+               GBs(total, seconds), ceiling, "GB/s");
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(engine_stream);
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
+}
+
 // Device↔pinned host: the chosen path, against one big pinned memcpy and one memcpy a page.
 void HostCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions& options,
                 Report& report) {
@@ -350,7 +454,9 @@ int KernelsMain(int argc, char** argv) {
         "    overlapping the previous copy), with the host encoding time\n"
         "  d2h / h2d pinned pages vs one large pinned cudaMemcpyAsync, and vs one memcpy a page\n"
         "  decode attention (bf16, 32 q heads / 8 kv heads, head_dim 128) K/V bytes read per\n"
-        "  second vs the d2d copy bandwidth\n\nflags:\n%s",
+        "  second vs the d2d copy bandwidth\n"
+        "  with two GPUs: plan copy GPU 0 -> GPU 1 of random 64 KiB pages (push and pull, several\n"
+        "    grids; kernel and copy engines at once) vs one cudaMemcpyPeerAsync\n\nflags:\n%s",
         flags.Help().c_str());
     return 0;
   }
@@ -407,6 +513,10 @@ int KernelsMain(int argc, char** argv) {
   std::printf("[3/3] decode attention (ceiling: the d2d copy bandwidth above)\n");
   for (int64_t context : contexts) Attention(timer, *batch, context, copy_ceiling, report);
   cudaStreamDestroy(stream);
+  if (devices > 1) {
+    std::printf("peer copy, GPU 0 -> GPU 1\n");
+    PeerCopies(static_cast<int>(*iters), *bytes & ~((64ull << 10) - 1), report);
+  }
   if (flags.has("json")) {
     std::string all = "{\"device\": \"" + std::string(prop.name) + "\", \"figures\": [";
     for (size_t i = 0; i < report.json.size(); ++i) all += (i ? ", " : "") + report.json[i];

@@ -243,6 +243,10 @@ int PdMain(int argc, char** argv) {
        "the kvds started here spin instead of sleeping (kvd --busy-poll: lower latency per "
        "message, a core per spinning thread)",
        true},
+      {"trace",
+       "the engines' side of kvd's per-layer trace on stderr (wave start, first save, loads "
+       "sent, each layer in place), for tools/pd_timeline.py beside kvds at --log-level debug",
+       true},
       {"keep-going",
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
@@ -341,6 +345,7 @@ int PdMain(int argc, char** argv) {
   c.decode_order = flags.str("decode-order", "LBNHC");
   c.mla = flags.has("mla");
   c.prewrite = flags.has("prewrite");
+  c.trace = flags.has("trace");
   if (Status s = integer("warmup-waves", c.prewrite ? 1 : 0, 0, 64, &c.warmup_waves); !s.ok()) {
     return Fail(s.message());
   }

@@ -243,13 +243,21 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
               for (int j = 0; j < count; ++j) fail(j, s);
             }
           }
+          // The layer's saves in one call, as vLLM's worker saves a layer of its whole step.
+          std::vector<SaveSpec> saves;
+          std::vector<int> slots;
           for (int j = 0; j < count; ++j) {
             // A request whose K/V could not be written is not saved.
             if (c.prewrite ? failed[j].load() : !write_layer(e, l, j)) continue;
-            if (l == 0 && j == 0) EngineTrace(c.trace, "esave", ids[j], 0);
-            if (!fail(j, memory->Save(e.rank, ids[j], static_cast<int>(l), src_blocks[j]))) {
-              continue;
-            }
+            saves.push_back(SaveSpec{ids[j], src_blocks[j]});
+            slots.push_back(j);
+          }
+          if (saves.empty()) continue;
+          if (l == 0) EngineTrace(c.trace, "esave", ids[0], 0);
+          auto saved = memory->SaveLayers(e.rank, static_cast<int>(l), saves);
+          for (size_t k = 0; k < slots.size(); ++k) {
+            const int j = slots[k];
+            if (!fail(j, saved.ok() ? (*saved)[k] : saved.status())) continue;
             if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, j));
           }
         }

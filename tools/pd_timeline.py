@@ -11,6 +11,9 @@ notice (the decode kvd received a LayerNotice and sent LayerReady to its engines
 --trace` adds the engines' side on its stderr: ewave (the wave's clock starts), esave, eloads (a
 decode engine sent StartLoads), einplace (its WaitLayer returned).
 
+  kvbench pd --prewrite --trace 2> t.log      (its own kvds log at debug level to its stderr)
+  tools/pd_timeline.py t.log [--window 8]
+or with kvds of your own:
   kvd --log-level debug ... > prefill.log 2>&1   (and the decode kvd likewise)
   kvbench pd --prefill-daemon P.sock --decode-daemon D.sock --prewrite [--trace 2> bench.log]
   tools/pd_timeline.py prefill.log decode.log [bench.log] [--window 8]

@@ -100,6 +100,20 @@ Status ConnectorCore::Client::Send(proto::EngineMessage message) {
   return SendFrame(frame, -1);
 }
 
+Status ConnectorCore::Client::SendAll(std::span<proto::EngineMessage> messages) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return closed_reason_;
+  }
+  std::string frames;
+  for (proto::EngineMessage& message : messages) {
+    message.set_seq(0);
+    KV_RETURN_IF_ERROR(kv::AppendFrame(message.SerializeAsString(), &frames));
+  }
+  if (frames.empty()) return Status::Ok();
+  return SendFrame(frames, -1);
+}
+
 Status ConnectorCore::Client::SaveError(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = save_errors_.find(request);

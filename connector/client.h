@@ -37,6 +37,9 @@ class ConnectorCore::Client {
   // Sends `message` with seq 0: kvd sends no reply (SaveLayer only; a save it refuses comes back
   // as RequestDone(sent) with the error, kept for SaveError). kUnavailable when kvd went away.
   Status Send(proto::EngineMessage message);
+  // Send of several messages in one write: kvd reads them in one wake-up, not one each (a
+  // step's saves; SaveLayers). One status for all of them: on an error some may have gone out.
+  Status SendAll(std::span<proto::EngineMessage> messages);
 
   // The error of a send of `request` that failed (a refused one-way save, or the transfer), if
   // any; TakeSaveError forgets it.

@@ -251,15 +251,24 @@ Result<bool> ConnectorCore::RecordLayer(int layer, void* cuda_stream) {
   return !recorded;  // the stream had run everything: the layer is written, no event to wait on
 }
 
-Status ConnectorCore::SendSave(const std::string& request, int layer,
-                               std::span<const int64_t> block_ids, bool written) {
+namespace {
+
+proto::EngineMessage SaveMessage(const std::string& request, int layer,
+                                 std::span<const int64_t> block_ids, bool written) {
   proto::EngineMessage m;
   auto* save = m.mutable_save_layer();
   save->set_request_id(request);
   save->set_layer(layer);
   save->set_written(written);
   save->mutable_block_ids()->Add(block_ids.begin(), block_ids.end());
-  return client_->Send(std::move(m));
+  return m;
+}
+
+}  // namespace
+
+Status ConnectorCore::SendSave(const std::string& request, int layer,
+                               std::span<const int64_t> block_ids, bool written) {
+  return client_->Send(SaveMessage(request, layer, block_ids, written));
 }
 
 Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const SaveSpec> saves,
@@ -275,6 +284,8 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
   KV_ASSIGN_OR_RETURN(bool written, RecordLayer(layer, cuda_stream));
   std::vector<Status> out;
   out.reserve(saves.size());
+  std::vector<proto::EngineMessage> messages;
+  std::vector<size_t> sent;  // of out: the saves that go out
   for (const SaveSpec& save : saves) {
     Status s =
         save.request.empty() || save.request.size() > kMaxIdBytes
@@ -290,9 +301,17 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
       }
     }
     if (s.ok()) s = client_->SaveError(save.request);
-    if (s.ok()) s = SendSave(save.request, layer, save.block_ids, written);
+    if (s.ok()) {
+      messages.push_back(SaveMessage(save.request, layer, save.block_ids, written));
+      sent.push_back(out.size());
+    }
     out.push_back(std::move(s));
   }
+  // The step's saves in one write: kvd takes them in one wake-up, where a write each cost an
+  // engine's step one kvd wake-up per request (issue 24: a wave's saves crowd out its loads'
+  // hops on a host short of cores).
+  const Status s = client_->SendAll(messages);
+  for (size_t i : sent) out[i] = s;
   return out;
 }
 

@@ -179,6 +179,7 @@ Result<proto::LoadResults> Daemon::Core::StartLoads(uint64_t engine_id,
                                    std::to_string(proto::MAX_LOADS_PER_CALL) + " loads, not " +
                                    std::to_string(batch.loads_size()));
   }
+  Trace("loads", batch.loads(0).request_id(), -1, static_cast<uint64_t>(batch.loads_size()));
   proto::LoadResults results;
   for (const proto::StartLoad& load : batch.loads()) {
     Engine* engine = FindEngine(engine_id);

@@ -429,6 +429,7 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
 // ---- a Want's imports (the request itself: Scheduler::OnWant, transfers.cc) ----
 
 void Daemon::Core::HandleWant(Peer& peer, const proto::WantRequest& want) {
+  Trace("want_in", want.request_id(), -1);
   // Regions of the peer not imported yet (the first Want into each): imported on the setup
   // worker, a round trip to the transport's thread or a CUDA IPC open each.
   std::vector<std::string> missing;

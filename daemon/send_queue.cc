@@ -101,6 +101,13 @@ void SendQueue::FlushIfDue() {
   }
 }
 
+void SendQueue::PostIfIdle() {
+  if (groups_.empty() || bytes_posted_ != bytes_landed_.load(std::memory_order_relaxed)) return;
+  std::vector<SendGroup> groups = std::move(groups_);
+  groups_.clear();
+  for (SendGroup& group : groups) Post(group, /*defer_failures=*/true);
+}
+
 void SendQueue::Flush() {
   flush_scheduled_ = false;
   std::vector<SendGroup> groups = std::move(groups_);
@@ -111,7 +118,7 @@ void SendQueue::Flush() {
   HandOver(std::move(notices));
 }
 
-void SendQueue::Post(SendGroup& group) {
+void SendQueue::Post(SendGroup& group, bool defer_failures) {
   transport::Batch batch;
   batch.op = transport::Op::kPut;
   batch.local = group.source->registration.get();
@@ -144,6 +151,25 @@ void SendQueue::Post(SendGroup& group) {
   if (posted.ok()) {
     ++batches_posted_;
     for (const SendGroup::Part& part : group.parts) bytes_posted_ += part.bytes;
+  }
+  if (!posted.ok() && defer_failures) {
+    // Its notices, queued for Flush, are dropped there (failed_), as those of a batch that
+    // completed with an error.
+    {
+      std::lock_guard lock(failed_mu_);
+      for (const SendGroup::Part& part : group.parts) failed_.insert(FailedSendKey(part));
+    }
+    boost::asio::post(io_, [this, parts = std::move(group.parts), posted] {
+      for (const SendGroup::Part& part : parts) {
+        if (hooks_.generation_of(part.request_id) == part.generation) {
+          hooks_.fail(part.request_id, posted.WithContext("request " + part.request_id + " layer " +
+                                                          std::to_string(part.layer)));
+        }
+      }
+      std::lock_guard lock(failed_mu_);  // ended by the hook: no longer live
+      for (const SendGroup::Part& part : parts) failed_.erase(FailedSendKey(part));
+    });
+    return;
   }
   for (const SendGroup::Part& part : group.parts) {
     if (posted.ok()) {

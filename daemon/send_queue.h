@@ -104,6 +104,12 @@ class SendQueue {
   // more, smaller posts (benchmarks/pd_gpu.md has the figures).
   void FlushIfDue();
   static constexpr uint64_t kLowWaterBytes = uint64_t{64} << 20;
+  // Posts the queued groups at once, their notices left for Flush, when none of this kvd's posts
+  // is moving: the link idles until something goes. So a wave's first layer starts copying while
+  // the io thread still plans the rest of the Want (every layer saved before it arrived), not
+  // after (issue 24). At most one post more per idle link than Flush alone makes. Safe inside a
+  // handler that iterates over requests: a refused post ends its requests from the io loop later.
+  void PostIfIdle();
 
   uint64_t batches_posted() const { return batches_posted_; }
 
@@ -121,7 +127,9 @@ class SendQueue {
   // a bound: a wave of long requests fills megabytes of runs per group, and fresh vectors that
   // size cost page faults on every fill and an munmap on every free.
   void RecycleRuns(std::vector<Run> runs);
-  void Post(SendGroup& group);
+  // A refused post ends its requests through Hooks::fail: at once, or (`defer_failures`) from
+  // the io loop, for callers inside a handler.
+  void Post(SendGroup& group, bool defer_failures = false);
   void HandOver(std::vector<QueuedNotice> notices);
 
   boost::asio::io_context& io_;

@@ -305,6 +305,8 @@ void Scheduler::PumpSource(SourceRequest& request) {
         return;
       }
       to.sent[l] = true;
+      // An idle link copies this layer while the rest of the saved ones are planned.
+      send_queue_.PostIfIdle();
     }
   }
   if (all_sent && request.wanted_ranks() == request.destination_tp) {

@@ -242,8 +242,9 @@ class KV_EXPORT Connector {
   Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids,
                    void* cuda_stream = nullptr);
   // SaveLayer of one layer for every request of a step in one call (an engine's forward pass
-  // saves a layer of all its running requests at once): the event is recorded once, then each
-  // save goes out as SaveLayer's would. Returns, per save in order, what SaveLayer would have;
+  // saves a layer of all its running requests at once): the event is recorded once, then the
+  // saves go out in one write (kvd takes them in one wake-up). Returns, per save in order, what
+  // SaveLayer would have (a failed write: its error for every save that was to go out);
   // one refused does not stop the others. The call's own error: no saves, a layer out of
   // range, or a failed event record.
   Result<std::vector<Status>> SaveLayers(int layer, std::span<const SaveSpec> saves,

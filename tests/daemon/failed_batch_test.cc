@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "connector/connector.h"
@@ -43,15 +45,39 @@ class FailingTransport final : public testing::ForwardingTransport {
   std::atomic<int>* notices_;
 };
 
-// `notices`: null for a plain local transport, else where the failing one counts notices.
-std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, std::atomic<int>* notices) {
+// Refuses every batch when it is posted (a transport whose queue is full or whose peer is gone).
+class RefusingTransport final : public testing::ForwardingTransport {
+ public:
+  RefusingTransport(std::unique_ptr<transport::Transport> inner, std::atomic<int>* notices)
+      : ForwardingTransport(std::move(inner)), notices_(notices) {}
+  Status post(const transport::Batch&, transport::Completion) override {
+    return Status::Unavailable("injected: the batch was refused");
+  }
+  Status notify(transport::PeerId peer, std::string message) override {
+    proto::LayerNotice notice;
+    if (notice.ParseFromString(message) && notice.request_id() == "r") ++*notices_;
+    return inner().notify(peer, std::move(message));
+  }
+
+ private:
+  std::atomic<int>* notices_;
+};
+
+// `notices`: null for a plain local transport, else where the failing (or, with `refuse`, the
+// refusing) one counts notices.
+std::shared_ptr<daemon::Daemon> StartDaemon(const std::string& name, std::atomic<int>* notices,
+                                            bool refuse = false) {
   daemon::DaemonOptions options;
   options.name = name;
   if (notices != nullptr) {
     auto local = transport::CreateTransport("local");
     EXPECT_TRUE(local.ok()) << local.status().ToString();
     if (!local.ok()) return nullptr;
-    options.transport = std::make_unique<FailingTransport>(std::move(local).value(), notices);
+    if (refuse) {
+      options.transport = std::make_unique<RefusingTransport>(std::move(local).value(), notices);
+    } else {
+      options.transport = std::make_unique<FailingTransport>(std::move(local).value(), notices);
+    }
   } else {
     options.transport_name = "local";
   }
@@ -101,6 +127,46 @@ TEST(FailedBatch, ItsLayerIsNeverReportedReady) {
   }
   // Whether the decode side heard of the failure before a stray notice is a race; that kvd
   // handed over no notice at all is not.
+  EXPECT_EQ(notices.load(), 0);
+}
+
+// The Want arrives after every layer was saved: kvd posts the first layer while it plans the
+// rest (SendQueue::PostIfIdle, inside the Want's handler), and the transport refuses it there.
+// The request still ends with that error on both sides, and no notice of it is handed over.
+TEST(FailedBatch, APostRefusedWhileTheWantIsPlannedEndsTheRequest) {
+  std::atomic<int> notices{0};
+  auto prefill = StartDaemon("p", &notices, /*refuse=*/true);
+  auto decode = StartDaemon("d", nullptr);
+  ASSERT_TRUE(prefill && decode);
+  auto source = Connector::OpenEmbedded(prefill, {"prefill", 0, 1, kTimeout});
+  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, kTimeout});
+  ASSERT_TRUE(source.ok() && sink.ok());
+  const LayoutSpec spec = Spec();
+  auto src = (*source)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
+  auto dst = (*sink)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
+  ASSERT_TRUE(src.ok() && dst.ok());
+
+  const std::vector<int64_t> block = {1};
+  for (int l = 0; l < spec.layers; ++l) ASSERT_TRUE((*source)->SaveLayer("r", l, block).ok());
+  // Answered after both saves were handled: the Want below finds every layer saved.
+  auto finished = (*source)->RequestFinished("r");
+  ASSERT_TRUE(finished.ok()) << finished.status().ToString();
+  TransferParams params = *finished;
+  params.tokens = 16;
+  ASSERT_TRUE((*sink)->StartLoad("r", params, block).ok());
+  for (int l = 0; l < spec.layers; ++l) {
+    const Status waited = (*sink)->WaitLayer("r", l);
+    EXPECT_FALSE(waited.ok()) << "layer " << l << " reported in place";
+    EXPECT_NE(waited.code(), Code::kTimeout) << waited.ToString();
+  }
+  // The source side ends too: its engine hears the refusal.
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  bool heard = false;
+  while (!heard && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& id : (*source)->GetFinished().sent) heard = heard || id == "r";
+    if (!heard) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(heard) << "the prefill engine never heard that request r ended";
   EXPECT_EQ(notices.load(), 0);
 }
 

@@ -243,6 +243,12 @@ int PdMain(int argc, char** argv) {
        "the kvds started here spin instead of sleeping (kvd --busy-poll: lower latency per "
        "message, a core per spinning thread)",
        true},
+      {"trace",
+       "kvd's per-layer trace with the engines' side (wave start, first save, loads sent, each "
+       "layer in place) on stderr, for tools/pd_timeline.py: the kvds started here log at debug "
+       "level to the same stderr (`kvbench pd --trace ... 2> t.log; tools/pd_timeline.py t.log`); "
+       "kvds of --prefill-daemon/--decode-daemon need --log-level debug",
+       true},
       {"keep-going",
        "run every wave even after one failed (default: stop at the first failed wave, name the "
        "kvd that is gone, exit 1)",
@@ -341,6 +347,7 @@ int PdMain(int argc, char** argv) {
   c.decode_order = flags.str("decode-order", "LBNHC");
   c.mla = flags.has("mla");
   c.prewrite = flags.has("prewrite");
+  c.trace = flags.has("trace");
   if (Status s = integer("warmup-waves", c.prewrite ? 1 : 0, 0, 64, &c.warmup_waves); !s.ok()) {
     return Fail(s.message());
   }
@@ -444,10 +451,12 @@ int PdMain(int argc, char** argv) {
     kv::harness::KvdProcess::Options o;
     o.binary = kv::harness::KvdBesideSelf();
     o.transport = transport;
-    o.extra_args = {"--log-level", "warn"};
+    // With --trace their trace lines join the engines' on this process's stderr.
+    const std::string level = c.trace ? "debug" : "warn";
+    o.extra_args = {"--log-level", level};
     o.name = "prefill";
     o.socket_path = (dir / "prefill.sock").string();
-    if (cuda) o.extra_args = {"--log-level", "warn", "--device", "0"};
+    if (cuda) o.extra_args = {"--log-level", level, "--device", "0"};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     o.extra_args.insert(o.extra_args.end(), transport_args.begin(), transport_args.end());
     auto p = kv::harness::KvdProcess::Start(o);
@@ -455,8 +464,8 @@ int PdMain(int argc, char** argv) {
     prefill_kvd = std::move(*p);
     o.name = "decode";
     o.socket_path = (dir / "decode.sock").string();
-    o.extra_args = {"--log-level", "warn"};  // the prefill's, less what is added below again
-    if (cuda) o.extra_args = {"--log-level", "warn", "--device", std::to_string(decode_device)};
+    o.extra_args = {"--log-level", level};  // the prefill's, less what is added below again
+    if (cuda) o.extra_args = {"--log-level", level, "--device", std::to_string(decode_device)};
     o.extra_args.insert(o.extra_args.end(), security_args.begin(), security_args.end());
     o.extra_args.insert(o.extra_args.end(), transport_args.begin(), transport_args.end());
     auto d = kv::harness::KvdProcess::Start(o);

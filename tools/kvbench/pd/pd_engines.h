@@ -43,9 +43,10 @@ class PdEngines {
   // `blocks`, token t at blocks[t / block_size].
   virtual Status Write(int rank, int slot, uint64_t seed, int64_t layer,
                        std::span<const int64_t> blocks) = 0;
-  // Connector::SaveLayer once what Write queued before it is written.
-  virtual Status Save(int rank, const std::string& id, int layer,
-                      std::span<const int64_t> blocks) = 0;
+  // Connector::SaveLayers of `layer` for `saves` once what Write queued before it is written: a
+  // step's saves in one call, as vLLM's worker hands them over.
+  virtual Result<std::vector<Status>> SaveLayers(int rank, int layer,
+                                                 std::span<const SaveSpec> saves) = 0;
   // Notes, for `slot`, the time everything this rank saved so far is written (FinishWave
   // reports the latest over the ranks).
   virtual Status MarkSaved(int rank, int slot) = 0;

@@ -204,10 +204,10 @@ class Engines final : public CudaPdEngines {
     return Attend(r, slot, seed, layer);
   }
 
-  Status Save(int rank, const std::string& id, int layer,
-              std::span<const int64_t> blocks) override {
+  Result<std::vector<Status>> SaveLayers(int rank, int layer,
+                                         std::span<const SaveSpec> saves) override {
     Rank& r = *prefill_[rank];
-    return r.connector->SaveLayer(id, layer, blocks, r.stream.get());
+    return r.connector->SaveLayers(layer, saves, r.stream.get());
   }
 
   Status MarkSaved(int rank, int slot) override {

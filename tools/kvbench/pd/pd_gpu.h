@@ -5,7 +5,7 @@
 // is queued on its own stream, with no host synchronisation between layers:
 //   prefill: Forward (a kernel that waits layer_time), Write (K/V generated on the device from
 //     connector/pd_pattern.h as finite bf16, stored by the token-writing kernel, then the decode
-//     attention of a query of (request, layer) over the cache), Save (SaveLayer with the stream:
+//     attention of a query of (request, layer) over the cache), SaveLayers (with the stream:
 //     kvd's copy waits for its event), MarkSaved (a host function on the stream);
 //   decode: Check after WaitLayer (a kernel comparing every element of the rank's heads with the
 //     pattern, then the same decode attention over the decode cache).

@@ -68,9 +68,9 @@ class HostEngines final : public PdEngines {
         paged, static_cast<char*>(cache.base) + layer * strided.layer_stride, input);
   }
 
-  Status Save(int rank, const std::string& id, int layer,
-              std::span<const int64_t> blocks) override {
-    return prefill_[rank].connector->SaveLayer(id, layer, blocks);
+  Result<std::vector<Status>> SaveLayers(int rank, int layer,
+                                         std::span<const SaveSpec> saves) override {
+    return prefill_[rank].connector->SaveLayers(layer, saves);
   }
 
   Status MarkSaved(int, int slot) override {

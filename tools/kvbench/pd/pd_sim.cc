@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <latch>
 #include <mutex>
 #include <set>
@@ -19,6 +20,16 @@ namespace kv::connector {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// One line of the engines' trace (PdConfig::trace): written as it happens, as kvd's are.
+void EngineTrace(bool on, const char* event, const std::string& request, int layer) {
+  if (!on) return;
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+          .count();
+  std::fprintf(stderr, "trace %lld %s %s %d 0\n", static_cast<long long>(us), event,
+               request.c_str(), layer);
+}
 
 // A random 128-bit transfer token, as a router mints one per request (getrandom(2): the
 // kernel's CSPRNG).
@@ -232,12 +243,21 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
               for (int j = 0; j < count; ++j) fail(j, s);
             }
           }
+          // The layer's saves in one call, as vLLM's worker saves a layer of its whole step.
+          std::vector<SaveSpec> saves;
+          std::vector<int> slots;
           for (int j = 0; j < count; ++j) {
             // A request whose K/V could not be written is not saved.
             if (c.prewrite ? failed[j].load() : !write_layer(e, l, j)) continue;
-            if (!fail(j, memory->Save(e.rank, ids[j], static_cast<int>(l), src_blocks[j]))) {
-              continue;
-            }
+            saves.push_back(SaveSpec{ids[j], src_blocks[j]});
+            slots.push_back(j);
+          }
+          if (saves.empty()) continue;
+          if (l == 0) EngineTrace(c.trace, "esave", ids[0], 0);
+          auto saved = memory->SaveLayers(e.rank, static_cast<int>(l), saves);
+          for (size_t k = 0; k < slots.size(); ++k) {
+            const int j = slots[k];
+            if (!fail(j, saved.ok() ? (*saved)[k] : saved.status())) continue;
             if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, j));
           }
         }
@@ -271,7 +291,9 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
         }
         for (size_t begin = 0; begin < loads.size(); begin += kMaxLoadsPerCall) {
           const size_t n = std::min(kMaxLoadsPerCall, loads.size() - begin);
+          EngineTrace(c.trace, "eloads", ids[begin], -1);
           auto started = e.connector->StartLoads(std::span(loads).subspan(begin, n));
+          EngineTrace(c.trace, "ereplied", ids[begin], -1);
           for (size_t k = 0; k < n; ++k) {
             fail(static_cast<int>(begin + k), started.ok() ? (*started)[k] : started.status());
           }
@@ -284,6 +306,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
             if (failed[j]) continue;
             if (!fail(j, e.connector->WaitLayer(ids[j], static_cast<int>(l)))) continue;
             const auto now = Clock::now();
+            EngineTrace(c.trace, "einplace", ids[j], static_cast<int>(l));
             if (l + 1 == c.layers) StoreMax(in_place_ns[j], now.time_since_epoch().count());
             if (!c.prewrite && !check(l, j)) continue;
             std::lock_guard<std::mutex> lock(mu);
@@ -303,6 +326,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
     }
     ready.wait();
     const auto wave_start = Clock::now();
+    EngineTrace(c.trace, "ewave", ids[0], -1);
     go.count_down();
     for (auto& t : threads) t.join();
     const PdEngines::WaveOutcome outcome = memory->FinishWave(ids);

@@ -78,6 +78,11 @@ struct PdConfig {
   // After the last wave, the engines' copy ceiling of it (PdEngines::MeasureCeiling; host
   // engines only).
   bool copy_ceiling = false;
+  // The engines' side of kvd's per-layer trace on stderr, in its format ("trace <us> <event>
+  // <request> <layer> 0", steady clock): ewave (the wave's clock starts), esave (a prefill rank's
+  // first save of the wave), eloads / ereplied (a decode rank's StartLoads sent / answered),
+  // einplace (WaitLayer returned), for tools/pd_timeline.py beside the kvds' debug logs.
+  bool trace = false;
 };
 
 struct PdResult {

@@ -8,26 +8,33 @@
 // case times one step of that batch's way, on the thread that runs it:
 //   kvd's io thread:  plan (LayerPlan::AppendLayer per request), check (CheckBatch's bounds),
 //                     put (what Link::Put copies);
-//   sender thread:    split (SplitGroups), encode (EncodeData), chunk (SplitDirect, ChunkRuns,
+//   sender thread:    split (SplitGroups), encode (EncodeData), frame (the announcement's
+//                     trip over loopback TCP to a reader thread that decodes it: the sender
+//                     thread waits in SendFrame), chunk (SplitDirect, ChunkRuns,
 //                     ChunkGroups), tables (RunTables::Load's host half: LayOutTables,
-//                     EncodeTables), and sender, all of those in a row;
+//                     EncodeTables), and all: those but the frame in a row;
 //   receive side:     decode (DecodeData, on the reader thread), check_rows (TotalBytes,
 //                     CheckRanges, CheckStrided), chunk and tables for the scatters, and receiver,
 //                     the receive worker's steps in a row.
-// Not timed (no GPU here): the NCCL and kernel launches per chunk and the announcement's trip
-// over the side channel.
+// Not timed (no GPU here): the NCCL and kernel launches per chunk. LBNHC -> LBNHC (64 KiB
+// pages, one range each) is the reference: it reaches 0.97 of the wire.
 //
 // Built where the build has NCCL (the steps are the backend's own functions).
 #include <benchmark/benchmark.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "base/framed_socket.h"
 #include "layout/plan.h"
 #include "tools/common/cli.h"
 
@@ -89,7 +96,7 @@ struct Batch {
   uint64_t bytes = 0;
   double chunks = 0;  // of kChunkBytes
 
-  explicit Batch(int requests) : src(Region("LBNHC")), dst(Region("BLHNC")) {
+  Batch(int requests, const std::string& dst_order) : src(Region("LBNHC")), dst(Region(dst_order)) {
     const auto src_ids = Shuffled(1), dst_ids = Shuffled(2);
     const int64_t blocks = kTokens / kBlockSize;
     for (int q = 0; q < requests; ++q) {
@@ -115,10 +122,10 @@ struct Batch {
   }
 };
 
-const Batch& BatchOf(int requests) {
-  static std::map<int, std::unique_ptr<Batch>> batches;
-  auto& b = batches[requests];
-  if (!b) b = std::make_unique<Batch>(requests);
+const Batch& BatchOf(int requests, const std::string& dst_order) {
+  static std::map<std::pair<int, std::string>, std::unique_ptr<Batch>> batches;
+  auto& b = batches[{requests, dst_order}];
+  if (!b) b = std::make_unique<Batch>(requests, dst_order);
   return *b;
 }
 
@@ -128,6 +135,7 @@ enum class Step {
   kPut,
   kSplit,
   kEncode,
+  kFrame,
   kChunkGather,
   kTablesGather,
   kSender,
@@ -148,6 +156,7 @@ constexpr StepInfo kSteps[] = {
     {Step::kPut, "io/put"},
     {Step::kSplit, "send/split"},
     {Step::kEncode, "send/encode"},
+    {Step::kFrame, "send/frame"},
     {Step::kChunkGather, "send/chunk"},
     {Step::kTablesGather, "send/tables"},
     {Step::kSender, "send/all"},
@@ -191,8 +200,73 @@ Chunked ChunkOnce(std::span<const Range> ranges, std::span<const Strided> rows,
           ChunkGroups(rows, kChunkBytes, direction)};
 }
 
-void StepCase(benchmark::State& state, Step step, int requests) {
-  const Batch& b = BatchOf(requests);
+void Report(benchmark::State& state, const Batch& b, double seconds);
+
+// The announcement's trip: the sender thread's SendFrame over loopback TCP to a reader thread
+// that reassembles it (FrameReader) and decodes it (DecodeData), as the link's reader does.
+// Each iteration sends kFrames frames and waits until the last is decoded: the time per frame
+// is the pipe's, both threads running.
+void FrameCase(benchmark::State& state, const Batch& b) {
+  constexpr int kFrames = 4;
+  const auto deadline = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(10); };
+  auto listener = Listener::Listen("tcp:127.0.0.1:0");
+  if (!listener.ok()) return state.SkipWithError(listener.status().ToString().c_str());
+  auto sender = Socket::Connect(listener->endpoint(), deadline());
+  if (!sender.ok()) return state.SkipWithError(sender.status().ToString().c_str());
+  Socket receiver;
+  for (const auto until = deadline();
+       !receiver.valid() && std::chrono::steady_clock::now() < until;) {
+    auto accepted = listener->Accept();
+    if (accepted.ok()) receiver = std::move(accepted).value();
+  }
+  if (!receiver.valid()) return state.SkipWithError("no loopback connection");
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t decoded = 0;  // guarded by mu
+  bool failed = false;   // guarded by mu
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    FrameReader frames;
+    while (!stop) {
+      if (!WaitReadable(receiver.fd(),
+                        std::chrono::steady_clock::now() + std::chrono::milliseconds(10))) {
+        continue;
+      }
+      const Status read = frames.ReadAvailable(receiver.fd());
+      while (auto frame = frames.Next()) {
+        const bool ok = DecodeData(*frame).ok();
+        std::lock_guard lock(mu);
+        failed = failed || !ok;
+        ++decoded;
+        cv.notify_all();
+      }
+      if (!read.ok()) break;
+    }
+  });
+  uint64_t sent = 0;
+  Status status;
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    for (int i = 0; i < kFrames; ++i) Keep(&status, sender->SendFrame(b.frame, deadline()));
+    sent += kFrames;
+    // Sleeps, not spins: the reader needs the core on a small machine.
+    std::unique_lock lock(mu);
+    cv.wait_until(lock, deadline(), [&] { return decoded >= sent || failed; });
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations() * kFrames);
+  stop = true;
+  reader.join();
+  if (failed || decoded < sent) Keep(&status, Status::Internal("frames lost"));
+  if (!status.ok()) return state.SkipWithError(status.ToString().c_str());
+  state.counters["frame_KiB"] = static_cast<double>(b.frame.size()) / 1024;
+  Report(state, b, seconds);
+}
+
+void StepCase(benchmark::State& state, Step step, int requests, const std::string& dst_order) {
+  const Batch& b = BatchOf(requests, dst_order);
+  if (step == Step::kFrame) return FrameCase(state, b);
   const uint64_t src_bytes = b.src.span_bytes(), dst_bytes = b.dst.span_bytes();
   Plan plan;  // reused, as the send queue recycles its vectors
   TableLayout layout;
@@ -239,6 +313,8 @@ void StepCase(benchmark::State& state, Step step, int requests) {
         benchmark::DoNotOptimize(frame.data());
         break;
       }
+      case Step::kFrame:
+        break;
       case Step::kChunkGather:
         Keep(&status, ChunkAndEncode(b.gather, b.rows, Direction::kGather, false, &layout, &table));
         break;
@@ -252,15 +328,14 @@ void StepCase(benchmark::State& state, Step step, int requests) {
         break;
       }
       case Step::kSender: {
+        // SendData's work: its job holds the ranges (Link::Put made them) and the groups.
         DataMsg msg;
         std::vector<Range> gather;
         std::vector<Strided> rows;
-        msg.chunk_bytes = kChunkBytes;
-        msg.direct_bytes = kDirectBytes;
         SplitGroups(b.plan.groups, kChunkBytes, &msg, &gather, &rows);
-        std::string frame = EncodeData(msg);
+        std::string frame = EncodeData(b.sent);
         benchmark::DoNotOptimize(frame.data());
-        Keep(&status, ChunkAndEncode(gather, rows, Direction::kGather, true, &layout, &table));
+        Keep(&status, ChunkAndEncode(b.gather, b.rows, Direction::kGather, true, &layout, &table));
         break;
       }
       case Step::kDecode: {
@@ -291,6 +366,10 @@ void StepCase(benchmark::State& state, Step step, int requests) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
       static_cast<double>(state.iterations());
   if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+  Report(state, b, seconds);
+}
+
+void Report(benchmark::State& state, const Batch& b, double seconds) {
   const double descriptors = static_cast<double>(b.plan.runs.size() + b.plan.groups.size());
   const double wire_us = static_cast<double>(kChunkBytes) / (kWireGBps * 1e3);
   state.counters["descriptors"] = descriptors;
@@ -309,11 +388,12 @@ void PrintHelp() {
       "a run group of 16 per page and head), as kvd merges them into one batch.\n\n"
       "Steps: io/plan (LayerPlan::AppendLayer per request), io/check (CheckBatch's bounds),\n"
       "io/put (Link::Put's copies): kvd's io thread; send/split (SplitGroups), send/encode\n"
-      "(EncodeData), send/chunk (SplitDirect, ChunkRuns, ChunkGroups), send/tables (the host\n"
-      "half of RunTables::Load), send/all (the sender thread's steps in a row); recv/decode\n"
+      "(EncodeData), send/frame (SendFrame to a reader thread that decodes it, loopback TCP),\n"
+      "send/chunk (SplitDirect, ChunkRuns, ChunkGroups), send/tables (the host\n"
+      "half of RunTables::Load), send/all (its steps but the frame in a row); recv/decode\n"
       "(DecodeData, reader thread), recv/check_rows (TotalBytes, CheckRanges, CheckStrided),\n"
       "recv/chunk, recv/tables, recv/all (the receive worker's steps in a row). Not timed: NCCL\n"
-      "and kernel launches, the announcement's trip over the socket.\n\n"
+      "and kernel launches. LBNHC_to_LBNHC (64 KiB pages, 0.97 of the wire) is the reference.\n\n"
       "Counters: descriptors (runs + groups of the batch), chunks (of 32 MiB), ns_per_desc,\n"
       "us_per_chunk, x_wire (us_per_chunk / the %.0f us a 32 MiB chunk takes at %.0f GB/s).\n",
       static_cast<double>(kChunkBytes) / (kWireGBps * 1e3), kWireGBps);
@@ -333,11 +413,16 @@ int NcclHostMain(int argc, char** argv) {
                  argv[1]);
     return 2;
   }
-  for (int requests : {8, 32}) {
-    for (const StepInfo& s : kSteps) {
-      const std::string name = "nccl_host/" + std::to_string(requests) + "req/" + s.name;
-      benchmark::RegisterBenchmark(name.c_str(), StepCase, s.step, requests)
-          ->Unit(benchmark::kMicrosecond);
+  // BLHNC is the shape; LBNHC (64 KiB pages, one range each, no groups: 0.97 of the
+  // wire on the H200s) the reference.
+  for (const char* order : {"BLHNC", "LBNHC"}) {
+    for (int requests : {8, 32}) {
+      for (const StepInfo& s : kSteps) {
+        const std::string name = std::string("nccl_host/LBNHC_to_") + order + "/" +
+                                 std::to_string(requests) + "req/" + s.name;
+        benchmark::RegisterBenchmark(name.c_str(), StepCase, s.step, requests, std::string(order))
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   benchmark::RunSpecifiedBenchmarks();

@@ -1,4 +1,4 @@
-// kvbench nccl-host: the host work of the nccl backend per batch of small rows, step by step,
+// nccl_host_bench: the host work of the nccl backend per batch of small rows, step by step,
 // against the time the batch's bytes take on the wire.
 //
 // The shape is issue 24's: `kvbench pd --memory cuda --transport nccl --tokens 4096 --layers 32
@@ -19,7 +19,8 @@
 // Not timed (no GPU here): the NCCL and kernel launches per chunk. LBNHC -> LBNHC (64 KiB
 // pages, one range each) is the reference: it reaches 0.97 of the wire.
 //
-// Built where the build has NCCL (the steps are the backend's own functions).
+// A Google Benchmark of its own, beside the backend whose internals it calls (as the backend's
+// tests are; kvbench may not include them), built where the backend is.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -36,16 +37,12 @@
 
 #include "base/framed_socket.h"
 #include "layout/plan.h"
-#include "tools/common/cli.h"
 
-#if KV_HAVE_NCCL
 #include "transport/nccl/chunk_tables.h"
 #include "transport/nccl/wire.h"
 
-namespace kv::bench {
+namespace kv::transport::nccl {
 namespace {
-
-using namespace kv::transport::nccl;
 
 constexpr int64_t kTokens = 4096;
 constexpr int64_t kLayers = 32;
@@ -381,7 +378,7 @@ void Report(benchmark::State& state, const Batch& b, double seconds) {
 
 void PrintHelp() {
   std::printf(
-      "usage: kvbench nccl-host [--benchmark_filter=REGEX] [other --benchmark_* flags]\n\n"
+      "usage: nccl_host_bench [--benchmark_filter=REGEX] [other --benchmark_* flags]\n\n"
       "Times the nccl backend's host work, step by step, for one batch of issue 24's shape:\n"
       "one layer of N requests of `kvbench pd --tokens 4096 --layers 32 --heads 8 --head-dim\n"
       "128 --block-size 16 --block-ids random --decode-order BLHNC` (LBNHC -> BLHNC: 512 B rows,\n"
@@ -399,7 +396,7 @@ void PrintHelp() {
       static_cast<double>(kChunkBytes) / (kWireGBps * 1e3), kWireGBps);
 }
 
-int NcclHostMain(int argc, char** argv) {
+int BenchMain(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -409,7 +406,7 @@ int NcclHostMain(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   if (argc > 1) {
-    std::fprintf(stderr, "kvbench nccl-host: unknown argument '%s' (kvbench nccl-host --help)\n",
+    std::fprintf(stderr, "nccl_host_bench: unknown argument '%s' (nccl_host_bench --help)\n",
                  argv[1]);
     return 2;
   }
@@ -430,10 +427,9 @@ int NcclHostMain(int argc, char** argv) {
   return 0;
 }
 
-const bool registered = cli::Register(
-    {"nccl-host", "the nccl backend's host work per batch of 512 B rows, step by step",
-     &NcclHostMain});
-
 }  // namespace
-}  // namespace kv::bench
-#endif  // KV_HAVE_NCCL
+}  // namespace kv::transport::nccl
+
+int main(int argc, char** argv) {
+  return kv::transport::nccl::BenchMain(argc, argv);
+}

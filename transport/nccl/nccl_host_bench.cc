@@ -14,7 +14,7 @@
 //                     ChunkGroups), tables (RunTables::Load's host half: LayOutTables,
 //                     EncodeTables), and all: those but the frame in a row;
 //   receive side:     decode (DecodeData, on the reader thread), check_rows (TotalBytes,
-//                     CheckRanges, CheckStrided), chunk and tables for the scatters, and receiver,
+//                     CheckRanges, CheckStrided), chunk and tables for the scatters, and all,
 //                     the receive worker's steps in a row.
 // Not timed (no GPU here): the NCCL and kernel launches per chunk. LBNHC -> LBNHC (64 KiB
 // pages, one range each) is the reference: it reaches 0.97 of the wire.

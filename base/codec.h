@@ -48,6 +48,7 @@ class ByteReader {
     return true;
   }
   bool at_end() const { return in_.empty(); }
+  size_t remaining() const { return in_.size(); }
   // The next n bytes into p, as ByteWriter::raw wrote them.
   bool raw(void* p, size_t n) {
     if (in_.size() < n) return false;

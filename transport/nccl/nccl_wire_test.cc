@@ -72,10 +72,39 @@ TEST(NcclWireTest, DataAnnouncementCarriesRunGroupRows) {
   EXPECT_EQ(back->strided[1].stride, -2048);
   EXPECT_EQ(*TotalBytes(back->ranges, back->strided), 8u + 16 * 1024 + 3 * 512);
   EXPECT_FALSE(DecodeData(frame.substr(0, frame.size() - 8)).ok());
-  // A count that the frame cannot hold is refused before anything is allocated.
+  // Two shapes, two runs: the frame ends with the last run's group count and its one offset.
+  // A count that the frame cannot hold is refused before anything is allocated, and so is none.
   std::string forged = frame;
-  forged[frame.size() - 2 * 32 - 8] = '\x7f';
+  forged[frame.size() - 16 + 7] = '\x7f';
   EXPECT_FALSE(DecodeData(forged).ok());
+  forged = frame;
+  forged[frame.size() - 16] = '\0';
+  EXPECT_FALSE(DecodeData(forged).ok());
+  // So is a run count the frame cannot hold (the first run's header follows it).
+  forged = frame;
+  forged[frame.size() - 2 * 40 - 8 + 7] = '\x7f';
+  EXPECT_FALSE(DecodeData(forged).ok());
+}
+
+// A batch's groups nearly all share one shape (a page's head of 512 B rows): each costs the
+// announcement its first offset alone, and the shapes and their order come back as they were.
+TEST(NcclWireTest, RowsOfOneShapeTravelAsTheirOffsets) {
+  DataMsg msg;
+  msg.chunk_bytes = kMinChunkBytes;
+  for (uint64_t i = 0; i < 1000; ++i) msg.strided.push_back({i * 8192, 512, 16, 512});
+  const std::string one_shape = EncodeData(msg);
+  EXPECT_LT(one_shape.size(), 1000 * 8 + 128);
+  msg.strided.insert(msg.strided.begin() + 500, {1 << 30, 100, 3, -4096});
+  msg.strided.push_back({7, 512, 15, 512});
+  auto back = DecodeData(EncodeData(msg));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->strided.size(), msg.strided.size());
+  for (size_t i = 0; i < msg.strided.size(); ++i) {
+    const Strided &a = back->strided[i], &b = msg.strided[i];
+    EXPECT_TRUE(a.offset == b.offset && a.length == b.length && a.count == b.count &&
+                a.stride == b.stride)
+        << i;
+  }
 }
 
 TEST(NcclWireTest, APeersRowsMustLieInTheRegionApartAndWithinAChunk) {
@@ -90,6 +119,11 @@ TEST(NcclWireTest, APeersRowsMustLieInTheRegionApartAndWithinAChunk) {
   EXPECT_FALSE(CheckStrided({{{0, 0, 4, 2048}}}, region, chunk).ok());     // empty rows
   EXPECT_FALSE(CheckStrided({{{0, chunk + 1, 1, 0}}}, region, chunk).ok());
   EXPECT_FALSE(TotalBytes({}, {{{0, 1ull << 40, 1ull << 30, 1ull << 40}}}).ok());
+  // Groups of one shape that fit one by one overflow together (4 · 2^62 = 2^64).
+  const std::vector<Strided> quarters(4, {0, 1ull << 62, 1, 0});
+  EXPECT_FALSE(TotalBytes({}, quarters).ok());
+  const std::vector<Range> five = {{0, 5}};
+  EXPECT_EQ(*TotalBytes(five, std::span(quarters).first(2)), (1ull << 63) + 5);
 }
 
 // Rows gathered chunk by chunk on the sender and scattered chunk by chunk on the receiver, each

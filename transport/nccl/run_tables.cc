@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kernels/plan_copy.h"
+#include "transport/nccl/chunk_tables.h"
 
 namespace kv::transport::nccl {
 
@@ -17,13 +18,7 @@ struct RunTables::Buffer {
   gpu::CudaEvent released;
   bool armed = false;   // released has been recorded
   bool loaded = false;  // Load filled it and Release has not been called yet
-  // Per chunk of the table: its first descriptor (in its table), how many it has, its staging
-  // bytes. Chunks from `runs` on are groups', whose table starts group_table bytes in.
-  std::vector<uint64_t> first;
-  std::vector<uint64_t> count;
-  std::vector<uint64_t> bytes;
-  size_t runs = 0;
-  uint64_t group_table = 0;
+  TableLayout layout;   // of the batch it holds
 
   ~Buffer() {
     if (armed) cudaEventSynchronize(released.get());
@@ -89,35 +84,10 @@ Result<int> RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cud
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   used.armed = false;
-  const size_t runs = chunks.count();
-  const size_t total_chunks = chunks.count() + groups.count();
-  // Filled in scratch vectors, then swapped with the buffer's: no allocation per batch once
-  // they have grown.
-  std::vector<uint64_t>& first = scratch_first_;
-  std::vector<uint64_t>& count = scratch_count_;
-  std::vector<uint64_t>& sizes = scratch_bytes_;
-  first.resize(total_chunks);
-  count.resize(total_chunks);
-  sizes.resize(total_chunks);
-  uint64_t run_descriptors = 0, group_descriptors = 0;
-  for (size_t k = 0; k < chunks.count(); ++k) {
-    first[k] = run_descriptors;
-    count[k] = kernels::PlanCopyChunks(chunks.chunk(k));
-    sizes[k] = chunks.bytes[k];
-    run_descriptors += count[k];
-  }
-  for (size_t k = 0; k < groups.count(); ++k) {
-    uint64_t n = 0;
-    for (const RunGroup& g : groups.chunk(k)) n += kernels::PlanCopyGroupChunks(g);
-    first[runs + k] = group_descriptors;
-    count[runs + k] = n;
-    sizes[runs + k] = groups.bytes[k];
-    group_descriptors += n;
-  }
-  // The group table after the run table, 16-byte aligned as the kernels read it.
-  const uint64_t group_table =
-      (kernels::PlanCopyTableBytes(chunks.runs.size(), run_descriptors) + 15) & ~15ull;
-  const uint64_t bytes = group_table + group_descriptors * sizeof(kernels::PlanCopyGroupChunk);
+  // Laid out in the scratch layout, then swapped with the buffer's: no allocation per batch once
+  // its vectors have grown.
+  LayOutTables(chunks, groups, &scratch_);
+  const uint64_t bytes = scratch_.table_bytes;
   if (bytes > buffers_[current_]->capacity) {
     gpu::DeviceGuard guard(device_);
     auto grown = std::make_unique<Buffer>();
@@ -129,28 +99,8 @@ Result<int> RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cud
     outgrown_.push_back(std::exchange(buffers_[current_], std::move(grown)));
   }
   Buffer& b = *buffers_[current_];
-  b.first.swap(first);
-  b.count.swap(count);
-  b.bytes.swap(sizes);
-  b.runs = runs;
-  b.group_table = group_table;
-  auto* host = static_cast<kernels::PlanCopyChunk*>(b.host);
-  for (size_t k = 0; k < chunks.count(); ++k) {
-    KV_RETURN_IF_ERROR(kernels::EncodePlanCopyTable(chunks.chunk(k), host + b.first[k],
-                                                    b.count[k] * sizeof(kernels::PlanCopyChunk))
-                           .status());
-  }
-  auto* group_host =
-      reinterpret_cast<kernels::PlanCopyGroupChunk*>(static_cast<char*>(b.host) + group_table);
-  for (size_t k = 0; k < groups.count(); ++k) {
-    const size_t c = runs + k;
-    KV_ASSIGN_OR_RETURN(
-        kernels::PlanCopyPrefix encoded,
-        kernels::EncodePlanCopyGroupPrefix(groups.chunk(k), b.count[c], group_host + b.first[c]));
-    if (encoded.runs != groups.chunk(k).size()) {
-      return Status::Internal("nccl: a chunk's groups did not fit their table");
-    }
-  }
+  std::swap(b.layout, scratch_);
+  KV_RETURN_IF_ERROR(EncodeTables(chunks, groups, b.layout, b.host));
   b.loaded = true;
   if (bytes > 0) {
     KV_RETURN_IF_ERROR(
@@ -161,27 +111,27 @@ Result<int> RunTables::Load(const Chunks& chunks, const GroupChunks& groups, cud
 }
 
 size_t RunTables::count(int table) const {
-  return buffers_[table]->first.size();
+  return buffers_[table]->layout.chunks();
 }
 
 uint64_t RunTables::bytes(int table, size_t k) const {
-  return buffers_[table]->bytes[k];
+  return buffers_[table]->layout.bytes[k];
 }
 
 Status RunTables::Copy(int table, size_t k, const void* src_base, void* dst_base,
                        cudaStream_t stream) const {
-  const Buffer& b = *buffers_[table];
+  const TableLayout& t = buffers_[table]->layout;
   kernels::PlanCopyOptions options;
   options.max_ctas = copy_ctas_;
-  const char* device = static_cast<const char*>(b.device.data());
-  if (k >= b.runs) {
+  const char* device = static_cast<const char*>(buffers_[table]->device.data());
+  if (k >= t.runs) {
     const auto* table_start =
-        reinterpret_cast<const kernels::PlanCopyGroupChunk*>(device + b.group_table) + b.first[k];
-    return kernels::LaunchPlanCopyGroups(src_base, dst_base, table_start, b.count[k], options,
+        reinterpret_cast<const kernels::PlanCopyGroupChunk*>(device + t.group_table) + t.first[k];
+    return kernels::LaunchPlanCopyGroups(src_base, dst_base, table_start, t.count[k], options,
                                          stream);
   }
-  const auto* table_start = reinterpret_cast<const kernels::PlanCopyChunk*>(device) + b.first[k];
-  return kernels::LaunchPlanCopy(src_base, dst_base, table_start, 0, b.count[k], options, stream);
+  const auto* table_start = reinterpret_cast<const kernels::PlanCopyChunk*>(device) + t.first[k];
+  return kernels::LaunchPlanCopy(src_base, dst_base, table_start, 0, t.count[k], options, stream);
 }
 
 Status RunTables::Release(int table, cudaStream_t stream) {

@@ -23,6 +23,7 @@
 
 #include "base/status.h"
 #include "gpu/cuda_util.h"
+#include "transport/nccl/chunk_tables.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/wire.h"
 
@@ -68,7 +69,7 @@ class RunTables {
   const std::atomic<bool>& cancelled_;
   std::vector<std::unique_ptr<Buffer>> outgrown_;  // idle; destroyed after buffers_
   std::unique_ptr<Buffer> buffers_[kTableBuffers];
-  std::vector<uint64_t> scratch_first_, scratch_count_, scratch_bytes_;  // Load's, reused
+  TableLayout scratch_;  // Load's, reused
   int current_ = kTableBuffers - 1;
 };
 

@@ -2,14 +2,14 @@
 // a u32 type first, little-endian fields after it (transport/codec.h).
 //
 // Data moves in batches: the sender announces a batch (kData: its runs in the receiver's
-// region, in order, then its run groups' rows), then the bytes travel as NCCL operations (the
-// direction's n-th operation since the link began on lane n % lanes): first the staged chunks
-// of `chunk_bytes` of the runs, then those of the groups' rows (ChunkGroups), then the direct
-// pieces (SplitDirect); the receiver answers kAck once they are in place. kCommInit comes
-// once per lane, before the first kData. A kNote is delivered once every batch announced before
-// it has landed, so the sender never waits for acks to keep notes behind the data.
-// A get is a request (kGetRequest) answered by a kData whose reply_to names it, or by kGetError.
-// Every decoder checks sizes and counts before building anything.
+// region, in order, then its run groups' rows, as runs of groups of one shape), then the bytes
+// travel as NCCL operations (the direction's n-th operation since the link began on lane n %
+// lanes): first the staged chunks of `chunk_bytes` of the runs, then those of the groups' rows
+// (ChunkGroups), then the direct pieces (SplitDirect); the receiver answers kAck once they are in
+// place. kCommInit comes once per lane, before the first kData. A kNote is delivered once every
+// batch announced before it has landed, so the sender never waits for acks to keep notes behind the
+// data. A get is a request (kGetRequest) answered by a kData whose reply_to names it, or by
+// kGetError. Every decoder checks sizes and counts before building anything.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,9 @@ enum class MsgType : uint32_t {
 };
 
 // Also the side channel's handshake label (channel_auth.h): 4 seals every frame after the
-// handshake, so a side of another version is refused at the handshake with both named.
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/4";
+// handshake, so a side of another version is refused at the handshake with both named. 5 sends
+// a batch's rows as runs of one shape (EncodeData).
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/5";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {

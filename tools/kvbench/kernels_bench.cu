@@ -231,6 +231,43 @@ double DeviceCopies(Timer& timer, uint64_t total, const kernels::PlanCopyOptions
   return ceiling;
 }
 
+// The group kernel on nccl's gather of LBNHC → BLHNC pages (benchmarks/pd_gpu.md, fifteenth
+// session): per random 64 KiB page, one group per head of 16 rows of 512 B, 4 KiB apart in the
+// page, packed into a contiguous staging buffer; nccl's default grid (16 CTAs) and all SMs.
+void GroupCopies(Timer& timer, uint64_t total, double ceiling, Report& report) {
+  constexpr uint64_t kPage = 64 << 10, kRow = 512, kRows = 16, kHeads = 8;
+  const auto pages = PageRuns(total, kPage, 7);  // random source pages
+  std::vector<RunGroup> groups;
+  groups.reserve(pages.size() * kHeads);
+  uint64_t at = 0;
+  for (const Run& page : pages) {
+    for (uint64_t h = 0; h < kHeads; ++h, at += kRow * kRows) {
+      groups.push_back({page.src_offset + h * kRow, at, kRow, kRows, 4096, kRow});
+    }
+  }
+  DeviceMemory src(total), dst(total);
+  Fill(src.get(), total, 5);
+  const uint64_t max_chunks = groups.size();
+  PinnedMemory host_table(max_chunks * sizeof(kernels::PlanCopyGroupChunk));
+  auto prefix = kernels::EncodePlanCopyGroupPrefix(groups, max_chunks, host_table.get());
+  Check(prefix.status(), "group table");
+  DeviceMemory device_table(max_chunks * sizeof(kernels::PlanCopyGroupChunk));
+  BENCH_CUDA(cudaMemcpy(device_table.get(), host_table.get(),
+                        prefix->chunks * sizeof(kernels::PlanCopyGroupChunk),
+                        cudaMemcpyHostToDevice));
+  for (int ctas : {16, 32, 0}) {
+    const kernels::PlanCopyOptions options{ctas};
+    const double seconds = timer.MedianSeconds([&] {
+      Check(kernels::LaunchPlanCopyGroups(src.get(), dst.get(), device_table.get(), prefix->chunks,
+                                          options, timer.stream),
+            "group kernel");
+    });
+    report.Add("group kernel, 16 x 512 B rows 4 KiB apart -> packed, ctas " +
+                   (ctas ? std::to_string(ctas) : std::string("all")),
+               GBs(2 * at, seconds), ceiling, "GB/s");
+  }
+}
+
 // GPU 0 → GPU 1 over NVLink (peer access on): the plan copy kernel over random 64 KiB pages,
 // pushed (launched on GPU 0, storing into GPU 1) and pulled (launched on GPU 1, loading from
 // GPU 0), for several grids, against one cudaMemcpyPeerAsync of the same bytes: the ceiling
@@ -508,6 +545,7 @@ int KernelsMain(int argc, char** argv) {
   Report report;
   std::printf("[1/3] device-to-device plan copy\n");
   const double copy_ceiling = DeviceCopies(timer, *bytes & ~((64ull << 10) - 1), options, report);
+  GroupCopies(timer, *bytes & ~((64ull << 10) - 1), copy_ceiling, report);
   std::printf("[2/3] pinned host copies\n");
   HostCopies(timer, *host_bytes & ~((64ull << 10) - 1), options, report);
   std::printf("[3/3] decode attention (ceiling: the d2d copy bandwidth above)\n");

@@ -204,8 +204,19 @@ struct BatchState {
   std::vector<Run> runs;
   char* local = nullptr;
   uint64_t remote_address = 0;
+  // Lent by the batch's registration and remote descriptor (set by post()): references their
+  // owners release through the command queue when they go, so after the Post() of every batch
+  // posted before. Post() copies them, on the progress thread, into the two below, which the
+  // batch holds until it finishes: the counts are touched on one core. Taken by the poster and
+  // dropped by the progress thread, they moved between the cores on every batch (perf, issue 24).
+  const std::shared_ptr<MemoryMap>* lent_map = nullptr;
+  const std::shared_ptr<RemoteKey>* lent_key = nullptr;
   std::shared_ptr<MemoryMap> local_map;
   std::shared_ptr<RemoteKey> remote_key;
+  // Links of the engine's in-flight list (BatchList).
+  BatchState* prev = nullptr;
+  BatchState* next = nullptr;
+  bool listed = false;
   Completion done;
   Clock::time_point deadline;
   Status failure;       // set when the batch times out or its peer fails before UCX reports back
@@ -218,6 +229,39 @@ struct BatchState {
   uint64_t seq = 0;                // set when its peer takes puts as messages: notes wait for it
   std::vector<PutHeader> headers;  // of its messages, until they are sent
   FlushRef* flush = nullptr;       // its flush, while UCX owes the callback
+};
+
+// The batches in flight, in the order they were posted, linked through the batches themselves:
+// adding and removing one allocates nothing (a std::set took a malloc and a free per batch on the
+// progress thread). Progress thread only.
+class BatchList {
+ public:
+  bool empty() const { return head_ == nullptr; }
+  BatchState* front() const { return head_; }
+  void Add(BatchState* batch) {
+    batch->prev = tail_;
+    batch->next = nullptr;
+    (tail_ != nullptr ? tail_->next : head_) = batch;
+    tail_ = batch;
+    batch->listed = true;
+  }
+  // No-op for a batch that is not listed (one that failed before it was added).
+  void Remove(BatchState* batch) {
+    if (!batch->listed) return;
+    (batch->prev != nullptr ? batch->prev->next : head_) = batch->next;
+    (batch->next != nullptr ? batch->next->prev : tail_) = batch->prev;
+    batch->prev = batch->next = nullptr;
+    batch->listed = false;
+  }
+  // Calls fn(batch) for every batch; fn must not add or remove any.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (BatchState* b = head_; b != nullptr; b = b->next) fn(b);
+  }
+
+ private:
+  BatchState* head_ = nullptr;
+  BatchState* tail_ = nullptr;
 };
 
 struct Note {
@@ -394,7 +438,7 @@ class Engine {
   // it; a worker destroyed at once left it a closed port, on which UCX 1.13 aborted the peer
   // (tcp_ep.c:478, "Assertion `!(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX)' failed").
   std::vector<std::pair<std::shared_ptr<WorkerSlot>, Clock::time_point>> retired_;
-  std::set<BatchState*> in_flight_;
+  BatchList in_flight_;
   NotificationHandler handler_;
   LocalRegions regions_;
   const PutPath put_path_;

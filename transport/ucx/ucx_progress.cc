@@ -293,7 +293,10 @@ void Engine::Post(BatchState* batch) {
     batch->failure = Status::Unavailable("peer " + std::to_string(batch->peer) + " has failed");
     return Finish(batch, UCS_OK);
   }
-  in_flight_.insert(batch);
+  // The references go here, on the progress thread (Lent, ucx_engine.h).
+  batch->local_map = *batch->lent_map;
+  batch->remote_key = *batch->lent_key;
+  in_flight_.Add(batch);
   for (const Run& run : batch->runs) batch->bytes += run.length;
   it->second->queued.push_back(Queued{batch, 0});
   Pump(it->second.get());
@@ -376,7 +379,7 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
     batch->flush->batch = nullptr;
     batch->flush = nullptr;
   }
-  in_flight_.erase(batch);
+  in_flight_.Remove(batch);
   if (batch->seq != 0) AmBatchDone(batch);
   if (batch->posted) {
     // A failed peer is gone from peers_ already: nothing of it is left to pump.
@@ -397,15 +400,15 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
 
 void Engine::CheckDeadlines(Clock::time_point now) {
   std::vector<PeerId> late;
-  for (BatchState* batch : in_flight_) {
-    if (now <= batch->deadline || !batch->failure.ok()) continue;
+  in_flight_.ForEach([&](BatchState* batch) {
+    if (now <= batch->deadline || !batch->failure.ok()) return;
     auto overdue = std::chrono::duration_cast<std::chrono::milliseconds>(now - batch->deadline);
     batch->failure =
         Status::Timeout("batch of " + std::to_string(batch->runs.size()) + " runs to peer " +
                         std::to_string(batch->peer) + " missed its deadline (" +
                         std::to_string(overdue.count()) + " ms ago)");
     late.push_back(batch->peer);
-  }
+  });
   for (PeerId id : late) {
     FailPeer(id, Status::Unavailable("peer " + std::to_string(id) +
                                      " was closed after a batch to it missed its deadline"));
@@ -430,11 +433,11 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
   bool batches_in_flight = false;
-  for (BatchState* batch : in_flight_) {
-    if (batch->peer != id) continue;
+  in_flight_.ForEach([&](BatchState* batch) {
+    if (batch->peer != id) return;
     batches_in_flight |= batch->posted;
     if (batch->failure.ok()) batch->failure = reason;
-  }
+  });
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   peer->notes.clear();
@@ -446,9 +449,9 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   }
   // Put batches whose sends are done wait only for an ack: UCX owes them nothing to complete.
   std::vector<BatchState*> unacked;
-  for (BatchState* batch : in_flight_) {
+  in_flight_.ForEach([&](BatchState* batch) {
     if (batch->peer == id && batch->am && batch->flushed) unacked.push_back(batch);
-  }
+  });
   for (BatchState* batch : unacked) Finish(batch, UCS_OK);
   // Batches UCX never saw complete here, with the failure set above.
   for (const Queued& queued : peer->queued) {
@@ -479,9 +482,9 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
 void Engine::FinishOrphans(PeerId id) {
   // The lanes are gone: nothing of these batches moves any more. Their failure is set (FailPeer).
   std::vector<BatchState*> orphans;
-  for (BatchState* batch : in_flight_) {
+  in_flight_.ForEach([&](BatchState* batch) {
     if (batch->peer == id) orphans.push_back(batch);
-  }
+  });
   for (BatchState* batch : orphans) Finish(batch, UCS_ERR_CANCELED);
 }
 
@@ -593,7 +596,7 @@ void Engine::Shutdown() {
     if ((in_flight_.empty() && closing_.empty()) || Clock::now() > give_up) break;
   }
   while (!in_flight_.empty()) {
-    BatchState* batch = *in_flight_.begin();
+    BatchState* batch = in_flight_.front();
     batch->failure = Status::Aborted("the transport was closed with the batch in flight");
     Finish(batch, UCS_OK);
   }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/common/cli.h"
@@ -101,13 +102,16 @@ int TargetMain(Channel& channel, const Config& config) {
 // line, and the poster reads the completed count only when its last reading says the window is
 // full: a count both threads wrote on every batch moved between the cores twice per batch.
 //
-// A full window is waited out spinning first (kSpin), then asleep until half of it drained. A
+// A full window is waited out spinning first (kPureSpin flat out, then yielding the core between
+// looks up to kSpin: under `chrt -f` a spinner sharing the transport thread's core would hold
+// it), then asleep until half of it drained. A
 // sleep alone cost more than it saved: with 32 batches of 64 KiB in flight the poster slept until
 // 16 were left, and on the VM its wake-up took longer than the transport needed for those 16, so
 // the transport ran dry every 16 batches (issue 24). The completion takes a lock only to wake a
 // sleeping poster or to keep an error.
 class InFlight {
  public:
+  static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kSpin = std::chrono::microseconds(50);
 
   transport::Completion Slot() {
@@ -135,10 +139,18 @@ class InFlight {
   // Waits until fewer than `window` are in flight, spinning for at most kSpin, then asleep until
   // at most `sleep_level` are; kTimeout past the deadline, or the first error.
   Status WaitForRoom(int64_t window, int64_t sleep_level, Clock::time_point deadline) {
-    const auto give_up = Clock::now() + kSpin;
-    for (uint32_t turn = 1; Full(window); ++turn) {
-      if (turn % 64 == 0 && Clock::now() > give_up) return WaitFor(sleep_level, deadline);
-      CpuRelax();
+    const auto start = Clock::now();
+    bool yielding = false;
+    for (uint32_t turn = 1; Full(window - sleep_level); ++turn) {
+      if (yielding) {
+        std::this_thread::yield();
+      } else {
+        for (int i = 0; i < 32; ++i) CpuRelax();
+      }
+      if (turn % 4 != 0) continue;
+      const auto spun = Clock::now() - start;
+      if (spun > kSpin) return WaitFor(sleep_level, deadline);
+      yielding = spun > kPureSpin;
     }
     if (!failed_.load()) return Status::Ok();
     std::lock_guard lock(mu_);

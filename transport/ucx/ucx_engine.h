@@ -196,7 +196,8 @@ struct FlushRef {
   BatchState* batch;  // null once the batch finished without this flush
 };
 
-// One accepted batch, owned by the progress thread from Enqueue until done() has run.
+// One accepted batch, owned by the progress thread from Enqueue until done() has run. Reset in
+// place for reuse by Engine::Recycle: a field added here must be reset there too.
 struct BatchState {
   Engine* engine = nullptr;
   PeerId peer = 0;

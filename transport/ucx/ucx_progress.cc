@@ -127,15 +127,32 @@ BatchState* Engine::NewBatch() {
 }
 
 void Engine::Recycle(BatchState* batch) {
-  // Every field back to its default; the run and header vectors keep their capacity unless a
-  // large batch grew them.
+  // Every field back to its default, in place (kvbench transport at 64 KiB: 0.613-0.620 us per
+  // batch against 0.623-0.631 with a fresh BatchState moved over it, issue 24). The run and
+  // header vectors keep their capacity unless a large batch grew them.
   constexpr size_t kKeepRuns = 4096;
-  BatchState fresh;
-  if (batch->runs.capacity() <= kKeepRuns) fresh.runs = std::move(batch->runs);
-  if (batch->headers.capacity() <= kKeepRuns) fresh.headers = std::move(batch->headers);
-  fresh.runs.clear();
-  fresh.headers.clear();
-  *batch = std::move(fresh);
+  if (batch->runs.capacity() > kKeepRuns) std::vector<Run>().swap(batch->runs);
+  if (batch->headers.capacity() > kKeepRuns) std::vector<PutHeader>().swap(batch->headers);
+  batch->runs.clear();
+  batch->headers.clear();
+  batch->local_map.reset();
+  batch->remote_key.reset();
+  batch->done = nullptr;
+  if (!batch->failure.ok()) batch->failure = Status::Ok();
+  batch->engine = nullptr;
+  batch->peer = 0;
+  batch->op = Op::kPut;
+  batch->local = nullptr;
+  batch->remote_address = 0;
+  batch->lent_map = nullptr;
+  batch->lent_key = nullptr;
+  batch->prev = batch->next = nullptr;
+  batch->listed = false;
+  batch->deadline = {};
+  batch->bytes = 0;
+  batch->posted = batch->am = batch->flushed = batch->acked = false;
+  batch->seq = 0;
+  batch->flush = nullptr;
   finished_.push_back(batch);
 }
 

@@ -425,6 +425,10 @@ class Engine {
   // queue_mu_; finished_ the progress thread's, moved to spare_ when it next takes the lock.
   std::vector<BatchState*> spare_;
   std::vector<BatchState*> finished_;
+  // One finished batch set aside by Recycle() for the next NewBatch(), which takes it without the
+  // queue's lock: with the lock taken twice per post() (spare, then command), the poster and the
+  // progress thread met on it in futex waits at small batch sizes (perf, issue 24).
+  std::atomic<BatchState*> ready_{nullptr};
   bool stopping_ = false;
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;

@@ -112,9 +112,11 @@ Engine::~Engine() {
   }
   for (BatchState* batch : spare_) delete batch;
   for (BatchState* batch : finished_) delete batch;
+  delete ready_.load();
 }
 
 BatchState* Engine::NewBatch() {
+  if (BatchState* batch = ready_.exchange(nullptr, std::memory_order_acquire)) return batch;
   {
     std::lock_guard lock(queue_mu_);
     if (!spare_.empty()) {
@@ -153,6 +155,11 @@ void Engine::Recycle(BatchState* batch) {
   batch->posted = batch->am = batch->flushed = batch->acked = false;
   batch->seq = 0;
   batch->flush = nullptr;
+  BatchState* empty = nullptr;
+  if (ready_.load(std::memory_order_relaxed) == nullptr &&
+      ready_.compare_exchange_strong(empty, batch, std::memory_order_release)) {
+    return;
+  }
   finished_.push_back(batch);
 }
 

@@ -23,8 +23,9 @@
 //  * An endpoint error (the peer died) fails every batch to that peer with kUnavailable; later
 //    batches to it complete with kUnavailable; the caller reconnects.
 //  * A batch holds its local mapping and its remote key: deregistering while a batch is in flight
-//    is safe, the unmap waits. Registrations and imported descriptors must be destroyed before
-//    the Transport.
+//    is safe, the unmap waits. The unmap (and the remote key's release) runs on the progress
+//    thread, after the commands queued before the deregistration. Registrations and imported
+//    descriptors must be destroyed before the Transport.
 //  * A notification is sent as an eager active message after a flush of its endpoint completes,
 //    so it arrives after the data of every batch posted before it (to a peer that takes puts as
 //    messages: after every batch posted before it finished); notifications leave in the order

@@ -317,7 +317,7 @@ void Engine::Post(BatchState* batch) {
     batch->failure = Status::Unavailable("peer " + std::to_string(batch->peer) + " has failed");
     return Finish(batch, UCS_OK);
   }
-  // The references go here, on the progress thread (Lent, ucx_engine.h).
+  // The batch's own references, taken on the progress thread (BatchState::lent_map).
   batch->local_map = *batch->lent_map;
   batch->remote_key = *batch->lent_key;
   in_flight_.Add(batch);

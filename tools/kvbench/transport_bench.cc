@@ -99,12 +99,12 @@ int TargetMain(Channel& channel, const Config& config) {
 // Completions arrive on the transport's thread; the poster waits here for window space.
 //
 // The poster counts what it posted, the transport's thread what completed, each on its own cache
-// line, and the poster reads the completed count only when its last reading says the window is
-// full: a count both threads wrote on every batch moved between the cores twice per batch.
+// line, and the poster reads the completed count only when its last reading says it must wait:
+// a count both threads wrote on every batch moved between the cores twice per batch.
 //
-// A full window is waited out spinning first (kPureSpin flat out, then yielding the core between
-// looks up to kSpin: under `chrt -f` a spinner sharing the transport thread's core would hold
-// it), then asleep until half of it drained. A
+// A full window is waited out until half of it drained: spinning first (kPureSpin flat out, with
+// a look at the count every few hundred cycles, then yielding the core between looks up to kSpin:
+// under `chrt -f` a spinner sharing the transport thread's core would hold it), then asleep. A
 // sleep alone cost more than it saved: with 32 batches of 64 KiB in flight the poster slept until
 // 16 were left, and on the VM its wake-up took longer than the transport needed for those 16, so
 // the transport ran dry every 16 batches (issue 24). The completion takes a lock only to wake a
@@ -129,19 +129,19 @@ class InFlight {
       }
     };
   }
-  // Whether `window` batches are in flight; reads the completed count only when the last reading
-  // says so.
-  bool Full(int64_t window) {
-    if (posted_ - seen_ < window) return false;
+  // Whether more than `level` batches are in flight; reads the completed count only when the
+  // last reading says so.
+  bool Above(int64_t level) {
+    if (posted_ - seen_ <= level) return false;
     seen_ = completed_.value.load();
-    return posted_ - seen_ >= window;
+    return posted_ - seen_ > level;
   }
-  // Waits until fewer than `window` are in flight, spinning for at most kSpin, then asleep until
-  // at most `sleep_level` are; kTimeout past the deadline, or the first error.
-  Status WaitForRoom(int64_t window, int64_t sleep_level, Clock::time_point deadline) {
+  // Waits until at most `level` are in flight, spinning for at most kSpin, then asleep; kTimeout
+  // past the deadline, or the first error.
+  Status WaitForRoom(int64_t level, Clock::time_point deadline) {
     const auto start = Clock::now();
     bool yielding = false;
-    for (uint32_t turn = 1; Full(window - sleep_level); ++turn) {
+    for (uint32_t turn = 1; Above(level); ++turn) {
       if (yielding) {
         std::this_thread::yield();
       } else {
@@ -149,14 +149,15 @@ class InFlight {
       }
       if (turn % 4 != 0) continue;
       const auto spun = Clock::now() - start;
-      if (spun > kSpin) return WaitFor(sleep_level, deadline);
+      if (spun > kSpin) return WaitFor(level, deadline);
       yielding = spun > kPureSpin;
     }
     if (!failed_.load()) return Status::Ok();
     std::lock_guard lock(mu_);
     return error_;
   }
-  // Waits until at most `level` are in flight; kTimeout past the deadline, or the first error.
+  // Waits asleep until at most `level` are in flight; kTimeout past the deadline, or the first
+  // error.
   Status WaitFor(int64_t level, Clock::time_point deadline) {
     wake_at_.value.store(posted_ - level);
     std::unique_lock lock(mu_);
@@ -206,9 +207,8 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
       std::fprintf(stderr, "  %lld/%lld batches posted\n", static_cast<long long>(i),
                    static_cast<long long>(iters));
     }
-    if (in_flight.Full(config.window)) {
-      KV_RETURN_IF_ERROR(
-          in_flight.WaitForRoom(config.window, config.window / 2, Clock::now() + kBatchDeadline));
+    if (in_flight.Above(config.window - 1)) {
+      KV_RETURN_IF_ERROR(in_flight.WaitForRoom(config.window / 2, Clock::now() + kBatchDeadline));
     }
     const uint64_t shift = (i % slots) * batch_bytes;
     for (size_t r = 0; r < runs.size(); ++r) {

@@ -197,6 +197,31 @@ struct FlushRef {
   BatchState* batch;  // null once the batch finished without this flush
 };
 
+// A registration's mapping or an imported descriptor's remote key, lent to the batches posted
+// with it. Its owner creates it and, when it goes, hands it to the progress thread (Release: a
+// command, so after the Post() of every batch posted before); the progress thread counts the
+// batches holding it and frees it when the owner is gone and the last batch finished. The count
+// is a plain integer touched on one thread: shared_ptr counts taken by the poster and dropped by
+// the progress thread moved between the cores on every batch (perf, issue 24), and even on one
+// thread cost four atomic operations per batch.
+template <typename T>
+struct Lent {
+  explicit Lent(std::shared_ptr<T> ref) : ref(std::move(ref)) {}
+  // Progress thread: the owner went; frees it unless batches still hold it.
+  static void Release(Lent* lent) {
+    lent->released = true;
+    if (lent->batches == 0) delete lent;
+  }
+  // Progress thread.
+  void Hold() { ++batches; }
+  static void Drop(Lent* lent) {
+    if (--lent->batches == 0 && lent->released) delete lent;
+  }
+  const std::shared_ptr<T> ref;
+  uint64_t batches = 0;   // holding it (progress thread)
+  bool released = false;  // its owner went (progress thread)
+};
+
 // One accepted batch, owned by the progress thread from Enqueue until done() has run. Reset in
 // place for reuse by Engine::Recycle: a field added here must be reset there too.
 struct BatchState {
@@ -206,15 +231,11 @@ struct BatchState {
   std::vector<Run> runs;
   char* local = nullptr;
   uint64_t remote_address = 0;
-  // Lent by the batch's registration and remote descriptor (set by post()): references their
-  // owners release through the command queue when they go, so after the Post() of every batch
-  // posted before. Post() copies them, on the progress thread, into the two below, which the
-  // batch holds until it finishes: the counts are touched on one core. Taken by the poster and
-  // dropped by the progress thread, they moved between the cores on every batch (perf, issue 24).
-  const std::shared_ptr<MemoryMap>* lent_map = nullptr;
-  const std::shared_ptr<RemoteKey>* lent_key = nullptr;
-  std::shared_ptr<MemoryMap> local_map;
-  std::shared_ptr<RemoteKey> remote_key;
+  // Its registration's mapping and its descriptor's remote key (set by post()), held from Post()
+  // until the batch finishes (`holding`): deregistering while it is in flight is safe.
+  Lent<MemoryMap>* lent_map = nullptr;
+  Lent<RemoteKey>* lent_key = nullptr;
+  bool holding = false;
   // Links of the engine's in-flight list (BatchList).
   BatchState* prev = nullptr;
   BatchState* next = nullptr;

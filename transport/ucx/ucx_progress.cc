@@ -137,8 +137,11 @@ void Engine::Recycle(BatchState* batch) {
   if (batch->headers.capacity() > kKeepRuns) std::vector<PutHeader>().swap(batch->headers);
   batch->runs.clear();
   batch->headers.clear();
-  batch->local_map.reset();
-  batch->remote_key.reset();
+  if (batch->holding) {
+    Lent<MemoryMap>::Drop(batch->lent_map);
+    Lent<RemoteKey>::Drop(batch->lent_key);
+    batch->holding = false;
+  }
   batch->done = nullptr;
   if (!batch->failure.ok()) batch->failure = Status::Ok();
   batch->engine = nullptr;
@@ -317,9 +320,9 @@ void Engine::Post(BatchState* batch) {
     batch->failure = Status::Unavailable("peer " + std::to_string(batch->peer) + " has failed");
     return Finish(batch, UCS_OK);
   }
-  // The batch's own references, taken on the progress thread (BatchState::lent_map).
-  batch->local_map = *batch->lent_map;
-  batch->remote_key = *batch->lent_key;
+  batch->lent_map->Hold();
+  batch->lent_key->Hold();
+  batch->holding = true;
   in_flight_.Add(batch);
   for (const Run& run : batch->runs) batch->bytes += run.length;
   it->second->queued.push_back(Queued{batch, 0});
@@ -359,13 +362,13 @@ void Engine::Start(Peer* peer, BatchState* batch) {
   // No per-run callback: the flush below completes after every run, so the run requests are
   // released at once and one completion per batch is all the bookkeeping there is.
   ucp_request_param_t run_param{};
+  ucp_rkey_h rkey = batch->lent_key->ref->rkey;
   for (const Run& run : batch->runs) {
     if (run.length == 0) continue;
     void* local = batch->local + (put ? run.src_offset : run.dst_offset);
     uint64_t remote = batch->remote_address + (put ? run.dst_offset : run.src_offset);
-    ucs_status_ptr_t request =
-        put ? ucp_put_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param)
-            : ucp_get_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param);
+    ucs_status_ptr_t request = put ? ucp_put_nbx(ep, local, run.length, remote, rkey, &run_param)
+                                   : ucp_get_nbx(ep, local, run.length, remote, rkey, &run_param);
     if (UCS_PTR_IS_ERR(request)) {
       batch->failure = FromUcs(UCS_PTR_STATUS(request), put ? "ucp_put_nbx" : "ucp_get_nbx");
       break;  // the runs already posted are still covered by the flush

@@ -21,24 +21,23 @@ constexpr uint32_t kDescriptorMagic = 0x4d55564b;  // "KVUM"
 constexpr uint32_t kWireVersion = 1;
 constexpr size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are a few hundred bytes
 
-// The reference a registration or a remote descriptor lends its batches (BatchState::lent_map,
-// lent_key); released on the progress thread when its owner goes, so after the Post() of every
-// batch posted before took a reference of its own.
+// Owns what a registration or a remote descriptor lends its batches (ucx::Lent); hands it to
+// the progress thread when it goes.
 template <typename T>
 class LentRef {
  public:
   LentRef(Engine* engine, std::shared_ptr<T> ref)
-      : engine_(engine), ref_(new std::shared_ptr<T>(std::move(ref))) {}
+      : engine_(engine), lent_(new ucx::Lent<T>(std::move(ref))) {}
   ~LentRef() {
-    engine_->Enqueue([ref = ref_] { delete ref; });
+    engine_->Enqueue([lent = lent_] { ucx::Lent<T>::Release(lent); });
   }
   LentRef(const LentRef&) = delete;
   LentRef& operator=(const LentRef&) = delete;
-  const std::shared_ptr<T>* get() const { return ref_; }
+  ucx::Lent<T>* get() const { return lent_; }
 
  private:
   Engine* engine_;
-  std::shared_ptr<T>* ref_;
+  ucx::Lent<T>* lent_;
 };
 
 class UcxRegistration final : public MemoryRegistration {
@@ -66,7 +65,7 @@ class UcxRegistration final : public MemoryRegistration {
         .bytes(map_->packed_rkey())
         .take();
   }
-  const std::shared_ptr<ucx::MemoryMap>* lent_map() const { return lent_.get(); }
+  ucx::Lent<ucx::MemoryMap>* lent_map() const { return lent_.get(); }
   Engine* engine() const { return engine_; }
   uint64_t token() const { return token_; }  // 0: not host memory, no put messages land here
 
@@ -86,7 +85,7 @@ class UcxRemote final : public RemoteMemory {
   uint64_t length() const override { return length_; }
   const Engine* engine() const { return engine_; }
   uint64_t address() const { return address_; }
-  const std::shared_ptr<ucx::RemoteKey>* lent_key() const { return key_.get(); }
+  ucx::Lent<ucx::RemoteKey>* lent_key() const { return key_.get(); }
 
  private:
   const Engine* engine_;

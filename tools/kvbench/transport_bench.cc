@@ -430,7 +430,7 @@ int TransportMain(int argc, char** argv) {
        "every run to offset 0, as ucx_perftest does (isolates per-run software "
        "cost from memory bandwidth)",
        true},
-      {"no-ceiling", "skip ucx_perftest", true},
+      {"no-ceiling", "skip ucx_perftest (the memcpy ceiling still runs)", true},
       {"both-paths",
        "with --user-memory: measure the ucx chooser's two host paths in the same rounds, one put "
        "per run (direct) and gather -> one put -> scatter (staged), beside ucx_perftest",
@@ -446,9 +446,11 @@ int TransportMain(int argc, char** argv) {
         "\n"
         "kvbench starts the target process itself. Each round posts --iters batches of\n"
         "--runs-per-batch puts of --size bytes (a window of them in flight), then runs\n"
-        "`ucx_perftest -t ucp_put_bw` with the same size and message count; the two alternate\n"
-        "and the medians are compared. Small --size with many --runs-per-batch shows the\n"
-        "per-run overhead.\n\n"
+        "`ucx_perftest -t ucp_put_bw` with the same size and message count, then one thread\n"
+        "memcpy'ing the same runs over the same footprint; the three alternate and the medians\n"
+        "are compared. ucx_perftest always copies one cache-resident buffer: with a --footprint\n"
+        "larger than the caches, the memcpy ratio is the fair one. Small --size with many\n"
+        "--runs-per-batch shows the per-run overhead.\n\n"
         "  kvbench transport --backend ucx --memory host --size 4M --iters 200\n"
         "  kvbench transport --size 4K --runs-per-batch 1000 --iters 50 --json\n"
         "  kvbench transport --user-memory --both-paths --size 512 --runs-per-batch 2048 "

@@ -6,6 +6,8 @@
 // of batches in flight, each of --runs-per-batch runs of --size bytes to distinct offsets; with
 // --footprint, successive batches move on through a buffer of that size, so that the bytes come
 // from and go to memory the caches do not hold, as when kvd moves a wave of distinct KV pages.
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -102,17 +104,25 @@ int TargetMain(Channel& channel, const Config& config) {
 // line, and the poster reads the completed count only when its last reading says it must wait:
 // a count both threads wrote on every batch moved between the cores twice per batch.
 //
-// A full window is waited out until half of it drained: spinning first (kPureSpin flat out, with
-// a look at the count every few hundred cycles, then yielding the core between looks up to kSpin:
-// under `chrt -f` a spinner sharing the transport thread's core would hold it), then asleep. A
-// sleep alone cost more than it saved: with 32 batches of 64 KiB in flight the poster slept until
-// 16 were left, and on the VM its wake-up took longer than the transport needed for those 16, so
-// the transport ran dry every 16 batches (issue 24). The completion takes a lock only to wake a
-// sleeping poster or to keep an error.
+// A full window is waited out until half of it drained: under a real-time policy (`chrt -f`, how
+// the benchmark runs on a shared host) spinning first (kPureSpin flat out, with a look at the
+// count every few hundred cycles, then yielding the core between looks up to kSpin: a spinner
+// sharing the transport thread's core would hold it), then asleep. A sleep alone cost more than
+// it saved: with 32 batches of 64 KiB in flight the poster slept until 16 were left, and on the
+// VM its wake-up took longer than the transport needed for those 16, so the transport ran dry
+// every 16 batches (issue 24). Without a real-time policy the poster only sleeps: sharing the
+// cores with other work, a spinning poster took CPU time from the transport's thread (64 KiB,
+// load 3: 2.6 us a batch spinning against 1.3-1.4 asleep). The completion takes a lock only to
+// wake a sleeping poster or to keep an error.
 class InFlight {
  public:
   static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kSpin = std::chrono::microseconds(50);
+
+  InFlight() {
+    const int policy = ::sched_getscheduler(0);
+    spin_ = policy == SCHED_FIFO || policy == SCHED_RR;
+  }
 
   transport::Completion Slot() {
     ++posted_;
@@ -139,6 +149,7 @@ class InFlight {
   // Waits until at most `level` are in flight, spinning for at most kSpin, then asleep; kTimeout
   // past the deadline, or the first error.
   Status WaitForRoom(int64_t level, Clock::time_point deadline) {
+    if (!spin_) return WaitFor(level, deadline);
     const auto start = Clock::now();
     bool yielding = false;
     for (uint32_t turn = 1; Above(level); ++turn) {
@@ -186,6 +197,7 @@ class InFlight {
   Counter completed_{0};
   Counter wake_at_{kNever};          // the completed count the sleeping poster waits for
   std::atomic<bool> failed_{false};  // error_ is set
+  bool spin_ = false;                // the poster runs under a real-time policy
   std::mutex mu_;
   std::condition_variable cv_;
   Status error_;  // guarded by mu_

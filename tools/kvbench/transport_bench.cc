@@ -119,9 +119,11 @@ class InFlight {
   static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kSpin = std::chrono::microseconds(50);
 
-  InFlight() {
+  InFlight() : spin_(Spins()) {}
+  // Whether a poster on this thread spins for room (a real-time policy).
+  static bool Spins() {
     const int policy = ::sched_getscheduler(0);
-    spin_ = policy == SCHED_FIFO || policy == SCHED_RR;
+    return policy == SCHED_FIFO || policy == SCHED_RR;
   }
 
   transport::Completion Slot() {
@@ -197,7 +199,7 @@ class InFlight {
   Counter completed_{0};
   Counter wake_at_{kNever};          // the completed count the sleeping poster waits for
   std::atomic<bool> failed_{false};  // error_ is set
-  bool spin_ = false;                // the poster runs under a real-time policy
+  const bool spin_;                  // the poster runs under a real-time policy
   std::mutex mu_;
   std::condition_variable cv_;
   Status error_;  // guarded by mu_
@@ -387,11 +389,12 @@ int Bench(const Config& config) {
     return 0;
   }
   std::printf(
-      "transport %s, put, %llu B x %lld runs per batch%s, %lld batches, window %lld, %s memory "
-      "(%llu B footprint), median of %lld rounds\n",
+      "transport %s, put, %llu B x %lld runs per batch%s, %lld batches, window %lld (poster "
+      "%s), %s memory (%llu B footprint), median of %lld rounds\n",
       config.backend.c_str(), static_cast<unsigned long long>(config.size),
       static_cast<long long>(config.runs_per_batch), config.same_offset ? " (all at offset 0)" : "",
       static_cast<long long>(config.iters), static_cast<long long>(config.window),
+      InFlight::Spins() ? "spins, then sleeps" : "sleeps",
       config.transport_memory ? "transport-allocated" : "heap",
       static_cast<unsigned long long>(config.footprint), static_cast<long long>(config.rounds));
   std::printf("  kvd          %8.3f GB/s   %8.3f us per run%s\n", gbps, per_run_us,

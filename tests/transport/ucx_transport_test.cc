@@ -85,6 +85,42 @@ TEST_P(UcxPair, ManyBatchesInFlightAllComplete) {
     ASSERT_EQ(0, std::memcmp(src.data() + i * 4096, dst.data() + i * 8192, 4096)) << i;
 }
 
+// A batch takes its own references to its mapping and remote key on the progress thread; the
+// registration and the descriptor lend them until then. Destroyed right after post(), before the
+// progress thread can have taken them, they must still outlive every batch posted with them.
+TEST_P(UcxPair, RegistrationAndDescriptorDestroyedRightAfterPostOutliveTheirBatches) {
+  std::vector<uint8_t> local(1 << 20);
+  Fill(local, 7);
+  auto reg = initiator->register_memory(local.data(), local.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  auto r = initiator->import_remote(peer, dst_reg->packed_descriptor());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<Waiter> waiters(64);
+  for (size_t i = 0; i < waiters.size(); ++i) {
+    std::vector<kv::Run> runs = {{i * 16384, i * 16384, 16384}};
+    ASSERT_TRUE(
+        initiator
+            ->post({Op::kPut, reg->get(), r->get(), runs, testing::In(10s)}, waiters[i].callback())
+            .ok());
+  }
+  r->reset();
+  reg->reset();
+  for (auto& w : waiters) ASSERT_TRUE(w.Wait().ok());
+  EXPECT_EQ(0, std::memcmp(local.data(), dst.data(), local.size()));
+}
+
+// A local registration of another ucx transport names another engine's mapping: refused.
+TEST_P(UcxPair, LocalMemoryOfAnotherTransportIsRefused) {
+  std::vector<uint8_t> other(4096, 0x11);
+  auto foreign = target->register_memory(other.data(), other.size(), MemoryLocation::Host());
+  ASSERT_TRUE(foreign.ok()) << foreign.status().ToString();
+  std::vector<kv::Run> runs = {{0, 0, 4096}};
+  Status s = initiator->post({Op::kPut, foreign->get(), remote.get(), runs, testing::In(10s)},
+                             [](Status) { ADD_FAILURE() << "a refused batch must not complete"; });
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(dst, std::vector<uint8_t>(dst.size(), 0xEE));
+}
+
 // Posts `count` batches of one 1 MiB slice each, a notification after each; the receiver checks
 // the slice's bytes when its notification arrives: one that overtook its data would see stale
 // bytes.

@@ -6,6 +6,8 @@
 // of batches in flight, each of --runs-per-batch runs of --size bytes to distinct offsets; with
 // --footprint, successive batches move on through a buffer of that size, so that the bytes come
 // from and go to memory the caches do not hold, as when kvd moves a wave of distinct KV pages.
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/common/cli.h"
@@ -95,45 +98,111 @@ int TargetMain(Channel& channel, const Config& config) {
   return 0;
 }
 
-// Completions arrive on the transport's thread; the poster waits here for window space. It is
-// woken once the window has half drained rather than per completion: on two cores a wake-up per
-// batch would cost more than the batch. The count is atomic and a completion takes the lock only
-// to wake the poster or to keep an error: a lock per batch on both threads made them contend
-// (futex waits and wakes, a context switch every few batches on a loaded VM: perf, issue 24).
+// Completions arrive on the transport's thread; the poster waits here for window space.
+//
+// The poster counts what it posted, the transport's thread what completed, each on its own cache
+// line, and the poster reads the completed count only when its last reading says it must wait:
+// a count both threads wrote on every batch moved between the cores twice per batch.
+//
+// A full window is waited out until half of it drained: under a real-time policy (`chrt -f`, how
+// the benchmark runs on a shared host) spinning first (kPureSpin flat out, with a look at the
+// count every few hundred cycles, then yielding the core between looks up to kSpin: a spinner
+// sharing the transport thread's core would hold it), then asleep. A sleep alone cost more than
+// it saved: with 32 batches of 64 KiB in flight the poster slept until 16 were left, and on the
+// VM its wake-up took longer than the transport needed for those 16, so the transport ran dry
+// every 16 batches (issue 24). Without a real-time policy the poster only sleeps: sharing the
+// cores with other work, a spinning poster took CPU time from the transport's thread (64 KiB,
+// load 3: 2.6 us a batch spinning against 1.3-1.4 asleep). The completion takes a lock only to
+// wake a sleeping poster or to keep an error.
 class InFlight {
  public:
+  static constexpr auto kPureSpin = std::chrono::microseconds(5);
+  static constexpr auto kSpin = std::chrono::microseconds(50);
+
+  InFlight() : spin_(Spins()) {}
+  // Whether a poster on this thread spins for room (a real-time policy).
+  static bool Spins() {
+    const int policy = ::sched_getscheduler(0);
+    return policy == SCHED_FIFO || policy == SCHED_RR;
+  }
+
   transport::Completion Slot() {
-    count_.fetch_add(1);
+    ++posted_;
     return [this](Status s) {
-      const int64_t left = count_.fetch_sub(1) - 1;
+      const int64_t completed = completed_.value.fetch_add(1) + 1;
       if (!s.ok()) {
         std::lock_guard lock(mu_);
         if (error_.ok()) error_ = s;
+        failed_.store(true);
         cv_.notify_one();
-      } else if (left <= wake_at_.load()) {
+      } else if (completed >= wake_at_.value.load()) {
         std::lock_guard lock(mu_);  // the poster is between its check and its sleep, or asleep
         cv_.notify_one();
       }
     };
   }
-  // Waits until at most `level` are in flight; kTimeout past the deadline, or the first error.
+  // Whether more than `level` batches are in flight; reads the completed count only when the
+  // last reading says so.
+  bool Above(int64_t level) {
+    if (posted_ - seen_ <= level) return false;
+    seen_ = completed_.value.load();
+    return posted_ - seen_ > level;
+  }
+  // Waits until at most `level` are in flight, spinning for at most kSpin, then asleep; kTimeout
+  // past the deadline, or the first error.
+  Status WaitForRoom(int64_t level, Clock::time_point deadline) {
+    if (!spin_) return WaitFor(level, deadline);
+    const auto start = Clock::now();
+    bool yielding = false;
+    for (uint32_t turn = 1; Above(level); ++turn) {
+      if (yielding) {
+        std::this_thread::yield();
+      } else {
+        for (int i = 0; i < 32; ++i) CpuRelax();
+      }
+      if (turn % 4 != 0) continue;
+      const auto spun = Clock::now() - start;
+      if (spun > kSpin) return WaitFor(level, deadline);
+      yielding = spun > kPureSpin;
+    }
+    if (!failed_.load()) return Status::Ok();
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  // Waits asleep until at most `level` are in flight; kTimeout past the deadline, or the first
+  // error.
   Status WaitFor(int64_t level, Clock::time_point deadline) {
-    wake_at_.store(level);
+    wake_at_.value.store(posted_ - level);
     std::unique_lock lock(mu_);
-    bool done =
-        cv_.wait_until(lock, deadline, [&] { return count_.load() <= level || !error_.ok(); });
-    wake_at_.store(-1);
+    bool done = cv_.wait_until(
+        lock, deadline, [&] { return posted_ - completed_.value.load() <= level || !error_.ok(); });
+    wake_at_.value.store(kNever);
+    seen_ = completed_.value.load();
     if (!done) return Status::Timeout("batches did not complete within their deadline");
     return error_;
   }
-  int64_t count() const { return count_.load(); }
+  // A slot taken for a batch that was not posted after all.
+  void Unslot() { --posted_; }
 
  private:
+  static constexpr int64_t kNever = INT64_MAX;
+  static void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  struct alignas(64) Counter {
+    std::atomic<int64_t> value;
+  };
+  int64_t posted_ = 0;  // the poster's
+  int64_t seen_ = 0;    // the poster's last reading of completed_
+  Counter completed_{0};
+  Counter wake_at_{kNever};          // the completed count the sleeping poster waits for
+  std::atomic<bool> failed_{false};  // error_ is set
+  const bool spin_;                  // the poster runs under a real-time policy
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<int64_t> count_{0};
-  std::atomic<int64_t> wake_at_{-1};  // the level the poster waits for; -1 when it does not wait
-  Status error_;                      // guarded by mu_
+  Status error_;  // guarded by mu_
 };
 
 // Seconds for config.iters batches.
@@ -152,8 +221,9 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
       std::fprintf(stderr, "  %lld/%lld batches posted\n", static_cast<long long>(i),
                    static_cast<long long>(iters));
     }
-    if (in_flight.count() >= config.window)
-      KV_RETURN_IF_ERROR(in_flight.WaitFor(config.window / 2, Clock::now() + kBatchDeadline));
+    if (in_flight.Above(config.window - 1)) {
+      KV_RETURN_IF_ERROR(in_flight.WaitForRoom(config.window / 2, Clock::now() + kBatchDeadline));
+    }
     const uint64_t shift = (i % slots) * batch_bytes;
     for (size_t r = 0; r < runs.size(); ++r) {
       moved[r].src_offset = runs[r].src_offset + shift;
@@ -162,13 +232,34 @@ Result<double> MeasureOnce(Transport& t, const transport::MemoryRegistration& sr
     transport::Batch batch{transport::Op::kPut, &src, &remote, moved,
                            Clock::now() + kBatchDeadline};
     transport::Completion done = in_flight.Slot();
-    Status posted = t.post(batch, done);
+    Status posted = t.post(batch, std::move(done));
     if (!posted.ok()) {
-      done(Status::Ok());  // gives the slot back
+      in_flight.Unslot();  // post() rejected the batch: `done` never runs
       return posted;
     }
   }
   KV_RETURN_IF_ERROR(in_flight.WaitFor(0, Clock::now() + kBatchDeadline));
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Seconds for `iters` batches copied with memcpy on this thread, from `src` to `dst` (each of
+// config.footprint bytes), at the offsets MeasureOnce puts them: what a put over shared memory
+// does (UCX copies into its mapping of the target's segment), with no transport around it. Unlike
+// ucx_perftest, which puts every message to the same cache-resident buffer, it follows
+// --footprint, so it is the like-for-like ceiling when the batches move through more memory than
+// the caches hold.
+double MeasureCopy(const char* src, char* dst, const std::vector<Run>& runs, const Config& config,
+                   int64_t iters) {
+  const uint64_t batch_bytes = config.size * config.runs_per_batch;
+  const uint64_t slots = config.footprint / batch_bytes;
+  auto start = Clock::now();
+  for (int64_t i = 0; i < iters; ++i) {
+    const uint64_t shift = (i % slots) * batch_bytes;
+    for (const Run& run : runs)
+      std::memcpy(dst + run.dst_offset + shift, src + run.src_offset + shift, run.length);
+  }
+  // The copies must not be optimised away.
+  asm volatile("" : : "r"(dst) : "memory");
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -235,8 +326,14 @@ int Bench(const Config& config) {
     warm = MeasureOnce(*second->t, *second->memory.registration, *second->remote, runs, config,
                        warm_iters);
   if (!warm.ok()) return Fail(warm.status().ToString());
+  // The copy ceiling's destination: memory of the kind the target's is, in this process.
+  auto copy_dst = MakeBuffer(*t, config.footprint, config.transport_memory, 0);
+  if (!copy_dst.ok()) return Fail(copy_dst.status().ToString());
+  const char* copy_from = static_cast<const char*>(src.base());
+  char* copy_to = static_cast<char*>(copy_dst->registration->base());
+  (void)MeasureCopy(copy_from, copy_to, runs, config, warm_iters);
 
-  std::vector<double> ours, staged, ceiling, ceiling_us;
+  std::vector<double> ours, staged, ceiling, ceiling_us, copied;
   for (int64_t round = 1; round <= config.rounds; ++round) {
     auto seconds = MeasureOnce(*t, src, *remote, runs, config, config.iters);
     if (!seconds.ok()) return Fail(seconds.status().ToString());
@@ -257,10 +354,14 @@ int Bench(const Config& config) {
       ceiling_us.push_back(perf->usec_per_message);
       line += ", ucx_perftest " + std::to_string(perf->gbps) + " GB/s";
     }
+    copied.push_back(batch_bytes * config.iters /
+                     MeasureCopy(copy_from, copy_to, runs, config, config.iters) / 1e9);
+    line += ", memcpy " + std::to_string(copied.back()) + " GB/s";
     std::fprintf(stderr, "%s\n", line.c_str());
   }
   (void)(*child)->channel().Send("quit");
   (void)(*child)->Wait(Clock::now() + 10s);
+  copy_dst->registration.reset();
   first->remote.reset();
   first->memory.registration.reset();
   if (second.ok()) {
@@ -273,23 +374,27 @@ int Bench(const Config& config) {
   const double ceiling_gbps = config.ceiling ? Median(ceiling) : 0;
   const double ceiling_per_message = config.ceiling ? Median(ceiling_us) : 0;
   const double staged_gbps = staged.empty() ? 0 : Median(staged);
+  const double copy_gbps = Median(copied);
   if (config.json) {
     std::printf(
         "{\"gbps\": %.3f, \"size\": %llu, \"iters\": %lld, \"runs_per_batch\": %lld, "
         "\"per_run_us\": %.3f, \"ceiling_gbps\": %.3f, \"ceiling_per_message_us\": %.3f, "
-        "\"ratio\": %.3f, \"staged_gbps\": %.3f, \"staged_ratio\": %.3f}\n",
+        "\"ratio\": %.3f, \"staged_gbps\": %.3f, \"staged_ratio\": %.3f, \"footprint\": %llu, "
+        "\"copy_gbps\": %.3f, \"copy_ratio\": %.3f}\n",
         gbps, static_cast<unsigned long long>(config.size), static_cast<long long>(config.iters),
         static_cast<long long>(config.runs_per_batch), per_run_us, ceiling_gbps,
         ceiling_per_message, config.ceiling ? gbps / ceiling_gbps : 0.0, staged_gbps,
-        config.ceiling ? staged_gbps / ceiling_gbps : 0.0);
+        config.ceiling ? staged_gbps / ceiling_gbps : 0.0,
+        static_cast<unsigned long long>(config.footprint), copy_gbps, gbps / copy_gbps);
     return 0;
   }
   std::printf(
-      "transport %s, put, %llu B x %lld runs per batch%s, %lld batches, window %lld, %s memory "
-      "(%llu B footprint), median of %lld rounds\n",
+      "transport %s, put, %llu B x %lld runs per batch%s, %lld batches, window %lld (poster "
+      "%s), %s memory (%llu B footprint), median of %lld rounds\n",
       config.backend.c_str(), static_cast<unsigned long long>(config.size),
       static_cast<long long>(config.runs_per_batch), config.same_offset ? " (all at offset 0)" : "",
       static_cast<long long>(config.iters), static_cast<long long>(config.window),
+      InFlight::Spins() ? "spins, then sleeps" : "sleeps",
       config.transport_memory ? "transport-allocated" : "heap",
       static_cast<unsigned long long>(config.footprint), static_cast<long long>(config.rounds));
   std::printf("  kvd          %8.3f GB/s   %8.3f us per run%s\n", gbps, per_run_us,
@@ -307,6 +412,14 @@ int Bench(const Config& config) {
     std::printf("  ratio        %8.3f      per-run overhead %+.3f us\n", gbps / ceiling_gbps,
                 per_run_us - ceiling_per_message);
   }
+  // ucx_perftest puts every message to one cache-resident buffer; memcpy follows --footprint.
+  const double copy_us = batch_bytes * config.iters / (copy_gbps * 1e9) / messages * 1e6;
+  std::printf(
+      "  memcpy       %8.3f GB/s   %8.3f us per run      (same runs and footprint, one "
+      "thread)\n",
+      copy_gbps, copy_us);
+  std::printf("  copy ratio   %8.3f      per-run overhead %+.3f us\n", gbps / copy_gbps,
+              per_run_us - copy_us);
   return 0;
 }
 
@@ -332,7 +445,7 @@ int TransportMain(int argc, char** argv) {
        "every run to offset 0, as ucx_perftest does (isolates per-run software "
        "cost from memory bandwidth)",
        true},
-      {"no-ceiling", "skip ucx_perftest", true},
+      {"no-ceiling", "skip ucx_perftest (the memcpy ceiling still runs)", true},
       {"both-paths",
        "with --user-memory: measure the ucx chooser's two host paths in the same rounds, one put "
        "per run (direct) and gather -> one put -> scatter (staged), beside ucx_perftest",
@@ -348,9 +461,11 @@ int TransportMain(int argc, char** argv) {
         "\n"
         "kvbench starts the target process itself. Each round posts --iters batches of\n"
         "--runs-per-batch puts of --size bytes (a window of them in flight), then runs\n"
-        "`ucx_perftest -t ucp_put_bw` with the same size and message count; the two alternate\n"
-        "and the medians are compared. Small --size with many --runs-per-batch shows the\n"
-        "per-run overhead.\n\n"
+        "`ucx_perftest -t ucp_put_bw` with the same size and message count, then one thread\n"
+        "memcpy'ing the same runs over the same footprint; the three alternate and the medians\n"
+        "are compared. ucx_perftest always copies one cache-resident buffer: with a --footprint\n"
+        "larger than the caches, the memcpy ratio is the fair one. Small --size with many\n"
+        "--runs-per-batch shows the per-run overhead.\n\n"
         "  kvbench transport --backend ucx --memory host --size 4M --iters 200\n"
         "  kvbench transport --size 4K --runs-per-batch 1000 --iters 50 --json\n"
         "  kvbench transport --user-memory --both-paths --size 512 --runs-per-batch 2048 "

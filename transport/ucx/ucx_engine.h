@@ -23,8 +23,9 @@
 //  * An endpoint error (the peer died) fails every batch to that peer with kUnavailable; later
 //    batches to it complete with kUnavailable; the caller reconnects.
 //  * A batch holds its local mapping and its remote key: deregistering while a batch is in flight
-//    is safe, the unmap waits. Registrations and imported descriptors must be destroyed before
-//    the Transport.
+//    is safe, the unmap waits. The unmap (and the remote key's release) runs on the progress
+//    thread, after the commands queued before the deregistration. Registrations and imported
+//    descriptors must be destroyed before the Transport.
 //  * A notification is sent as an eager active message after a flush of its endpoint completes,
 //    so it arrives after the data of every batch posted before it (to a peer that takes puts as
 //    messages: after every batch posted before it finished); notifications leave in the order
@@ -196,7 +197,33 @@ struct FlushRef {
   BatchState* batch;  // null once the batch finished without this flush
 };
 
-// One accepted batch, owned by the progress thread from Enqueue until done() has run.
+// A registration's mapping or an imported descriptor's remote key, lent to the batches posted
+// with it. Its owner creates it and, when it goes, hands it to the progress thread (Release: a
+// command, so after the Post() of every batch posted before); the progress thread counts the
+// batches holding it and frees it when the owner is gone and the last batch finished. The count
+// is a plain integer touched on one thread: shared_ptr counts taken by the poster and dropped by
+// the progress thread moved between the cores on every batch (perf, issue 24), and even on one
+// thread cost four atomic operations per batch.
+template <typename T>
+struct Lent {
+  explicit Lent(std::shared_ptr<T> ref) : ref(std::move(ref)) {}
+  // Progress thread: the owner went; frees it unless batches still hold it.
+  static void Release(Lent* lent) {
+    lent->released = true;
+    if (lent->batches == 0) delete lent;
+  }
+  // Progress thread.
+  void Hold() { ++batches; }
+  static void Drop(Lent* lent) {
+    if (--lent->batches == 0 && lent->released) delete lent;
+  }
+  const std::shared_ptr<T> ref;
+  uint64_t batches = 0;   // holding it (progress thread)
+  bool released = false;  // its owner went (progress thread)
+};
+
+// One accepted batch, owned by the progress thread from Enqueue until done() has run. Reset in
+// place for reuse by Engine::Recycle: a field added here must be reset there too.
 struct BatchState {
   Engine* engine = nullptr;
   PeerId peer = 0;
@@ -204,8 +231,15 @@ struct BatchState {
   std::vector<Run> runs;
   char* local = nullptr;
   uint64_t remote_address = 0;
-  std::shared_ptr<MemoryMap> local_map;
-  std::shared_ptr<RemoteKey> remote_key;
+  // Its registration's mapping and its descriptor's remote key (set by post()), held from Post()
+  // until the batch finishes (`holding`): deregistering while it is in flight is safe.
+  Lent<MemoryMap>* lent_map = nullptr;
+  Lent<RemoteKey>* lent_key = nullptr;
+  bool holding = false;
+  // Links of the engine's in-flight list (BatchList).
+  BatchState* prev = nullptr;
+  BatchState* next = nullptr;
+  bool listed = false;
   Completion done;
   Clock::time_point deadline;
   Status failure;       // set when the batch times out or its peer fails before UCX reports back
@@ -218,6 +252,39 @@ struct BatchState {
   uint64_t seq = 0;                // set when its peer takes puts as messages: notes wait for it
   std::vector<PutHeader> headers;  // of its messages, until they are sent
   FlushRef* flush = nullptr;       // its flush, while UCX owes the callback
+};
+
+// The batches in flight, in the order they were posted, linked through the batches themselves:
+// adding and removing one allocates nothing (a std::set took a malloc and a free per batch on the
+// progress thread). Progress thread only.
+class BatchList {
+ public:
+  bool empty() const { return head_ == nullptr; }
+  BatchState* front() const { return head_; }
+  void Add(BatchState* batch) {
+    batch->prev = tail_;
+    batch->next = nullptr;
+    (tail_ != nullptr ? tail_->next : head_) = batch;
+    tail_ = batch;
+    batch->listed = true;
+  }
+  // No-op for a batch that is not listed (one that failed before it was added).
+  void Remove(BatchState* batch) {
+    if (!batch->listed) return;
+    (batch->prev != nullptr ? batch->prev->next : head_) = batch->next;
+    (batch->next != nullptr ? batch->next->prev : tail_) = batch->prev;
+    batch->prev = batch->next = nullptr;
+    batch->listed = false;
+  }
+  // Calls fn(batch) for every batch; fn must not add or remove any.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (BatchState* b = head_; b != nullptr; b = b->next) fn(b);
+  }
+
+ private:
+  BatchState* head_ = nullptr;
+  BatchState* tail_ = nullptr;
 };
 
 struct Note {
@@ -380,6 +447,10 @@ class Engine {
   // queue_mu_; finished_ the progress thread's, moved to spare_ when it next takes the lock.
   std::vector<BatchState*> spare_;
   std::vector<BatchState*> finished_;
+  // One finished batch set aside by Recycle() for the next NewBatch(), which takes it without the
+  // queue's lock: with the lock taken twice per post() (spare, then command), the poster and the
+  // progress thread met on it in futex waits at small batch sizes (perf, issue 24).
+  std::atomic<BatchState*> ready_{nullptr};
   bool stopping_ = false;
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::pair<PeerId, ucs_status_t>> endpoint_errors_;
@@ -394,7 +465,7 @@ class Engine {
   // it; a worker destroyed at once left it a closed port, on which UCX 1.13 aborted the peer
   // (tcp_ep.c:478, "Assertion `!(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX)' failed").
   std::vector<std::pair<std::shared_ptr<WorkerSlot>, Clock::time_point>> retired_;
-  std::set<BatchState*> in_flight_;
+  BatchList in_flight_;
   NotificationHandler handler_;
   LocalRegions regions_;
   const PutPath put_path_;

@@ -112,9 +112,11 @@ Engine::~Engine() {
   }
   for (BatchState* batch : spare_) delete batch;
   for (BatchState* batch : finished_) delete batch;
+  delete ready_.load();
 }
 
 BatchState* Engine::NewBatch() {
+  if (BatchState* batch = ready_.exchange(nullptr, std::memory_order_acquire)) return batch;
   {
     std::lock_guard lock(queue_mu_);
     if (!spare_.empty()) {
@@ -127,15 +129,40 @@ BatchState* Engine::NewBatch() {
 }
 
 void Engine::Recycle(BatchState* batch) {
-  // Every field back to its default; the run and header vectors keep their capacity unless a
-  // large batch grew them.
+  // Every field back to its default, in place (kvbench transport at 64 KiB: 0.613-0.620 us per
+  // batch against 0.623-0.631 with a fresh BatchState moved over it, issue 24). The run and
+  // header vectors keep their capacity unless a large batch grew them.
   constexpr size_t kKeepRuns = 4096;
-  BatchState fresh;
-  if (batch->runs.capacity() <= kKeepRuns) fresh.runs = std::move(batch->runs);
-  if (batch->headers.capacity() <= kKeepRuns) fresh.headers = std::move(batch->headers);
-  fresh.runs.clear();
-  fresh.headers.clear();
-  *batch = std::move(fresh);
+  if (batch->runs.capacity() > kKeepRuns) std::vector<Run>().swap(batch->runs);
+  if (batch->headers.capacity() > kKeepRuns) std::vector<PutHeader>().swap(batch->headers);
+  batch->runs.clear();
+  batch->headers.clear();
+  if (batch->holding) {
+    Lent<MemoryMap>::Drop(batch->lent_map);
+    Lent<RemoteKey>::Drop(batch->lent_key);
+    batch->holding = false;
+  }
+  batch->done = nullptr;
+  if (!batch->failure.ok()) batch->failure = Status::Ok();
+  batch->engine = nullptr;
+  batch->peer = 0;
+  batch->op = Op::kPut;
+  batch->local = nullptr;
+  batch->remote_address = 0;
+  batch->lent_map = nullptr;
+  batch->lent_key = nullptr;
+  batch->prev = batch->next = nullptr;
+  batch->listed = false;
+  batch->deadline = {};
+  batch->bytes = 0;
+  batch->posted = batch->am = batch->flushed = batch->acked = false;
+  batch->seq = 0;
+  batch->flush = nullptr;
+  BatchState* empty = nullptr;
+  if (ready_.load(std::memory_order_relaxed) == nullptr &&
+      ready_.compare_exchange_strong(empty, batch, std::memory_order_release)) {
+    return;
+  }
   finished_.push_back(batch);
 }
 
@@ -293,7 +320,10 @@ void Engine::Post(BatchState* batch) {
     batch->failure = Status::Unavailable("peer " + std::to_string(batch->peer) + " has failed");
     return Finish(batch, UCS_OK);
   }
-  in_flight_.insert(batch);
+  batch->lent_map->Hold();
+  batch->lent_key->Hold();
+  batch->holding = true;
+  in_flight_.Add(batch);
   for (const Run& run : batch->runs) batch->bytes += run.length;
   it->second->queued.push_back(Queued{batch, 0});
   Pump(it->second.get());
@@ -332,13 +362,13 @@ void Engine::Start(Peer* peer, BatchState* batch) {
   // No per-run callback: the flush below completes after every run, so the run requests are
   // released at once and one completion per batch is all the bookkeeping there is.
   ucp_request_param_t run_param{};
+  ucp_rkey_h rkey = batch->lent_key->ref->rkey;
   for (const Run& run : batch->runs) {
     if (run.length == 0) continue;
     void* local = batch->local + (put ? run.src_offset : run.dst_offset);
     uint64_t remote = batch->remote_address + (put ? run.dst_offset : run.src_offset);
-    ucs_status_ptr_t request =
-        put ? ucp_put_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param)
-            : ucp_get_nbx(ep, local, run.length, remote, batch->remote_key->rkey, &run_param);
+    ucs_status_ptr_t request = put ? ucp_put_nbx(ep, local, run.length, remote, rkey, &run_param)
+                                   : ucp_get_nbx(ep, local, run.length, remote, rkey, &run_param);
     if (UCS_PTR_IS_ERR(request)) {
       batch->failure = FromUcs(UCS_PTR_STATUS(request), put ? "ucp_put_nbx" : "ucp_get_nbx");
       break;  // the runs already posted are still covered by the flush
@@ -376,7 +406,7 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
     batch->flush->batch = nullptr;
     batch->flush = nullptr;
   }
-  in_flight_.erase(batch);
+  in_flight_.Remove(batch);
   if (batch->seq != 0) AmBatchDone(batch);
   if (batch->posted) {
     // A failed peer is gone from peers_ already: nothing of it is left to pump.
@@ -397,15 +427,15 @@ void Engine::Finish(BatchState* batch, ucs_status_t status) {
 
 void Engine::CheckDeadlines(Clock::time_point now) {
   std::vector<PeerId> late;
-  for (BatchState* batch : in_flight_) {
-    if (now <= batch->deadline || !batch->failure.ok()) continue;
+  in_flight_.ForEach([&](BatchState* batch) {
+    if (now <= batch->deadline || !batch->failure.ok()) return;
     auto overdue = std::chrono::duration_cast<std::chrono::milliseconds>(now - batch->deadline);
     batch->failure =
         Status::Timeout("batch of " + std::to_string(batch->runs.size()) + " runs to peer " +
                         std::to_string(batch->peer) + " missed its deadline (" +
                         std::to_string(overdue.count()) + " ms ago)");
     late.push_back(batch->peer);
-  }
+  });
   for (PeerId id : late) {
     FailPeer(id, Status::Unavailable("peer " + std::to_string(id) +
                                      " was closed after a batch to it missed its deadline"));
@@ -430,11 +460,11 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
   bool batches_in_flight = false;
-  for (BatchState* batch : in_flight_) {
-    if (batch->peer != id) continue;
+  in_flight_.ForEach([&](BatchState* batch) {
+    if (batch->peer != id) return;
     batches_in_flight |= batch->posted;
     if (batch->failure.ok()) batch->failure = reason;
-  }
+  });
   std::unique_ptr<Peer> peer = std::move(it->second);
   peers_.erase(it);
   peer->notes.clear();
@@ -446,9 +476,9 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
   }
   // Put batches whose sends are done wait only for an ack: UCX owes them nothing to complete.
   std::vector<BatchState*> unacked;
-  for (BatchState* batch : in_flight_) {
+  in_flight_.ForEach([&](BatchState* batch) {
     if (batch->peer == id && batch->am && batch->flushed) unacked.push_back(batch);
-  }
+  });
   for (BatchState* batch : unacked) Finish(batch, UCS_OK);
   // Batches UCX never saw complete here, with the failure set above.
   for (const Queued& queued : peer->queued) {
@@ -479,88 +509,10 @@ void Engine::FailPeer(PeerId id, const Status& reason) {
 void Engine::FinishOrphans(PeerId id) {
   // The lanes are gone: nothing of these batches moves any more. Their failure is set (FailPeer).
   std::vector<BatchState*> orphans;
-  for (BatchState* batch : in_flight_) {
+  in_flight_.ForEach([&](BatchState* batch) {
     if (batch->peer == id) orphans.push_back(batch);
-  }
+  });
   for (BatchState* batch : orphans) Finish(batch, UCS_ERR_CANCELED);
-}
-
-void Engine::Notify(PeerId id, std::string message) {
-  auto it = peers_.find(id);
-  if (it == peers_.end()) return;  // the peer failed: its notifications are dropped with it
-  Peer* peer = it->second.get();
-  uint64_t seq = peer->next_note++;
-  peer->notes.push_back(Note{seq, std::move(message)});
-  // Behind queued batches, the flush waits its turn: it must cover them once they are posted.
-  if (peer->queued.empty()) {
-    FlushNote(peer, seq);
-  } else {
-    peer->queued.push_back(Queued{nullptr, seq});
-  }
-}
-
-void Engine::FlushNote(Peer* peer, uint64_t seq) {
-  const PeerId id = peer->id;
-  // Puts as messages: landed once acked, which no flush says.
-  if (peer->am_puts) {
-    if (AmNoteReady(peer, seq)) MarkNoteReady(id, seq);
-    return;
-  }
-  // UCX does not order active messages after RMA: the flush is what makes the data land first.
-  ucp_request_param_t flush{};
-  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  flush.cb.send = &Engine::OnNoteFlushed;
-  auto* ref = new NoteRef{this, id, seq};
-  flush.user_data = ref;
-  ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep, &flush);
-  if (UCS_PTR_IS_PTR(request)) return;
-  delete ref;
-  if (request == nullptr) MarkNoteReady(id, seq);
-}
-
-void Engine::OnNoteFlushed(void* request, ucs_status_t status, void* user_data) {
-  std::unique_ptr<NoteRef> ref(static_cast<NoteRef*>(user_data));
-  ucp_request_free(request);
-  if (status == UCS_OK) ref->engine->MarkNoteReady(ref->peer, ref->seq);
-}
-
-void Engine::MarkNoteReady(PeerId id, uint64_t seq) {
-  auto it = peers_.find(id);
-  if (it == peers_.end()) return;
-  for (Note& note : it->second->notes) {
-    if (note.seq == seq) note.ready = true;
-  }
-  SendReadyNotes(it->second.get());
-}
-
-void Engine::SendReadyNotes(Peer* peer) {
-  while (!peer->notes.empty() && peer->notes.front().ready) {
-    auto* message = new std::string(std::move(peer->notes.front().message));
-    peer->notes.pop_front();
-    ucp_request_param_t param{};
-    param.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_AM_SEND_FLAG_EAGER;  // rendezvous would need a receive-side fetch
-    param.cb.send = &Engine::OnNoteSent;
-    param.user_data = message;
-    ucs_status_ptr_t request = ucp_am_send_nbx(peer->ep, kNotifyAmId, nullptr, 0, message->data(),
-                                               message->size(), &param);
-    if (!UCS_PTR_IS_PTR(request)) delete message;
-  }
-}
-
-void Engine::OnNoteSent(void* request, ucs_status_t, void* user_data) {
-  delete static_cast<std::string*>(user_data);
-  ucp_request_free(request);
-}
-
-ucs_status_t Engine::OnNotification(void* arg, const void*, size_t, void* data, size_t length,
-                                    const ucp_am_recv_param_t* param) {
-  auto* engine = static_cast<Engine*>(arg);
-  // Senders force eager; a rendezvous message did not come from this backend and is dropped.
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || !engine->handler_) return UCS_OK;
-  engine->handler_(std::string_view(static_cast<const char*>(data), length));
-  return UCS_OK;
 }
 
 void Engine::ReapClosedEndpoints() {
@@ -593,7 +545,7 @@ void Engine::Shutdown() {
     if ((in_flight_.empty() && closing_.empty()) || Clock::now() > give_up) break;
   }
   while (!in_flight_.empty()) {
-    BatchState* batch = *in_flight_.begin();
+    BatchState* batch = in_flight_.front();
     batch->failure = Status::Aborted("the transport was closed with the batch in flight");
     Finish(batch, UCS_OK);
   }

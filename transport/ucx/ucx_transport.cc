@@ -21,11 +21,30 @@ constexpr uint32_t kDescriptorMagic = 0x4d55564b;  // "KVUM"
 constexpr uint32_t kWireVersion = 1;
 constexpr size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are a few hundred bytes
 
+// Owns what a registration or a remote descriptor lends its batches (ucx::Lent); hands it to
+// the progress thread when it goes.
+template <typename T>
+class LentRef {
+ public:
+  LentRef(Engine* engine, std::shared_ptr<T> ref)
+      : engine_(engine), lent_(new ucx::Lent<T>(std::move(ref))) {}
+  ~LentRef() {
+    engine_->Enqueue([lent = lent_] { ucx::Lent<T>::Release(lent); });
+  }
+  LentRef(const LentRef&) = delete;
+  LentRef& operator=(const LentRef&) = delete;
+  ucx::Lent<T>* get() const { return lent_; }
+
+ private:
+  Engine* engine_;
+  ucx::Lent<T>* lent_;
+};
+
 class UcxRegistration final : public MemoryRegistration {
  public:
   // Host memory is also where peers' put messages may land (ucx_am_put.cc) while registered.
   UcxRegistration(Engine* engine, std::shared_ptr<ucx::MemoryMap> map)
-      : engine_(engine), map_(std::move(map)) {
+      : engine_(engine), map_(std::move(map)), lent_(engine, map_) {
     if (map_->location().kind == MemoryKind::kHost)
       token_ = engine_->regions().Add(map_->base(), map_->length());
   }
@@ -46,33 +65,34 @@ class UcxRegistration final : public MemoryRegistration {
         .bytes(map_->packed_rkey())
         .take();
   }
-  const std::shared_ptr<ucx::MemoryMap>& map() const { return map_; }
+  ucx::Lent<ucx::MemoryMap>* lent_map() const { return lent_.get(); }
   Engine* engine() const { return engine_; }
   uint64_t token() const { return token_; }  // 0: not host memory, no put messages land here
 
  private:
   Engine* engine_;
   std::shared_ptr<ucx::MemoryMap> map_;
+  LentRef<ucx::MemoryMap> lent_;
   uint64_t token_ = 0;
 };
 
 class UcxRemote final : public RemoteMemory {
  public:
-  UcxRemote(const Engine* engine, PeerId peer, uint64_t address, uint64_t length,
+  UcxRemote(Engine* engine, PeerId peer, uint64_t address, uint64_t length,
             std::shared_ptr<ucx::RemoteKey> key)
-      : engine_(engine), peer_(peer), address_(address), length_(length), key_(std::move(key)) {}
+      : engine_(engine), peer_(peer), address_(address), length_(length), key_(engine, key) {}
   PeerId peer() const override { return peer_; }
   uint64_t length() const override { return length_; }
   const Engine* engine() const { return engine_; }
   uint64_t address() const { return address_; }
-  const std::shared_ptr<ucx::RemoteKey>& key() const { return key_; }
+  ucx::Lent<ucx::RemoteKey>* lent_key() const { return key_.get(); }
 
  private:
   const Engine* engine_;
   PeerId peer_;
   uint64_t address_;
   uint64_t length_;
-  std::shared_ptr<ucx::RemoteKey> key_;
+  LentRef<ucx::RemoteKey> key_;
 };
 
 class UcxTransport final : public Transport {
@@ -171,7 +191,8 @@ class UcxTransport final : public Transport {
     KV_RETURN_IF_ERROR(CheckBatch(batch));
     auto* local = dynamic_cast<const UcxRegistration*>(batch.local);
     auto* remote = dynamic_cast<const UcxRemote*>(batch.remote);
-    if (local == nullptr || remote == nullptr || remote->engine() != engine_.get())
+    if (local == nullptr || remote == nullptr || local->engine() != engine_.get() ||
+        remote->engine() != engine_.get())
       return Status::InvalidArgument("batch names memory of another transport");
     KV_RETURN_IF_ERROR(CheckPeer(remote->peer()));
     ucx::BatchState* state = engine_->NewBatch();
@@ -181,8 +202,8 @@ class UcxTransport final : public Transport {
     state->runs.assign(batch.runs.begin(), batch.runs.end());
     state->local = static_cast<char*>(local->base());
     state->remote_address = remote->address();
-    state->local_map = local->map();
-    state->remote_key = remote->key();
+    state->lent_map = local->lent_map();
+    state->lent_key = remote->lent_key();
     state->done = std::move(done);
     state->deadline = batch.deadline;
     engine_->Enqueue([engine = engine_.get(), state] { engine->Post(state); });

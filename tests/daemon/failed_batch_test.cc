@@ -25,16 +25,11 @@ using connector::TransferParams;
 
 constexpr auto kTimeout = std::chrono::milliseconds(5000);
 
-// Forwards to a real backend, but never moves a batch: each one fails as soon as it is posted.
-// Counts the layer notices kvd hands it.
-class FailingTransport final : public testing::ForwardingTransport {
+// Forwards to a real backend and counts the layer notices of request "r" kvd hands it.
+class NoticeCounting : public testing::ForwardingTransport {
  public:
-  FailingTransport(std::unique_ptr<transport::Transport> inner, std::atomic<int>* notices)
+  NoticeCounting(std::unique_ptr<transport::Transport> inner, std::atomic<int>* notices)
       : ForwardingTransport(std::move(inner)), notices_(notices) {}
-  Status post(const transport::Batch&, transport::Completion done) override {
-    done(Status::Unavailable("injected: the batch did not land"));
-    return Status::Ok();
-  }
   Status notify(transport::PeerId peer, std::string message) override {
     proto::LayerNotice notice;
     if (notice.ParseFromString(message) && notice.request_id() == "r") ++*notices_;
@@ -45,22 +40,23 @@ class FailingTransport final : public testing::ForwardingTransport {
   std::atomic<int>* notices_;
 };
 
-// Refuses every batch when it is posted (a transport whose queue is full or whose peer is gone).
-class RefusingTransport final : public testing::ForwardingTransport {
+// Never moves a batch: each one fails as soon as it is posted.
+class FailingTransport final : public NoticeCounting {
  public:
-  RefusingTransport(std::unique_ptr<transport::Transport> inner, std::atomic<int>* notices)
-      : ForwardingTransport(std::move(inner)), notices_(notices) {}
+  using NoticeCounting::NoticeCounting;
+  Status post(const transport::Batch&, transport::Completion done) override {
+    done(Status::Unavailable("injected: the batch did not land"));
+    return Status::Ok();
+  }
+};
+
+// Refuses every batch when it is posted (a transport whose queue is full or whose peer is gone).
+class RefusingTransport final : public NoticeCounting {
+ public:
+  using NoticeCounting::NoticeCounting;
   Status post(const transport::Batch&, transport::Completion) override {
     return Status::Unavailable("injected: the batch was refused");
   }
-  Status notify(transport::PeerId peer, std::string message) override {
-    proto::LayerNotice notice;
-    if (notice.ParseFromString(message) && notice.request_id() == "r") ++*notices_;
-    return inner().notify(peer, std::move(message));
-  }
-
- private:
-  std::atomic<int>* notices_;
 };
 
 // `notices`: null for a plain local transport, else where the failing (or, with `refuse`, the
@@ -96,66 +92,79 @@ LayoutSpec Spec() {
   return spec;
 }
 
-TEST(FailedBatch, ItsLayerIsNeverReportedReady) {
+// A prefill kvd whose transport fails (or, with `refuse`, refuses) every batch, a plain decode
+// kvd, an engine on each with one host cache of Spec() registered.
+struct Pair {
   std::atomic<int> notices{0};
-  auto prefill = StartDaemon("p", &notices);
-  auto decode = StartDaemon("d", nullptr);
-  ASSERT_TRUE(prefill && decode);
-  auto source = Connector::OpenEmbedded(prefill, {"prefill", 0, 1, kTimeout});
-  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, kTimeout});
-  ASSERT_TRUE(source.ok() && sink.ok());
-  const LayoutSpec spec = Spec();
-  auto src = (*source)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
-  auto dst = (*sink)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
-  ASSERT_TRUE(src.ok() && dst.ok());
+  std::shared_ptr<daemon::Daemon> prefill, decode;
+  std::unique_ptr<Connector> source, sink;
+  LayoutSpec spec = Spec();
+  std::vector<connector::KvCache> src, dst;  // keep the registrations' caches
+
+  // Gtest assertions inside; the caller checks ok() after.
+  void Open(bool refuse) {
+    prefill = StartDaemon("p", &notices, refuse);
+    decode = StartDaemon("d", nullptr);
+    ASSERT_TRUE(prefill && decode);
+    auto s = Connector::OpenEmbedded(prefill, {"prefill", 0, 1, kTimeout});
+    auto d = Connector::OpenEmbedded(decode, {"decode", 0, 1, kTimeout});
+    ASSERT_TRUE(s.ok() && d.ok());
+    source = std::move(*s);
+    sink = std::move(*d);
+    auto registered_src = source->RegisterKvCaches(connector::HostCaches({&spec, 1}));
+    auto registered_dst = sink->RegisterKvCaches(connector::HostCaches({&spec, 1}));
+    ASSERT_TRUE(registered_src.ok() && registered_dst.ok());
+    src = std::move(*registered_src);
+    dst = std::move(*registered_dst);
+  }
+  bool ok() const { return source && sink && !dst.empty(); }
+};
+
+TEST(FailedBatch, ItsLayerIsNeverReportedReady) {
+  Pair pair;
+  pair.Open(/*refuse=*/false);
+  ASSERT_TRUE(pair.ok());
 
   TransferParams params;
-  params.peer_address = prefill->listen_address();
+  params.peer_address = pair.prefill->listen_address();
   params.tokens = 16;
   const std::vector<int64_t> block = {1};
-  ASSERT_TRUE((*sink)->StartLoad("r", params, block).ok());
-  ASSERT_TRUE((*source)->SaveLayer("r", 0, block).ok());
+  ASSERT_TRUE(pair.sink->StartLoad("r", params, block).ok());
+  ASSERT_TRUE(pair.source->SaveLayer("r", 0, block).ok());
   // Layer 0's batch may have failed the request by now: the next save then reports that.
-  const Status later = (*source)->SaveLayer("r", 1, block);
+  const Status later = pair.source->SaveLayer("r", 1, block);
   if (!later.ok()) {
     EXPECT_EQ(later.code(), Code::kUnavailable) << later.ToString();
   }
-  for (int l = 0; l < spec.layers; ++l) {
-    const Status waited = (*sink)->WaitLayer("r", l);
+  for (int l = 0; l < pair.spec.layers; ++l) {
+    const Status waited = pair.sink->WaitLayer("r", l);
     EXPECT_FALSE(waited.ok()) << "layer " << l << " reported in place";
     EXPECT_NE(waited.code(), Code::kTimeout) << waited.ToString();  // kvd's failure, not a timeout
   }
   // Whether the decode side heard of the failure before a stray notice is a race; that kvd
   // handed over no notice at all is not.
-  EXPECT_EQ(notices.load(), 0);
+  EXPECT_EQ(pair.notices.load(), 0);
 }
 
 // The Want arrives after every layer was saved: kvd posts the first layer while it plans the
 // rest (SendQueue::PostIfIdle, inside the Want's handler), and the transport refuses it there.
 // The request still ends with that error on both sides, and no notice of it is handed over.
 TEST(FailedBatch, APostRefusedWhileTheWantIsPlannedEndsTheRequest) {
-  std::atomic<int> notices{0};
-  auto prefill = StartDaemon("p", &notices, /*refuse=*/true);
-  auto decode = StartDaemon("d", nullptr);
-  ASSERT_TRUE(prefill && decode);
-  auto source = Connector::OpenEmbedded(prefill, {"prefill", 0, 1, kTimeout});
-  auto sink = Connector::OpenEmbedded(decode, {"decode", 0, 1, kTimeout});
-  ASSERT_TRUE(source.ok() && sink.ok());
-  const LayoutSpec spec = Spec();
-  auto src = (*source)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
-  auto dst = (*sink)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
-  ASSERT_TRUE(src.ok() && dst.ok());
+  Pair pair;
+  pair.Open(/*refuse=*/true);
+  ASSERT_TRUE(pair.ok());
 
   const std::vector<int64_t> block = {1};
-  for (int l = 0; l < spec.layers; ++l) ASSERT_TRUE((*source)->SaveLayer("r", l, block).ok());
+  for (int l = 0; l < pair.spec.layers; ++l)
+    ASSERT_TRUE(pair.source->SaveLayer("r", l, block).ok());
   // Answered after both saves were handled: the Want below finds every layer saved.
-  auto finished = (*source)->RequestFinished("r");
+  auto finished = pair.source->RequestFinished("r");
   ASSERT_TRUE(finished.ok()) << finished.status().ToString();
   TransferParams params = *finished;
   params.tokens = 16;
-  ASSERT_TRUE((*sink)->StartLoad("r", params, block).ok());
-  for (int l = 0; l < spec.layers; ++l) {
-    const Status waited = (*sink)->WaitLayer("r", l);
+  ASSERT_TRUE(pair.sink->StartLoad("r", params, block).ok());
+  for (int l = 0; l < pair.spec.layers; ++l) {
+    const Status waited = pair.sink->WaitLayer("r", l);
     EXPECT_FALSE(waited.ok()) << "layer " << l << " reported in place";
     EXPECT_NE(waited.code(), Code::kTimeout) << waited.ToString();
   }
@@ -163,11 +172,11 @@ TEST(FailedBatch, APostRefusedWhileTheWantIsPlannedEndsTheRequest) {
   const auto deadline = std::chrono::steady_clock::now() + kTimeout;
   bool heard = false;
   while (!heard && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& id : (*source)->GetFinished().sent) heard = heard || id == "r";
+    for (const auto& id : pair.source->GetFinished().sent) heard = heard || id == "r";
     if (!heard) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   EXPECT_TRUE(heard) << "the prefill engine never heard that request r ended";
-  EXPECT_EQ(notices.load(), 0);
+  EXPECT_EQ(pair.notices.load(), 0);
 }
 
 }  // namespace

@@ -49,9 +49,12 @@ class ByteReader {
   }
   bool at_end() const { return in_.empty(); }
   size_t remaining() const { return in_.size(); }
-  // The next n bytes into p, as ByteWriter::raw wrote them.
+  // The next n bytes into p, as ByteWriter::raw wrote them. n == 0 touches nothing, so p may be
+  // the null data() of an empty vector (memcpy's arguments must not be null even then: found by
+  // fuzz_nccl_wire, a get request of no ranges).
   bool raw(void* p, size_t n) {
     if (in_.size() < n) return false;
+    if (n == 0) return true;
     std::memcpy(p, in_.data(), n);
     in_.remove_prefix(n);
     return true;

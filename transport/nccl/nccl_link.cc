@@ -345,6 +345,7 @@ struct Link::Impl {
     KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges, msg.strided));
     if (msg.reply_to == 0) {
       KV_ASSIGN_OR_RETURN(auto region, regions->Find(msg.region_id));
+      KV_RETURN_IF_ERROR(CheckPutSize(bytes, region.second));
       KV_RETURN_IF_ERROR(CheckRanges(msg.ranges, region.second));
       KV_RETURN_IF_ERROR(CheckStrided(msg.strided, region.second, msg.chunk_bytes));
       base = region.first;

@@ -107,6 +107,20 @@ TEST(NcclWireTest, RowsOfOneShapeTravelAsTheirOffsets) {
   }
 }
 
+// A put writes each destination byte once, so its bytes are bounded by the region's: a peer's
+// announcement of more (ranges repeating one stretch) is refused before any chunk is laid out.
+TEST(NcclWireTest, APutOfMoreBytesThanItsRegionIsRefused) {
+  EXPECT_TRUE(CheckPutSize(4096, 4096).ok());
+  EXPECT_TRUE(CheckPutSize(0, 0).ok());
+  const std::vector<Range> again(3, Range{0, 4096});  // each inside the region on its own
+  EXPECT_TRUE(CheckRanges(again, 8192).ok());
+  auto total = TotalBytes(again);
+  ASSERT_TRUE(total.ok());
+  const Status s = CheckPutSize(*total, 8192);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("12288"), std::string::npos) << s.ToString();
+}
+
 TEST(NcclWireTest, APeersRowsMustLieInTheRegionApartAndWithinAChunk) {
   const uint64_t region = 1 << 20, chunk = 64 << 10;
   EXPECT_TRUE(CheckStrided({{{0, 1024, 16, 2048}}}, region, chunk).ok());

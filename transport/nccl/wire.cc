@@ -210,6 +210,12 @@ Result<std::string> DecodeNote(std::string_view frame) {
   return std::string(text);
 }
 
+Status CheckPutSize(uint64_t bytes, uint64_t region_bytes) {
+  if (bytes <= region_bytes) return Status::Ok();
+  return Status::InvalidArgument("a put of " + std::to_string(bytes) +
+                                 " bytes into a region of " + std::to_string(region_bytes));
+}
+
 Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided) {
   uint64_t total = 0;
   for (const Range& r : ranges) {

@@ -99,6 +99,10 @@ Result<std::string> DecodeNote(std::string_view frame);
 
 // Total bytes of `ranges`, and of the rows of `strided`; kInvalidArgument on overflow.
 Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided = {});
+// A put's bytes (TotalBytes) against the region it writes: a put never writes a byte twice (its
+// runs do not overlap on the destination), so one of more bytes than the region is malformed.
+// Checked first, so a peer cannot make the receiver lay out chunks for more than the region.
+Status CheckPutSize(uint64_t bytes, uint64_t region_bytes);
 // A peer's ranges checked before any byte moves: inside [0, region_bytes).
 Status CheckRanges(std::span<const Range> ranges, uint64_t region_bytes);
 // A peer's rows checked before any byte moves: inside [0, region_bytes), rows of 1 to

@@ -1,0 +1,153 @@
+// libFuzzer target: bytes as a frame a peer's nccl side channel delivered (after its seal was
+// opened), decoded as the link's reader does, then, for a put's announcement, checked and laid
+// out in chunks as the receive worker does (transport/nccl/nccl_link.cc ReceiveData, staging.cc
+// Receive) against a 16 MiB region and 32 MiB staging slots. Nothing may crash, read out of
+// bounds or overflow (ASan, UBSan), and what is decoded must hold together:
+//  - every message that decodes re-encodes to one that decodes to the same fields (the rows'
+//    shape encoding of kvd-nccl/5 included);
+//  - an announcement the checks accept is laid out whole: its staged chunks, group chunks and
+//    direct pieces add up to its TotalBytes, no chunk exceeds chunk_bytes, and every run or row
+//    lies inside the region on one side and inside its chunk on the other.
+// Beside the backend: it includes the backend's own header (registered in tests/fuzz). wire.cc
+// needs no CUDA or NCCL, so the fuzz build compiles it alone.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "transport/nccl/wire.h"
+
+namespace {
+
+using namespace kv::transport::nccl;  // NOLINT: the backend's wire vocabulary throughout
+
+constexpr uint64_t kRegionBytes = 16 << 20;
+constexpr uint64_t kSlotBytes = 32 << 20;
+
+void Require(bool holds) {
+  if (!holds) __builtin_trap();
+}
+
+bool SameRanges(const std::vector<Range>& a, const std::vector<Range>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].offset != b[i].offset || a[i].length != b[i].length) return false;
+  }
+  return true;
+}
+
+bool SameRows(const std::vector<Strided>& a, const std::vector<Strided>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].offset != b[i].offset || a[i].length != b[i].length || a[i].count != b[i].count ||
+        a[i].stride != b[i].stride) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A run of a chunk: one side in the region, the other inside the chunk's staging.
+void RequireRunInside(const kv::Run& run, Direction direction, uint64_t chunk_bytes) {
+  const uint64_t region = direction == Direction::kGather ? run.src_offset : run.dst_offset;
+  const uint64_t staging = direction == Direction::kGather ? run.dst_offset : run.src_offset;
+  Require(run.length <= kRegionBytes && region <= kRegionBytes - run.length);
+  Require(staging <= chunk_bytes && run.length <= chunk_bytes - staging);
+}
+
+// What the receive worker does with a put's announcement once it decoded.
+void LayOut(const DataMsg& msg) {
+  auto total = TotalBytes(msg.ranges, msg.strided);
+  if (!total.ok() || !CheckPutSize(*total, kRegionBytes).ok()) return;
+  if (!CheckRanges(msg.ranges, kRegionBytes).ok()) return;
+  if (!CheckStrided(msg.strided, kRegionBytes, msg.chunk_bytes).ok()) return;
+  if (msg.chunk_bytes > kSlotBytes) return;  // Staging::CheckChunk refuses it
+  const DirectSplit split = SplitDirect(msg.ranges, msg.direct_bytes, msg.chunk_bytes);
+  const Chunks chunks = ChunkRuns(split.staged, msg.chunk_bytes, Direction::kScatter);
+  const GroupChunks groups = ChunkGroups(msg.strided, msg.chunk_bytes, Direction::kScatter);
+  uint64_t laid_out = 0;
+  for (const Range& piece : split.direct) {
+    Require(piece.length <= msg.chunk_bytes && piece.offset <= kRegionBytes - piece.length);
+    laid_out += piece.length;
+  }
+  for (size_t k = 0; k < chunks.count(); ++k) {
+    Require(chunks.bytes[k] <= msg.chunk_bytes);
+    uint64_t in_chunk = 0;
+    for (const kv::Run& run : chunks.chunk(k)) {
+      RequireRunInside(run, Direction::kScatter, msg.chunk_bytes);
+      in_chunk += run.length;
+    }
+    Require(in_chunk == chunks.bytes[k]);
+    laid_out += chunks.bytes[k];
+  }
+  for (size_t k = 0; k < groups.count(); ++k) {
+    Require(groups.bytes[k] <= msg.chunk_bytes);
+    uint64_t in_chunk = 0;
+    for (const kv::RunGroup& g : groups.chunk(k)) {
+      for (uint64_t i = 0; i<g.count; i += g.count> 1 ? g.count - 1 : 1) {  // first, last row
+        RequireRunInside(g.row(i), Direction::kScatter, msg.chunk_bytes);
+      }
+      in_chunk += g.length * g.count;
+    }
+    Require(in_chunk == groups.bytes[k]);
+    laid_out += groups.bytes[k];
+  }
+  Require(laid_out == *total);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view frame(reinterpret_cast<const char*>(data), size);
+  auto type = PeekType(frame);
+  if (!type.ok()) return 0;
+  switch (*type) {
+    case MsgType::kHello:
+      (void)DecodeHello(frame);
+      break;
+    case MsgType::kCommInit: {
+      auto id = DecodeCommInit(frame);
+      if (!id.ok()) break;
+      auto again = DecodeCommInit(EncodeCommInit(*id));
+      Require(again.ok() && *again == *id);
+      break;
+    }
+    case MsgType::kData: {
+      auto msg = DecodeData(frame);
+      if (!msg.ok()) break;
+      auto again = DecodeData(EncodeData(*msg));
+      Require(again.ok() && again->seq == msg->seq && again->reply_to == msg->reply_to &&
+              again->region_id == msg->region_id && again->chunk_bytes == msg->chunk_bytes &&
+              again->direct_bytes == msg->direct_bytes && SameRanges(again->ranges, msg->ranges) &&
+              SameRows(again->strided, msg->strided));
+      if (msg->reply_to == 0) LayOut(*msg);
+      break;
+    }
+    case MsgType::kAck:
+    case MsgType::kGetError: {
+      auto msg = DecodeAck(frame);
+      if (!msg.ok()) break;
+      auto again = DecodeAck(EncodeAck(*msg));
+      Require(again.ok() && again->seq == msg->seq && again->status.code() == msg->status.code());
+      break;
+    }
+    case MsgType::kGetRequest: {
+      auto msg = DecodeGetRequest(frame);
+      if (!msg.ok()) break;
+      auto again = DecodeGetRequest(EncodeGetRequest(*msg));
+      Require(again.ok() && again->seq == msg->seq && again->region_id == msg->region_id &&
+              SameRanges(again->ranges, msg->ranges));
+      if (CheckRanges(msg->ranges, kRegionBytes).ok()) (void)TotalBytes(msg->ranges);
+      break;
+    }
+    case MsgType::kNote: {
+      auto note = DecodeNote(frame);
+      if (!note.ok()) break;
+      auto again = DecodeNote(EncodeNote(*note));
+      Require(again.ok() && *again == *note);
+      break;
+    }
+  }
+  return 0;
+}

@@ -8,7 +8,10 @@
 // against the registration before any byte moves. Batches are gathered into bounded staging
 // slots, sent over one or more communicators, received and scattered as one pipeline the host
 // enqueues at once (staging.h); large runs skip the staging. Completion comes with the
-// receiver's ack. post() and notify() only queue work for the link's threads. A peer that dies or
+// receiver's ack. A put's runs must not overlap on the destination (the scatter kernels write
+// them in parallel; kvd's plans never do): a put of more bytes than the destination registration
+// holds is refused by the receiver before anything moves (kInvalidArgument in the completion).
+// post() and notify() only queue work for the link's threads. A peer that dies or
 // stops answering fails its batches with kUnavailable and its communicators are aborted, never
 // waited on.
 //

@@ -5,6 +5,7 @@
 // the backend, whose internals it tests (registered in tests/gpu).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -119,6 +120,23 @@ TEST(NcclWireTest, APutOfMoreBytesThanItsRegionIsRefused) {
   const Status s = CheckPutSize(*total, 8192);
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("12288"), std::string::npos) << s.ToString();
+}
+
+// Rows whose extent below the first row passes 2^64 wrap around to offsets anywhere: 37 rows
+// INT64_MIN bytes apart from offset 8 put row 1 at 2^63 + 8. Refused, whatever the first offset
+// (fuzz_nccl_wire found this shape accepted).
+TEST(NcclWireTest, RowsWhoseExtentWrapsAroundAreRefused) {
+  const int64_t most_negative = std::numeric_limits<int64_t>::min();
+  for (uint64_t count : {2ull, 3ull, 37ull}) {
+    for (uint64_t offset : {0ull, 8ull, 4096ull}) {
+      const std::vector<Strided> rows = {{offset, 512, count, most_negative}};
+      const Status s = CheckStrided(rows, 16 << 20, 1 << 20);
+      EXPECT_EQ(s.code(), Code::kOutOfRange) << count << " rows from " << offset;
+    }
+  }
+  // The same rows a page apart, downwards from the top of the region, still pass.
+  const std::vector<Strided> down = {{(16 << 20) - 4096, 512, 16, -4096}};
+  EXPECT_TRUE(CheckStrided(down, 16 << 20, 1 << 20).ok());
 }
 
 TEST(NcclWireTest, APeersRowsMustLieInTheRegionApartAndWithinAChunk) {

@@ -212,8 +212,8 @@ Result<std::string> DecodeNote(std::string_view frame) {
 
 Status CheckPutSize(uint64_t bytes, uint64_t region_bytes) {
   if (bytes <= region_bytes) return Status::Ok();
-  return Status::InvalidArgument("a put of " + std::to_string(bytes) +
-                                 " bytes into a region of " + std::to_string(region_bytes));
+  return Status::InvalidArgument("a put of " + std::to_string(bytes) + " bytes into a region of " +
+                                 std::to_string(region_bytes));
 }
 
 Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided) {
@@ -295,7 +295,10 @@ Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uin
       shape = &g;
       lowest = 1;
       highest = 0;  // none, unless the rows fit at all
-      if (above + g.length <= region_bytes) {
+      // The rows' whole extent, not only the part above the first row: `below` of a negative
+      // stride can pass 2^64 (INT64_MIN, 37 rows), and truncated to 64 bits it let rows outside
+      // the region through (found by fuzz_nccl_wire).
+      if (span + g.length <= region_bytes) {
         lowest = static_cast<uint64_t>(below);
         highest = region_bytes - static_cast<uint64_t>(above) - g.length;
       }

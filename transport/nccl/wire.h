@@ -42,6 +42,7 @@ inline constexpr std::string_view kHelloMagic = "kvd-nccl/5";
 struct Range {
   uint64_t offset = 0;
   uint64_t length = 0;
+  bool operator==(const Range&) const = default;
 };
 
 // The smallest chunk a link sends or accepts: a batch's chunks and direct pieces are listed on
@@ -56,6 +57,7 @@ struct Strided {
   uint64_t length = 0;
   uint64_t count = 0;
   int64_t stride = 0;
+  bool operator==(const Strided&) const = default;
 };
 
 struct DataMsg {
@@ -66,6 +68,7 @@ struct DataMsg {
   uint64_t direct_bytes = 0;  // ranges at least this long travel direct; 0: none
   std::vector<Range> ranges;
   std::vector<Strided> strided;  // staged after the ranges; rows of at most chunk_bytes
+  bool operator==(const DataMsg&) const = default;
 };
 
 struct AckMsg {
@@ -77,6 +80,7 @@ struct GetRequestMsg {
   uint64_t seq = 0;
   uint64_t region_id = 0;  // the responder's registration
   std::vector<Range> ranges;
+  bool operator==(const GetRequestMsg&) const = default;
 };
 
 // The type of a frame; kInvalidArgument for an empty or unknown one.

@@ -1,6 +1,6 @@
 // The host half of RunTables (run_tables.h): where each staged chunk's descriptors lie in one
 // batch's table, and their encoding. CUDA-free, so that its cost per descriptor can be timed on
-// a machine without a GPU (kvbench nccl-host).
+// a machine without a GPU (nccl_host_bench).
 #pragma once
 
 #include <cstdint>

@@ -42,7 +42,7 @@ bool GetRanges(ByteReader& r, uint64_t bytes_left, std::vector<Range>* out) {
 // groups of that shape, 8 bytes a group where the whole Strided takes 32. A batch's groups nearly
 // all share one shape (a page's head: 16 rows of 512 B), and the announcement of a layer of 32
 // requests of 512 B rows was 2 MiB, 16 times a batch of 64 KiB pages, and the largest host cost
-// of such a batch (kvbench nccl-host, send/frame).
+// of such a batch (nccl_host_bench, send/frame).
 void PutStrided(ByteWriter& w, std::span<const Strided> strided) {
   std::vector<uint64_t> words;
   words.reserve(strided.size() + 4);

@@ -25,7 +25,7 @@ std::string HmacSha256(std::string_view key, std::string_view message) {
 // getrandom(2), the kernel's CSPRNG, rather than OpenSSL's RAND_bytes: the same strength, and
 // a token minted on the start-up path of a transfer (the decode kvd's first Want of a wave, after
 // the io thread slept) costs about a third of RAND_bytes there, whose DRBG code and state
-// are cold by then (benchmarks/pd_gpu.md, "start-up hops").
+// are cold by then (benchmarks/pd.md, "start-up hops").
 Result<std::string> RandomBytes(size_t n) {
   std::string out(n, '\0');
   for (size_t got = 0; got < n;) {

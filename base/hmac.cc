@@ -3,9 +3,11 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 
 namespace kv::crypto {
 
@@ -20,10 +22,20 @@ std::string HmacSha256(std::string_view key, std::string_view message) {
   return std::string(reinterpret_cast<const char*>(mac), length);
 }
 
+// getrandom(2), the kernel's CSPRNG, rather than OpenSSL's RAND_bytes: the same strength, and
+// a token minted on the start-up path of a transfer (the decode kvd's first Want of a wave, after
+// the io thread slept) costs about a third of RAND_bytes there, whose DRBG code and state
+// are cold by then (benchmarks/pd.md, "start-up hops").
 Result<std::string> RandomBytes(size_t n) {
   std::string out(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
-    return Status::Internal("RAND_bytes could not produce " + std::to_string(n) + " bytes");
+  for (size_t got = 0; got < n;) {
+    const ssize_t r = ::getrandom(out.data() + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::Internal("getrandom could not produce " + std::to_string(n) +
+                              " bytes: " + std::strerror(errno));
+    }
+    got += static_cast<size_t>(r);
   }
   return out;
 }

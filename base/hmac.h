@@ -1,6 +1,7 @@
-// The cryptographic primitives of kvd's authentication, over OpenSSL's libcrypto: HMAC-SHA256,
-// random bytes from the CSPRNG, and constant-time comparison. Pure functions, thread-safe, no
-// I/O. Callers build their messages with AppendField so that no two field lists encode alike.
+// The cryptographic primitives of kvd's authentication: HMAC-SHA256 and constant-time
+// comparison over OpenSSL's libcrypto, random bytes from the kernel's CSPRNG. Pure functions,
+// thread-safe, no I/O but getrandom(2). Callers build their messages with AppendField so that no
+// two field lists encode alike.
 // Users: the peer port's challenge-response (daemon/peer_auth.h) and the transports' TCP side
 // channels (transport/channel_auth.h).
 #pragma once
@@ -19,7 +20,8 @@ inline constexpr size_t kSha256Bytes = 32;
 // empty MAC equals nothing under ConstantTimeEqual, so a failure never authenticates).
 std::string HmacSha256(std::string_view key, std::string_view message);
 
-// `n` bytes from OpenSSL's CSPRNG; kInternal when it cannot deliver (never silently weak).
+// `n` bytes from the kernel's CSPRNG (getrandom(2)); kInternal when it cannot deliver (never
+// silently weak).
 Result<std::string> RandomBytes(size_t n);
 
 // Equality of two byte strings in time independent of their contents (their lengths are not

@@ -114,8 +114,12 @@ void Scheduler::RequestLoad(DestRequest& request) {
   // Issue 19: granted now where the peer is ready, else as its queued Want leaves
   // (Core::PeerConnected).
   const Peer* peer = peers_.Find(request.peer_id);
-  if (peer != nullptr && peer->ready && !GrantWantWrites(request.peer_id, message)) return;
+  const bool ready = peer != nullptr && peer->ready;  // else Send queues it for the connection
+  if (ready && !GrantWantWrites(request.peer_id, message)) return;
   peers_.Send(request.peer_id, std::move(message));
+  // "request" to here is this kvd's own work on the Want (building it, the write grant, the
+  // socket write); from here to the source's want_in, the network and the source's queue.
+  if (ready) Trace("wanted", request.id, -1);
 }
 
 bool Scheduler::GrantWantWrites(uint64_t peer_id, const proto::PeerMessage& message) {

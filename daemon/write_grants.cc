@@ -1,5 +1,6 @@
 #include "daemon/write_grants.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "transport/intervals.h"
@@ -27,14 +28,25 @@ std::vector<transport::Transport::WriteRange> BlockWriteRanges(const KvRegion& l
       outer.push_back(*axis);
     }
   }
+  // The blocks in ascending order, so that each outer index's spans come out sorted, and where
+  // the outer axes are outermost in memory too (the usual layer-first and blocks-first caches)
+  // all of them: SortAndMerge then merges in one pass instead of sorting layers x blocks spans.
+  // Each Want's grant is made before it leaves: for 4 layers x 256 random blocks this and the
+  // transport's grant took 67 us of the 135 the decode kvd spent on a wave's first Want on the
+  // dev VM, 30 since (benchmarks/pd.md, "start-up hops").
+  std::vector<int64_t> sorted(blocks.begin(), blocks.end());
+  std::sort(sorted.begin(), sorted.end());
+  size_t outer_count = 1;
+  for (Axis axis : outer) outer_count *= static_cast<size_t>(layout.size(axis));
   std::vector<transport::Interval> spans;
+  spans.reserve(outer_count * sorted.size());
   std::vector<int64_t> index(outer.size(), 0);
   while (true) {
     uint64_t base = 0;
     for (size_t i = 0; i < outer.size(); ++i) {
       base += static_cast<uint64_t>(index[i] * layout.stride(outer[i]));
     }
-    for (int64_t b : blocks) {
+    for (int64_t b : sorted) {
       const uint64_t at = base + static_cast<uint64_t>(b * layout.stride(Axis::kB));
       spans.emplace_back(at, at + extent);
     }

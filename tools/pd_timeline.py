@@ -4,8 +4,8 @@
 kvd at --log-level debug writes one "trace <us> <event> <request> <layer> <bytes>" line per step of a
 transfer (daemon/transfers.cc, destination.cc, send_queue.cc), on the steady clock both kvds share.
 Events: save (the prefill engine's save_layer arrived), loads (the decode kvd got an engine's
-StartLoads), request (the decode kvd sent a WantRequest), want_in (a WantRequest reached the prefill
-kvd), want (its checks passed), post (a layer's batch went to the transport), flushed (the
+StartLoads), request (the decode kvd starts a WantRequest), wanted (it was written to the peer's
+socket), want_in (a WantRequest reached the prefill kvd), want (its checks passed), post (a layer's batch went to the transport), flushed (the
 transport completed it: the data landed), notify (its LayerNotice was handed to the transport),
 notice (the decode kvd received a LayerNotice and sent LayerReady to its engines). `kvbench pd
 --trace` adds the engines' side on its stderr: ewave (the wave's clock starts), esave, eloads (a
@@ -50,7 +50,7 @@ def main():
         number = re.search(r"(\d+)$", e[2])
         waves[int(number[1]) // args.window if number else 0].append(e)
     columns = [("eloads", "first"), ("loads", "first"), ("request", "first"),
-               ("want_in", "first"), ("want", "first"), ("post", "first"), ("save", "last"),
+               ("wanted", "first"), ("want_in", "first"), ("want", "first"), ("post", "first"), ("save", "last"),
                ("post", "last"), ("flushed", "last"), ("notice", "last"), ("einplace", "last")]
     heads = [f"{which} {kind}" for kind, which in columns]
     print("wave  " + "  ".join(f"{h:>13}" for h in heads) + "  batches  post->flushed p50/max  "

@@ -13,9 +13,10 @@ namespace kv::transport {
 
 using Interval = std::pair<uint64_t, uint64_t>;
 
-// Sorts `v` and merges overlapping or touching intervals.
+// Sorts `v` and merges overlapping or touching intervals. Input already in order (a grant's
+// ranges, daemon/write_grants.h, come sorted and merged) is merged in one pass, unsorted.
 inline void SortAndMerge(std::vector<Interval>& v) {
-  std::sort(v.begin(), v.end());
+  if (!std::is_sorted(v.begin(), v.end())) std::sort(v.begin(), v.end());
   size_t out = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     if (out > 0 && v[i].first <= v[out - 1].second) {

@@ -240,9 +240,13 @@ class Core final : public Transport {
   void Pump(OutLink& link);
   Status Open(OutLink& link);  // sends kHello once; the link is kOpening until kWelcome
   Status PrepareSlots(OutLink& link);
+  // Gathers the job's next chunk into a free send slot; a host chunk is issued before it
+  // returns, a GPU one once its copy finished. Leaves the link kFailed on error.
   void StartChunk(OutLink& link, const std::shared_ptr<Job>& job);
-  void GatherDone(PeerId peer, std::shared_ptr<Job> job, size_t chunk, uint32_t send, uint32_t recv,
-                  Status status);
+  // The chunk's gather finished: puts the slot and, staged, sends kData. Does not Pump (it runs
+  // inside Pump for host chunks); may fail the link.
+  void IssueChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t chunk, uint32_t send,
+                  uint32_t recv, const Status& status);
   void PutDone(PeerId peer, std::shared_ptr<Job> job, uint32_t send, bool finishes, Status status);
   void OnWelcome(std::string_view frame);
   void OnAck(std::string_view frame);

@@ -134,8 +134,12 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
     entry->done = true;
     DeliverInbound();
   };
+  // A host scatter is done before Copy returns (stager.h): its ack leaves at once, not after
+  // the scatters of every other chunk this worker pass holds (sender.cc, StartChunk).
+  const bool host = region.location.kind == MemoryKind::kHost;
   Status copying = stager().Copy(*link.slots[m.slot], region.base, region.location, true, runs,
-                                 [this, finished](Status status) mutable {
+                                 [this, finished, host](Status status) mutable {
+                                   if (host) return finished(status);
                                    Enqueue([finished, status]() mutable { finished(status); });
                                  });
   if (!copying.ok()) {

@@ -34,6 +34,12 @@ namespace kv::transport::staged {
 // (9.6 GB/s at 8 KiB, 16 at 2 MiB, against 6-10 staged).
 inline constexpr uint64_t kDefaultStageRunsBelow = 4 << 10;
 
+// Host jobs of one small chunk each, queued for the same remote region, share a slot up to this
+// many payload bytes: one put, one kData and one ack for several of kvd's batches. Each chunk
+// costs its handoffs between four threads (gather, inner progress, the receiver's worker, back),
+// which on the 2-core VM cost more than the copies: the README demo shape's 512 KiB batches
+// moved at 4.2 GB/s in chunks of one batch (benchmarks/pd.md, "demoucx").
+inline constexpr uint64_t kShareSlotBytes = 2 << 20;
 struct Config {
   uint64_t slot_bytes = 16ull << 20;
   uint32_t slots = 4;
@@ -149,7 +155,13 @@ struct OutLink {
   uint64_t next_job = 1;
   std::deque<std::pair<uint64_t, std::string>> notes;  // (last job posted before it, message)
   uint64_t next_data = 1;
-  std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> awaiting_ack;  // seq → job, slot
+  // Chunks put and announced, by kData seq: the jobs whose pieces it carries (one chunk each;
+  // several when small host jobs shared a slot, StartSharedChunk) and its receive slot.
+  struct Announced {
+    std::vector<std::shared_ptr<Job>> jobs;
+    uint32_t slot = 0;
+  };
+  std::map<uint64_t, Announced> awaiting_ack;
   std::map<uint64_t, std::shared_ptr<GetJob>> gets;
   uint64_t next_get = 1;
 };
@@ -242,7 +254,13 @@ class Core final : public Transport {
   Status PrepareSlots(OutLink& link);
   // Gathers the job's next chunk into a free send slot; a host chunk is issued before it
   // returns, a GPU one once its copy finished. Leaves the link kFailed on error.
-  void StartChunk(OutLink& link, const std::shared_ptr<Job>& job);
+  void StartChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t position);
+  // The jobs queued after link.jobs[position] that may share its slot (kShareSlotBytes); none
+  // when it may not.
+  std::vector<std::shared_ptr<Job>> Riders(const OutLink& link, size_t position) const;
+  // Gathers `jobs` (one chunk each, host, one remote region) into one send slot and issues it
+  // as one chunk; leaves the link kFailed on error.
+  void StartSharedChunk(OutLink& link, std::vector<std::shared_ptr<Job>> jobs);
   // The chunk's gather finished: puts the slot and, staged, sends kData. Does not Pump (it runs
   // inside Pump for host chunks); may fail the link.
   void IssueChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t chunk, uint32_t send,

@@ -104,6 +104,45 @@ INSTANTIATE_TEST_SUITE_P(Sides, StagedPair,
                                   (info.param.second ? "Staged" : "Direct");
                          });
 
+// Many small host batches posted at once, before the link is open: they wait for the
+// receiver's slots together, so once it is, several share each slot (one range table, one put,
+// one kData and one ack for all of them; core.h, kShareSlotBytes). Every batch completes, every
+// byte lands, and the note after them still arrives after their data.
+TEST(Staged, SmallBatchesThatShareASlotEachCompleteAndLandBeforeTheNote) {
+  auto child = StartTarget(Options(true), 16 << 20);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(true));
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  std::vector<uint8_t> src(8 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = testing::ConnectToTarget(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  // 64 batches of 40 runs of 700 B (28 KB each): two fit a 64 KiB slot with their tables.
+  constexpr uint64_t kCount = 64 * 40, kLength = 700, kGap = 300;
+  auto runs = SpreadRuns(kCount, kLength, kGap);
+  std::vector<Waiter> waiters(64);
+  for (size_t i = 0; i < waiters.size(); ++i) {
+    std::span<const kv::Run> part(runs.data() + i * 40, 40);
+    ASSERT_TRUE((*transport)
+                    ->post({Op::kPut, reg->get(), c->remote.get(), part, testing::In(20s)},
+                           waiters[i].callback())
+                    .ok());
+  }
+  ASSERT_TRUE((*transport)->notify(c->peer, Check(kCount, kLength, kGap)).ok());
+  for (auto& w : waiters) {
+    Status s = w.Wait(30s);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(Verdict(*child), "ok");
+  ASSERT_TRUE(child->channel().Send("quit").ok());
+  auto code = child->Wait(Clock::now() + 30s);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+}
+
 // A get of the target's staged region into local memory, staged or not: the target puts the
 // runs back over its own link into an alias of ours. Runs outside its region are refused there.
 class StagedGet : public ::testing::TestWithParam<bool> {};

@@ -115,11 +115,10 @@ double Median(std::vector<double> v) {
 constexpr const char* kUsage =
     "kvbench copies — the staged host path's copies, without UCX or kvd\n"
     "\n"
-    "Moves --bytes in runs of --size bytes from one buffer to another: read in order, written\n"
-    "transposed (run i lands at run (i mod 32) * (n / 32) + i / 32), much as the README demo\n"
-    "shape (LBNHC TP 2 -> BLHNC TP 1) reads a rank's heads of a token in a row and writes each\n"
-    "512-byte head-token run into its head's row of a 32-token block. Three ways, median of\n"
-    "--rounds each, alternated:\n"
+    "Moves --bytes in runs of --size bytes from one buffer to another, read in order and written\n"
+    "as an LBNHC -> BLHNC conversion writes them (the README demo shape): run i is token i / 8,\n"
+    "head i % 8, and lands at its head's row of its 32-token block, (t / 32) * 256 + h * 32 +\n"
+    "t % 32. Three ways, median of --rounds each, alternated:\n"
     "  one thread    memcpy run by run, source to destination: the ceiling kvbench pd prints\n"
     "  three copies  gather --chunk bytes of runs into a send slot, copy it into a receive slot\n"
     "                (the put), scatter it: three threads, --slots slots a side\n"
@@ -149,13 +148,18 @@ int CopiesMain(int argc, char** argv) {
   }
   Shape shape{*size, *bytes / std::max<uint64_t>(*size, 1), *chunk / std::max<uint64_t>(*size, 1),
               static_cast<uint64_t>(*slots)};
-  if (*size == 0 || shape.per == 0 || shape.runs % 32 != 0 || shape.runs % shape.per != 0)
+  constexpr uint64_t kHeads = 8, kBlock = 32;
+  if (*size == 0 || shape.per == 0 || shape.runs % (kHeads * kBlock) != 0 ||
+      shape.runs % shape.per != 0)
     return cli::Fail("kvbench copies",
-                     Status::InvalidArgument("--bytes must be a multiple of 32 runs and of "
+                     Status::InvalidArgument("--bytes must be a multiple of 256 runs and of "
                                              "--chunk, and --chunk at least one run"));
   std::vector<Piece> pieces(shape.runs);
-  for (uint64_t i = 0; i < shape.runs; ++i)
-    pieces[i] = {i * shape.size, ((i % 32) * (shape.runs / 32) + i / 32) * shape.size};
+  for (uint64_t i = 0; i < shape.runs; ++i) {
+    const uint64_t t = i / kHeads, h = i % kHeads;
+    pieces[i] = {i * shape.size,
+                 ((t / kBlock) * kHeads * kBlock + h * kBlock + t % kBlock) * shape.size};
+  }
   std::vector<char> src(shape.runs * shape.size, 1), dst(shape.runs * shape.size, 0);
   std::vector<double> one, three, two;
   for (int64_t r = 0; r < *rounds; ++r) {

@@ -19,12 +19,10 @@ Status Core::PostGet(const Batch& batch, const StagedRemote& remote, Completion 
     if (connected_.count(remote.peer()) == 0)
       return Status::NotFound("peer " + std::to_string(remote.peer()) + " is not connected");
     get->alias = next_region_++;
-    regions_[get->alias] = {static_cast<char*>(batch.local->base()),
-                            batch.local->length(),
-                            batch.local->location(),
-                            false,
-                            {},
-                            /*alias=*/true};
+    regions_[get->alias] = {.base = static_cast<char*>(batch.local->base()),
+                            .length = batch.local->length(),
+                            .location = batch.local->location(),
+                            .alias = true};
   }
   get->holder_region = remote.region();
   for (size_t at = 0; at < batch.runs.size(); at += kMaxGetRuns) {

@@ -4,10 +4,16 @@
 //
 // Threading: the protocol state (links, jobs, slots) belongs to the worker thread alone. Callers,
 // the inner transport's completions and handler, and copy callbacks hand it work as tasks
-// (Enqueue); nothing blocks on the worker except a shutdown. Three small pieces are shared and
+// (Enqueue); nothing blocks on the worker except a shutdown. Four small pieces are shared and
 // guarded by their own mutexes: the task queue, the region table (register/deregister vs. the
-// receiver's checks) and the inbound queue (the inner progress thread delivers a user's
-// notification inline when nothing is queued before it, the worker delivers the rest in order).
+// receiver's checks), the inbound queue (the inner progress thread delivers a user's
+// notification inline when nothing is queued before it; whichever thread finishes a scatter
+// delivers what it released, one thread at a time, in order) and the inbound link table.
+// One exception to "worker alone": a chunk into host memory (not a get's alias) is checked,
+// scattered and acked on the inner's thread that delivered its kData (ScatterHere), which is
+// polling anyway: handed to the worker instead, each chunk waited for a thread wake-up, and on
+// the 2-core VM the worker competed for a core with that spinning thread (the README demo shape
+// 5.2-5.9 GB/s through the worker, 7.1-7.4 inline; benchmarks/pd.md, "demoucx").
 #pragma once
 
 #include <condition_variable>
@@ -34,6 +40,12 @@ namespace kv::transport::staged {
 // (9.6 GB/s at 8 KiB, 16 at 2 MiB, against 6-10 staged).
 inline constexpr uint64_t kDefaultStageRunsBelow = 4 << 10;
 
+// Host jobs of one small chunk each, queued for the same remote region, share a slot up to this
+// many payload bytes: one put, one kData and one ack for several of kvd's batches. Each chunk
+// costs its handoffs between four threads (gather, inner progress, the receiver's worker, back),
+// which on the 2-core VM cost more than the copies: the README demo shape's 512 KiB batches
+// moved at 4.2 GB/s in chunks of one batch (benchmarks/pd.md, "demoucx").
+inline constexpr uint64_t kShareSlotBytes = 2 << 20;
 struct Config {
   uint64_t slot_bytes = 16ull << 20;
   uint32_t slots = 4;
@@ -149,11 +161,20 @@ struct OutLink {
   uint64_t next_job = 1;
   std::deque<std::pair<uint64_t, std::string>> notes;  // (last job posted before it, message)
   uint64_t next_data = 1;
-  std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> awaiting_ack;  // seq → job, slot
+  // Chunks put and announced, by kData seq: the jobs whose pieces it carries (one chunk each;
+  // several when small host jobs shared a slot, StartSharedChunk) and its receive slot.
+  struct Announced {
+    std::vector<std::shared_ptr<Job>> jobs;
+    uint32_t slot = 0;
+  };
+  std::map<uint64_t, Announced> awaiting_ack;
   std::map<uint64_t, std::shared_ptr<GetJob>> gets;
   uint64_t next_get = 1;
 };
 
+// Fixed once in in_ (OnHello), but for `dropped` (under links_mu_); kept until the transport
+// goes (a dropped link's peer may still be writing into its slots), so a pointer to one stays
+// valid.
 struct InLink {
   PeerId back = 0;  // our connection to the sender, for acks
   uint64_t slot_bytes = 0;
@@ -164,7 +185,7 @@ struct InLink {
 // An inbound notification or kData frame, in arrival order.
 struct InEntry {
   bool data = false;
-  bool done = false;  // data: scattered (or refused)
+  bool done = false;  // data: scattered (or refused); under in_mu_ (DeliverInbound)
   std::string note;   // !data: the user's message
 };
 
@@ -178,9 +199,10 @@ struct Region {
   // grant of the region admits it; the direct path (the inner's put messages) binds the peer.
   bool guarded = false;
   std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> grants = {};  // [start, end)
+  bool alias = false;  // a get's destination (getter.cc): its scatters are counted by the worker
 
   // The region without its grants: what a copy or a scatter needs, cheap to copy.
-  Region Shape() const { return {base, length, location, guarded}; }
+  Region Shape() const { return {base, length, location, guarded, {}, alias}; }
 };
 
 class Core final : public Transport {
@@ -240,9 +262,19 @@ class Core final : public Transport {
   void Pump(OutLink& link);
   Status Open(OutLink& link);  // sends kHello once; the link is kOpening until kWelcome
   Status PrepareSlots(OutLink& link);
-  void StartChunk(OutLink& link, const std::shared_ptr<Job>& job);
-  void GatherDone(PeerId peer, std::shared_ptr<Job> job, size_t chunk, uint32_t send, uint32_t recv,
-                  Status status);
+  // Gathers the job's next chunk into a free send slot; a host chunk is issued before it
+  // returns, a GPU one once its copy finished. Leaves the link kFailed on error.
+  void StartChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t position);
+  // The jobs queued after link.jobs[position] that may share its slot (kShareSlotBytes); none
+  // when it may not.
+  std::vector<std::shared_ptr<Job>> Riders(const OutLink& link, size_t position) const;
+  // Gathers `jobs` (one chunk each, host, one remote region) into one send slot and issues it
+  // as one chunk; leaves the link kFailed on error.
+  void StartSharedChunk(OutLink& link, std::vector<std::shared_ptr<Job>> jobs);
+  // The chunk's gather finished: puts the slot and, staged, sends kData. Does not Pump (it runs
+  // inside Pump for host chunks); may fail the link.
+  void IssueChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t chunk, uint32_t send,
+                  uint32_t recv, const Status& status);
   void PutDone(PeerId peer, std::shared_ptr<Job> job, uint32_t send, bool finishes, Status status);
   void OnWelcome(std::string_view frame);
   void OnAck(std::string_view frame);
@@ -265,9 +297,20 @@ class Core final : public Transport {
 
   // ---- receiver (receiver.cc); worker thread only ----
   void OnHello(std::string_view frame);
+  // The inbound link `key`, or null when there is none or it was dropped; any thread (the
+  // pointer stays valid, InLink).
+  InLink* FindLink(const LinkKey& key);
   void OnData(std::string_view frame, std::shared_ptr<InEntry> entry);
+  // The inner's thread: checks, scatters and acks a chunk into host memory that is no get's
+  // alias; false (nothing done) for any other frame, which the worker then takes (OnData).
+  bool ScatterHere(std::string_view frame, InEntry* entry);
+  // A chunk's ranges as copies from its slot into its region, once checked against both (the
+  // slot's table, the registration, the region's grants); any thread.
+  Result<std::vector<Run>> CheckChunk(const DataMsg& m, const InLink& link, Region& region);
   Status Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> entry);
-  void DeliverInbound();
+  // Marks `finished` (a data entry, may be null) done and delivers every note it released, in
+  // order. Any thread; one delivers at a time, the others leave what they released to it.
+  void DeliverInbound(InEntry* finished = nullptr);
   void Drop(InLink& link);
 
   const Config config_;
@@ -293,13 +336,17 @@ class Core final : public Transport {
   // Inbound queue: the inner's progress thread and the worker.
   std::mutex in_mu_;
   std::deque<std::shared_ptr<InEntry>> inbound_;
+  bool delivering_ = false;  // a thread is in DeliverInbound's loop (under in_mu_)
+
+  // Inbound links: added by the worker (OnHello), found by it and by ScatterHere; never erased
+  // before the destructor.
+  std::mutex links_mu_;
+  std::map<LinkKey, InLink> in_;
 
   // Worker-only state.
   std::unique_ptr<Stager> stager_;
   std::map<PeerId, OutLink> out_;
-  std::map<LinkKey, InLink> in_;
   std::map<uint64_t, std::pair<PeerId, std::shared_ptr<GetJob>>> alias_gets_;  // alias → get
-  std::vector<std::unique_ptr<Slot>> retired_;  // slots of dropped links: a peer may still write
   int puts_in_flight_ = 0;
   int copies_in_flight_ = 0;
 };

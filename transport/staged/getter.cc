@@ -19,8 +19,10 @@ Status Core::PostGet(const Batch& batch, const StagedRemote& remote, Completion 
     if (connected_.count(remote.peer()) == 0)
       return Status::NotFound("peer " + std::to_string(remote.peer()) + " is not connected");
     get->alias = next_region_++;
-    regions_[get->alias] = {static_cast<char*>(batch.local->base()), batch.local->length(),
-                            batch.local->location()};
+    regions_[get->alias] = {.base = static_cast<char*>(batch.local->base()),
+                            .length = batch.local->length(),
+                            .location = batch.local->location(),
+                            .alias = true};
   }
   get->holder_region = remote.region();
   for (size_t at = 0; at < batch.runs.size(); at += kMaxGetRuns) {
@@ -109,9 +111,9 @@ void Core::ScatterStarted(uint64_t region, int delta) {
 
 void Core::OnGetRequest(std::string_view frame) {
   auto request = DecodeGetRequest(frame);
-  auto it = request.ok() ? in_.find(request->key) : in_.end();
-  if (it == in_.end() || it->second.dropped) return;
-  InLink& link = it->second;
+  InLink* found = request.ok() ? FindLink(request->key) : nullptr;
+  if (found == nullptr) return;
+  InLink& link = *found;
   GetDoneMsg reply{request->key.link, request->seq, request->part, Status::Ok()};
   Region region;
   {

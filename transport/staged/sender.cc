@@ -1,6 +1,7 @@
 // The sending half of the staged transport: outbound links, the chunk pipeline (gather into a
 // send slot, inner put into the receiver's slot, kData), acks, deadlines and the user's
 // notifications held behind staged batches. Worker thread only (core.h).
+#include <algorithm>
 #include <cstring>
 
 #include "transport/staged/core.h"
@@ -81,13 +82,97 @@ void Core::Pump(OutLink& link) {
     }
     while (job->started < job->chunks.size()) {
       if (link.free_send.empty() || (job->remote_staged && link.free_recv.empty())) return;
-      StartChunk(link, job);
+      StartChunk(link, job, i);
       if (link.state == OutLink::State::kFailed) return;
     }
   }
 }
 
-void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job) {
+std::vector<std::shared_ptr<Job>> Core::Riders(const OutLink& link, size_t position) const {
+  auto shares = [](const Job& j) {
+    return j.remote_staged && j.local_at.kind == MemoryKind::kHost && j.chunks.size() == 1 &&
+           j.started == 0 && !j.failed;
+  };
+  const Job& lead = *link.jobs[position];
+  std::vector<std::shared_ptr<Job>> riders;
+  if (!shares(lead)) return riders;
+  const uint64_t limit = std::min(kShareSlotBytes, config_.slot_bytes);
+  uint64_t payload = lead.chunks[0].payload_bytes;
+  uint64_t used = lead.chunks[0].payload_offset + payload;  // table and payload
+  // In queue order, stopping at the first that may not ride: jobs still start in post order.
+  for (size_t i = position + 1; i < link.jobs.size(); ++i) {
+    const Job& next = *link.jobs[i];
+    if (!shares(next) || next.region != lead.region) break;
+    const Chunk& c = next.chunks[0];
+    if (payload + c.payload_bytes > limit ||
+        used + c.payload_offset + c.payload_bytes > config_.slot_bytes)
+      break;
+    payload += c.payload_bytes;
+    used += c.payload_offset + c.payload_bytes;
+    riders.push_back(link.jobs[i]);
+  }
+  return riders;
+}
+
+void Core::StartSharedChunk(OutLink& link, std::vector<std::shared_ptr<Job>> jobs) {
+  const uint32_t send = link.free_send.back();
+  link.free_send.pop_back();
+  const uint32_t recv = link.free_recv.back();
+  link.free_recv.pop_back();
+  Slot& slot = *link.send_slots[send];
+  uint64_t ranges = 0;
+  for (const auto& job : jobs) ranges += job->chunks[0].runs.size();
+  // One range table for every job's pieces, then their payloads in the same order.
+  char* table = slot.data();
+  uint64_t at = TableBytes(ranges);
+  Clock::time_point deadline = jobs.front()->deadline;
+  std::vector<Run> gather;
+  for (const auto& job : jobs) {
+    ++job->started;
+    deadline = std::min(deadline, job->deadline);
+    gather.clear();
+    for (const Run& r : job->chunks[0].runs) {
+      std::memcpy(table, &r.dst_offset, 8);
+      std::memcpy(table + 8, &r.length, 8);
+      table += kTableEntryBytes;
+      gather.push_back({r.src_offset, at, r.length});
+      at += r.length;
+    }
+    // Host memory: done before Copy returns (stager.h).
+    Status copied;
+    Status s = stager().Copy(slot, job->local_base, job->local_at, false, gather,
+                             [&copied](Status status) { copied = status; });
+    if (s.ok()) s = copied;
+    if (!s.ok()) return FailLink(link, s, job.get());
+  }
+  const uint64_t payload = at - TableBytes(ranges);
+  const PeerId peer = link.peer;
+  std::shared_ptr<Job> lead = jobs.front();
+  const std::vector<Run> whole = {{0, 0, at}};
+  ++puts_in_flight_;
+  Status posted =
+      inner_->post({Op::kPut, &slot.registration(), link.recv_slots[recv].get(), whole, deadline},
+                   [this, peer, lead, send](Status s) {
+                     Enqueue([=, this] { PutDone(peer, lead, send, false, s); });
+                   });
+  if (!posted.ok()) {
+    --puts_in_flight_;
+    return FailLink(link, posted, lead.get());
+  }
+  const uint64_t seq = link.next_data++;
+  DataMsg data{{instance_, peer}, seq, lead->region, recv, ranges, payload};
+  if (Status s = inner_->notify(peer, EncodeData(data)); !s.ok())
+    return FailLink(link, s, lead.get());
+  for (const auto& job : jobs) ++job->issued;
+  link.awaiting_ack[seq] = {std::move(jobs), recv};
+  FlushNotes(link);
+}
+
+void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t position) {
+  if (std::vector<std::shared_ptr<Job>> riders = Riders(link, position); !riders.empty()) {
+    riders.insert(riders.begin(), job);
+    return StartSharedChunk(link, std::move(riders));
+  }
   const size_t index = job->started++;
   const Chunk& chunk = job->chunks[index];
   const uint32_t send = link.free_send.back();
@@ -108,23 +193,38 @@ void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job) {
   ++job->copying;
   ++copies_in_flight_;
   const PeerId peer = link.peer;
-  Status s =
-      stager().Copy(slot, job->local_base, job->local_at, false, GatherRuns(chunk),
-                    [this, peer, job, index, send, recv](Status status) {
-                      Enqueue([=, this] { GatherDone(peer, job, index, send, recv, status); });
-                    });
+  // A host gather is done before Copy returns (stager.h): its chunk goes to the wire at once,
+  // so the gather of the next chunk overlaps this one's put and the receiver's scatter. Handed
+  // over as a task instead, every chunk the free slots allowed was gathered before the first
+  // left, and sender and receiver took turns: 4 gathers, 4 puts, 4 scatters, 4 acks (a chunk's
+  // post-to-ack 0.44 ms, 4.2 GB/s on the README demo shape; benchmarks/pd.md, "demoucx").
+  const bool host = job->local_at.kind == MemoryKind::kHost;
+  Status gathered;
+  Status s = stager().Copy(slot, job->local_base, job->local_at, false, GatherRuns(chunk),
+                           [this, peer, job, index, send, recv, host, &gathered](Status status) {
+                             if (host) {
+                               gathered = status;  // on this thread, before Copy returns
+                               return;
+                             }
+                             Enqueue([=, this] {
+                               OutLink& link = Out(peer);
+                               IssueChunk(link, job, index, send, recv, status);
+                               if (link.state != OutLink::State::kFailed) Pump(link);
+                             });
+                           });
   if (!s.ok()) {
     --job->copying;
     --copies_in_flight_;
-    FailLink(link, s, job.get());
+    return FailLink(link, s, job.get());
   }
+  if (host) IssueChunk(link, job, index, send, recv, gathered);
 }
 
-void Core::GatherDone(PeerId peer, std::shared_ptr<Job> job, size_t index, uint32_t send,
-                      uint32_t recv, Status status) {
+void Core::IssueChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t index, uint32_t send,
+                      uint32_t recv, const Status& status) {
   --job->copying;
   --copies_in_flight_;
-  OutLink& link = Out(peer);
+  const PeerId peer = link.peer;
   if (!status.ok()) FailLink(link, status, job.get());
   if (link.state == OutLink::State::kFailed || job->failed) {
     if (link.state != OutLink::State::kFailed) link.free_send.push_back(send);
@@ -156,11 +256,10 @@ void Core::GatherDone(PeerId peer, std::shared_ptr<Job> job, size_t index, uint3
     DataMsg data{{instance_, peer}, seq, job->region, recv, chunk.runs.size(), chunk.payload_bytes};
     if (Status s = inner_->notify(peer, EncodeData(data)); !s.ok())
       return FailLink(link, s, job.get());
-    link.awaiting_ack[seq] = {job, recv};
+    link.awaiting_ack[seq] = {{job}, recv};
   }
   ++job->issued;
   FlushNotes(link);
-  Pump(link);
 }
 
 void Core::PutDone(PeerId peer, std::shared_ptr<Job> job, uint32_t send, bool finishes,
@@ -207,14 +306,17 @@ void Core::OnAck(std::string_view frame) {
   if (it == out_.end()) return;
   OutLink& link = it->second;
   auto waiting = link.awaiting_ack.find(ack->seq);
-  if (waiting == link.awaiting_ack.end() || waiting->second.second != ack->slot) return;
-  std::shared_ptr<Job> job = waiting->second.first;
+  if (waiting == link.awaiting_ack.end() || waiting->second.slot != ack->slot) return;
+  std::vector<std::shared_ptr<Job>> jobs = std::move(waiting->second.jobs);
   link.awaiting_ack.erase(waiting);
   if (!ack->status.ok())
-    return FailLink(link, ack->status.WithContext("the peer refused a staged chunk"), job.get());
+    return FailLink(link, ack->status.WithContext("the peer refused a staged chunk"),
+                    jobs.front().get());
   link.free_recv.push_back(ack->slot);
-  ++job->finished;
-  MaybeComplete(link, job);
+  for (const auto& job : jobs) {
+    ++job->finished;
+    MaybeComplete(link, job);
+  }
   Pump(link);
 }
 

@@ -60,7 +60,12 @@ Core::~Core() {
       FailLink(link, Status::Aborted("the staged transport is shutting down"), nullptr);
       inner_->disconnect(peer);
     }
-    for (auto& [key, link] : in_) inner_->disconnect(link.back);
+    std::vector<PeerId> backs;
+    {
+      std::lock_guard lock(links_mu_);
+      for (auto& [key, link] : in_) backs.push_back(link.back);
+    }
+    for (PeerId back : backs) inner_->disconnect(back);
   });
   {
     std::unique_lock lock(queue_mu_);
@@ -80,8 +85,7 @@ Core::~Core() {
     }
   }
   out_.clear();
-  in_.clear();
-  retired_.clear();
+  in_.clear();  // no ScatterHere runs any more: the handler above was replaced synchronously
   inner_.reset();
 }
 
@@ -377,6 +381,7 @@ void Core::OnFrame(std::string_view frame) {
         std::lock_guard lock(in_mu_);
         inbound_.push_back(entry);
       }
+      if (ScatterHere(copy, entry.get())) break;
       Enqueue([this, f = std::move(copy), entry] { OnData(f, entry); });
       break;
     }

@@ -23,6 +23,10 @@
 //    Slots alternate (staging_slots of each), so the gather of chunk i+1 and the scatter of
 //    chunk i-1 overlap the wire of chunk i. A staged source and a direct (inner) destination
 //    skip the receiver: gather, then an inner put straight into the destination.
+//    Host memory: a chunk leaves as soon as it is gathered; batches of one small chunk each,
+//    queued behind each other for one remote region, share a slot (up to 2 MiB: one table, put,
+//    kData and ack); the receiver scatters and acks a chunk into host memory on the inner's
+//    thread that delivered its kData (core.h).
 //    Nothing waits for an engine: kvd posts a put out of an engine's cache only once the
 //    engine's event fired (daemon/event_gate.h).
 //  links: the first staged put to a peer opens a link: kHello carries the sender's address, the
@@ -53,7 +57,8 @@
 // that sender's staged batches fail with kResourceExhausted.
 //
 // The inner transport must run its completions and handler on its own thread, never inside
-// post() or notify() (UCX does).
+// post() or notify(), and set_notification_handler() must return only once no call of the old
+// handler is running (UCX does both).
 //
 // Settings (TransportOptions; removed before the rest go to the inner transport):
 //   staging_bytes  bytes per slot (default 16 MiB, at least 4096)

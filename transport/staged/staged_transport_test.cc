@@ -5,6 +5,9 @@
 // control frames, and checks its chunker and wire codec (registered in tests/transport).
 #include <signal.h>
 
+#include <cstring>
+#include <future>
+
 #include "tests/support/target_process.h"
 #include "tools/testing/child_process.h"
 #include "transport/staged/chunker.h"
@@ -103,6 +106,93 @@ INSTANTIATE_TEST_SUITE_P(Sides, StagedPair,
                            return std::string(info.param.first ? "Staged" : "Direct") + "To" +
                                   (info.param.second ? "Staged" : "Direct");
                          });
+
+// Many small host batches posted at once, before the link is open: they wait for the
+// receiver's slots together, so once it is, several share each slot (one range table, one put,
+// one kData and one ack for all of them; core.h, kShareSlotBytes). Every batch completes, every
+// byte lands, and the note after them still arrives after their data.
+TEST(Staged, SmallBatchesThatShareASlotEachCompleteAndLandBeforeTheNote) {
+  auto child = StartTarget(Options(true), 16 << 20);
+  ASSERT_NE(child, nullptr);
+  auto transport = CreateTransport("ucx", Options(true));
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  std::vector<uint8_t> src(8 << 20);
+  Fill(src, kSeed);
+  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok());
+  auto c = testing::ConnectToTarget(**transport, *child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  // 64 batches of 40 runs of 700 B (28 KB each): two fit a 64 KiB slot with their tables.
+  constexpr uint64_t kCount = 64 * 40, kLength = 700, kGap = 300;
+  auto runs = SpreadRuns(kCount, kLength, kGap);
+  std::vector<Waiter> waiters(64);
+  for (size_t i = 0; i < waiters.size(); ++i) {
+    std::span<const kv::Run> part(runs.data() + i * 40, 40);
+    ASSERT_TRUE((*transport)
+                    ->post({Op::kPut, reg->get(), c->remote.get(), part, testing::In(20s)},
+                           waiters[i].callback())
+                    .ok());
+  }
+  ASSERT_TRUE((*transport)->notify(c->peer, Check(kCount, kLength, kGap)).ok());
+  for (auto& w : waiters) {
+    Status s = w.Wait(30s);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(Verdict(*child), "ok");
+  ASSERT_TRUE(child->channel().Send("quit").ok());
+  auto code = child->Wait(Clock::now() + 30s);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+}
+
+// A chunk into host memory is scattered and acked on the receiver's inner thread (core.h,
+// ScatterHere), not its worker: with the receiver's worker held inside one of its own batches'
+// completions, a batch into its host memory still completes and lands. Both transports in this
+// process; the worker is held for a bounded time only.
+TEST(Staged, HostChunksLandWhileTheReceiversWorkerIsBusy) {
+  auto a = CreateTransport("ucx", Options(true));
+  auto b = CreateTransport("ucx", Options(true));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<uint8_t> a_mem(1 << 20), b_mem(1 << 20, kUntouched);
+  Fill(a_mem, kSeed);
+  auto a_reg = (*a)->register_memory(a_mem.data(), a_mem.size(), MemoryLocation::Host());
+  auto b_reg = (*b)->register_memory(b_mem.data(), b_mem.size(), MemoryLocation::Host());
+  ASSERT_TRUE(a_reg.ok() && b_reg.ok());
+  auto to_b = (*a)->connect((*b)->address());
+  auto to_a = (*b)->connect((*a)->address());
+  ASSERT_TRUE(to_b.ok() && to_a.ok());
+  auto b_remote = (*a)->import_remote(*to_b, (*b_reg)->packed_descriptor());
+  auto a_remote = (*b)->import_remote(*to_a, (*a_reg)->packed_descriptor());
+  ASSERT_TRUE(b_remote.ok() && a_remote.ok());
+  const std::vector<kv::Run> first = {{0, 0, 4096}}, second = {{8192, 8192, 4096}};
+  // a's link to b opens on its first batch (b's worker answers the hello).
+  ASSERT_TRUE(testing::PostAndWait(**a, Op::kPut, **a_reg, **b_remote, first).ok());
+
+  // b's worker runs its batches' completions: hold it in one.
+  std::promise<void> held, release;
+  std::shared_future<void> released = release.get_future().share();
+  ASSERT_TRUE((*b)->post({Op::kPut, b_reg->get(), a_remote->get(), first, testing::In(20s)},
+                         [&held, released](Status) {
+                           held.set_value();
+                           (void)released.wait_for(20s);
+                         })
+                  .ok());
+  ASSERT_EQ(held.get_future().wait_for(20s), std::future_status::ready);
+
+  Waiter landed;
+  ASSERT_TRUE((*a)->post({Op::kPut, a_reg->get(), b_remote->get(), second, testing::In(20s)},
+                         landed.callback())
+                  .ok());
+  Status s = landed.Wait(5s);
+  release.set_value();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(std::memcmp(a_mem.data() + 8192, b_mem.data() + 8192, 4096), 0);
+  a_remote->reset();
+  b_remote->reset();
+  a_reg->reset();
+  b_reg->reset();
+}
 
 // A get of the target's staged region into local memory, staged or not: the target puts the
 // runs back over its own link into an alias of ours. Runs outside its region are refused there.

@@ -18,11 +18,11 @@ namespace {
 
 constexpr size_t kAlign = 4096;
 
-void CopyHost(const char* src, char* dst, std::span<const Run> runs) {
+}  // namespace
+
+void CopyHostRuns(const char* src, char* dst, std::span<const Run> runs) {
   for (const Run& r : runs) std::memcpy(dst + r.dst_offset, src + r.src_offset, r.length);
 }
-
-}  // namespace
 
 bool BuiltWithCuda() {
 #if KV_STAGED_HAVE_CUDA
@@ -119,7 +119,7 @@ Status Stager::Copy(Slot& slot, char* region_base, MemoryLocation region, bool t
   const char* src = to_region ? slot.data() : region_base;
   char* dst = to_region ? region_base : slot.data();
   if (region.kind == MemoryKind::kHost) {
-    CopyHost(src, dst, runs);
+    CopyHostRuns(src, dst, runs);
     done(Status::Ok());
     return Status::Ok();
   }

@@ -17,9 +17,9 @@
 #include <memory>
 #include <span>
 
+#include "base/status.h"
 #include "layout/kv_region.h"
 #include "layout/plan.h"
-#include "base/status.h"
 #include "transport/transport.h"
 
 namespace kv::transport::staged {
@@ -48,6 +48,10 @@ class Slot {
 };
 
 using CopyDone = std::function<void(Status)>;
+
+// The host half of Stager::Copy: memcpy of every run, src + src_offset to dst + dst_offset.
+// Thread-safe (it touches nothing but the bytes).
+void CopyHostRuns(const char* src, char* dst, std::span<const Run> runs);
 
 class Stager {
  public:

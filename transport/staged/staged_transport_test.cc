@@ -51,6 +51,34 @@ std::string Check(uint64_t count, uint64_t length, uint64_t gap) {
   return testing::CheckMessage(count, length, gap);
 }
 
+// This process's end of most tests: a "ucx" transport connected to a target child serving
+// target_bytes, and a source of src_bytes filled from kSeed and registered. Connect fails the
+// calling test where a step fails: call it inside ASSERT_NO_FATAL_FAILURE.
+struct Initiator {
+  std::unique_ptr<ChildProcess> child;
+  std::unique_ptr<Transport> transport;
+  std::vector<uint8_t> src;
+  std::unique_ptr<MemoryRegistration> reg;
+  testing::TargetConnection c;
+};
+
+void Connect(const TransportOptions& mine, const TransportOptions& target, uint64_t target_bytes,
+             uint64_t src_bytes, Initiator* p) {
+  p->child = StartTarget(target, target_bytes);
+  ASSERT_NE(p->child, nullptr);
+  auto transport = CreateTransport("ucx", mine);
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  p->transport = std::move(*transport);
+  p->src.resize(src_bytes);
+  Fill(p->src, kSeed);
+  auto reg = p->transport->register_memory(p->src.data(), p->src.size(), MemoryLocation::Host());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  p->reg = std::move(*reg);
+  auto c = testing::ConnectToTarget(*p->transport, *p->child);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  p->c = std::move(*c);
+}
+
 // Which sides stage: (initiator, target). Staged to staged is the GPU path; the mixed ones are
 // a GPU region put into host memory and host memory put into a GPU region; direct to direct is
 // host memory on both sides, where the chooser stages the batches of 700-byte runs and puts the
@@ -59,16 +87,9 @@ class StagedPair : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 
 TEST_P(StagedPair, ChunkedPutsArriveBeforeTheNotificationsThatFollowThem) {
   auto [initiator_stages, target_stages] = GetParam();
-  auto child = StartTarget(Options(target_stages), 16 << 20);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Options(initiator_stages));
-  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
-  std::vector<uint8_t> src(8 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Initiator p;
+  ASSERT_NO_FATAL_FAILURE(
+      Connect(Options(initiator_stages), Options(target_stages), 16 << 20, 8 << 20, &p));
 
   // Three batches, then the note at once: many small runs (table-bound chunks), then runs far
   // larger than a 64 KiB slot (split across chunks). Nothing waits for a completion before the
@@ -81,20 +102,20 @@ TEST_P(StagedPair, ChunkedPutsArriveBeforeTheNotificationsThatFollowThem) {
     for (size_t i = 0; i < 3; ++i) {
       std::span<const kv::Run> part(runs.data() + i * third,
                                     i == 2 ? runs.size() - 2 * third : third);
-      ASSERT_TRUE((*transport)
-                      ->post({Op::kPut, reg->get(), c->remote.get(), part, testing::In(20s)},
+      ASSERT_TRUE(p.transport
+                      ->post({Op::kPut, p.reg.get(), p.c.remote.get(), part, testing::In(20s)},
                              waiters[i].callback())
                       .ok());
     }
-    ASSERT_TRUE((*transport)->notify(c->peer, Check(count, length, gap)).ok());
+    ASSERT_TRUE(p.transport->notify(p.c.peer, Check(count, length, gap)).ok());
     for (auto& w : waiters) {
       Status s = w.Wait(30s);
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
-    EXPECT_EQ(Verdict(*child), "ok") << count << " runs of " << length;
+    EXPECT_EQ(Verdict(*p.child), "ok") << count << " runs of " << length;
   }
-  ASSERT_TRUE(child->channel().Send("quit").ok());
-  auto code = child->Wait(Clock::now() + 30s);
+  ASSERT_TRUE(p.child->channel().Send("quit").ok());
+  auto code = p.child->Wait(Clock::now() + 30s);
   ASSERT_TRUE(code.ok()) << code.status().ToString();
   EXPECT_EQ(*code, 0);
 }
@@ -112,16 +133,8 @@ INSTANTIATE_TEST_SUITE_P(Sides, StagedPair,
 // one kData and one ack for all of them; core.h, kShareSlotBytes). Every batch completes, every
 // byte lands, and the note after them still arrives after their data.
 TEST(Staged, SmallBatchesThatShareASlotEachCompleteAndLandBeforeTheNote) {
-  auto child = StartTarget(Options(true), 16 << 20);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Options(true));
-  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
-  std::vector<uint8_t> src(8 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Initiator p;
+  ASSERT_NO_FATAL_FAILURE(Connect(Options(true), Options(true), 16 << 20, 8 << 20, &p));
 
   // 64 batches of 40 runs of 700 B (28 KB each): two fit a 64 KiB slot with their tables.
   constexpr uint64_t kCount = 64 * 40, kLength = 700, kGap = 300;
@@ -129,19 +142,19 @@ TEST(Staged, SmallBatchesThatShareASlotEachCompleteAndLandBeforeTheNote) {
   std::vector<Waiter> waiters(64);
   for (size_t i = 0; i < waiters.size(); ++i) {
     std::span<const kv::Run> part(runs.data() + i * 40, 40);
-    ASSERT_TRUE((*transport)
-                    ->post({Op::kPut, reg->get(), c->remote.get(), part, testing::In(20s)},
+    ASSERT_TRUE(p.transport
+                    ->post({Op::kPut, p.reg.get(), p.c.remote.get(), part, testing::In(20s)},
                            waiters[i].callback())
                     .ok());
   }
-  ASSERT_TRUE((*transport)->notify(c->peer, Check(kCount, kLength, kGap)).ok());
+  ASSERT_TRUE(p.transport->notify(p.c.peer, Check(kCount, kLength, kGap)).ok());
   for (auto& w : waiters) {
     Status s = w.Wait(30s);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
-  EXPECT_EQ(Verdict(*child), "ok");
-  ASSERT_TRUE(child->channel().Send("quit").ok());
-  auto code = child->Wait(Clock::now() + 30s);
+  EXPECT_EQ(Verdict(*p.child), "ok");
+  ASSERT_TRUE(p.child->channel().Send("quit").ok());
+  auto code = p.child->Wait(Clock::now() + 30s);
   ASSERT_TRUE(code.ok()) << code.status().ToString();
   EXPECT_EQ(*code, 0);
 }
@@ -239,43 +252,33 @@ INSTANTIATE_TEST_SUITE_P(Local, StagedGet, ::testing::Bool(),
 // batch is accepted and refused by the receiver's check (the completion).
 TEST(Staged, TheChooserStagesShortRunsAndPutsLongRunsDirect) {
   const uint64_t bytes = 1 << 20;
-  auto child = StartTarget(Options(false), bytes);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Options(false));
-  ASSERT_TRUE(transport.ok());
-  std::vector<uint8_t> src(4 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  auto real = staged::DecodeRegion(c->descriptor);
+  Initiator p;
+  ASSERT_NO_FATAL_FAILURE(Connect(Options(false), Options(false), bytes, 4 << 20, &p));
+  auto real = staged::DecodeRegion(p.c.descriptor);
   ASSERT_TRUE(real.ok()) << real.status().ToString();
   EXPECT_FALSE(real->inner.empty());  // both paths reach it
   staged::RegionDescriptor forged = *real;
   forged.length = 4 * bytes;
-  auto big = (*transport)->import_remote(c->peer, staged::EncodeRegion(forged));
+  auto big = p.transport->import_remote(p.c.peer, staged::EncodeRegion(forged));
   ASSERT_TRUE(big.ok()) << big.status().ToString();
 
   Waiter waiter;
   const std::vector<kv::Run> long_run = {{0, 3 * bytes, 64 << 10}};
-  Status direct =
-      (*transport)
-          ->post({Op::kPut, reg->get(), big->get(), long_run, testing::In(10s)}, waiter.callback());
+  Status direct = p.transport->post({Op::kPut, p.reg.get(), big->get(), long_run, testing::In(10s)},
+                                    waiter.callback());
   EXPECT_EQ(direct.code(), Code::kOutOfRange) << direct.ToString();
   const std::vector<kv::Run> short_runs = {{0, 0, 512}, {512, 3 * bytes, 512}};
-  Status staged = (*transport)
-                      ->post({Op::kPut, reg->get(), big->get(), short_runs, testing::In(10s)},
-                             waiter.callback());
+  Status staged = p.transport->post(
+      {Op::kPut, p.reg.get(), big->get(), short_runs, testing::In(10s)}, waiter.callback());
   ASSERT_TRUE(staged.ok()) << staged.ToString();
   Status refused = waiter.Wait(20s);
   EXPECT_EQ(refused.code(), Code::kOutOfRange) << refused.ToString();
   // The refused chunk failed that staged link (staged_transport.h): a new connection sees the
   // target's memory untouched, the good run of the refused chunk included.
-  auto peer = (*transport)->connect(c->address);
+  auto peer = p.transport->connect(p.c.address);
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  ASSERT_TRUE((*transport)->notify(*peer, "untouched").ok());
-  EXPECT_EQ(Verdict(*child), "ok");
+  ASSERT_TRUE(p.transport->notify(*peer, "untouched").ok());
+  EXPECT_EQ(Verdict(*p.child), "ok");
 }
 
 TEST(Staged, WithoutTheChooserHostRegistrationsAreTheInnerTransports) {
@@ -318,68 +321,54 @@ TEST(Staged, UserNotificationsThatLookLikeControlFramesArriveVerbatim) {
 
 TEST(Staged, RangesOutsideTheRegionAreRefusedAndThatLinkDropped) {
   const uint64_t bytes = 1 << 20;
-  auto child = StartTarget(Options(true), bytes);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Options(true));
-  ASSERT_TRUE(transport.ok());
-  std::vector<uint8_t> src(4 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Initiator p;
+  ASSERT_NO_FATAL_FAILURE(Connect(Options(true), Options(true), bytes, 4 << 20, &p));
 
   // A descriptor claiming four times the region: this side's checks pass, the target's must not.
-  auto real = staged::DecodeRegion(c->descriptor);
+  auto real = staged::DecodeRegion(p.c.descriptor);
   ASSERT_TRUE(real.ok()) << real.status().ToString();
   staged::RegionDescriptor forged = *real;
   forged.length = 4 * bytes;
-  auto big = (*transport)->import_remote(c->peer, staged::EncodeRegion(forged));
+  auto big = p.transport->import_remote(p.c.peer, staged::EncodeRegion(forged));
   ASSERT_TRUE(big.ok());
   std::vector<kv::Run> outside = {{0, 0, 4096}, {0, 3 * bytes, 4096}};
-  Status refused = testing::PostAndWait(**transport, Op::kPut, **reg, **big, outside);
+  Status refused = testing::PostAndWait(*p.transport, Op::kPut, *p.reg, **big, outside);
   EXPECT_EQ(refused.code(), Code::kOutOfRange) << refused.ToString();
 
   // The link is gone: later batches on it fail at once. A new connection is a new link: the
   // target's memory is untouched (the whole chunk was refused, not just its bad range), and
   // puts work again.
-  Status later = testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}});
+  Status later = testing::PostAndWait(*p.transport, Op::kPut, *p.reg, *p.c.remote, {{0, 0, 4096}});
   EXPECT_EQ(later.code(), Code::kUnavailable) << later.ToString();
-  auto peer = (*transport)->connect(c->address);
+  auto peer = p.transport->connect(p.c.address);
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  auto remote = (*transport)->import_remote(*peer, c->descriptor);
+  auto remote = p.transport->import_remote(*peer, p.c.descriptor);
   ASSERT_TRUE(remote.ok());
-  ASSERT_TRUE((*transport)->notify(*peer, "untouched").ok());
-  EXPECT_EQ(Verdict(*child), "ok");
+  ASSERT_TRUE(p.transport->notify(*peer, "untouched").ok());
+  EXPECT_EQ(Verdict(*p.child), "ok");
   auto runs = SpreadRuns(100, 4000, 96);
-  Status put = testing::PostAndWait(**transport, Op::kPut, **reg, **remote, runs);
+  Status put = testing::PostAndWait(*p.transport, Op::kPut, *p.reg, **remote, runs);
   ASSERT_TRUE(put.ok()) << put.ToString();
-  ASSERT_TRUE((*transport)->notify(*peer, Check(100, 4000, 96)).ok());
-  EXPECT_EQ(Verdict(*child), "ok");
+  ASSERT_TRUE(p.transport->notify(*peer, Check(100, 4000, 96)).ok());
+  EXPECT_EQ(Verdict(*p.child), "ok");
 }
 
 TEST(Staged, KilledTargetFailsItsBatchesInBoundedTime) {
-  auto child = StartTarget(Options(true, 1 << 20), 64 << 20);
-  ASSERT_NE(child, nullptr);
-  auto transport = CreateTransport("ucx", Options(true, 1 << 20));
-  ASSERT_TRUE(transport.ok());
-  std::vector<uint8_t> src(64 << 20);
-  Fill(src, kSeed);
-  auto reg = (*transport)->register_memory(src.data(), src.size(), MemoryLocation::Host());
-  ASSERT_TRUE(reg.ok());
-  auto c = testing::ConnectToTarget(**transport, *child);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ASSERT_TRUE(testing::PostAndWait(**transport, Op::kPut, **reg, *c->remote, {{0, 0, 4096}}).ok());
+  Initiator p;
+  ASSERT_NO_FATAL_FAILURE(
+      Connect(Options(true, 1 << 20), Options(true, 1 << 20), 64 << 20, 64 << 20, &p));
+  ASSERT_TRUE(
+      testing::PostAndWait(*p.transport, Op::kPut, *p.reg, *p.c.remote, {{0, 0, 4096}}).ok());
 
   std::vector<Waiter> waiters(8);
   std::vector<kv::Run> runs = SpreadRuns(64, 1 << 20, 0);
   for (auto& w : waiters) {
     ASSERT_TRUE(
-        (*transport)
-            ->post({Op::kPut, reg->get(), c->remote.get(), runs, testing::In(5s)}, w.callback())
+        p.transport
+            ->post({Op::kPut, p.reg.get(), p.c.remote.get(), runs, testing::In(5s)}, w.callback())
             .ok());
   }
-  child->Kill();
+  p.child->Kill();
   int failed = 0;
   for (auto& w : waiters) {
     Status s = w.Wait(15s);

@@ -22,6 +22,8 @@
 // A Google Benchmark of its own, beside the backend whose internals it calls (as the backend's
 // tests are; kvbench may not include them), built where the backend is.
 #include <benchmark/benchmark.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -136,6 +138,8 @@ enum class Step {
   kChunkGather,
   kTablesGather,
   kSender,
+  kSenderSameCore,
+  kSenderOtherCore,
   kDecode,
   kCheckRows,
   kChunkScatter,
@@ -157,6 +161,8 @@ constexpr StepInfo kSteps[] = {
     {Step::kChunkGather, "send/chunk"},
     {Step::kTablesGather, "send/tables"},
     {Step::kSender, "send/all"},
+    {Step::kSenderSameCore, "send/all_fresh"},
+    {Step::kSenderOtherCore, "send/all_handed_over"},
     {Step::kDecode, "recv/decode"},
     {Step::kCheckRows, "recv/check_rows"},
     {Step::kChunkScatter, "recv/chunk"},
@@ -261,9 +267,99 @@ void FrameCase(benchmark::State& state, const Batch& b) {
   Report(state, b, seconds);
 }
 
+// Pins the calling thread to the `index`th CPU it may run on; false where there is no such CPU.
+bool PinTo(size_t index) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != static_cast<int>(index)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+  }
+  return false;
+}
+
+// send/all as the link meets a batch: Link::Put copies its runs and groups into fresh vectors
+// on the io thread, the sender thread splits, encodes, chunks and tables them. A producer thread
+// plays the io thread, on this thread's CPU (send/all_fresh) or another (send/all_handed_over:
+// the batch reaches the sender from that CPU's cache, as in kvd); only the sender's work is
+// timed. On the H200 host kvd's sender spent 4-6 times send/all's time per group
+// (benchmarks/pd_gpu.md, "Sixteenth session"); this pair measures what the hand-over costs.
+void HandoverCase(benchmark::State& state, const Batch& b, bool other_core) {
+  cpu_set_t saved;
+  const bool restore = sched_getaffinity(0, sizeof(saved), &saved) == 0;
+  if (other_core && !PinTo(1)) return state.SkipWithError("needs two CPUs");
+  if (!other_core) PinTo(0);
+  struct Handed {
+    std::vector<Range> ranges, gather;
+    std::vector<RunGroup> groups;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  Handed handed;      // guarded by mu
+  bool full = false;  // guarded by mu
+  bool stop = false;  // guarded by mu
+  std::thread io([&] {
+    PinTo(0);
+    while (true) {
+      Handed h;
+      for (const Run& r : b.plan.runs) {
+        h.ranges.push_back({r.dst_offset, r.length});
+        h.gather.push_back({r.src_offset, r.length});
+      }
+      h.groups.assign(b.plan.groups.begin(), b.plan.groups.end());
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return !full || stop; });
+      if (stop) return;
+      handed = std::move(h);
+      full = true;
+      cv.notify_all();
+    }
+  });
+  TableLayout layout;
+  std::vector<unsigned char> table;
+  Status status;
+  double busy = 0;
+  for (auto _ : state) {
+    Handed h;
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return full; });
+      h = std::move(handed);
+      full = false;
+    }
+    cv.notify_all();
+    const auto start = std::chrono::steady_clock::now();
+    DataMsg msg;
+    msg.chunk_bytes = kChunkBytes;
+    msg.direct_bytes = kDirectBytes;
+    msg.ranges = std::move(h.ranges);
+    std::vector<Strided> rows;
+    SplitGroups(h.groups, kChunkBytes, &msg, &h.gather, &rows);
+    std::string frame = EncodeData(msg);
+    benchmark::DoNotOptimize(frame.data());
+    Keep(&status, ChunkAndEncode(h.gather, rows, Direction::kGather, true, &layout, &table));
+    busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  {
+    std::lock_guard lock(mu);
+    stop = true;
+  }
+  cv.notify_all();
+  io.join();
+  if (restore) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+  if (!status.ok()) return state.SkipWithError(status.ToString().c_str());
+  Report(state, b, busy / static_cast<double>(state.iterations()));
+}
+
 void StepCase(benchmark::State& state, Step step, int requests, const std::string& dst_order) {
   const Batch& b = BatchOf(requests, dst_order);
   if (step == Step::kFrame) return FrameCase(state, b);
+  if (step == Step::kSenderSameCore || step == Step::kSenderOtherCore) {
+    return HandoverCase(state, b, step == Step::kSenderOtherCore);
+  }
   const uint64_t src_bytes = b.src.span_bytes(), dst_bytes = b.dst.span_bytes();
   Plan plan;  // reused, as the send queue recycles its vectors
   TableLayout layout;
@@ -311,6 +407,8 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
         break;
       }
       case Step::kFrame:
+      case Step::kSenderSameCore:
+      case Step::kSenderOtherCore:
         break;
       case Step::kChunkGather:
         Keep(&status, ChunkAndEncode(b.gather, b.rows, Direction::kGather, false, &layout, &table));
@@ -387,7 +485,9 @@ void PrintHelp() {
       "io/put (Link::Put's copies): kvd's io thread; send/split (SplitGroups), send/encode\n"
       "(EncodeData), send/frame (SendFrame to a reader thread that decodes it, loopback TCP),\n"
       "send/chunk (SplitDirect, ChunkRuns, ChunkGroups), send/tables (the host\n"
-      "half of RunTables::Load), send/all (its steps but the frame in a row); recv/decode\n"
+      "half of RunTables::Load), send/all (its steps but the frame in a row), send/all_fresh\n"
+      "and send/all_handed_over (the same on each batch as Link::Put hands it over: copied by\n"
+      "an io thread on this CPU, or on another one, whose cache it then comes from); recv/decode\n"
       "(DecodeData, reader thread), recv/check_rows (TotalBytes, CheckRanges, CheckStrided),\n"
       "recv/chunk, recv/tables, recv/all (the receive worker's steps in a row). Not timed: NCCL\n"
       "and kernel launches. LBNHC_to_LBNHC (64 KiB pages, 0.97 of the wire) is the reference.\n\n"

@@ -32,7 +32,8 @@ inline constexpr size_t kTransferTokenBytes = 16;  // 128-bit capabilities (tran
 // An engine may choose a request's token itself (RequestFinished.transfer_token): 16 to 32 bytes.
 inline constexpr size_t kMaxTransferTokenBytes = 32;
 
-// `n` bytes from OpenSSL's CSPRNG; kInternal when it cannot deliver (never silently weak).
+// `n` bytes from the kernel's CSPRNG (crypto::RandomBytes, getrandom(2)); kInternal when it
+// cannot deliver (never silently weak).
 Result<std::string> RandomBytes(size_t n);
 
 // What the peer that `prover_dialed` (or accepted) the connection proves.

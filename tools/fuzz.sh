@@ -9,7 +9,7 @@
 # build-fuzz/artifacts/ (replay: build-fuzz/bin/fuzz_TARGET FILE). KV_FUZZ_JOBS: build jobs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets_all=(frame_decoder layout_json planner daemon daemon_auth ucx_address nccl_wire)
+targets_all=(frame_decoder layout_json planner daemon daemon_auth ucx_address nccl_wire staged_wire)
 seeds=0
 if [[ ${1:-} == --seeds ]]; then
   seeds=1

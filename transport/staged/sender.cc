@@ -138,12 +138,7 @@ void Core::StartSharedChunk(OutLink& link, std::vector<std::shared_ptr<Job>> job
       gather.push_back({r.src_offset, at, r.length});
       at += r.length;
     }
-    // Host memory: done before Copy returns (stager.h).
-    Status copied;
-    Status s = stager().Copy(slot, job->local_base, job->local_at, false, gather,
-                             [&copied](Status status) { copied = status; });
-    if (s.ok()) s = copied;
-    if (!s.ok()) return FailLink(link, s, job.get());
+    CopyHostRuns(job->local_base, slot.data(), gather);  // Riders: host jobs only
   }
   const uint64_t payload = at - TableBytes(ranges);
   const PeerId peer = link.peer;
@@ -193,19 +188,17 @@ void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t pos
   ++job->copying;
   ++copies_in_flight_;
   const PeerId peer = link.peer;
-  // A host gather is done before Copy returns (stager.h): its chunk goes to the wire at once,
-  // so the gather of the next chunk overlaps this one's put and the receiver's scatter. Handed
-  // over as a task instead, every chunk the free slots allowed was gathered before the first
-  // left, and sender and receiver took turns: 4 gathers, 4 puts, 4 scatters, 4 acks (a chunk's
-  // post-to-ack 0.44 ms, 4.2 GB/s on the README demo shape; benchmarks/pd.md, "demoucx").
-  const bool host = job->local_at.kind == MemoryKind::kHost;
-  Status gathered;
+  // A host gather is a memcpy on this thread: its chunk goes to the wire at once, so the gather
+  // of the next chunk overlaps this one's put and the receiver's scatter. Handed over as a task
+  // instead, every chunk the free slots allowed was gathered before the first left, and sender
+  // and receiver took turns: 4 gathers, 4 puts, 4 scatters, 4 acks (a chunk's post-to-ack
+  // 0.44 ms, 4.2 GB/s on the README demo shape; benchmarks/pd.md, "demoucx").
+  if (job->local_at.kind == MemoryKind::kHost) {
+    CopyHostRuns(job->local_base, slot.data(), GatherRuns(chunk));
+    return IssueChunk(link, job, index, send, recv, Status::Ok());
+  }
   Status s = stager().Copy(slot, job->local_base, job->local_at, false, GatherRuns(chunk),
-                           [this, peer, job, index, send, recv, host, &gathered](Status status) {
-                             if (host) {
-                               gathered = status;  // on this thread, before Copy returns
-                               return;
-                             }
+                           [this, peer, job, index, send, recv](Status status) {
                              Enqueue([=, this] {
                                OutLink& link = Out(peer);
                                IssueChunk(link, job, index, send, recv, status);
@@ -217,7 +210,6 @@ void Core::StartChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t pos
     --copies_in_flight_;
     return FailLink(link, s, job.get());
   }
-  if (host) IssueChunk(link, job, index, send, recv, gathered);
 }
 
 void Core::IssueChunk(OutLink& link, const std::shared_ptr<Job>& job, size_t index, uint32_t send,

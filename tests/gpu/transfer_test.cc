@@ -74,6 +74,32 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(bytes.ok());
     EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
   }
+  // Puts p's runs as run groups and gets them back into a fresh peer: both land like the runs.
+  void PutAndGetAsGroups(const Planned& p) {
+    TransferOptions grouped;
+    grouped.as_groups = true;
+    grouped.note = "done";
+    Peer prefill = Start(0, p.src_bytes, kSrcSeed);
+    Peer decode = Start(1, p.dst_bytes, -1);
+    ASSERT_TRUE(prefill.process && decode.process);
+    Status put = Transfer(prefill, decode, Op::kPut, p.runs, grouped);
+    ASSERT_TRUE(put.ok()) << put.ToString();
+    ASSERT_TRUE(WaitForNote(decode, "done").ok());
+    auto bytes = Dump(decode);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+    Peer puller = Start(1, p.dst_bytes, -1);
+    ASSERT_TRUE(puller.process);
+    grouped.note.clear();
+    Status got = Transfer(puller, prefill, Op::kGet, p.runs, grouped);
+    ASSERT_TRUE(got.ok()) << got.ToString();
+    bytes = Dump(puller);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
+    EXPECT_TRUE(Stop(prefill).ok());
+    EXPECT_TRUE(Stop(decode).ok());
+    EXPECT_TRUE(Stop(puller).ok());
+  }
 };
 
 TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {
@@ -155,29 +181,17 @@ TEST_P(GpuTransferTest, RunGroupsOfATpSplitLandLikeTheirRuns) {
   std::vector<RunGroup> groups;
   GroupRuns(p.runs, &groups);
   ASSERT_LT(groups.size() * 4, p.runs.size()) << "the split should group its token runs";
-  TransferOptions grouped;
-  grouped.as_groups = true;
-  grouped.note = "done";
-  Peer prefill = Start(0, p.src_bytes, kSrcSeed);
-  Peer decode = Start(1, p.dst_bytes, -1);
-  ASSERT_TRUE(prefill.process && decode.process);
-  Status put = Transfer(prefill, decode, Op::kPut, p.runs, grouped);
-  ASSERT_TRUE(put.ok()) << put.ToString();
-  ASSERT_TRUE(WaitForNote(decode, "done").ok());
-  auto bytes = Dump(decode);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
-  Peer puller = Start(1, p.dst_bytes, -1);
-  ASSERT_TRUE(puller.process);
-  grouped.note.clear();
-  Status got = Transfer(puller, prefill, Op::kGet, p.runs, grouped);
-  ASSERT_TRUE(got.ok()) << got.ToString();
-  bytes = Dump(puller);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
-  EXPECT_TRUE(Stop(prefill).ok());
-  EXPECT_TRUE(Stop(decode).ok());
-  EXPECT_TRUE(Stop(puller).ok());
+  PutAndGetAsGroups(p);
+}
+
+// LBNHC -> BLHNC: a page's heads are groups of 16 rows (4 KiB each) at one step on both sides,
+// which nccl sends as one entry of 4 blocks (wire.h, SplitGroups).
+TEST_P(GpuTransferTest, APagesHeadGroupsLandLikeTheirRuns) {
+  Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("BLHNC", 40, 4), 200);
+  std::vector<RunGroup> groups;
+  GroupRuns(p.runs, &groups);
+  ASSERT_LT(groups.size() * 8, p.runs.size()) << "a page's heads should group their tokens";
+  PutAndGetAsGroups(p);
 }
 
 // cuda_ipc launches a batch on its poster thread, after post() returned: one whose deadline

@@ -4,10 +4,11 @@
 // Receive) against a 16 MiB region and 32 MiB staging slots. Nothing may crash, read out of
 // bounds or overflow (ASan, UBSan), and what is decoded must hold together:
 //  - every message that decodes re-encodes to one that decodes to the same fields (the rows'
-//    shape encoding of kvd-nccl/5 included);
+//    shape encoding of kvd-nccl/6 included);
 //  - an announcement the checks accept is laid out whole: its staged chunks, group chunks and
 //    direct pieces add up to its TotalBytes, no chunk exceeds chunk_bytes, and every run or row
-//    lies inside the region on one side and inside its chunk on the other.
+//    (the first and last of each entry's first and last block) lies inside the region on one side
+//    and inside its chunk on the other.
 // Beside the backend: it includes the backend's own header (registered in tests/fuzz). wire.cc
 // needs no CUDA or NCCL, so the fuzz build compiles it alone.
 #include <cstddef>
@@ -78,11 +79,18 @@ void LayOut(const DataMsg& msg) {
   for (size_t k = 0; k < groups.count(); ++k) {
     Require(groups.bytes[k] <= msg.chunk_bytes);
     uint64_t in_chunk = 0;
-    for (const kv::RunGroup& g : groups.chunk(k)) {
-      for (uint64_t i = 0; i<g.count; i += g.count> 1 ? g.count - 1 : 1) {  // first, last row
-        RequireRunInside(g.row(i), Direction::kScatter, msg.chunk_bytes);
+    for (const GroupBlocks& e : groups.chunk(k)) {
+      const kv::RunGroup& g = e.group;
+      // Repeated blocks hold kMinBlockBytes each, so they never stand for more descriptors than
+      // the region has of those.
+      Require(e.outer_count == 1 || g.count * g.length >= kMinBlockBytes);
+      for (const uint64_t o : {uint64_t{0}, e.outer_count - 1}) {  // first and last block
+        const kv::RunGroup block = e.block(o);
+        for (const uint64_t i : {uint64_t{0}, g.count - 1}) {  // their first and last rows
+          RequireRunInside(block.row(i), Direction::kScatter, msg.chunk_bytes);
+        }
       }
-      in_chunk += g.length * g.count;
+      in_chunk += g.length * g.count * e.outer_count;
     }
     Require(in_chunk == groups.bytes[k]);
     laid_out += groups.bytes[k];

@@ -5,15 +5,45 @@
 // the backend, whose internals it tests (registered in tests/gpu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 
 #include "kernels/plan_copy.h"
+#include "layout/kv_region.h"
+#include "transport/nccl/chunk_tables.h"
 #include "transport/nccl/wire.h"
 
 namespace kv::transport::nccl {
 namespace {
+
+// The rows of a chunk's entries, block by block, by memcpy.
+void CopyBlocksHost(const void* src, void* dst, std::span<const GroupBlocks> entries) {
+  for (const GroupBlocks& e : entries) {
+    for (uint64_t o = 0; o < e.outer_count; ++o) {
+      const RunGroup block = e.block(o);
+      kernels::CopyGroupsHost(src, dst, std::span(&block, 1));
+    }
+  }
+}
+
+// Every row of `entries`, in order, as runs: `src_side` gives the sender's view (offsets in
+// src_offset), else the receiver's (in dst_offset).
+std::vector<kv::Run> RowsOf(std::span<const Strided> entries, bool src_side) {
+  std::vector<kv::Run> rows;
+  for (const Strided& e : entries) {
+    for (uint64_t o = 0; o < e.outer_count; ++o) {
+      const Strided b = e.block(o);
+      for (uint64_t i = 0; i < b.count; ++i) {
+        const uint64_t at = b.offset + i * static_cast<uint64_t>(b.stride);
+        rows.push_back(src_side ? kv::Run{at, 0, b.length} : kv::Run{0, at, b.length});
+      }
+    }
+  }
+  return rows;
+}
 
 TEST(NcclWireTest, LongRangesGoDirectInPiecesAndTheRestStaysStagedInOrder) {
   const std::vector<Range> ranges = {{0, 100}, {1000, 250}, {5000, 0}, {9000, 99}, {20000, 500}};
@@ -64,14 +94,17 @@ TEST(NcclWireTest, DataAnnouncementCarriesRunGroupRows) {
   DataMsg msg;
   msg.chunk_bytes = kMinChunkBytes;
   msg.ranges = {{0, 8}};
-  msg.strided = {{4096, 1024, 16, 4096}, {1 << 20, 512, 3, -2048}};
+  msg.strided = {{4096, 1024, 16, 4096}, {1 << 20, 512, 3, -2048, 5, -8192}};
   const std::string frame = EncodeData(msg);
   auto back = DecodeData(frame);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ASSERT_EQ(back->strided.size(), 2u);
   EXPECT_EQ(back->strided[0].count, 16u);
+  EXPECT_EQ(back->strided[0].outer_count, 1u);
   EXPECT_EQ(back->strided[1].stride, -2048);
-  EXPECT_EQ(*TotalBytes(back->ranges, back->strided), 8u + 16 * 1024 + 3 * 512);
+  EXPECT_EQ(back->strided[1].outer_count, 5u);
+  EXPECT_EQ(back->strided[1].outer_stride, -8192);
+  EXPECT_EQ(*TotalBytes(back->ranges, back->strided), 8u + 16 * 1024 + 5 * 3 * 512);
   EXPECT_FALSE(DecodeData(frame.substr(0, frame.size() - 8)).ok());
   // Two shapes, two runs: the frame ends with the last run's group count and its one offset.
   // A count that the frame cannot hold is refused before anything is allocated, and so is none.
@@ -83,7 +116,7 @@ TEST(NcclWireTest, DataAnnouncementCarriesRunGroupRows) {
   EXPECT_FALSE(DecodeData(forged).ok());
   // So is a run count the frame cannot hold (the first run's header follows it).
   forged = frame;
-  forged[frame.size() - 2 * 40 - 8 + 7] = '\x7f';
+  forged[frame.size() - 2 * 56 - 8 + 7] = '\x7f';
   EXPECT_FALSE(DecodeData(forged).ok());
 }
 
@@ -97,14 +130,13 @@ TEST(NcclWireTest, RowsOfOneShapeTravelAsTheirOffsets) {
   EXPECT_LT(one_shape.size(), 1000 * 8 + 128);
   msg.strided.insert(msg.strided.begin() + 500, {1 << 30, 100, 3, -4096});
   msg.strided.push_back({7, 512, 15, 512});
+  msg.strided.push_back({7, 512, 15, 512, 8, 8192});
   auto back = DecodeData(EncodeData(msg));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ASSERT_EQ(back->strided.size(), msg.strided.size());
   for (size_t i = 0; i < msg.strided.size(); ++i) {
     const Strided &a = back->strided[i], &b = msg.strided[i];
-    EXPECT_TRUE(a.offset == b.offset && a.length == b.length && a.count == b.count &&
-                a.stride == b.stride)
-        << i;
+    EXPECT_EQ(a, b) << i;
   }
 }
 
@@ -158,29 +190,154 @@ TEST(NcclWireTest, APeersRowsMustLieInTheRegionApartAndWithinAChunk) {
   EXPECT_EQ(*TotalBytes(five, std::span(quarters).first(2)), (1ull << 63) + 5);
 }
 
+// Blocks repeated at a second stride: each at least kMinBlockBytes and clear of the next, and
+// their whole extent inside the region, whichever way either stride points.
+TEST(NcclWireTest, APeersBlocksMustHoldEnoughBytesAndNotOverlap) {
+  const uint64_t region = 1 << 20, chunk = 64 << 10;
+  // A page converted LBNHC -> BLHNC: 8 heads of 16 rows of 512 B, the heads 8 KiB apart.
+  EXPECT_TRUE(CheckStrided({{{0, 512, 16, 512, 8, 8192}}}, region, chunk).ok());
+  EXPECT_TRUE(CheckStrided({{{region - 8192, 512, 16, 512, 8, -8192}}}, region, chunk).ok());
+  EXPECT_TRUE(CheckStrided({{{region - 512, 512, 16, -512, 8, -8192}}}, region, chunk).ok());
+  EXPECT_EQ(CheckStrided({{{region - 8192 * 7, 512, 16, 512, 8, 8192}}}, region, chunk).code(),
+            Code::kOutOfRange);
+  EXPECT_EQ(CheckStrided({{{8192 * 6, 512, 16, 512, 8, -8192}}}, region, chunk).code(),
+            Code::kOutOfRange);
+  // Blocks that overlap (8 KiB each, 4 KiB apart), of too few bytes, or none at all.
+  EXPECT_EQ(CheckStrided({{{0, 512, 16, 512, 8, 4096}}}, region, chunk).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(CheckStrided({{{0, 512, 4, 512, 8, 8192}}}, region, chunk).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(CheckStrided({{{0, 512, 16, 512, 0, 8192}}}, region, chunk).code(),
+            Code::kInvalidArgument);
+  // One block needs no outer stride, however small.
+  EXPECT_TRUE(CheckStrided({{{0, 512, 4, 512, 1, 0}}}, region, chunk).ok());
+  // An outer extent past 2^64 below the first row is refused, not wrapped.
+  const int64_t most_negative = std::numeric_limits<int64_t>::min();
+  for (uint64_t blocks : {2ull, 3ull, 37ull}) {
+    const Status s = CheckStrided({{{8, 4096, 1, 0, blocks, most_negative}}}, region, chunk);
+    EXPECT_EQ(s.code(), Code::kOutOfRange) << blocks;
+  }
+  // Bytes overflow through the blocks too.
+  EXPECT_FALSE(TotalBytes({}, {{{0, 1 << 20, 1 << 20, 1 << 20, 1ull << 30, 1ull << 40}}}).ok());
+  EXPECT_EQ(*TotalBytes({}, {{{0, 512, 16, 512, 8, 8192}}}), 64u << 10);
+}
+
+KvRegion PageRegion(const std::string& order, int64_t blocks) {
+  LayoutSpec s;
+  s.order = order;
+  s.layers = 2;
+  s.block_size = 16;
+  s.blocks = blocks;
+  s.heads = 8;
+  s.total_heads = 8;
+  s.content_bytes = 512;
+  return KvRegion::Create(s).value();
+}
+
+// kvbench's LBNHC -> BLHNC request, random block ids: SplitGroups makes each page's 8 head groups
+// one entry of 8 blocks on both sides, the rows in the same order as the plan's, and the
+// receiver's view passes the peer's checks.
+TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
+  const int64_t blocks = 64;
+  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
+  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
+  std::iota(src_ids.begin(), src_ids.end(), 0);
+  std::iota(dst_ids.begin(), dst_ids.end(), 0);
+  std::mt19937_64 rng(7);
+  std::shuffle(src_ids.begin(), src_ids.end(), rng);
+  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  auto layer = LayerPlan::Create(src, dst, spec, /*groups=*/true);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  Plan plan;
+  ASSERT_TRUE(layer->AppendLayer(1, &plan).ok());
+  ASSERT_EQ(plan.groups.size(), static_cast<size_t>(blocks) * 8);
+
+  DataMsg msg;
+  msg.chunk_bytes = 32 << 20;
+  std::vector<Range> gather;
+  std::vector<Strided> rows;
+  SplitGroups(plan.groups, msg.chunk_bytes, &msg, &gather, &rows);
+  EXPECT_TRUE(gather.empty());
+  ASSERT_EQ(msg.strided.size(), static_cast<size_t>(blocks));
+  ASSERT_EQ(rows.size(), msg.strided.size());
+  EXPECT_EQ(msg.strided[0].outer_count, 8u);
+  EXPECT_EQ(rows[0].outer_count, 8u);
+  std::vector<kv::Run> expected;
+  ExpandGroups(plan.groups, &expected);
+  const std::vector<kv::Run> sent = RowsOf(rows, true), landed = RowsOf(msg.strided, false);
+  ASSERT_EQ(sent.size(), expected.size());
+  ASSERT_EQ(landed.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_EQ(sent[i].src_offset, expected[i].src_offset) << i;
+    ASSERT_EQ(landed[i].dst_offset, expected[i].dst_offset) << i;
+    ASSERT_EQ(sent[i].length, expected[i].length) << i;
+  }
+  EXPECT_TRUE(CheckStrided(msg.strided, dst.span_bytes(), 32 << 20).ok());
+  EXPECT_EQ(*TotalBytes({}, msg.strided), plan.bytes);
+  auto back = DecodeData(EncodeData(msg));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->strided, msg.strided);
+}
+
+// Groups become blocks of one entry only where the receiver's checks would take it: blocks of
+// kMinBlockBytes that do not overlap there, at one step on both sides.
+TEST(NcclWireTest, GroupsThatTheChecksWouldRefuseAsBlocksStayApart) {
+  auto split = [](const std::vector<RunGroup>& groups) {
+    DataMsg msg;
+    std::vector<Range> gather;
+    std::vector<Strided> rows;
+    SplitGroups(groups, 1 << 20, &msg, &gather, &rows);
+    EXPECT_EQ(msg.strided.size(), rows.size());
+    EXPECT_TRUE(CheckStrided(msg.strided, 1 << 30, 1 << 20).ok());
+    return msg.strided.size();
+  };
+  // 16 rows of 512 B contiguous on the receiver: 8 KiB blocks, 8 KiB apart, then 4 KiB apart.
+  EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512},
+                   {512, 8192, 512, 16, 4096, 512},
+                   {1024, 16384, 512, 16, 4096, 512}}),
+            1u);
+  EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512}, {512, 4096, 512, 16, 4096, 512}}), 2u);
+  // Blocks of 2 KiB: too small.
+  EXPECT_EQ(split({{0, 0, 512, 4, 4096, 512}, {512, 8192, 512, 4, 4096, 512}}), 2u);
+  // A third group off the step, or of another shape, starts an entry of its own.
+  EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512},
+                   {512, 8192, 512, 16, 4096, 512},
+                   {1024, 20000, 512, 16, 4096, 512}}),
+            2u);
+  EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512}, {512, 8192, 512, 16, 2048, 512}}), 2u);
+}
+
 // Rows gathered chunk by chunk on the sender and scattered chunk by chunk on the receiver, each
 // side chunking its own view (same lengths and counts, other offsets and strides), give what
 // the groups copied directly give.
 TEST(NcclWireTest, RowsGatheredIntoChunksAndScatteredLandWhereTheGroupsSay) {
   std::mt19937_64 rng(5);
-  const uint64_t region = 1 << 20, chunk_bytes = 8192;
-  std::vector<uint8_t> src(region), dst(region, 0), expected(region, 0);
+  const uint64_t region = 4 << 20, chunk_bytes = 8192;
+  std::vector<uint8_t> src(region), dst(region, 0), expected(region, 0), tabled(region, 0);
   std::iota(src.begin(), src.end(), 0);
   std::vector<Strided> sender, receiver;
-  std::vector<RunGroup> groups;
   uint64_t dst_at = 0;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 60; ++i) {
     const uint64_t length = 1 + rng() % 3000, count = 1 + rng() % 12;
+    const uint64_t blocks = i % 3 == 0 ? 1 : 1 + rng() % 5;  // entries of several blocks too
     const int64_t src_stride = static_cast<int64_t>(length + rng() % 100);
-    const uint64_t src_at = rng() % (region - count * (length + 100));
+    const int64_t src_outer = static_cast<int64_t>(rng() % 512) - 256;  // may overlap: reads
+    const uint64_t src_at = 2048 + rng() % (region / 2);
     const int64_t dst_stride = static_cast<int64_t>(length + rng() % 64);
-    sender.push_back({src_at, length, count, src_stride});
-    receiver.push_back({dst_at, length, count, dst_stride});
-    groups.push_back({src_at, dst_at, length, count, src_stride, dst_stride});
-    dst_at += count * static_cast<uint64_t>(dst_stride);
+    const uint64_t block_span = (count - 1) * static_cast<uint64_t>(dst_stride) + length;
+    const int64_t dst_outer = static_cast<int64_t>(block_span + rng() % 64);
+    sender.push_back({src_at, length, count, src_stride, blocks, src_outer});
+    receiver.push_back({dst_at, length, count, dst_stride, blocks, dst_outer});
+    dst_at += blocks * static_cast<uint64_t>(dst_outer);
   }
   ASSERT_LT(dst_at, region);
-  kernels::CopyGroupsHost(src.data(), expected.data(), groups);
+  const std::vector<kv::Run> reads = RowsOf(sender, true), writes = RowsOf(receiver, false);
+  ASSERT_EQ(reads.size(), writes.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    std::memcpy(expected.data() + writes[i].dst_offset, src.data() + reads[i].src_offset,
+                reads[i].length);
+  }
   const GroupChunks gather = ChunkGroups(sender, chunk_bytes, Direction::kGather);
   const GroupChunks scatter = ChunkGroups(receiver, chunk_bytes, Direction::kScatter);
   ASSERT_EQ(gather.bytes, scatter.bytes);
@@ -189,12 +346,35 @@ TEST(NcclWireTest, RowsGatheredIntoChunksAndScatteredLandWhereTheGroupsSay) {
   uint64_t moved = 0;
   for (size_t k = 0; k < gather.count(); ++k) {
     EXPECT_LE(gather.bytes[k], chunk_bytes);
-    kernels::CopyGroupsHost(src.data(), staging.data(), gather.chunk(k));
-    kernels::CopyGroupsHost(staging.data(), dst.data(), scatter.chunk(k));
+    CopyBlocksHost(src.data(), staging.data(), gather.chunk(k));
+    CopyBlocksHost(staging.data(), dst.data(), scatter.chunk(k));
     moved += gather.bytes[k];
   }
   EXPECT_EQ(moved, *TotalBytes({}, receiver));
   EXPECT_TRUE(dst == expected);
+
+  // The same chunks through the copy kernels' tables (what RunTables uploads), run on the host.
+  const Chunks no_runs;
+  TableLayout gather_layout, scatter_layout;
+  LayOutTables(no_runs, gather, &gather_layout);
+  LayOutTables(no_runs, scatter, &scatter_layout);
+  std::vector<uint64_t> gather_table(gather_layout.table_bytes / 8 + 2);
+  std::vector<uint64_t> scatter_table(scatter_layout.table_bytes / 8 + 2);
+  ASSERT_TRUE(EncodeTables(no_runs, gather, gather_layout, gather_table.data()).ok());
+  ASSERT_TRUE(EncodeTables(no_runs, scatter, scatter_layout, scatter_table.data()).ok());
+  ASSERT_EQ(gather_layout.chunks(), gather.count());
+  for (size_t k = 0; k < gather.count(); ++k) {
+    const auto* g = reinterpret_cast<const char*>(gather_table.data()) + gather_layout.group_table;
+    const auto* s =
+        reinterpret_cast<const char*>(scatter_table.data()) + scatter_layout.group_table;
+    kernels::CopyGroupTableHost(src.data(), staging.data(),
+                                g + gather_layout.first[k] * sizeof(kernels::PlanCopyGroupChunk),
+                                gather_layout.count[k]);
+    kernels::CopyGroupTableHost(staging.data(), tabled.data(),
+                                s + scatter_layout.first[k] * sizeof(kernels::PlanCopyGroupChunk),
+                                scatter_layout.count[k]);
+  }
+  EXPECT_TRUE(tabled == expected);
 }
 
 }  // namespace

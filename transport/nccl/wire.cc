@@ -16,7 +16,7 @@ ByteWriter Start(MsgType type) {
 
 // Ranges travel as arrays of their u64 fields, copied whole (ByteWriter::raw): a batch of a TP
 // split holds thousands.
-static_assert(sizeof(Range) == 16 && sizeof(Strided) == 32);
+static_assert(sizeof(Range) == 16 && sizeof(Strided) == 48);
 static_assert(std::is_trivially_copyable_v<Range> && std::is_trivially_copyable_v<Strided>);
 
 template <typename T>
@@ -38,48 +38,59 @@ void PutRanges(ByteWriter& w, std::span<const Range> ranges) {
 bool GetRanges(ByteReader& r, uint64_t bytes_left, std::vector<Range>* out) {
   return GetArray(r, bytes_left, out);
 }
-// Rows travel as runs of one shape: (length, count, stride, n), then the first offsets of the n
-// groups of that shape, 8 bytes a group where the whole Strided takes 32. A batch's groups nearly
-// all share one shape (a page's head: 16 rows of 512 B), and the announcement of a layer of 32
-// requests of 512 B rows was 2 MiB, 16 times a batch of 64 KiB pages, and the largest host cost
-// of such a batch (nccl_host_bench, send/frame).
+// Rows travel as runs of one shape: (length, count, stride, outer_count, outer_stride, n), then
+// the first offsets of the n entries of that shape, 8 bytes an entry where the whole Strided
+// takes 48. A batch's entries nearly all share one shape (a page's heads: 8 blocks of 16 rows of
+// 512 B), and the announcement of a layer of 32 requests of 512 B rows was 2 MiB, 16 times a
+// batch of 64 KiB pages, and the largest host cost of such a batch (nccl_host_bench, send/frame).
+constexpr size_t kShapeWords = 6;
+
+bool SameShape(const Strided& a, const Strided& b) {
+  return a.length == b.length && a.count == b.count && a.stride == b.stride &&
+         a.outer_count == b.outer_count && a.outer_stride == b.outer_stride;
+}
+
 void PutStrided(ByteWriter& w, std::span<const Strided> strided) {
   std::vector<uint64_t> words;
-  words.reserve(strided.size() + 4);
+  words.reserve(strided.size() + 2 * kShapeWords);
   uint64_t runs = 0;
   size_t header = 0;  // the current run's, in words
   for (size_t i = 0; i < strided.size(); ++i) {
     const Strided& g = strided[i];
-    if (i == 0 || g.length != strided[i - 1].length || g.count != strided[i - 1].count ||
-        g.stride != strided[i - 1].stride) {
+    if (i == 0 || !SameShape(g, strided[i - 1])) {
       header = words.size();
-      words.insert(words.end(), {g.length, g.count, static_cast<uint64_t>(g.stride), 0});
+      words.insert(words.end(), {g.length, g.count, static_cast<uint64_t>(g.stride), g.outer_count,
+                                 static_cast<uint64_t>(g.outer_stride), 0});
       ++runs;
     }
     words.push_back(g.offset);
-    ++words[header + 3];
+    ++words[header + kShapeWords - 1];
   }
   w.u64(runs).raw(words.data(), words.size() * sizeof(uint64_t));
 }
 bool GetStrided(ByteReader& r, std::vector<Strided>* out) {
   uint64_t runs = 0;
-  if (!r.u64(&runs) || runs > r.remaining() / 32) return false;  // a header is 32 bytes
+  if (!r.u64(&runs) || runs > r.remaining() / (kShapeWords * 8)) return false;  // the headers
   out->clear();
   std::vector<uint64_t> offsets;
   for (uint64_t k = 0; k < runs; ++k) {
-    uint64_t length = 0, count = 0, stride = 0, n = 0;
-    if (!r.u64(&length) || !r.u64(&count) || !r.u64(&stride) || !r.u64(&n) || n == 0 ||
-        n > r.remaining() / sizeof(uint64_t)) {
-      return false;  // every group a run names is in the frame: at most 4 bytes kept per byte
+    uint64_t shape[kShapeWords] = {};
+    for (uint64_t& word : shape) {
+      if (!r.u64(&word)) return false;
+    }
+    const uint64_t n = shape[kShapeWords - 1];
+    if (n == 0 || n > r.remaining() / sizeof(uint64_t)) {
+      return false;  // every entry a run names is in the frame: at most 6 bytes kept per byte
     }
     offsets.resize(n);
     if (!r.raw(offsets.data(), n * sizeof(uint64_t))) return false;
+    const Strided like{0,        shape[0],
+                       shape[1], static_cast<int64_t>(shape[2]),
+                       shape[3], static_cast<int64_t>(shape[4])};
     const size_t first = out->size();
-    out->resize(first + n);
+    out->resize(first + n, like);
     Strided* at = out->data() + first;
-    for (uint64_t i = 0; i < n; ++i) {
-      at[i] = {offsets[i], length, count, static_cast<int64_t>(stride)};
-    }
+    for (uint64_t i = 0; i < n; ++i) at[i].offset = offsets[i];
   }
   return true;
 }
@@ -222,17 +233,22 @@ Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strid
     if (r.length > UINT64_MAX - total) return Status::InvalidArgument("batch size overflows");
     total += r.length;
   }
-  // A group's bytes, count·length, worked out once per shape: a division per group was the
-  // largest part of checking a batch of 512 B rows.
-  uint64_t count = 0, length = 0, bytes = 0;
+  // An entry's bytes, count·length·outer_count, worked out once per shape: a division per
+  // group was the largest part of checking a batch of 512 B rows.
+  uint64_t count = 0, length = 0, outer_count = 0, bytes = 0;
   for (const Strided& g : strided) {
-    if (g.count != count || g.length != length) {
+    if (g.count != count || g.length != length || g.outer_count != outer_count) {
       if (g.length != 0 && g.count > UINT64_MAX / g.length) {
+        return Status::InvalidArgument("batch size overflows");
+      }
+      const uint64_t block = g.count * g.length;
+      if (g.outer_count != 0 && block > UINT64_MAX / g.outer_count) {
         return Status::InvalidArgument("batch size overflows");
       }
       count = g.count;
       length = g.length;
-      bytes = count * length;
+      outer_count = g.outer_count;
+      bytes = block * outer_count;
     }
     if (bytes > UINT64_MAX - total) return Status::InvalidArgument("batch size overflows");
     total += bytes;
@@ -251,62 +267,119 @@ Status CheckRanges(std::span<const Range> ranges, uint64_t region_bytes) {
   return Status::Ok();
 }
 
+namespace {
+
+__extension__ typedef unsigned __int128 Wide;
+
+Wide Magnitude(int64_t v) {
+  return v < 0 ? static_cast<Wide>(0) - static_cast<Wide>(v) : static_cast<Wide>(v);
+}
+
+// Whether group g, of the shape of a one-block entry (r in the receiver's view, s in the
+// sender's), may be its second block: a block of kMinBlockBytes clear of the first on the
+// receiver (CheckStrided's rule). Sets the outer strides if so.
+bool StartBlocks(const RunGroup& g, Strided* r, Strided* s) {
+  const auto dst_step = static_cast<int64_t>(g.dst_offset - r->offset);
+  const Wide extent = static_cast<Wide>(g.count - 1) * Magnitude(g.dst_stride) + g.length;
+  if (static_cast<Wide>(g.count) * g.length < kMinBlockBytes || Magnitude(dst_step) < extent) {
+    return false;
+  }
+  r->outer_stride = dst_step;
+  s->outer_stride = static_cast<int64_t>(g.src_offset - s->offset);
+  return true;
+}
+
+}  // namespace
+
 void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg* msg,
                  std::vector<Range>* gather, std::vector<Strided>* rows) {
-  msg->strided.reserve(groups.size());
-  rows->reserve(groups.size());
+  // The entry being built (r in the receiver's view, s in the sender's), kept out of the vectors
+  // until the next starts, and where its next block would start once it has two.
+  Strided r, s;
+  bool open = false;
+  uint64_t next_dst = 0, next_src = 0;
   for (const RunGroup& g : groups) {
     if (g.length > chunk_bytes) {
       for (uint64_t i = 0; i < g.count; ++i) {
-        const Run r = g.row(i);
-        msg->ranges.push_back({r.dst_offset, r.length});
-        gather->push_back({r.src_offset, r.length});
+        const Run run = g.row(i);
+        msg->ranges.push_back({run.dst_offset, run.length});
+        gather->push_back({run.src_offset, run.length});
       }
       continue;
     }
-    msg->strided.push_back({g.dst_offset, g.length, g.count, g.dst_stride});
-    rows->push_back({g.src_offset, g.length, g.count, g.src_stride});
+    if (open && g.length == r.length && g.count == r.count && g.dst_stride == r.stride &&
+        g.src_stride == s.stride &&
+        (r.outer_count > 1 ? g.dst_offset == next_dst && g.src_offset == next_src
+                           : StartBlocks(g, &r, &s))) {
+      ++r.outer_count;
+      ++s.outer_count;
+      next_dst = g.dst_offset + static_cast<uint64_t>(r.outer_stride);
+      next_src = g.src_offset + static_cast<uint64_t>(s.outer_stride);
+      continue;
+    }
+    if (open) {
+      msg->strided.push_back(r);
+      rows->push_back(s);
+    }
+    r = {g.dst_offset, g.length, g.count, g.dst_stride};
+    s = {g.src_offset, g.length, g.count, g.src_stride};
+    open = true;
+  }
+  if (open) {
+    msg->strided.push_back(r);
+    rows->push_back(s);
   }
 }
 
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {
-  // Rows of one shape (length, count, stride) lie in the region iff the first row's offset lies in
-  // [lowest, highest]: worked out once per shape (a batch's groups nearly all share one), so each
-  // group costs a comparison of its shape and two of its offset.
+  // Rows of one shape lie in the region iff the first row's offset lies in [lowest, highest]:
+  // worked out once per shape (a batch's entries nearly all share one), so each entry costs a
+  // comparison of its shape and two of its offset.
   const Strided* shape = nullptr;
   uint64_t lowest = 1, highest = 0;
   for (const Strided& g : strided) {
-    if (shape == nullptr || g.length != shape->length || g.count != shape->count ||
-        g.stride != shape->stride) {
+    if (shape == nullptr || !SameShape(g, *shape)) {
       if (g.length == 0 || g.length > chunk_bytes) {
         return Status::InvalidArgument("rows of " + std::to_string(g.length) +
                                        " bytes: a staged row holds 1 to " +
                                        std::to_string(chunk_bytes) + " bytes");
       }
-      const unsigned __int128 step =
-          g.stride < 0 ? -static_cast<__int128>(g.stride) : static_cast<__int128>(g.stride);
+      const Wide step = Magnitude(g.stride), outer_step = Magnitude(g.outer_stride);
       if (g.count == 0 || (g.count > 1 && step < g.length)) {
         return Status::InvalidArgument("a group of " + std::to_string(g.count) + " rows of " +
                                        std::to_string(g.length) + " bytes " +
                                        std::to_string(g.stride) + " bytes apart");
       }
-      const unsigned __int128 span = (g.count - 1) * step;  // under 2^128: both below 2^64
-      const unsigned __int128 below = g.stride < 0 ? span : 0, above = span - below;
+      // Each term below 2^127 (a count below 2^64 times a step of at most 2^63), so no sum of
+      // them and a length wraps.
+      const Wide span = (g.count - 1) * step, outer_span = (g.outer_count - 1) * outer_step;
+      if (g.outer_count == 0 ||
+          (g.outer_count > 1 && (static_cast<Wide>(g.count) * g.length < kMinBlockBytes ||
+                                 outer_step < span + g.length))) {
+        return Status::InvalidArgument(
+            std::to_string(g.outer_count) + " blocks of " + std::to_string(g.count) + " rows of " +
+            std::to_string(g.length) + " bytes " + std::to_string(g.outer_stride) +
+            " bytes apart: blocks hold at least " + std::to_string(kMinBlockBytes) +
+            " bytes and do not overlap");
+      }
+      const Wide below = (g.stride < 0 ? span : 0) + (g.outer_stride < 0 ? outer_span : 0);
+      const Wide above = span + outer_span - below;
       shape = &g;
       lowest = 1;
       highest = 0;  // none, unless the rows fit at all
       // The rows' whole extent, not only the part above the first row: `below` of a negative
       // stride can pass 2^64 (INT64_MIN, 37 rows), and truncated to 64 bits it let rows outside
       // the region through (found by fuzz_nccl_wire).
-      if (span + g.length <= region_bytes) {
+      if (span + outer_span + g.length <= region_bytes) {
         lowest = static_cast<uint64_t>(below);
         highest = region_bytes - static_cast<uint64_t>(above) - g.length;
       }
     }
     if (g.offset < lowest || g.offset > highest) {
       return Status::OutOfRange(
-          "rows from " + std::to_string(g.offset) + " (" + std::to_string(g.count) + " of " +
-          std::to_string(g.length) + " bytes, step " + std::to_string(g.stride) +
+          "rows from " + std::to_string(g.offset) + " (" + std::to_string(g.outer_count) + " x " +
+          std::to_string(g.count) + " of " + std::to_string(g.length) + " bytes, steps " +
+          std::to_string(g.stride) + " and " + std::to_string(g.outer_stride) +
           ") reach outside the region of " + std::to_string(region_bytes) + " bytes");
     }
   }
@@ -354,29 +427,43 @@ GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
     out.bytes.push_back(used);
     used = 0;
   };
+  // `blocks` blocks of `rows` rows of g from offset `at` in the region, at `used` in the chunk.
+  auto put = [&](const Strided& g, uint64_t at, uint64_t rows, uint64_t blocks) {
+    const auto packed = static_cast<int64_t>(g.length);
+    const auto packed_outer = static_cast<int64_t>(rows * g.length);
+    if (direction == Direction::kGather) {
+      out.groups.push_back({RunGroup{at, used, g.length, rows, g.stride, packed}, blocks,
+                            g.outer_stride, packed_outer});
+    } else {
+      out.groups.push_back({RunGroup{used, at, g.length, rows, packed, g.stride}, blocks,
+                            packed_outer, g.outer_stride});
+    }
+    used += blocks * rows * g.length;
+  };
   for (const Strided& g : strided) {
     if (g.length == 0 || g.length > chunk_bytes) continue;  // refused by CheckStrided
-    const auto packed = static_cast<int64_t>(g.length);
-    if (g.count * g.length <= chunk_bytes - used) {  // the whole group: no division
-      if (direction == Direction::kGather) {
-        out.groups.push_back(RunGroup{g.offset, used, g.length, g.count, g.stride, packed});
-      } else {
-        out.groups.push_back(RunGroup{used, g.offset, g.length, g.count, packed, g.stride});
-      }
-      used += g.count * g.length;
+    const uint64_t block_bytes = g.count * g.length;
+    if (g.outer_count == 1 && block_bytes <= chunk_bytes - used) {  // the usual: no division
+      put(g, g.offset, g.count, 1);
       continue;
     }
-    for (uint64_t row = 0; row < g.count;) {
-      if (chunk_bytes - used < g.length) close();
-      const uint64_t take = std::min(g.count - row, (chunk_bytes - used) / g.length);
-      const uint64_t at = g.offset + row * static_cast<uint64_t>(g.stride);
-      if (direction == Direction::kGather) {
-        out.groups.push_back(RunGroup{at, used, g.length, take, g.stride, packed});
-      } else {
-        out.groups.push_back(RunGroup{used, at, g.length, take, packed, g.stride});
+    // Whole blocks while they fit; a block that does not fills the chunk with its rows and goes
+    // on in the next, as its rows one by one would.
+    for (uint64_t o = 0; o < g.outer_count && block_bytes > 0;) {
+      const uint64_t at = g.offset + o * static_cast<uint64_t>(g.outer_stride);
+      const uint64_t blocks = std::min(g.outer_count - o, (chunk_bytes - used) / block_bytes);
+      if (blocks > 0) {
+        put(g, at, g.count, blocks);
+        o += blocks;
+        continue;
       }
-      used += take * g.length;
-      row += take;
+      for (uint64_t row = 0; row < g.count;) {
+        if (chunk_bytes - used < g.length) close();
+        const uint64_t take = std::min(g.count - row, (chunk_bytes - used) / g.length);
+        put(g, at + row * static_cast<uint64_t>(g.stride), take, 1);
+        row += take;
+      }
+      ++o;
     }
   }
   if (used > 0) close();

@@ -35,8 +35,9 @@ enum class MsgType : uint32_t {
 
 // Also the side channel's handshake label (channel_auth.h): 4 seals every frame after the
 // handshake, so a side of another version is refused at the handshake with both named. 5 sends
-// a batch's rows as runs of one shape (EncodeData).
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/5";
+// a batch's rows as runs of one shape (EncodeData); 6 repeats a group at a second stride
+// (Strided::outer_count).
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/6";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {
@@ -50,15 +51,29 @@ struct Range {
 // them past the region's size / kMinChunkBytes.
 inline constexpr uint64_t kMinChunkBytes = 4096;
 
-// The rows of a run group (layout/plan.h) as one side sees them: `count` rows of `length` bytes
-// at offset + i·stride. A TP split's page is one entry where ranges need one per token.
+// The rows of a run group (layout/plan.h) as one side sees them, repeated `outer_count` times:
+// row i of block o is `length` bytes at offset + o·outer_stride + i·stride, a block is `count`
+// rows. A TP split's page is one entry where ranges need one per token, and a page converted
+// between head-major and token-major orders (LBNHC -> BLHNC: a group of 16 rows per head) one
+// entry where groups need one per head (SplitGroups).
 struct Strided {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t count = 0;
   int64_t stride = 0;
+  uint64_t outer_count = 1;
+  int64_t outer_stride = 0;
+  // Block o as a group of its own (outer_count 1).
+  Strided block(uint64_t o) const {
+    return {offset + o * static_cast<uint64_t>(outer_stride), length, count, stride, 1, 0};
+  }
   bool operator==(const Strided&) const = default;
 };
+
+// A block of several rows repeated at a second stride holds at least this many bytes (CheckStrided
+// refuses less), so a peer's few bytes of announcement never stand for more copy descriptors than
+// one per kMinBlockBytes of the region.
+inline constexpr uint64_t kMinBlockBytes = 4096;
 
 struct DataMsg {
   uint64_t seq = 0;
@@ -110,12 +125,18 @@ Status CheckPutSize(uint64_t bytes, uint64_t region_bytes);
 // A peer's ranges checked before any byte moves: inside [0, region_bytes).
 Status CheckRanges(std::span<const Range> ranges, uint64_t region_bytes);
 // A peer's rows checked before any byte moves: inside [0, region_bytes), rows of 1 to
-// chunk_bytes bytes that do not overlap (|stride| >= length), at least one row each.
+// chunk_bytes bytes that do not overlap (|stride| >= length), at least one row each; repeated
+// blocks (outer_count > 1) of at least kMinBlockBytes, each clear of the next (|outer_stride| at
+// least a block's extent).
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes);
 
 // A put's run groups as rows, in the receiver's view (`msg->strided`) and the sender's
 // (`rows`). Rows travel staged, so a group whose rows do not fit a chunk goes as ranges
-// (`msg->ranges`, and `gather` in the sender's view).
+// (`msg->ranges`, and `gather` in the sender's view). Consecutive groups of one shape whose
+// offsets step by constant amounts on both sides become one entry of several blocks, where
+// CheckStrided accepts it (blocks of kMinBlockBytes, clear of each other on the receiver): a
+// page's 8 heads in LBNHC -> BLHNC, so the announcement, the checks and the chunking of such a
+// batch handle an eighth of the entries.
 void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg* msg,
                  std::vector<Range>* gather, std::vector<Strided>* rows);
 
@@ -133,18 +154,35 @@ struct Chunks {
   }
 };
 
+// A run group repeated `outer_count` times: copy o moves by o·src_outer_stride on the source
+// and o·dst_outer_stride on the destination. A chunk's share of a Strided entry.
+struct GroupBlocks {
+  RunGroup group;  // block 0
+  uint64_t outer_count = 1;
+  int64_t src_outer_stride = 0;
+  int64_t dst_outer_stride = 0;
+  RunGroup block(uint64_t o) const {
+    RunGroup g = group;
+    g.src_offset += o * static_cast<uint64_t>(src_outer_stride);
+    g.dst_offset += o * static_cast<uint64_t>(dst_outer_stride);
+    return g;
+  }
+  bool operator==(const GroupBlocks&) const = default;
+};
+
 // The rows of a batch's groups laid end to end in staging after its ranges' chunks, cut into
 // chunks of at most `chunk_bytes` (a row never straddles two: every row is at most chunk_bytes).
-// Chunk k is groups[starts[k], starts[k + 1]) and holds bytes[k] bytes; each of its groups has one
-// side in the region (the Strided rows) and the other packed in the chunk (stride = length).
+// Chunk k is groups[starts[k], starts[k + 1]) and holds bytes[k] bytes; each of its entries has
+// one side in the region (the Strided rows) and the other packed in the chunk (stride = length,
+// outer stride = a block's bytes).
 struct GroupChunks {
-  std::vector<RunGroup> groups;
+  std::vector<GroupBlocks> groups;
   std::vector<size_t> starts;   // count() + 1 entries
   std::vector<uint64_t> bytes;  // per chunk
 
   size_t count() const { return bytes.size(); }
-  std::span<const RunGroup> chunk(size_t k) const {
-    return std::span<const RunGroup>(groups).subspan(starts[k], starts[k + 1] - starts[k]);
+  std::span<const GroupBlocks> chunk(size_t k) const {
+    return std::span<const GroupBlocks>(groups).subspan(starts[k], starts[k + 1] - starts[k]);
   }
 };
 

@@ -419,7 +419,8 @@ Chunks ChunkRuns(std::span<const Range> ranges, uint64_t chunk_bytes, Direction 
 GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
                         Direction direction) {
   GroupChunks out;
-  out.groups.reserve(strided.size() + 1);
+  // An entry cut at a chunk boundary adds up to three; slack for a boundary every 8 entries.
+  out.groups.reserve(strided.size() + strided.size() / 8 + 16);
   out.starts.push_back(0);
   uint64_t used = 0;  // bytes of the current chunk already assigned
   auto close = [&] {
@@ -443,8 +444,9 @@ GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
   for (const Strided& g : strided) {
     if (g.length == 0 || g.length > chunk_bytes) continue;  // refused by CheckStrided
     const uint64_t block_bytes = g.count * g.length;
-    if (g.outer_count == 1 && block_bytes <= chunk_bytes - used) {  // the usual: no division
-      put(g, g.offset, g.count, 1);
+    // The usual case, the whole entry in what is left of the chunk, without a division.
+    if (static_cast<Wide>(block_bytes) * g.outer_count <= chunk_bytes - used) {
+      put(g, g.offset, g.count, g.outer_count);
       continue;
     }
     // Whole blocks while they fit; a block that does not fills the chunk with its rows and goes

@@ -33,6 +33,10 @@ Status LaunchPlanCopyGroups(const void*, void*, const void*, uint64_t, const Pla
                             void*) {
   return NoCuda("plan copy group kernel");
 }
+Status LaunchPlanCopyBlocks(const void*, void*, const void*, uint64_t, const PlanCopyOptions&,
+                            void*) {
+  return NoCuda("plan copy block kernel");
+}
 
 Status LaunchBatchCopy(const void*, void*, std::span<const Run>, void*) {
   return NoCuda("batch copy");

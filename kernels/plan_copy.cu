@@ -140,6 +140,54 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// The block kernel: as the group kernel, each descriptor a group chunk repeated `blocks` times
+// at the outer strides (four 16-byte loads per lane for 32 descriptors). With parts, a warp
+// copies its slice of every block of its chunk.
+__global__ void __launch_bounds__(kCopyThreads)
+    PlanCopyBlockKernel(const unsigned char* src, unsigned char* dst, const uint4* chunks,
+                        uint64_t num_chunks, int log2_parts) {
+  const int lane = threadIdx.x & 31;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
+  const uint64_t warp = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  auto word = [](const uint4& v, int high) {
+    return high ? (v.z | uint64_t{v.w} << 32) : (v.x | uint64_t{v.y} << 32);
+  };
+  auto copy = [&](uint64_t sw, uint64_t dw, uint64_t ss, uint64_t ds, uint64_t oss, uint64_t ods,
+                  uint64_t blocks, unsigned part, unsigned parts) {
+    for (uint64_t b = 0; b < blocks; ++b) {
+      CopyGroupChunk(src + b * oss, dst + b * ods, sw, dw, ss, ds, part, parts, lane);
+    }
+  };
+  if (log2_parts > 0) {
+    const unsigned parts = 1u << log2_parts;
+    const uint64_t items = num_chunks << log2_parts, end = items * (warp + 1) / warps;
+    for (uint64_t item = items * warp / warps; item < end; ++item) {
+      const uint4* c = chunks + 4 * (item >> log2_parts);
+      const uint4 a = c[0], b = c[1], o = c[2], n = c[3];
+      copy(word(a, 0), word(a, 1), word(b, 0), word(b, 1), word(o, 0), word(o, 1), word(n, 0),
+           static_cast<unsigned>(item) & (parts - 1), parts);
+    }
+    return;
+  }
+  const uint64_t end = num_chunks * (warp + 1) / warps;
+  for (uint64_t base = num_chunks * warp / warps; base < end; base += 32) {
+    const bool have = base + lane < end;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint4* c = chunks + 4 * (base + lane);
+    const uint4 a = have ? c[0] : zero, b = have ? c[1] : zero;
+    const uint4 o = have ? c[2] : zero, n = have ? c[3] : zero;
+    const uint64_t w[7] = {word(a, 0), word(a, 1), word(b, 0), word(b, 1),
+                           word(o, 0), word(o, 1), word(n, 0)};
+    const int count = static_cast<int>(min(uint64_t{32}, end - base));
+    for (int i = 0; i < count; ++i) {
+      copy(__shfl_sync(0xffffffffu, w[0], i), __shfl_sync(0xffffffffu, w[1], i),
+           __shfl_sync(0xffffffffu, w[2], i), __shfl_sync(0xffffffffu, w[3], i),
+           __shfl_sync(0xffffffffu, w[4], i), __shfl_sync(0xffffffffu, w[5], i),
+           __shfl_sync(0xffffffffu, w[6], i), 0, 1);
+    }
+  }
+}
+
 // Warps per chunk (as a power of two): the fewest that give the grid's warps work.
 int Log2PartsFor(uint64_t num_chunks, int max_ctas) {
   const uint64_t warps = static_cast<uint64_t>(max_ctas) * (kCopyThreads / 32);
@@ -153,37 +201,43 @@ int CtasFor(uint64_t items, int max_ctas) {
   return static_cast<int>(std::min<uint64_t>(max_ctas, ctas_needed));
 }
 
-}  // namespace
-
-Status LaunchPlanCopyGroups(const void* src_base, void* dst_base, const void* device_table,
-                            uint64_t num_chunks, const PlanCopyOptions& options, void* stream) {
+// A copy kernel's launch: a grid for the table's chunks, or for their slices.
+using TableKernel = void (*)(const unsigned char*, unsigned char*, const uint4*, uint64_t, int);
+Status LaunchTable(TableKernel kernel, const char* name, const void* src_base, void* dst_base,
+                   const void* device_table, uint64_t num_chunks, const PlanCopyOptions& options,
+                   void* stream) {
   if (num_chunks == 0) return Status::Ok();
   int max_ctas = options.max_ctas;
   if (max_ctas <= 0) {
     KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
   }
   const int log2_parts = Log2PartsFor(num_chunks, max_ctas);
-  PlanCopyGroupKernel<<<CtasFor(num_chunks << log2_parts, max_ctas), kCopyThreads, 0,
-                        static_cast<cudaStream_t>(stream)>>>(
+  kernel<<<CtasFor(num_chunks << log2_parts, max_ctas), kCopyThreads, 0,
+           static_cast<cudaStream_t>(stream)>>>(
       static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
       static_cast<const uint4*>(device_table), num_chunks, log2_parts);
-  return detail::LaunchStatus("plan copy group kernel");
+  return detail::LaunchStatus(name);
+}
+
+}  // namespace
+
+Status LaunchPlanCopyGroups(const void* src_base, void* dst_base, const void* device_table,
+                            uint64_t num_chunks, const PlanCopyOptions& options, void* stream) {
+  return LaunchTable(PlanCopyGroupKernel, "plan copy group kernel", src_base, dst_base,
+                     device_table, num_chunks, options, stream);
+}
+
+Status LaunchPlanCopyBlocks(const void* src_base, void* dst_base, const void* device_table,
+                            uint64_t num_chunks, const PlanCopyOptions& options, void* stream) {
+  return LaunchTable(PlanCopyBlockKernel, "plan copy block kernel", src_base, dst_base,
+                     device_table, num_chunks, options, stream);
 }
 
 Status LaunchPlanCopy(const void* src_base, void* dst_base, const void* device_table,
                       size_t /*num_runs*/, uint64_t num_chunks, const PlanCopyOptions& options,
                       void* stream) {
-  if (num_chunks == 0) return Status::Ok();
-  int max_ctas = options.max_ctas;
-  if (max_ctas <= 0) {
-    KV_ASSIGN_OR_RETURN(max_ctas, detail::SmCount());
-  }
-  const int log2_parts = Log2PartsFor(num_chunks, max_ctas);
-  PlanCopyKernel<<<CtasFor(num_chunks << log2_parts, max_ctas), kCopyThreads, 0,
-                   static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const unsigned char*>(src_base), static_cast<unsigned char*>(dst_base),
-      static_cast<const uint4*>(device_table), num_chunks, log2_parts);
-  return detail::LaunchStatus("plan copy kernel");
+  return LaunchTable(PlanCopyKernel, "plan copy kernel", src_base, dst_base, device_table,
+                     num_chunks, options, stream);
 }
 
 // ---- PlanCopier ------------------------------------------------------------------------------

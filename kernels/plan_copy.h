@@ -29,8 +29,8 @@
 #include <memory>
 #include <span>
 
-#include "layout/plan.h"
 #include "base/status.h"
+#include "layout/plan.h"
 
 namespace kv::kernels {
 
@@ -148,6 +148,43 @@ void CopyGroupTableHost(const void* src_base, void* dst_base, const void* table,
                         uint64_t num_chunks);
 // One launch over a group table already resident on the device (16-byte aligned).
 Status LaunchPlanCopyGroups(const void* src_base, void* dst_base, const void* device_table,
+                            uint64_t num_chunks, const PlanCopyOptions& options, void* stream);
+
+// ---- Repeated groups ---------------------------------------------------------------------------
+// The same contract for the rows of GroupBlocks entries (layout/plan.h), by a third kernel whose
+// table holds one 64-byte descriptor per chunk: whole blocks of one entry, blocks·rows·length at
+// most kPlanCopyBlockChunkBytes. A block larger than that goes block by block, as the group
+// table cuts a group (rows of at most kPlanCopyChunkBytes, a longer row alone in pieces). A page
+// of LBNHC -> BLHNC (8 blocks of 16 rows of 512 B) is one descriptor where the group table needs
+// 8, so the host writes and uploads a quarter of the bytes. Row offsets stay below 2^48.
+inline constexpr uint64_t kPlanCopyBlockChunkBytes = 64 * 1024;
+
+struct PlanCopyBlockChunk {
+  uint64_t src_offset_and_rows;    // src_offset | (rows per block - 1) << 48
+  uint64_t dst_offset_and_length;  // dst_offset | (length - 1) << 48
+  int64_t src_stride;
+  int64_t dst_stride;
+  int64_t src_outer_stride;
+  int64_t dst_outer_stride;
+  uint64_t blocks;  // at least 1
+  uint64_t unused;
+};
+static_assert(sizeof(PlanCopyBlockChunk) == 64);
+
+// The rows of `entries`, in order, by memcpy: the reference.
+void CopyBlocksHost(const void* src_base, void* dst_base, std::span<const GroupBlocks> entries);
+// Descriptors `entry` takes in the block table (0 for rows of no bytes).
+uint64_t PlanCopyBlockChunks(const GroupBlocks& entry);
+// Encodes every entry into `table`, which holds max_chunks descriptors; returns the number
+// written. kInvalidArgument when they do not fit or an offset is at or past 2^48 (the table then
+// holds garbage).
+Result<uint64_t> EncodePlanCopyBlocks(std::span<const GroupBlocks> entries, uint64_t max_chunks,
+                                      void* table);
+// What the block kernel does with an encoded table, on the host: the reference its tests use.
+void CopyBlockTableHost(const void* src_base, void* dst_base, const void* table,
+                        uint64_t num_chunks);
+// One launch over a block table already resident on the device (16-byte aligned).
+Status LaunchPlanCopyBlocks(const void* src_base, void* dst_base, const void* device_table,
                             uint64_t num_chunks, const PlanCopyOptions& options, void* stream);
 
 // ---- The copy engine -------------------------------------------------------------------------

@@ -13,8 +13,8 @@
 #include <span>
 #include <vector>
 
-#include "layout/kv_region.h"
 #include "base/status.h"
+#include "layout/kv_region.h"
 
 namespace kv {
 
@@ -43,6 +43,24 @@ struct RunGroup {
             dst_offset + i * static_cast<uint64_t>(dst_stride), length};
   }
   bool operator==(const RunGroup&) const = default;
+};
+
+// A run group repeated: block o is `group` with every source offset moved by
+// o·src_outer_stride and every destination offset by o·dst_outer_stride. What a page converted
+// between head-major and token-major orders makes of its heads (LBNHC -> BLHNC: 8 groups of 16
+// rows at one step on both sides), where a copier takes them as one entry.
+struct GroupBlocks {
+  RunGroup group;  // block 0
+  uint64_t outer_count = 1;
+  int64_t src_outer_stride = 0;
+  int64_t dst_outer_stride = 0;
+  RunGroup block(uint64_t o) const {
+    RunGroup g = group;
+    g.src_offset += o * static_cast<uint64_t>(src_outer_stride);
+    g.dst_offset += o * static_cast<uint64_t>(dst_outer_stride);
+    return g;
+  }
+  bool operator==(const GroupBlocks&) const = default;
 };
 
 struct TransferSpec {

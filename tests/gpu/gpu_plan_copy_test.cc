@@ -234,6 +234,44 @@ void CopyOverUploadedTable(const unsigned char* src, unsigned char* dst,
   KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
 }
 
+// The block kernel over a table encoded and uploaded here (as the nccl backend's RunTables does)
+// against CopyBlocksHost: packed and cut blocks, aligned rows (the flat vector path) and not,
+// a few entries (sliced across the grid) and many, on the whole grid and on one CTA.
+TEST(GpuPlanCopy, BlocksMatchReference) {
+  KV_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(41);
+  const uint64_t src_bytes = 3 << 20, dst_bytes = 4 << 20;
+  DeviceBuffer src(src_bytes), dst(dst_bytes);
+  Stream stream;
+  for (int trial = 0; trial < 18; ++trial) {
+    const uint64_t max_len = trial % 3 == 0 ? 80 << 10 : trial % 3 == 1 ? 50 : 4096;
+    auto entries = kv::testing::RandomBlocks(rng, src_bytes, dst_bytes, max_len, trial % 2 == 0);
+    if (trial % 4 == 1) entries.resize(std::min<size_t>(entries.size(), 1 + trial % 5));
+    const int ctas = trial % 6 == 5 ? 1 : 0;
+    const auto src_host = RandomBytes(rng, src_bytes);
+    std::vector<unsigned char> want(dst_bytes, 0xEE);
+    CopyBlocksHost(src_host.data(), want.data(), entries);
+    uint64_t chunks = 0;
+    for (const GroupBlocks& e : entries) chunks += PlanCopyBlockChunks(e);
+    std::vector<PlanCopyBlockChunk> table(chunks);
+    auto written = EncodePlanCopyBlocks(entries, chunks, table.data());
+    ASSERT_TRUE(written.ok() && *written == chunks) << written.status().ToString();
+    DeviceBuffer device_table(std::max<uint64_t>(chunks, 1) * sizeof(PlanCopyBlockChunk));
+    device_table.Upload(table);
+    KV_CUDA_OK(cudaMemcpy(src.get(), src_host.data(), src_bytes, cudaMemcpyDefault));
+    KV_CUDA_OK(cudaMemset(dst.get(), 0xEE, dst_bytes));
+    KV_CUDA_OK(cudaDeviceSynchronize());  // the legacy-stream memset before the copy
+    const Status s = LaunchPlanCopyBlocks(src.get(), dst.get(), device_table.get(), chunks,
+                                          PlanCopyOptions{ctas}, stream.opaque());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    KV_CUDA_OK(cudaStreamSynchronize(stream.get()));
+    std::vector<unsigned char> got(dst_bytes);
+    KV_CUDA_OK(cudaMemcpy(got.data(), dst.get(), dst_bytes, cudaMemcpyDefault));
+    ASSERT_TRUE(got == want) << "trial " << trial << ": " << entries.size() << " entries, "
+                             << chunks << " descriptors";
+  }
+}
+
 // A table encoded and uploaded by the caller, as kvbench times the kernel alone.
 TEST(GpuPlanCopy, LaunchOverCallerTable) {
   KV_SKIP_WITHOUT_CUDA();

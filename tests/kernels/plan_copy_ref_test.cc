@@ -166,6 +166,67 @@ TEST(PlanCopyRef, GroupTableMatchesRows) {
   }
 }
 
+// The block table, decoded as the block kernel decodes it, copies what the entries' rows copy:
+// blocks that pack several to a descriptor and blocks cut as the group table cuts groups (rows
+// longer than a chunk included), aligned or not, every stride either way.
+TEST(PlanCopyRef, BlockTableMatchesRows) {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 40; ++trial) {
+    const uint64_t src_bytes = 1 << 20, dst_bytes = 2 << 20;
+    const uint64_t max_len = trial % 4 == 0 ? 100 << 10 : trial % 4 == 1 ? 40 : 4096;
+    const auto entries =
+        kv::testing::RandomBlocks(rng, src_bytes, dst_bytes, max_len, trial % 2 == 0);
+    ASSERT_FALSE(entries.empty());
+    std::vector<unsigned char> src(src_bytes);
+    for (auto& b : src) b = static_cast<unsigned char>(rng());
+    std::vector<unsigned char> want(dst_bytes, 0xEE), got(dst_bytes, 0xEE);
+    std::vector<RunGroup> blocks;  // the definition: every block a group of its own
+    for (const GroupBlocks& e : entries) {
+      for (uint64_t o = 0; o < e.outer_count; ++o) blocks.push_back(e.block(o));
+    }
+    ASSERT_TRUE(ValidateGroups(blocks, src_bytes, dst_bytes).ok());
+    CopyGroupsHost(src.data(), want.data(), blocks);
+    std::vector<unsigned char> by_entries(dst_bytes, 0xEE);
+    CopyBlocksHost(src.data(), by_entries.data(), entries);
+    ASSERT_EQ(by_entries, want);
+
+    uint64_t chunks = 0;
+    for (const GroupBlocks& e : entries) chunks += PlanCopyBlockChunks(e);
+    std::vector<PlanCopyBlockChunk> table(chunks);
+    auto written = EncodePlanCopyBlocks(entries, chunks, table.data());
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+    ASSERT_EQ(*written, chunks);
+    for (const PlanCopyBlockChunk& c : table) {
+      const uint64_t rows = (c.src_offset_and_rows >> 48) + 1;
+      const uint64_t length = (c.dst_offset_and_length >> 48) + 1;
+      ASSERT_GE(c.blocks, 1u);
+      ASSERT_LE(c.blocks * rows * length, kPlanCopyBlockChunkBytes);
+    }
+    CopyBlockTableHost(src.data(), got.data(), table.data(), chunks);
+    ASSERT_EQ(got, want) << "trial " << trial;
+    EXPECT_FALSE(EncodePlanCopyBlocks(entries, chunks - 1, table.data()).ok());
+  }
+}
+
+// A page of LBNHC -> BLHNC (8 heads of 16 rows of 512 B) is one descriptor; blocks past 64 KiB
+// of one entry take more; offsets at 2^48 are refused.
+TEST(PlanCopyRef, BlockTablePacksAPagesHeadsIntoOneDescriptor) {
+  GroupBlocks page{{0, 0, 512, 16, 4096, 512}, 8, 512, 8192};
+  EXPECT_EQ(PlanCopyBlockChunks(page), 1u);
+  page.outer_count = 9;
+  EXPECT_EQ(PlanCopyBlockChunks(page), 2u);
+  page.outer_count = 0;
+  EXPECT_EQ(PlanCopyBlockChunks(page), 0u);
+  const GroupBlocks long_rows{{0, 0, 100 << 10, 2, 100 << 10, 100 << 10}, 3, 1 << 20, 1 << 20};
+  EXPECT_EQ(PlanCopyBlockChunks(long_rows), 3 * PlanCopyGroupChunks(long_rows.group));
+  std::vector<PlanCopyBlockChunk> table(4);
+  GroupBlocks far = page;
+  far.outer_count = 2;
+  far.group.src_offset = kPlanCopyMaxOffset;
+  EXPECT_EQ(EncodePlanCopyBlocks(std::span(&far, 1), 4, table.data()).status().code(),
+            Code::kInvalidArgument);
+}
+
 TEST(PlanCopyRef, GroupTableRejectsTooSmallAndFarOffsets) {
   std::vector<PlanCopyGroupChunk> table(8);
   const RunGroup big{0, 0, 2048, 64, 2048, 4096};  // 4 chunks of 16 rows

@@ -1,52 +1,8 @@
 #include "transport/nccl/chunk_tables.h"
 
-#include <span>
-
 #include "kernels/plan_copy.h"
 
 namespace kv::transport::nccl {
-namespace {
-
-// The group table of one chunk's entries, `count` descriptors (LayOutTables's). A block that is
-// one descriptor (a page's head: 16 rows of 512 B) is written here, block after block at the
-// outer strides; any other through the kernels' encoder, a block at a time.
-Status EncodeGroupBlocks(std::span<const GroupBlocks> entries, uint64_t count,
-                         kernels::PlanCopyGroupChunk* out) {
-  uint64_t written = 0;
-  bool out_of_range = false;
-  for (const GroupBlocks& e : entries) {
-    const RunGroup& g = e.group;
-    const uint64_t per_block = kernels::PlanCopyGroupChunks(g);
-    if (per_block == 0) continue;
-    if (e.outer_count > (count - written) / per_block) {
-      return Status::Internal("nccl: a chunk's groups did not fit their table");
-    }
-    if (per_block > 1) {
-      for (uint64_t o = 0; o < e.outer_count; ++o) {
-        const RunGroup block = e.block(o);
-        KV_ASSIGN_OR_RETURN(kernels::PlanCopyPrefix encoded,
-                            kernels::EncodePlanCopyGroupPrefix(std::span(&block, 1),
-                                                               count - written, out + written));
-        written += encoded.chunks;
-      }
-      continue;
-    }
-    const uint64_t limit = kernels::kPlanCopyMaxOffset - g.length;
-    const uint64_t src_high = (g.count - 1) << 48, dst_high = (g.length - 1) << 48;
-    const auto src_outer = static_cast<uint64_t>(e.src_outer_stride);
-    const auto dst_outer = static_cast<uint64_t>(e.dst_outer_stride);
-    uint64_t src = g.src_offset, dst = g.dst_offset;
-    for (uint64_t o = 0; o < e.outer_count; ++o, src += src_outer, dst += dst_outer) {
-      out_of_range |= (src > limit) | (dst > limit);
-      out[written++] = {src | src_high, dst | dst_high, g.src_stride, g.dst_stride};
-    }
-  }
-  if (out_of_range) return Status::InvalidArgument("plan copy offsets must stay below 2^48");
-  if (written != count) return Status::Internal("nccl: a chunk's groups did not fill their table");
-  return Status::Ok();
-}
-
-}  // namespace
 
 void LayOutTables(const Chunks& chunks, const GroupChunks& groups, TableLayout* layout) {
   const size_t runs = chunks.count();
@@ -64,9 +20,7 @@ void LayOutTables(const Chunks& chunks, const GroupChunks& groups, TableLayout* 
   }
   for (size_t k = 0; k < groups.count(); ++k) {
     uint64_t n = 0;
-    for (const GroupBlocks& e : groups.chunk(k)) {
-      n += e.outer_count * kernels::PlanCopyGroupChunks(e.group);
-    }
+    for (const GroupBlocks& e : groups.chunk(k)) n += kernels::PlanCopyBlockChunks(e);
     layout->first[runs + k] = group_descriptors;
     layout->count[runs + k] = n;
     layout->bytes[runs + k] = groups.bytes[k];
@@ -75,7 +29,7 @@ void LayOutTables(const Chunks& chunks, const GroupChunks& groups, TableLayout* 
   layout->group_table =
       (kernels::PlanCopyTableBytes(chunks.runs.size(), run_descriptors) + 15) & ~15ull;
   layout->table_bytes =
-      layout->group_table + group_descriptors * sizeof(kernels::PlanCopyGroupChunk);
+      layout->group_table + group_descriptors * sizeof(kernels::PlanCopyBlockChunk);
 }
 
 Status EncodeTables(const Chunks& chunks, const GroupChunks& groups, const TableLayout& layout,
@@ -86,11 +40,16 @@ Status EncodeTables(const Chunks& chunks, const GroupChunks& groups, const Table
                                                     layout.count[k] * sizeof(*runs))
                            .status());
   }
-  auto* rows = reinterpret_cast<kernels::PlanCopyGroupChunk*>(static_cast<char*>(table) +
-                                                              layout.group_table);
+  auto* blocks = reinterpret_cast<kernels::PlanCopyBlockChunk*>(static_cast<char*>(table) +
+                                                                layout.group_table);
   for (size_t k = 0; k < groups.count(); ++k) {
     const size_t c = layout.runs + k;
-    KV_RETURN_IF_ERROR(EncodeGroupBlocks(groups.chunk(k), layout.count[c], rows + layout.first[c]));
+    KV_ASSIGN_OR_RETURN(
+        const uint64_t written,
+        kernels::EncodePlanCopyBlocks(groups.chunk(k), layout.count[c], blocks + layout.first[c]));
+    if (written != layout.count[c]) {
+      return Status::Internal("nccl: a chunk's groups did not fill their table");
+    }
   }
   return Status::Ok();
 }

@@ -12,9 +12,9 @@
 namespace kv::transport::nccl {
 
 // One batch's table: the plan copy table of its runs' chunks (kernels/plan_copy.h), then, from
-// group_table bytes in (16-byte aligned, as the kernels read it), the group table of its groups'
-// chunks. Chunk k (runs' chunks first) has count[k] descriptors from first[k] in its own table
-// and bytes[k] bytes of staging.
+// group_table bytes in (16-byte aligned, as the kernels read it), the block table of its
+// groups' chunks (entries of repeated groups, GroupBlocks). Chunk k (runs' chunks first) has
+// count[k] descriptors from first[k] in its own table and bytes[k] bytes of staging.
 struct TableLayout {
   std::vector<uint64_t> first;
   std::vector<uint64_t> count;

@@ -19,16 +19,6 @@
 namespace kv::transport::nccl {
 namespace {
 
-// The rows of a chunk's entries, block by block, by memcpy.
-void CopyBlocksHost(const void* src, void* dst, std::span<const GroupBlocks> entries) {
-  for (const GroupBlocks& e : entries) {
-    for (uint64_t o = 0; o < e.outer_count; ++o) {
-      const RunGroup block = e.block(o);
-      kernels::CopyGroupsHost(src, dst, std::span(&block, 1));
-    }
-  }
-}
-
 // Every row of `entries`, in order, as runs: `src_side` gives the sender's view (offsets in
 // src_offset), else the receiver's (in dst_offset).
 std::vector<kv::Run> RowsOf(std::span<const Strided> entries, bool src_side) {
@@ -346,8 +336,8 @@ TEST(NcclWireTest, RowsGatheredIntoChunksAndScatteredLandWhereTheGroupsSay) {
   uint64_t moved = 0;
   for (size_t k = 0; k < gather.count(); ++k) {
     EXPECT_LE(gather.bytes[k], chunk_bytes);
-    CopyBlocksHost(src.data(), staging.data(), gather.chunk(k));
-    CopyBlocksHost(staging.data(), dst.data(), scatter.chunk(k));
+    kernels::CopyBlocksHost(src.data(), staging.data(), gather.chunk(k));
+    kernels::CopyBlocksHost(staging.data(), dst.data(), scatter.chunk(k));
     moved += gather.bytes[k];
   }
   EXPECT_EQ(moved, *TotalBytes({}, receiver));
@@ -367,11 +357,11 @@ TEST(NcclWireTest, RowsGatheredIntoChunksAndScatteredLandWhereTheGroupsSay) {
     const auto* g = reinterpret_cast<const char*>(gather_table.data()) + gather_layout.group_table;
     const auto* s =
         reinterpret_cast<const char*>(scatter_table.data()) + scatter_layout.group_table;
-    kernels::CopyGroupTableHost(src.data(), staging.data(),
-                                g + gather_layout.first[k] * sizeof(kernels::PlanCopyGroupChunk),
+    kernels::CopyBlockTableHost(src.data(), staging.data(),
+                                g + gather_layout.first[k] * sizeof(kernels::PlanCopyBlockChunk),
                                 gather_layout.count[k]);
-    kernels::CopyGroupTableHost(staging.data(), tabled.data(),
-                                s + scatter_layout.first[k] * sizeof(kernels::PlanCopyGroupChunk),
+    kernels::CopyBlockTableHost(staging.data(), tabled.data(),
+                                s + scatter_layout.first[k] * sizeof(kernels::PlanCopyBlockChunk),
                                 scatter_layout.count[k]);
   }
   EXPECT_TRUE(tabled == expected);

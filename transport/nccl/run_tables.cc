@@ -126,8 +126,8 @@ Status RunTables::Copy(int table, size_t k, const void* src_base, void* dst_base
   const char* device = static_cast<const char*>(buffers_[table]->device.data());
   if (k >= t.runs) {
     const auto* table_start =
-        reinterpret_cast<const kernels::PlanCopyGroupChunk*>(device + t.group_table) + t.first[k];
-    return kernels::LaunchPlanCopyGroups(src_base, dst_base, table_start, t.count[k], options,
+        reinterpret_cast<const kernels::PlanCopyBlockChunk*>(device + t.group_table) + t.first[k];
+    return kernels::LaunchPlanCopyBlocks(src_base, dst_base, table_start, t.count[k], options,
                                          stream);
   }
   const auto* table_start = reinterpret_cast<const kernels::PlanCopyChunk*>(device) + t.first[k];

@@ -1,5 +1,5 @@
 // The plan-copy tables (kernels/plan_copy.h) of one batch's chunks: its runs' chunks, then its
-// run groups' chunks (the group kernel's table). Encoded on the host in one pass, uploaded by one
+// run groups' chunks (the block kernel's table). Encoded on the host in one pass, uploaded by one
 // copy on the caller's stream, then one kernel launch per chunk reads its slice. So a chunk costs
 // the host a launch, and a batch one upload, however many chunks.
 //

@@ -154,22 +154,6 @@ struct Chunks {
   }
 };
 
-// A run group repeated `outer_count` times: copy o moves by o·src_outer_stride on the source
-// and o·dst_outer_stride on the destination. A chunk's share of a Strided entry.
-struct GroupBlocks {
-  RunGroup group;  // block 0
-  uint64_t outer_count = 1;
-  int64_t src_outer_stride = 0;
-  int64_t dst_outer_stride = 0;
-  RunGroup block(uint64_t o) const {
-    RunGroup g = group;
-    g.src_offset += o * static_cast<uint64_t>(src_outer_stride);
-    g.dst_offset += o * static_cast<uint64_t>(dst_outer_stride);
-    return g;
-  }
-  bool operator==(const GroupBlocks&) const = default;
-};
-
 // The rows of a batch's groups laid end to end in staging after its ranges' chunks, cut into
 // chunks of at most `chunk_bytes` (a row never straddles two: every row is at most chunk_bytes).
 // Chunk k is groups[starts[k], starts[k + 1]) and holds bytes[k] bytes; each of its entries has

@@ -4,8 +4,9 @@
 // The shape is issue 24's: `kvbench pd --memory cuda --transport nccl --tokens 4096 --layers 32
 // --heads 8 --head-dim 128 --block-size 16 --block-ids random --decode-order BLHNC --window 32`.
 // LBNHC -> BLHNC cuts a layer of a request into 512 B rows, one run group per page and head (16
-// rows); kvd merges one layer of up to `window` requests into a batch (daemon/send_queue.cc). Each
-// case times one step of that batch's way, on the thread that runs it:
+// rows), which SplitGroups joins into one entry of 8 blocks per page; kvd merges one layer of up
+// to `window` requests into a batch (daemon/send_queue.cc). Each case times one step of that
+// batch's way, on the thread that runs it:
 //   kvd's io thread:  plan (LayerPlan::AppendLayer per request), check (CheckBatch's bounds),
 //                     put (what Link::Put copies);
 //   sender thread:    split (SplitGroups), encode (EncodeData), frame (the announcement's
@@ -491,7 +492,8 @@ void PrintHelp() {
       "(DecodeData, reader thread), recv/check_rows (TotalBytes, CheckRanges, CheckStrided),\n"
       "recv/chunk, recv/tables, recv/all (the receive worker's steps in a row). Not timed: NCCL\n"
       "and kernel launches. LBNHC_to_LBNHC (64 KiB pages, 0.97 of the wire) is the reference.\n\n"
-      "Counters: descriptors (runs + groups of the batch), chunks (of 32 MiB), ns_per_desc,\n"
+      "Counters: descriptors (the plan's runs + groups of the batch), chunks (of 32 MiB), "
+      "ns_per_desc,\n"
       "us_per_chunk, x_wire (us_per_chunk / the %.0f us a 32 MiB chunk takes at %.0f GB/s).\n",
       static_cast<double>(kChunkBytes) / (kWireGBps * 1e3), kWireGBps);
 }

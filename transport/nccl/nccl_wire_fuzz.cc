@@ -79,7 +79,7 @@ void LayOut(const DataMsg& msg) {
   for (size_t k = 0; k < groups.count(); ++k) {
     Require(groups.bytes[k] <= msg.chunk_bytes);
     uint64_t in_chunk = 0;
-    for (const GroupBlocks& e : groups.chunk(k)) {
+    for (const kv::GroupBlocks& e : groups.chunk(k)) {
       const kv::RunGroup& g = e.group;
       // Repeated blocks hold kMinBlockBytes each, so they never stand for more descriptors than
       // the region has of those.

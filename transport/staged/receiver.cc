@@ -173,12 +173,16 @@ Status Core::Scatter(const DataMsg& m, InLink& link, std::shared_ptr<InEntry> en
     (void)inner_->notify(back, EncodeAck(ack));
     DeliverInbound(entry.get());
   };
-  // A host scatter is done before Copy returns (stager.h): its ack leaves at once, not after
+  // A host scatter (into a get's alias, or of a chunk that came before its link was known: what
+  // ScatterHere leaves to the worker) is a memcpy done here: its ack leaves at once, not after
   // the scatters of every other chunk this worker pass holds (sender.cc, StartChunk).
-  const bool host = region.location.kind == MemoryKind::kHost;
+  if (region.location.kind == MemoryKind::kHost) {
+    CopyHostRuns(link.slots[m.slot]->data(), region.base, runs);
+    finished(Status::Ok());
+    return Status::Ok();
+  }
   Status copying = stager().Copy(*link.slots[m.slot], region.base, region.location, true, runs,
-                                 [this, finished, host](Status status) mutable {
-                                   if (host) return finished(status);
+                                 [this, finished](Status status) mutable {
                                    Enqueue([finished, status]() mutable { finished(status); });
                                  });
   if (!copying.ok()) {

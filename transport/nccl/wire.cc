@@ -275,15 +275,20 @@ Wide Magnitude(int64_t v) {
   return v < 0 ? static_cast<Wide>(0) - static_cast<Wide>(v) : static_cast<Wide>(v);
 }
 
+// The rule for blocks of `count` rows of `length` bytes, rows `stride` apart, repeated
+// `outer_stride` apart: each holds kMinBlockBytes, and each is clear of the next (one block's
+// extent apart at least), so no two rows overlap. CheckStrided's for a peer's entries; the one
+// SplitGroups joins groups by, so it never sends what the receiver refuses.
+bool BlocksApart(uint64_t count, uint64_t length, int64_t stride, int64_t outer_stride) {
+  const Wide extent = static_cast<Wide>(count - 1) * Magnitude(stride) + length;
+  return static_cast<Wide>(count) * length >= kMinBlockBytes && Magnitude(outer_stride) >= extent;
+}
+
 // Whether group g, of the shape of a one-block entry (r in the receiver's view, s in the
-// sender's), may be its second block: a block of kMinBlockBytes clear of the first on the
-// receiver (CheckStrided's rule). Sets the outer strides if so.
+// sender's), may be its second block (BlocksApart on the receiver). Sets the outer strides if so.
 bool StartBlocks(const RunGroup& g, Strided* r, Strided* s) {
   const auto dst_step = static_cast<int64_t>(g.dst_offset - r->offset);
-  const Wide extent = static_cast<Wide>(g.count - 1) * Magnitude(g.dst_stride) + g.length;
-  if (static_cast<Wide>(g.count) * g.length < kMinBlockBytes || Magnitude(dst_step) < extent) {
-    return false;
-  }
+  if (!BlocksApart(g.count, g.length, g.dst_stride, dst_step)) return false;
   r->outer_stride = dst_step;
   s->outer_stride = static_cast<int64_t>(g.src_offset - s->offset);
   return true;
@@ -354,8 +359,7 @@ Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uin
       // them and a length wraps.
       const Wide span = (g.count - 1) * step, outer_span = (g.outer_count - 1) * outer_step;
       if (g.outer_count == 0 ||
-          (g.outer_count > 1 && (static_cast<Wide>(g.count) * g.length < kMinBlockBytes ||
-                                 outer_step < span + g.length))) {
+          (g.outer_count > 1 && !BlocksApart(g.count, g.length, g.stride, g.outer_stride))) {
         return Status::InvalidArgument(
             std::to_string(g.outer_count) + " blocks of " + std::to_string(g.count) + " rows of " +
             std::to_string(g.length) + " bytes " + std::to_string(g.outer_stride) +
@@ -452,7 +456,7 @@ GroupChunks ChunkGroups(std::span<const Strided> strided, uint64_t chunk_bytes,
     // Whole blocks while they fit; a block that does not fills the chunk with its rows and goes
     // on in the next, as its rows one by one would.
     for (uint64_t o = 0; o < g.outer_count && block_bytes > 0;) {
-      const uint64_t at = g.offset + o * static_cast<uint64_t>(g.outer_stride);
+      const uint64_t at = g.block(o).offset;
       const uint64_t blocks = std::min(g.outer_count - o, (chunk_bytes - used) / block_bytes);
       if (blocks > 0) {
         put(g, at, g.count, blocks);

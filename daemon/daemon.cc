@@ -173,7 +173,7 @@ Status Daemon::Core::Start() {
   }
   send_queue_ = std::make_unique<SendQueue>(io_, event_gate_.get(), SendQueueHooks());
   scheduler_ = std::make_unique<Scheduler>(options_, listen_address_, registry_, peers_,
-                                           *send_queue_, transport_->takes_run_groups(),
+                                           *send_queue_, transport::PlanEntriesFor(*transport_),
                                            resolver_.get(), io_, SchedulerHooks());
   if (peer_acceptor_) AcceptPeers();
   if (engine_acceptor_) AcceptEngines();

@@ -49,8 +49,9 @@ Status EventGate::Post(const transport::Batch& batch, EventProbe fired,
   h.start = [this, op = batch.op, local = batch.local, remote = batch.remote,
              runs = std::vector<Run>(batch.runs.begin(), batch.runs.end()),
              groups = std::vector<RunGroup>(batch.groups.begin(), batch.groups.end()),
+             blocks = std::vector<GroupBlocks>(batch.blocks.begin(), batch.blocks.end()),
              deadline = batch.deadline, shared_done] {
-    const transport::Batch b{op, local, remote, runs, deadline, groups};
+    const transport::Batch b{op, local, remote, runs, deadline, groups, blocks};
     // Refused, post() does not call it: the poller fails the batch with the refusal instead.
     return transport_->post(b, [shared_done](Status s) { (*shared_done)(std::move(s)); });
   };

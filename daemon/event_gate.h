@@ -74,12 +74,12 @@ class EventGate {
 
   // Transport::post() of `batch` once `fired` says so. No probe, or one that says the event
   // fired already: posted here and now, and post()'s status is returned. A probe that fails:
-  // its error, nothing posted, `done` not called. Otherwise the batch is held (its runs and
-  // groups copied) and OK is returned; `done` then runs exactly once: with the transport's
-  // completion once posted; with post()'s error if the transport refused the batch then; with
-  // kTimeout if batch.deadline passed first, or the probe's error, or kAborted (Disconnect, or
-  // the gate destroyed) — in these three cases nothing was posted. batch.local and batch.remote
-  // must stay valid until `done` ran, as for post() (kvd: `done` holds them).
+  // its error, nothing posted, `done` not called. Otherwise the batch is held (its runs,
+  // groups and blocks copied) and OK is returned; `done` then runs exactly once: with the
+  // transport's completion once posted; with post()'s error if the transport refused the batch
+  // then; with kTimeout if batch.deadline passed first, or the probe's error, or kAborted
+  // (Disconnect, or the gate destroyed) — in these three cases nothing was posted. batch.local and
+  // batch.remote must stay valid until `done` ran, as for post() (kvd: `done` holds them).
   Status Post(const transport::Batch& batch, EventProbe fired, transport::Completion done);
 
   // Transport::notify() once every batch of `peer` held here when it came has been posted, and

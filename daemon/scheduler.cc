@@ -13,14 +13,14 @@
 namespace kv::daemon {
 
 Scheduler::Scheduler(const DaemonOptions& options, std::string listen_address, Registry& registry,
-                     Peers& peers, SendQueue& send_queue, bool takes_run_groups,
+                     Peers& peers, SendQueue& send_queue, PlanEntries plan_entries,
                      membership::PeerResolver* resolver, boost::asio::io_context& io, Hooks hooks)
     : options_(options),
       listen_address_(std::move(listen_address)),
       registry_(registry),
       peers_(peers),
       send_queue_(send_queue),
-      takes_run_groups_(takes_run_groups),
+      plan_entries_(plan_entries),
       resolver_(resolver),
       io_(io),
       hooks_(std::move(hooks)) {}

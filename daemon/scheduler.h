@@ -229,9 +229,10 @@ class Scheduler {
     uint64_t runs_sent = 0;
   };
   // Every reference outlives the scheduler; `resolver` may be null (no --etcd), `io` takes its
-  // lookups' results. `takes_run_groups`: the transport's (plans are made for it).
+  // lookups' results. `plan_entries`: what the transport's batches may hold (plans are made for
+  // it: transport::PlanEntriesFor).
   Scheduler(const DaemonOptions& options, std::string listen_address, Registry& registry,
-            Peers& peers, SendQueue& send_queue, bool takes_run_groups,
+            Peers& peers, SendQueue& send_queue, PlanEntries plan_entries,
             membership::PeerResolver* resolver, boost::asio::io_context& io, Hooks hooks);
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -325,7 +326,7 @@ class Scheduler {
   Registry& registry_;
   Peers& peers_;
   SendQueue& send_queue_;
-  const bool takes_run_groups_;
+  const PlanEntries plan_entries_;
   membership::PeerResolver* const resolver_;
   boost::asio::io_context& io_;
   const Hooks hooks_;

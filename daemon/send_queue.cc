@@ -125,6 +125,7 @@ void SendQueue::Post(SendGroup& group, bool defer_failures) {
   batch.remote = group.remote.get();
   batch.runs = group.plan.runs;
   batch.groups = group.plan.groups;  // only where the transport takes_run_groups()
+  batch.blocks = group.plan.blocks;  // only where it takes_group_blocks()
   batch.deadline = group.deadline;
   auto done = [this, parts = group.parts, source = group.source,
                remote = group.remote](Status s) mutable {

@@ -345,8 +345,8 @@ Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int 
         if (end - begin == 1) {
           auto& cached = to.layer_plans[{r, d, i}];
           if (cached.source != src) {
-            KV_ASSIGN_OR_RETURN(cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec,
-                                                               takes_run_groups_));
+            KV_ASSIGN_OR_RETURN(
+                cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec, plan_entries_));
             cached.source = src;
           }
           layer_plan = &cached.plan;

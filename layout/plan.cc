@@ -514,12 +514,21 @@ Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const Transf
 
 Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
                                     const TransferSpec& spec, bool groups) {
+  return Create(src, dst, spec, groups ? PlanEntries::kGroups : PlanEntries::kRuns);
+}
+
+Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
+                                    const TransferSpec& spec, PlanEntries entries) {
+  const bool groups = entries != PlanEntries::kRuns;
   TransferSpec first = spec;
   first.layer_begin = 0;
   first.layer_end = std::min<int64_t>(1, src.size(Axis::kL));
   LayerPlan plan;
-  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &plan.layer0_, groups));
+  plan.layers_ = src.size(Axis::kL);
+  plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
+  plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
   Plan& layer0 = plan.layer0_;
+  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups));
   if (groups && !layer0.runs.empty()) {
     GroupRuns(layer0.runs, &layer0.groups);
     if (layer0.groups.size() * kMinRowsPerGroup <= layer0.runs.size()) {
@@ -537,11 +546,30 @@ Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
       layer0.group_rows = 0;
     }
   }
-  plan.layers_ = src.size(Axis::kL);
-  plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
-  plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
+  if (entries == PlanEntries::kGroupBlocks && layer0.groups.size() > 1) {
+    JoinGroups(layer0.groups, &layer0.blocks);
+    if (layer0.blocks.size() * 2 <= layer0.groups.size()) {
+      layer0.groups = {};
+    } else {
+      layer0.blocks = {};
+    }
+  }
   return plan;
 }
+
+namespace {
+
+// An entry moved by s on the source and d on the destination (a block by its first group).
+template <typename Entry>
+void Shift(Entry& e, uint64_t s, uint64_t d) {
+  e.src_offset += s;
+  e.dst_offset += d;
+}
+void Shift(GroupBlocks& e, uint64_t s, uint64_t d) {
+  Shift(e.group, s, d);
+}
+
+}  // namespace
 
 Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
   if (layer < 0 || layer >= layers_) {
@@ -558,13 +586,11 @@ Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
     if (count == 0) return;
     if (to.capacity() - at < count) to.reserve(std::max(at + count, 2 * to.capacity()));
     to.insert(to.end(), from.begin(), from.end());
-    for (auto* e = to.data() + at; e != to.data() + at + count; ++e) {
-      e->src_offset += s;
-      e->dst_offset += d;
-    }
+    for (auto* e = to.data() + at; e != to.data() + at + count; ++e) Shift(*e, s, d);
   };
   append(layer0_.runs, plan->runs);
   append(layer0_.groups, plan->groups);
+  append(layer0_.blocks, plan->blocks);
   plan->group_rows += layer0_.group_rows;
   plan->bytes += layer0_.bytes;
   return Status::Ok();

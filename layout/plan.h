@@ -81,15 +81,24 @@ struct TransferSpec {
 //
 // A plan may also hold its runs compressed into groups (LayerPlan with groups on; PlanTransfer
 // never makes any): the transfer is then `runs` followed by the rows of `groups`, and the rows
-// in order are the runs the plan would have held, with every property above.
+// in order are the runs the plan would have held, with every property above. A layer planned
+// as blocks of groups (PlanEntries::kGroupBlocks) holds them in `blocks` instead, whose groups
+// in order are the groups it would have held; a plan gathered from several layers may hold runs,
+// groups and blocks, each list in order.
 struct Plan {
   std::vector<Run> runs;
   std::vector<RunGroup> groups;
-  uint64_t group_rows = 0;  // rows of all groups
+  std::vector<GroupBlocks> blocks;
+  uint64_t group_rows = 0;  // rows of all groups, those in blocks included
   uint64_t bytes = 0;       // sum of run and row lengths
   // The runs the plan stands for, groups expanded.
   uint64_t run_count() const { return runs.size() + group_rows; }
 };
+
+// What LayerPlan may compress a layer's runs into, as far as the copier of its batches takes:
+// runs only, run groups (Transport::takes_run_groups), or blocks of run groups
+// (Transport::takes_group_blocks).
+enum class PlanEntries { kRuns, kGroups, kGroupBlocks };
 
 // Appends `runs` to *groups, compressed: each group takes the longest stretch of consecutive
 // runs of one length at constant strides, so expanding the groups in order gives `runs` back.
@@ -97,6 +106,14 @@ struct Plan {
 size_t GroupRuns(std::span<const Run> runs, std::vector<RunGroup>* groups);
 // Appends the rows of `groups`, in order, to *runs.
 void ExpandGroups(std::span<const RunGroup> groups, std::vector<Run>* runs);
+// Appends `groups` to *blocks, joined: each entry takes the longest stretch of consecutive
+// groups of one shape (length, count, strides) whose offsets step by constant amounts on both
+// sides and whose blocks lie clear of each other on the destination (|dst_outer_stride| at
+// least a block's extent there), so expanding the entries in order gives `groups` back and no
+// two rows of an entry overlap on the destination. O(groups). Returns the entries added.
+size_t JoinGroups(std::span<const RunGroup> groups, std::vector<GroupBlocks>* blocks);
+// Appends the groups of `blocks`, in order, to *groups.
+void ExpandBlocks(std::span<const GroupBlocks> blocks, std::vector<RunGroup>* groups);
 
 // Errors: kOutOfRange (block id outside the region), kInvalidArgument (too few blocks for
 // `tokens`, a destination block used twice, bad layer range, negative tokens), kIncompatible
@@ -132,12 +149,20 @@ class LayerPlan {
   // split's layer costs its pages, not its tokens.
   static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
                                   const TransferSpec& spec, bool groups = false);
-  // Appends layer `layer`'s runs (or groups) to *plan (never joined to those already there)
-  // and adds their bytes. kOutOfRange, with *plan unchanged, for a layer outside [0, layers).
+  // The same with the entries a copier takes. kGroupBlocks plans groups as above, then joins
+  // them (JoinGroups) where that halves the entries or better: an LBNHC page converted to BLHNC
+  // is one entry (8 heads of 16 rows) instead of 8, and is appended to plan->blocks.
+  static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
+                                  const TransferSpec& spec, PlanEntries entries);
+  // Appends layer `layer`'s runs (or groups, or blocks) to *plan (never joined to those already
+  // there) and adds their bytes. kOutOfRange, with *plan unchanged, for a layer outside [0,
+  // layers).
   Status AppendLayer(int64_t layer, Plan* plan) const;
   size_t runs_per_layer() const { return layer0_.run_count(); }
-  // Entries appended per layer: runs, or groups when the layer is grouped.
-  size_t entries_per_layer() const { return layer0_.runs.size() + layer0_.groups.size(); }
+  // Entries appended per layer: runs, groups or blocks, as the layer is planned.
+  size_t entries_per_layer() const {
+    return layer0_.runs.size() + layer0_.groups.size() + layer0_.blocks.size();
+  }
   uint64_t bytes_per_layer() const { return layer0_.bytes; }
 
   // Below this many rows per group on average, groups are not worth a second copy path: a TP 1
@@ -146,7 +171,7 @@ class LayerPlan {
   static constexpr size_t kMinRowsPerGroup = 4;
 
  private:
-  Plan layer0_;  // runs or groups, never both
+  Plan layer0_;  // runs, groups or blocks: one of the three
   int64_t layers_ = 0;
   uint64_t src_layer_stride_ = 0;
   uint64_t dst_layer_stride_ = 0;
@@ -160,5 +185,10 @@ Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_
 // apart on the destination: such rows overlap there (the copy would race), and without the
 // bound a group could name any number of rows (dst_stride 0) for the copier to chunk or expand.
 Status ValidateGroups(std::span<const RunGroup> groups, uint64_t src_bytes, uint64_t dst_bytes);
+// The same for every row of every block (O(entries)): each block's group as ValidateGroups
+// checks it, at least one block, and blocks clear of each other on the destination
+// (|dst_outer_stride| at least a block's extent there), so no two rows overlap there and an
+// entry cannot name more blocks than the destination holds.
+Status ValidateBlocks(std::span<const GroupBlocks> blocks, uint64_t src_bytes, uint64_t dst_bytes);
 
 }  // namespace kv

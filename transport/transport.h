@@ -67,6 +67,10 @@ struct Batch {
   // takes_run_groups() is true; every other backend rejects a batch with groups (kUnsupported).
   // Copied by post() like runs.
   std::span<const RunGroup> groups = {};
+  // Further runs, as the rows of the groups of blocks of run groups (layout/plan.h), for a
+  // backend whose takes_group_blocks() is true; every other backend rejects a batch with blocks
+  // (kUnsupported). Copied by post() like runs.
+  std::span<const GroupBlocks> blocks = {};
 };
 
 // Called exactly once per accepted batch: OK when every byte landed, else the first error
@@ -130,6 +134,10 @@ class Transport {
   // Whether post() takes Batch::groups; callers expand groups into runs for backends that
   // do not (cuda_ipc does: its copy kernel walks a group's rows from one descriptor).
   virtual bool takes_run_groups() const { return false; }
+  // Whether post() takes Batch::blocks as well (nccl does: a block of groups is one entry of
+  // its announcement); callers expand blocks into groups for backends that do not. A backend
+  // that takes blocks takes groups too.
+  virtual bool takes_group_blocks() const { return false; }
 
   // kUnsupported for memory this backend cannot reach (e.g. CUDA memory without CUDA-aware UCX).
   virtual Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
@@ -233,6 +241,13 @@ class Transport {
   }
   virtual void revoke_writes(uint64_t grant) { (void)grant; }
 };
+
+// What plans made for `transport`'s batches may hold (LayerPlan::Create): blocks of groups where
+// it takes them, else groups where it takes those, else runs.
+inline PlanEntries PlanEntriesFor(const Transport& transport) {
+  if (transport.takes_group_blocks()) return PlanEntries::kGroupBlocks;
+  return transport.takes_run_groups() ? PlanEntries::kGroups : PlanEntries::kRuns;
+}
 
 // Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests),
 // "host_ipc" (host memory between processes of one host, one memcpy: host_ipc_transport.h), and,

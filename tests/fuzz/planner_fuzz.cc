@@ -146,8 +146,9 @@ void CheckPlan(const kv::KvRegion& src, const kv::KvRegion& dst, const kv::Trans
 
 void CheckLayerPlans(const kv::KvRegion& src, const kv::KvRegion& dst,
                      const kv::TransferSpec& spec) {
-  for (bool grouped : {false, true}) {
-    auto layer_plan = kv::LayerPlan::Create(src, dst, spec, grouped);
+  for (kv::PlanEntries entries :
+       {kv::PlanEntries::kRuns, kv::PlanEntries::kGroups, kv::PlanEntries::kGroupBlocks}) {
+    auto layer_plan = kv::LayerPlan::Create(src, dst, spec, entries);
     FUZZ_CHECK(layer_plan.ok());
     for (int64_t l = 0; l < src.spec().layers; ++l) {
       kv::Plan mine;
@@ -157,15 +158,20 @@ void CheckLayerPlans(const kv::KvRegion& src, const kv::KvRegion& dst,
       one.layer_end = l + 1;
       auto theirs = kv::PlanTransfer(src, dst, one);
       FUZZ_CHECK(theirs.ok());
+      FUZZ_CHECK(entries == kv::PlanEntries::kGroupBlocks || mine.blocks.empty());
+      FUZZ_CHECK(mine.groups.empty() || mine.blocks.empty());  // a layer is one or the other
+      std::vector<kv::RunGroup> groups = mine.groups;
+      kv::ExpandBlocks(mine.blocks, &groups);
       std::vector<kv::Run> rows = mine.runs;
-      kv::ExpandGroups(mine.groups, &rows);
+      kv::ExpandGroups(groups, &rows);
       FUZZ_CHECK(rows == theirs->runs);
       FUZZ_CHECK(mine.bytes == theirs->bytes && mine.run_count() == theirs->run_count());
       FUZZ_CHECK(kv::ValidateGroups(mine.groups, src.span_bytes(), dst.span_bytes()).ok());
+      FUZZ_CHECK(kv::ValidateBlocks(mine.blocks, src.span_bytes(), dst.span_bytes()).ok());
     }
     kv::Plan outside;
     FUZZ_CHECK(!layer_plan->AppendLayer(src.spec().layers, &outside).ok());
-    FUZZ_CHECK(outside.runs.empty() && outside.groups.empty());
+    FUZZ_CHECK(outside.runs.empty() && outside.groups.empty() && outside.blocks.empty());
   }
 }
 
@@ -197,6 +203,26 @@ void CheckValidators(FuzzedDataProvider& in) {
       FUZZ_CHECK(inside(g.row(0)) && inside(g.row(g.count - 1)));
       if (g.count <= 64) {
         for (uint64_t i = 0; i < g.count; ++i) FUZZ_CHECK(inside(g.row(i)));
+      }
+    }
+  }
+  // Blocks of those groups: every row of every block inside, blocks clear of each other.
+  std::vector<kv::GroupBlocks> blocks;
+  for (const auto& g : groups) {
+    blocks.push_back({g, in.ConsumeIntegral<uint64_t>() >> in.ConsumeIntegralInRange(0, 63),
+                      in.ConsumeIntegral<int64_t>(), in.ConsumeIntegral<int64_t>()});
+  }
+  if (kv::ValidateBlocks(blocks, src_bytes, dst_bytes).ok()) {
+    for (const auto& b : blocks) {
+      FUZZ_CHECK(b.outer_count > 0 && b.group.count > 0);
+      for (uint64_t o : {uint64_t{0}, b.outer_count - 1}) {
+        const kv::RunGroup g = b.block(o);
+        FUZZ_CHECK(inside(g.row(0)) && inside(g.row(g.count - 1)));
+      }
+      if (b.outer_count * b.group.count <= 64 && b.outer_count <= 64 && b.group.count <= 64) {
+        for (uint64_t o = 0; o < b.outer_count; ++o) {
+          for (uint64_t i = 0; i < b.group.count; ++i) FUZZ_CHECK(inside(b.block(o).row(i)));
+        }
       }
     }
   }

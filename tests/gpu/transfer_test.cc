@@ -74,10 +74,12 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(bytes.ok());
     EXPECT_TRUE(*bytes == Expected(p.dst_bytes, kSrcSeed, p.runs));
   }
-  // Puts p's runs as run groups and gets them back into a fresh peer: both land like the runs.
-  void PutAndGetAsGroups(const Planned& p) {
+  // Puts p's runs as run groups (or blocks of them, where the backend takes those) and gets them
+  // back into a fresh peer: both land like the runs.
+  void PutAndGetAsGroups(const Planned& p, bool as_blocks = false) {
     TransferOptions grouped;
     grouped.as_groups = true;
+    grouped.as_blocks = as_blocks;
     grouped.note = "done";
     Peer prefill = Start(0, p.src_bytes, kSrcSeed);
     Peer decode = Start(1, p.dst_bytes, -1);
@@ -185,13 +187,18 @@ TEST_P(GpuTransferTest, RunGroupsOfATpSplitLandLikeTheirRuns) {
 }
 
 // LBNHC -> BLHNC: a page's heads are groups of 16 rows (4 KiB each) at one step on both sides,
-// which nccl sends as one entry of 4 blocks (wire.h, SplitGroups).
+// which nccl sends as one entry of 4 blocks (wire.h, SplitGroups), and which kvd plans for it
+// as one block entry per page (SplitBlocks); cuda_ipc takes them as groups.
 TEST_P(GpuTransferTest, APagesHeadGroupsLandLikeTheirRuns) {
   Planned p = PlanRandomBlocks(Spec("LBNHC", 32, 4), Spec("BLHNC", 40, 4), 200);
   std::vector<RunGroup> groups;
   GroupRuns(p.runs, &groups);
   ASSERT_LT(groups.size() * 8, p.runs.size()) << "a page's heads should group their tokens";
   PutAndGetAsGroups(p);
+  std::vector<GroupBlocks> blocks;
+  JoinGroups(groups, &blocks);
+  ASSERT_LT(blocks.size() * 2, groups.size()) << "a page's heads should join into blocks";
+  PutAndGetAsGroups(p, /*as_blocks=*/true);
 }
 
 // cuda_ipc launches a batch on its poster thread, after post() returned: one whose deadline

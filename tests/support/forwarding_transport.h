@@ -20,6 +20,7 @@ class ForwardingTransport : public transport::Transport {
   std::string address() const override { return inner_->address(); }
   bool supports(MemoryKind kind) const override { return inner_->supports(kind); }
   bool takes_run_groups() const override { return inner_->takes_run_groups(); }
+  bool takes_group_blocks() const override { return inner_->takes_group_blocks(); }
   Result<std::unique_ptr<transport::MemoryRegistration>> register_memory(
       void* base, uint64_t length, MemoryLocation where) override {
     return inner_->register_memory(base, length, where);

@@ -244,12 +244,18 @@ class PeerBody {
     KV_ASSIGN_OR_RETURN(auto remote, transport_->import_remote(peer, descriptor));
     std::vector<kv::Run> runs = DecodeRuns(runs_blob);
     std::vector<RunGroup> groups;
+    std::vector<GroupBlocks> blocks;
     if (as_groups && transport_->takes_run_groups()) GroupRuns(runs, &groups);
+    if (as_groups == 2 && transport_->takes_group_blocks()) {
+      JoinGroups(groups, &blocks);
+      groups.clear();
+    }
     Batch batch{static_cast<Op>(op), registration_.get(), remote.get(), runs,
                 expired ? Clock::now() - 1s : Clock::now() + 20s};
-    if (!groups.empty()) {
+    if (!groups.empty() || !blocks.empty()) {
       batch.runs = {};
       batch.groups = groups;
+      batch.blocks = blocks;
     }
     remotes_.push_back(std::move(remote));  // batches may still name it until the peer is done
     std::vector<std::future<Status>> futures;
@@ -492,7 +498,7 @@ Status Transfer(Peer& mover, const Peer& target, Op op, const std::vector<Run>& 
                             .u32(options.expired ? 1 : 0)
                             .u32(options.disconnect_while_gated ? 1 : 0)
                             .u32(options.never_fires ? 1 : 0)
-                            .u32(options.as_groups ? 1 : 0)
+                            .u32(options.as_groups ? (options.as_blocks ? 2 : 1) : 0)
                             .bytes(target.address)
                             .bytes(descriptor)
                             .bytes(EncodeRuns(runs))

@@ -72,8 +72,11 @@ struct TransferOptions {
   // posted beside it; the second must land and the first fail with kTimeout while the event is
   // held. Only the half is written.
   bool never_fires = false;
-  // The runs posted as run groups (layout/plan.h GroupRuns) where the mover's backend takes them.
+  // The runs posted as run groups (layout/plan.h GroupRuns) where the mover's backend takes them,
+  // and with as_blocks those groups joined into blocks (JoinGroups) where it takes those, as
+  // kvd plans for it (transport::PlanEntriesFor).
   bool as_groups = false;
+  bool as_blocks = false;
 };
 
 inline constexpr auto kPromptPost = std::chrono::milliseconds(500);

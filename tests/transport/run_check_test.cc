@@ -38,10 +38,27 @@ TEST(RunCheck, GroupsAreCheckedAndRefusedWhereNotTaken) {
   EXPECT_TRUE(CheckBatch(batch, true).ok());
 }
 
+TEST(RunCheck, BlocksAreCheckedAndRefusedWhereNotTaken) {
+  const Region local(1 << 16), remote(1 << 16);
+  // An LBNHC page's 8 heads converted to BLHNC: exactly 64 KiB on both sides.
+  const GroupBlocks page{{0, 0, 512, 16, 4096, 512}, 8, 512, 8192};
+  const GroupBlocks past_destination{{0, 512, 512, 16, 4096, 512}, 8, 512, 8192};
+  Batch batch;
+  batch.local = &local;
+  batch.remote = &remote;
+  batch.blocks = std::span(&page, 1);
+  EXPECT_TRUE(CheckBatch(batch, /*takes_groups=*/true, /*takes_blocks=*/true).ok());
+  EXPECT_EQ(CheckBatch(batch, true).code(), Code::kUnsupported);
+  EXPECT_EQ(CheckBatch(batch).code(), Code::kUnsupported);
+  batch.blocks = std::span(&past_destination, 1);
+  EXPECT_EQ(CheckBatch(batch, true, true).code(), Code::kOutOfRange);
+}
+
 TEST(RunCheck, LocalBackendRefusesGroups) {
   auto local = CreateTransport("local");
   ASSERT_TRUE(local.ok());
   EXPECT_FALSE((*local)->takes_run_groups());
+  EXPECT_FALSE((*local)->takes_group_blocks());
 }
 
 }  // namespace

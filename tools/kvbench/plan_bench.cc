@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/plan_copy.h"
@@ -118,9 +119,9 @@ constexpr int kWave = 8;
 constexpr int64_t kPathTokens = 4096;
 constexpr int64_t kPathLayers = 32;
 
-KvRegion PathRegion(int tp, int rank) {
+KvRegion PathRegion(int tp, int rank, const char* order = "LBNHC") {
   LayoutSpec s;
-  s.order = "LBNHC";
+  s.order = order;
   s.layers = kPathLayers;
   s.blocks = 2 * kWave * kPathTokens / 16;
   s.heads = kHeads / tp;
@@ -209,13 +210,16 @@ void RequestPathCase(benchmark::State& state, int dst_tp, PathMode mode) {
 
 // LayerPlan::Create with groups on, as cuda_ipc's kvd calls it once per request and decode
 // rank, against what it did before it planned groups directly (`regrouped`: PlanTransfer's runs
-// of layer 0, then GroupRuns). The ceiling is writing the resulting groups into a fresh vector.
-void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped) {
-  const KvRegion src = PathRegion(1, 0), dst = PathRegion(dst_tp, 0);
+// of layer 0, then GroupRuns), and with blocks of groups (`blocks`, as nccl's kvd plans). The
+// ceiling is writing the resulting groups into a fresh vector.
+void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped, const char* dst_order,
+                   bool blocks) {
+  const PlanEntries entries = blocks ? PlanEntries::kGroupBlocks : PlanEntries::kGroups;
+  const KvRegion src = PathRegion(1, 0), dst = PathRegion(dst_tp, 0, dst_order);
   const auto src_ids = Blocks(kPathTokens / 16, true, 1),
              dst_ids = Blocks(kPathTokens / 16, true, 2);
   const TransferSpec spec{src_ids, dst_ids, kPathTokens, 0, 1};
-  auto reference = LayerPlan::Create(src, dst, spec, true);
+  auto reference = LayerPlan::Create(src, dst, spec, entries);
   if (!reference.ok()) {
     state.SkipWithError(reference.status().ToString().c_str());
     return;
@@ -237,7 +241,7 @@ void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped) {
       GroupRuns(runs->runs, &groups);
       benchmark::DoNotOptimize(groups.data());
     } else {
-      auto plan = LayerPlan::Create(src, dst, spec, true);
+      auto plan = LayerPlan::Create(src, dst, spec, entries);
       benchmark::DoNotOptimize(plan);
     }
   }
@@ -246,7 +250,9 @@ void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped) {
   start = std::chrono::steady_clock::now();
   do {
     std::vector<RunGroup> copy(layer0.groups.begin(), layer0.groups.end());
+    std::vector<GroupBlocks> copy_blocks(layer0.blocks.begin(), layer0.blocks.end());
     benchmark::DoNotOptimize(copy.data());
+    benchmark::DoNotOptimize(copy_blocks.data());
     ++reps;
   } while (SecondsSince(start) < 0.05);
   const double ceiling = SecondsSince(start) / reps;
@@ -332,12 +338,18 @@ int PlanBenchMain(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
     }
   }
-  for (int tp : {1, 2}) {
-    for (bool regrouped : {false, true}) {
+  // TP 1 -> 1 and 1 -> 2 in LBNHC, and LBNHC -> BLHNC (a page's 8 heads, 16 rows of 512 B each).
+  const std::tuple<int, const char*, const char*> shapes[] = {{1, "LBNHC", "LBNHC_tp1_to_tp1"},
+                                                              {2, "LBNHC", "LBNHC_tp1_to_tp2"},
+                                                              {1, "BLHNC", "LBNHC_to_BLHNC"}};
+  const std::pair<const char*, std::pair<bool, bool>> kinds[] = {
+      {"groups", {false, false}}, {"runs_then_grouped", {true, false}}, {"blocks", {false, true}}};
+  for (const auto& [tp, order, shape] : shapes) {
+    for (const auto& [kind, flags] : kinds) {
       ++cases;
-      const std::string name = "layer_plan/LBNHC_tp1_to_tp" + std::to_string(tp) +
-                               (regrouped ? "/runs_then_grouped" : "/groups");
-      benchmark::RegisterBenchmark(name.c_str(), LayerPlanCase, tp, regrouped)
+      const std::string name = "layer_plan/" + std::string(shape) + "/" + kind;
+      benchmark::RegisterBenchmark(name.c_str(), LayerPlanCase, tp, flags.first, order,
+                                   flags.second)
           ->Unit(benchmark::kMicrosecond);
     }
   }

@@ -96,13 +96,17 @@ struct Batch {
   uint64_t bytes = 0;
   double chunks = 0;  // of kChunkBytes
 
-  Batch(int requests, const std::string& dst_order) : src(Region("LBNHC")), dst(Region(dst_order)) {
+  // dst_order "BLHNC_as_groups": BLHNC planned as groups, as kvd did before it planned blocks.
+  Batch(int requests, const std::string& dst_order)
+      : src(Region("LBNHC")), dst(Region(dst_order.substr(0, 5))) {
+    const PlanEntries entries =
+        dst_order.size() > 5 ? PlanEntries::kGroups : PlanEntries::kGroupBlocks;
     const auto src_ids = Shuffled(1), dst_ids = Shuffled(2);
     const int64_t blocks = kTokens / kBlockSize;
     for (int q = 0; q < requests; ++q) {
       const TransferSpec spec{std::span(src_ids).subspan(q * blocks, blocks),
                               std::span(dst_ids).subspan(q * blocks, blocks), kTokens};
-      plans.push_back(LayerPlan::Create(src, dst, spec, /*groups=*/true).value());
+      plans.push_back(LayerPlan::Create(src, dst, spec, entries).value());
       (void)plans.back().AppendLayer(5, &plan);
     }
     bytes = plan.bytes;
@@ -119,6 +123,7 @@ struct Batch {
       g->push_back({run.src_offset, run.length});
     }
     SplitGroups(plan.groups, kChunkBytes, msg, g, r);
+    SplitBlocks(plan.blocks, kChunkBytes, msg, g, r);
   }
 };
 
@@ -296,6 +301,7 @@ void HandoverCase(benchmark::State& state, const Batch& b, bool other_core) {
   struct Handed {
     std::vector<Range> ranges, gather;
     std::vector<RunGroup> groups;
+    std::vector<GroupBlocks> blocks;
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -311,6 +317,7 @@ void HandoverCase(benchmark::State& state, const Batch& b, bool other_core) {
         h.gather.push_back({r.src_offset, r.length});
       }
       h.groups.assign(b.plan.groups.begin(), b.plan.groups.end());
+      h.blocks.assign(b.plan.blocks.begin(), b.plan.blocks.end());
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return !full || stop; });
       if (stop) return;
@@ -339,6 +346,7 @@ void HandoverCase(benchmark::State& state, const Batch& b, bool other_core) {
     msg.ranges = std::move(h.ranges);
     std::vector<Strided> rows;
     SplitGroups(h.groups, kChunkBytes, &msg, &h.gather, &rows);
+    SplitBlocks(h.blocks, kChunkBytes, &msg, &h.gather, &rows);
     std::string frame = EncodeData(msg);
     benchmark::DoNotOptimize(frame.data());
     Keep(&status, ChunkAndEncode(h.gather, rows, Direction::kGather, true, &layout, &table));
@@ -374,6 +382,7 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
       case Step::kPlan:
         plan.runs.clear();
         plan.groups.clear();
+        plan.blocks.clear();
         plan.group_rows = plan.bytes = 0;
         for (const LayerPlan& p : b.plans) Keep(&status, p.AppendLayer(5, &plan));
         benchmark::DoNotOptimize(plan.groups.data());
@@ -381,6 +390,7 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
       case Step::kCheck:
         Keep(&status, ValidateRuns(b.plan.runs, src_bytes, dst_bytes));
         Keep(&status, ValidateGroups(b.plan.groups, src_bytes, dst_bytes));
+        Keep(&status, ValidateBlocks(b.plan.blocks, src_bytes, dst_bytes));
         break;
       case Step::kPut: {
         std::vector<Range> ranges, gather;
@@ -391,7 +401,9 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
           gather.push_back({r.src_offset, r.length});
         }
         std::vector<RunGroup> groups(b.plan.groups.begin(), b.plan.groups.end());
+        std::vector<GroupBlocks> blocks(b.plan.blocks.begin(), b.plan.blocks.end());
         benchmark::DoNotOptimize(groups.data());
+        benchmark::DoNotOptimize(blocks.data());
         break;
       }
       case Step::kSplit: {
@@ -399,6 +411,7 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
         std::vector<Range> gather;
         std::vector<Strided> rows;
         SplitGroups(b.plan.groups, kChunkBytes, &msg, &gather, &rows);
+        SplitBlocks(b.plan.blocks, kChunkBytes, &msg, &gather, &rows);
         benchmark::DoNotOptimize(rows.data());
         break;
       }
@@ -429,6 +442,7 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
         std::vector<Range> gather;
         std::vector<Strided> rows;
         SplitGroups(b.plan.groups, kChunkBytes, &msg, &gather, &rows);
+        SplitBlocks(b.plan.blocks, kChunkBytes, &msg, &gather, &rows);
         std::string frame = EncodeData(b.sent);
         benchmark::DoNotOptimize(frame.data());
         Keep(&status, ChunkAndEncode(b.gather, b.rows, Direction::kGather, true, &layout, &table));
@@ -466,7 +480,8 @@ void StepCase(benchmark::State& state, Step step, int requests, const std::strin
 }
 
 void Report(benchmark::State& state, const Batch& b, double seconds) {
-  const double descriptors = static_cast<double>(b.plan.runs.size() + b.plan.groups.size());
+  const double descriptors =
+      static_cast<double>(b.plan.runs.size() + b.plan.groups.size() + b.plan.blocks.size());
   const double wire_us = static_cast<double>(kChunkBytes) / (kWireGBps * 1e3);
   state.counters["descriptors"] = descriptors;
   state.counters["chunks"] = b.chunks;
@@ -481,9 +496,11 @@ void PrintHelp() {
       "Times the nccl backend's host work, step by step, for one batch of issue 24's shape:\n"
       "one layer of N requests of `kvbench pd --tokens 4096 --layers 32 --heads 8 --head-dim\n"
       "128 --block-size 16 --block-ids random --decode-order BLHNC` (LBNHC -> BLHNC: 512 B rows,\n"
-      "a run group of 16 per page and head), as kvd merges them into one batch.\n\n"
+      "a run group of 16 per page and head, a block entry of 8 such per page), as kvd merges\n"
+      "them into one batch.\n\n"
       "Steps: io/plan (LayerPlan::AppendLayer per request), io/check (CheckBatch's bounds),\n"
-      "io/put (Link::Put's copies): kvd's io thread; send/split (SplitGroups), send/encode\n"
+      "io/put (Link::Put's copies): kvd's io thread; send/split (SplitGroups, SplitBlocks),\n"
+      "send/encode "
       "(EncodeData), send/frame (SendFrame to a reader thread that decodes it, loopback TCP),\n"
       "send/chunk (SplitDirect, ChunkRuns, ChunkGroups), send/tables (the host\n"
       "half of RunTables::Load), send/all (its steps but the frame in a row), send/all_fresh\n"
@@ -492,7 +509,9 @@ void PrintHelp() {
       "(DecodeData, reader thread), recv/check_rows (TotalBytes, CheckRanges, CheckStrided),\n"
       "recv/chunk, recv/tables, recv/all (the receive worker's steps in a row). Not timed: NCCL\n"
       "and kernel launches. LBNHC_to_LBNHC (64 KiB pages, 0.97 of the wire) is the reference.\n\n"
-      "Counters: descriptors (the plan's runs + groups of the batch), chunks (of 32 MiB), "
+      "LBNHC_to_BLHNC_as_groups plans BLHNC as groups (a page's 8 heads apart), as kvd did before\n"
+      "it planned blocks of them (PlanEntries::kGroupBlocks) for nccl.\n\n"
+      "Counters: descriptors (the plan's runs + groups + blocks of the batch), chunks (of 32 MiB), "
       "ns_per_desc,\n"
       "us_per_chunk, x_wire (us_per_chunk / the %.0f us a 32 MiB chunk takes at %.0f GB/s).\n",
       static_cast<double>(kChunkBytes) / (kWireGBps * 1e3), kWireGBps);
@@ -514,7 +533,7 @@ int BenchMain(int argc, char** argv) {
   }
   // BLHNC is the issue's shape; LBNHC (64 KiB pages, one range each, no groups: 0.97 of the
   // wire on the H200s) the reference.
-  for (const char* order : {"BLHNC", "LBNHC"}) {
+  for (const char* order : {"BLHNC", "BLHNC_as_groups", "LBNHC"}) {
     for (int requests : {8, 32}) {
       for (const StepInfo& s : kSteps) {
         const std::string name = std::string("nccl_host/LBNHC_to_") + order + "/" +

@@ -35,9 +35,10 @@ struct SendJob {
   std::string frame;          // kFrame: sent as is
   DataMsg data;               // kData: the announcement (ranges in the receiver's view)
   std::vector<Range> gather;  // kData: the same bytes in our region, same order
-  // kData of a put: its run groups, split into data.strided and `rows` by the sender thread
-  // (SplitGroups), off the thread that posts.
+  // kData of a put: its run groups and blocks of them, split into data.strided and `rows` by
+  // the sender thread (SplitGroups, SplitBlocks), off the thread that posts.
   std::vector<RunGroup> groups;
+  std::vector<GroupBlocks> blocks;
   std::vector<Strided> rows;  // kData: data.strided's rows in our region, same order
   const char* local_base = nullptr;
   bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
@@ -187,7 +188,9 @@ struct Link::Impl {
       KV_ASSIGN_OR_RETURN(out, Staging::Create(Staged(), failed));
     }
     SplitGroups(job.groups, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
+    SplitBlocks(job.blocks, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
     job.groups = {};
+    job.blocks = {};
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
     return out->Send(lanes_out, job.local_base, job.gather, job.rows, job.data.chunk_bytes,
                      job.data.direct_bytes, job.deadline);
@@ -520,8 +523,8 @@ Link::~Link() {
 }
 
 Status Link::Put(const char* local_base, std::span<const Run> runs,
-                 std::span<const RunGroup> groups, uint64_t remote_id, Clock::time_point deadline,
-                 Completion done) {
+                 std::span<const RunGroup> groups, std::span<const GroupBlocks> blocks,
+                 uint64_t remote_id, Clock::time_point deadline, Completion done) {
   SendJob job;
   job.kind = SendJob::Kind::kData;
   job.is_put = true;
@@ -535,6 +538,7 @@ Status Link::Put(const char* local_base, std::span<const Run> runs,
     job.gather.push_back({r.src_offset, r.length});
   }
   job.groups.assign(groups.begin(), groups.end());
+  job.blocks.assign(blocks.begin(), blocks.end());
   job.local_base = local_base;
   job.deadline = deadline;
   {

@@ -83,7 +83,8 @@ class Link {
   // region `remote_id`. Validated by the caller. kUnavailable when the link already failed
   // (`done` not called).
   Status Put(const char* local_base, std::span<const Run> runs, std::span<const RunGroup> groups,
-             uint64_t remote_id, Clock::time_point deadline, Completion done);
+             std::span<const GroupBlocks> blocks, uint64_t remote_id, Clock::time_point deadline,
+             Completion done);
   // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.
   Status Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
              Clock::time_point deadline, Completion done);

@@ -112,6 +112,10 @@ class NcclTransport final : public Transport {
   // A put's groups travel as rows (wire.h): a TP split's page is one entry on the wire, in the
   // tables and in the gather and scatter, instead of one per token.
   bool takes_run_groups() const override { return true; }
+  // A put's blocks of groups (an LBNHC page converted to BLHNC: 8 heads at one step) travel as
+  // one entry each where the receiver accepts that (SplitBlocks), so the plan, the post and the
+  // sender handle an eighth of the entries.
+  bool takes_group_blocks() const override { return true; }
 
   Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
                                                               MemoryLocation where) override {
@@ -185,19 +189,21 @@ class NcclTransport final : public Transport {
     if (local == nullptr || remote == nullptr) {
       return Status::InvalidArgument("nccl: batch names memory of another transport");
     }
-    KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
+    KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true, /*takes_blocks=*/true));
     KV_ASSIGN_OR_RETURN(auto link, FindLink(remote->peer()));
     char* base = static_cast<char*>(local->base());
     if (batch.op == Op::kPut) {
-      return link->Put(base, batch.runs, batch.groups, remote->id(), batch.deadline,
+      return link->Put(base, batch.runs, batch.groups, batch.blocks, remote->id(), batch.deadline,
                        std::move(done));
     }
-    if (batch.groups.empty()) {
+    if (batch.groups.empty() && batch.blocks.empty()) {
       return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
     }
-    // A get asks for ranges: its groups go as their rows.
+    // A get asks for ranges: its groups and blocks go as their rows.
+    std::vector<RunGroup> groups(batch.groups.begin(), batch.groups.end());
+    ExpandBlocks(batch.blocks, &groups);
     std::vector<Run> runs(batch.runs.begin(), batch.runs.end());
-    ExpandGroups(batch.groups, &runs);
+    ExpandGroups(groups, &runs);
     return link->Get(base, runs, remote->id(), batch.deadline, std::move(done));
   }
 

@@ -270,6 +270,58 @@ TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
   EXPECT_EQ(back->strided, msg.strided);
 }
 
+// The planner's blocks (PlanEntries::kGroupBlocks) announced as such: the same entries, rows in
+// the same order, as SplitGroups makes of the plan's groups.
+TEST(NcclWireTest, ThePlannersBlocksTravelAsTheEntriesSplitGroupsMakes) {
+  const int64_t blocks = 64;
+  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
+  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
+  std::iota(src_ids.begin(), src_ids.end(), 0);
+  std::iota(dst_ids.begin(), dst_ids.end(), 0);
+  std::mt19937_64 rng(9);
+  std::shuffle(src_ids.begin(), src_ids.end(), rng);
+  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  auto grouped = LayerPlan::Create(src, dst, spec, PlanEntries::kGroups);
+  auto blocked = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
+  ASSERT_TRUE(grouped.ok() && blocked.ok());
+  Plan g, b;
+  ASSERT_TRUE(grouped->AppendLayer(1, &g).ok());
+  ASSERT_TRUE(blocked->AppendLayer(1, &b).ok());
+  ASSERT_EQ(b.blocks.size(), static_cast<size_t>(blocks));
+  DataMsg from_groups, from_blocks;
+  std::vector<Range> gather_g, gather_b;
+  std::vector<Strided> rows_g, rows_b;
+  SplitGroups(g.groups, 32 << 20, &from_groups, &gather_g, &rows_g);
+  SplitBlocks(b.blocks, 32 << 20, &from_blocks, &gather_b, &rows_b);
+  EXPECT_EQ(from_blocks.strided, from_groups.strided);
+  EXPECT_EQ(rows_b, rows_g);
+  EXPECT_TRUE(gather_b.empty());
+  EXPECT_TRUE(CheckStrided(from_blocks.strided, dst.span_bytes(), 32 << 20).ok());
+}
+
+// A block the receiver would refuse whole (blocks under kMinBlockBytes, rows longer than a
+// chunk) goes as SplitGroups sends its groups; one of a single block goes as it is.
+TEST(NcclWireTest, BlocksTheReceiverWouldRefuseGoAsTheirGroups) {
+  auto split = [](const GroupBlocks& b, uint64_t chunk_bytes) {
+    DataMsg msg;
+    std::vector<Range> gather;
+    std::vector<Strided> rows;
+    SplitBlocks(std::span(&b, 1), chunk_bytes, &msg, &gather, &rows);
+    EXPECT_EQ(msg.strided.size(), rows.size());
+    EXPECT_EQ(msg.ranges.size(), gather.size());
+    EXPECT_TRUE(CheckStrided(msg.strided, 1 << 30, chunk_bytes).ok());
+    return std::make_pair(msg.strided.size(), msg.ranges.size());
+  };
+  // 2 KiB blocks: too small as blocks, so two entries of one block each.
+  EXPECT_EQ(split({{0, 0, 512, 4, 4096, 512}, 2, 512, 8192}, 1 << 20), std::make_pair(2ul, 0ul));
+  // 8 KiB blocks: one entry.
+  EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512}, 8, 512, 8192}, 1 << 20), std::make_pair(1ul, 0ul));
+  // Rows of 8 KiB with 4 KiB chunks: every row as a range.
+  EXPECT_EQ(split({{0, 0, 8192, 2, 8192, 8192}, 3, 1 << 16, 1 << 16}, 4096),
+            std::make_pair(0ul, 6ul));
+}
+
 // Groups become blocks of one entry only where the receiver's checks would take it: blocks of
 // kMinBlockBytes that do not overlap there, at one step on both sides.
 TEST(NcclWireTest, GroupsThatTheChecksWouldRefuseAsBlocksStayApart) {

@@ -336,6 +336,25 @@ void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg
   }
 }
 
+void SplitBlocks(std::span<const GroupBlocks> blocks, uint64_t chunk_bytes, DataMsg* msg,
+                 std::vector<Range>* gather, std::vector<Strided>* rows) {
+  std::vector<RunGroup> groups;  // a block entry the receiver would refuse whole
+  for (const GroupBlocks& b : blocks) {
+    const RunGroup& g = b.group;
+    if (g.length <= chunk_bytes &&
+        (b.outer_count == 1 || BlocksApart(g.count, g.length, g.dst_stride, b.dst_outer_stride))) {
+      msg->strided.push_back(
+          {g.dst_offset, g.length, g.count, g.dst_stride, b.outer_count, b.dst_outer_stride});
+      rows->push_back(
+          {g.src_offset, g.length, g.count, g.src_stride, b.outer_count, b.src_outer_stride});
+      continue;
+    }
+    groups.clear();
+    ExpandBlocks(std::span(&b, 1), &groups);
+    SplitGroups(groups, chunk_bytes, msg, gather, rows);
+  }
+}
+
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {
   // Rows of one shape lie in the region iff the first row's offset lies in [lowest, highest]:
   // worked out once per shape (a batch's entries nearly all share one), so each entry costs a

@@ -139,6 +139,12 @@ Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uin
 // batch handle an eighth of the entries.
 void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg* msg,
                  std::vector<Range>* gather, std::vector<Strided>* rows);
+// The same for blocks of groups the planner joined (layout/plan.h): each is one entry where
+// CheckStrided accepts it as such, else its groups go through SplitGroups. The announcement is
+// the one SplitGroups makes of the blocks' groups expanded wherever the planner's joins and
+// SplitGroups' agree, which they do for a page's heads.
+void SplitBlocks(std::span<const GroupBlocks> blocks, uint64_t chunk_bytes, DataMsg* msg,
+                 std::vector<Range>* gather, std::vector<Strided>* rows);
 
 // A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
 // staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one

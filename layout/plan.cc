@@ -395,9 +395,37 @@ void ReservePieces(Plan* plan, std::span<const Loop> outer, std::span<const Loop
   runs.reserve(std::max<size_t>(runs.size() + pieces, 2 * runs.capacity()));
 }
 
+uint64_t Magnitude(int64_t v) {
+  return v < 0 ? uint64_t{0} - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+}
+
+// Whether `b`'s rows are the runs its groups expanded would be: its blocks lie apart on the
+// destination, and no block's first row continues the row before it (the previous block's last,
+// or `before`, the last row already written, if any), where runs would have been joined.
+bool BlockKeepsRuns(const GroupBlocks& b, const Run* before) {
+  const RunGroup& g = b.group;
+  const uint64_t extent = (g.count - 1) * Magnitude(g.dst_stride) + g.length;
+  if (b.outer_count > 1 && Magnitude(b.dst_outer_stride) < extent) return false;
+  auto continues = [](const Run& a, const Run& next) {
+    return a.src_offset + a.length == next.src_offset && a.dst_offset + a.length == next.dst_offset;
+  };
+  if (before != nullptr && continues(*before, g.row(0))) return false;
+  return b.outer_count == 1 || !continues(g.row(g.count - 1), b.block(1).row(0));
+}
+
+// What PlanInto made of a request to plan blocks.
+enum class Blocks {
+  kNo,         // not asked, or not of the shape: written as groups
+  kAsk,        // asked (in)
+  kWritten,    // every page went to plan->blocks
+  kAbandoned,  // a block would have changed the runs: what was written must be planned again
+};
+
 // PlanTransfer's runs appended to *plan, or with `groups` the same rows as groups (RunWriter).
+// With *blocks kAsk too, where the heads (one loop around a page's tokens) repeat the page's
+// one group at one step, each page's groups go to plan->blocks as one entry (see Blocks).
 Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec, Plan* plan,
-                bool groups) {
+                bool groups, Blocks* blocks = nullptr) {
   KV_RETURN_IF_ERROR(ValidateRequest(src, dst, spec));
   KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
                       DestinationOrder(spec, dst.size(Axis::kN), dst.size(Axis::kB) - 1));
@@ -455,29 +483,62 @@ Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& sp
   Plan pattern;
   std::vector<RunGroup> pattern_groups;
   int64_t pattern_count = -1;
+  auto plan_pattern = [&](int64_t count) {
+    if (count == pattern_count) return;
+    pattern = Plan{};
+    RunWriter relative(&pattern);
+    for (int64_t i = 0; i < count; ++i) {
+      ForEach(inner, i * src_n, i * dst_n,
+              [&](int64_t ps, int64_t pd) { relative.Add(ps, pd, token_bytes); });
+    }
+    pattern_count = count;
+    pattern_groups.clear();
+    if (write_groups) GroupRuns(pattern.runs, &pattern_groups);
+  };
   auto emit_range = [&](const TokenRange& r, int64_t s, int64_t d) {
     if (fold_tokens) {
       writer.Add(s + r.src, d + r.dst, r.count * token_bytes);
       return;
     }
-    if (r.count != pattern_count) {
-      pattern = Plan{};
-      RunWriter relative(&pattern);
-      for (int64_t i = 0; i < r.count; ++i) {
-        ForEach(inner, i * src_n, i * dst_n,
-                [&](int64_t ps, int64_t pd) { relative.Add(ps, pd, token_bytes); });
-      }
-      pattern_count = r.count;
-      pattern_groups.clear();
-      if (write_groups) GroupRuns(pattern.runs, &pattern_groups);
-    }
+    plan_pattern(r.count);
     if (write_groups) {
       writer.AddPattern(pattern_groups, pattern.bytes, s + r.src, d + r.dst);
     } else {
       writer.AddPattern(pattern.runs, pattern.bytes, s + r.src, d + r.dst);
     }
   };
+  // A page of one token range whose heads (the one middle loop) repeat its one group: a block.
+  const bool write_blocks = write_groups && blocks != nullptr && *blocks == Blocks::kAsk &&
+                            middle.size() == 1 && middle[0].count > 1 && plan->runs.empty() &&
+                            plan->groups.empty() && plan->blocks.empty();
+  if (blocks != nullptr) *blocks = write_blocks ? Blocks::kWritten : Blocks::kNo;
+  auto emit_block = [&](const TokenRange& r, int64_t s, int64_t d) {
+    plan_pattern(r.count);
+    if (pattern_groups.size() != 1) return false;
+    GroupBlocks b{pattern_groups[0], static_cast<uint64_t>(middle[0].count), middle[0].src_stride,
+                  middle[0].dst_stride};
+    b.group.src_offset += static_cast<uint64_t>(s + r.src);
+    b.group.dst_offset += static_cast<uint64_t>(d + r.dst);
+    Run before;
+    if (!plan->blocks.empty()) {
+      const GroupBlocks& last = plan->blocks.back();
+      before = last.block(last.outer_count - 1).row(last.group.count - 1);
+    }
+    if (!BlockKeepsRuns(b, plan->blocks.empty() ? nullptr : &before)) return false;
+    plan->blocks.push_back(b);
+    plan->bytes += pattern.bytes * b.outer_count;
+    return true;
+  };
   ForEach(outer, src_base, dst_base, [&](int64_t s, int64_t d) {
+    if (write_blocks) {
+      for (const TokenRange& r : ranges) {
+        if (*blocks != Blocks::kWritten) return;
+        const bool alone = (&r == &ranges.front() || (&r)[-1].group != r.group) &&
+                           (&r == &ranges.back() || (&r)[1].group != r.group);
+        if (!alone || !emit_block(r, s, d)) *blocks = Blocks::kAbandoned;
+      }
+      return;
+    }
     if (middle.empty()) {
       for (const TokenRange& r : ranges) emit_range(r, s, d);
       return;
@@ -528,7 +589,24 @@ Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
   plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
   plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
   Plan& layer0 = plan.layer0_;
-  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups));
+  Blocks blocks = entries == PlanEntries::kGroupBlocks ? Blocks::kAsk : Blocks::kNo;
+  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups, &blocks));
+  if (blocks == Blocks::kAbandoned) {
+    layer0 = Plan{};
+    KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups));
+  }
+  // Planned as blocks: kept where they at least halve the groups, else taken as groups below.
+  if (!layer0.blocks.empty()) {
+    uint64_t joined = 0;
+    for (const GroupBlocks& b : layer0.blocks) {
+      joined += b.outer_count;
+      layer0.group_rows += b.outer_count * b.group.count;
+    }
+    if (layer0.blocks.size() * 2 <= joined) return plan;
+    ExpandBlocks(layer0.blocks, &layer0.groups);
+    layer0.blocks = {};
+    layer0.group_rows = 0;
+  }
   if (groups && !layer0.runs.empty()) {
     GroupRuns(layer0.runs, &layer0.groups);
     if (layer0.groups.size() * kMinRowsPerGroup <= layer0.runs.size()) {

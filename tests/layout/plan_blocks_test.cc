@@ -126,6 +126,32 @@ TEST(GroupBlocksTest, LayerPlanJoinsAPagesHeadsIntoOneEntry) {
   EXPECT_EQ(a.groups, b.groups);
 }
 
+// One layer, block ids in order on both sides: a page's last row (head 7's last token) runs on
+// into the next page's first on both sides, so the plan's runs cross pages and blocks of a
+// page's heads would split them. The planner makes no such block: the rows stay the runs.
+TEST(GroupBlocksTest, NoBlockSplitsARun) {
+  LayoutSpec a = PageSpec("LBNHC", 8), b = PageSpec("BLHNC", 8);
+  a.layers = b.layers = 1;
+  const KvRegion src = KvRegion::Create(a).value(), dst = KvRegion::Create(b).value();
+  std::vector<int64_t> ids(8);
+  std::iota(ids.begin(), ids.end(), 0);
+  const TransferSpec spec{ids, ids, 8 * 16};
+  auto runs = PlanTransfer(src, dst, spec);
+  auto blocked = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
+  ASSERT_TRUE(runs.ok() && blocked.ok());
+  Plan p;
+  ASSERT_TRUE(blocked->AppendLayer(0, &p).ok());
+  std::vector<RunGroup> groups = p.groups;
+  ExpandBlocks(p.blocks, &groups);
+  std::vector<kv::Run> rows = p.runs;
+  ExpandGroups(groups, &rows);
+  EXPECT_EQ(rows, runs->runs);
+  EXPECT_EQ(p.run_count(), runs->run_count());
+  // The runs that cross pages are 1 KiB: head 7's last row and the next page's first.
+  EXPECT_TRUE(
+      std::any_of(rows.begin(), rows.end(), [](const kv::Run& r) { return r.length == 1024; }));
+}
+
 TEST(GroupBlocksTest, ValidateBlocksBoundsEveryRowOfEveryBlock) {
   const RunGroup head{0, 0, 512, 16, 4096, 512};  // 16 rows: 61,952 B of source, 8 KiB of dest
   // 8 blocks: source up to 3,584 + 61,952, destination up to 57,344 + 8,192 = 65,536.

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "layout/kv_region.h"
+#include "layout/plan_into.h"
 
 namespace kv {
 namespace {
@@ -395,17 +396,12 @@ void ReservePieces(Plan* plan, std::span<const Loop> outer, std::span<const Loop
   runs.reserve(std::max<size_t>(runs.size() + pieces, 2 * runs.capacity()));
 }
 
-uint64_t Magnitude(int64_t v) {
-  return v < 0 ? uint64_t{0} - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-}
-
 // Whether `b`'s rows are the runs its groups expanded would be: its blocks lie apart on the
 // destination, and no block's first row continues the row before it (the previous block's last,
 // or `before`, the last row already written, if any), where runs would have been joined.
 bool BlockKeepsRuns(const GroupBlocks& b, const Run* before) {
   const RunGroup& g = b.group;
-  const uint64_t extent = (g.count - 1) * Magnitude(g.dst_stride) + g.length;
-  if (b.outer_count > 1 && Magnitude(b.dst_outer_stride) < extent) return false;
+  if (b.outer_count > 1 && !BlocksClearOnDestination(g, b.dst_outer_stride)) return false;
   auto continues = [](const Run& a, const Run& next) {
     return a.src_offset + a.length == next.src_offset && a.dst_offset + a.length == next.dst_offset;
   };
@@ -413,19 +409,12 @@ bool BlockKeepsRuns(const GroupBlocks& b, const Run* before) {
   return b.outer_count == 1 || !continues(g.row(g.count - 1), b.block(1).row(0));
 }
 
-// What PlanInto made of a request to plan blocks.
-enum class Blocks {
-  kNo,         // not asked, or not of the shape: written as groups
-  kAsk,        // asked (in)
-  kWritten,    // every page went to plan->blocks
-  kAbandoned,  // a block would have changed the runs: what was written must be planned again
-};
+}  // namespace
 
-// PlanTransfer's runs appended to *plan, or with `groups` the same rows as groups (RunWriter).
-// With *blocks kAsk too, where the heads (one loop around a page's tokens) repeat the page's
-// one group at one step, each page's groups go to plan->blocks as one entry (see Blocks).
+namespace internal {
+
 Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec, Plan* plan,
-                bool groups, Blocks* blocks = nullptr) {
+                bool groups, Blocks* blocks) {
   KV_RETURN_IF_ERROR(ValidateRequest(src, dst, spec));
   KV_ASSIGN_OR_RETURN(const std::vector<int64_t> dst_order,
                       DestinationOrder(spec, dst.size(Axis::kN), dst.size(Axis::kB) - 1));
@@ -560,144 +549,17 @@ Status PlanInto(const KvRegion& src, const KvRegion& dst, const TransferSpec& sp
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace internal
 
 Status PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec,
                     Plan* plan) {
-  return PlanInto(src, dst, spec, plan, /*groups=*/false);
+  return internal::PlanInto(src, dst, spec, plan, /*groups=*/false);
 }
 
 Result<Plan> PlanTransfer(const KvRegion& src, const KvRegion& dst, const TransferSpec& spec) {
   Plan plan;
   KV_RETURN_IF_ERROR(PlanTransfer(src, dst, spec, &plan));
   return plan;
-}
-
-Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
-                                    const TransferSpec& spec, bool groups) {
-  return Create(src, dst, spec, groups ? PlanEntries::kGroups : PlanEntries::kRuns);
-}
-
-Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
-                                    const TransferSpec& spec, PlanEntries entries) {
-  const bool groups = entries != PlanEntries::kRuns;
-  TransferSpec first = spec;
-  first.layer_begin = 0;
-  first.layer_end = std::min<int64_t>(1, src.size(Axis::kL));
-  LayerPlan plan;
-  plan.layers_ = src.size(Axis::kL);
-  plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
-  plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
-  Plan& layer0 = plan.layer0_;
-  Blocks blocks = entries == PlanEntries::kGroupBlocks ? Blocks::kAsk : Blocks::kNo;
-  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups, &blocks));
-  if (blocks == Blocks::kAbandoned) {
-    layer0 = Plan{};
-    KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups));
-  }
-  // Planned as blocks: kept where they at least halve the groups, else taken as groups below.
-  if (!layer0.blocks.empty()) {
-    uint64_t joined = 0;
-    for (const GroupBlocks& b : layer0.blocks) {
-      joined += b.outer_count;
-      layer0.group_rows += b.outer_count * b.group.count;
-    }
-    if (layer0.blocks.size() * 2 <= joined) return plan;
-    ExpandBlocks(layer0.blocks, &layer0.groups);
-    layer0.blocks = {};
-    layer0.group_rows = 0;
-  }
-  if (groups && !layer0.runs.empty()) {
-    GroupRuns(layer0.runs, &layer0.groups);
-    if (layer0.groups.size() * kMinRowsPerGroup <= layer0.runs.size()) {
-      layer0.group_rows = layer0.runs.size();
-      layer0.runs = {};
-    } else {
-      layer0.groups = {};
-    }
-  } else if (!layer0.groups.empty()) {
-    for (const RunGroup& g : layer0.groups) layer0.group_rows += g.count;
-    if (layer0.groups.size() * kMinRowsPerGroup > layer0.group_rows) {
-      layer0.runs.reserve(layer0.group_rows);
-      ExpandGroups(layer0.groups, &layer0.runs);
-      layer0.groups = {};
-      layer0.group_rows = 0;
-    }
-  }
-  if (entries == PlanEntries::kGroupBlocks && layer0.groups.size() > 1) {
-    JoinGroups(layer0.groups, &layer0.blocks);
-    if (layer0.blocks.size() * 2 <= layer0.groups.size()) {
-      layer0.groups = {};
-    } else {
-      layer0.blocks = {};
-    }
-  }
-  return plan;
-}
-
-namespace {
-
-// An entry moved by s on the source and d on the destination (a block by its first group).
-template <typename Entry>
-void Shift(Entry& e, uint64_t s, uint64_t d) {
-  e.src_offset += s;
-  e.dst_offset += d;
-}
-void Shift(GroupBlocks& e, uint64_t s, uint64_t d) {
-  Shift(e.group, s, d);
-}
-
-}  // namespace
-
-Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
-  if (layer < 0 || layer >= layers_) {
-    return Status::OutOfRange("layer " + std::to_string(layer) + " is outside [0, " +
-                              std::to_string(layers_) + ")");
-  }
-  const uint64_t s = static_cast<uint64_t>(layer) * src_layer_stride_;
-  const uint64_t d = static_cast<uint64_t>(layer) * dst_layer_stride_;
-  // A plain copy, then the shift while the copy is still in cache: cheaper than writing each
-  // shifted entry through push_back (a capacity check per entry) or after resize (a pass that
-  // value-initialises every entry first).
-  auto append = [s, d](const auto& from, auto& to) {
-    const size_t at = to.size(), count = from.size();
-    if (count == 0) return;
-    if (to.capacity() - at < count) to.reserve(std::max(at + count, 2 * to.capacity()));
-    to.insert(to.end(), from.begin(), from.end());
-    for (auto* e = to.data() + at; e != to.data() + at + count; ++e) Shift(*e, s, d);
-  };
-  append(layer0_.runs, plan->runs);
-  append(layer0_.groups, plan->groups);
-  append(layer0_.blocks, plan->blocks);
-  plan->group_rows += layer0_.group_rows;
-  plan->bytes += layer0_.bytes;
-  return Status::Ok();
-}
-
-Status ValidateRuns(std::span<const Run> runs, uint64_t src_bytes, uint64_t dst_bytes) {
-  // One branch-free pass the compiler vectorizes (every post checks every run: 131072 of them
-  // for one TP 1->2 rank's request); the slow loop below only names the first bad run.
-  bool bad = false;
-  for (const Run& r : runs) {
-    bad |= (r.length > src_bytes) | (r.src_offset > src_bytes - r.length) | (r.length > dst_bytes) |
-           (r.dst_offset > dst_bytes - r.length);
-  }
-  if (!bad) return Status::Ok();
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const Run& r = runs[i];
-    // Written as subtractions so that huge offsets cannot wrap around the bound.
-    bool src_ok = r.length <= src_bytes && r.src_offset <= src_bytes - r.length;
-    bool dst_ok = r.length <= dst_bytes && r.dst_offset <= dst_bytes - r.length;
-    if (!src_ok || !dst_ok) {
-      return Status::OutOfRange("run " + std::to_string(i) + " (" + std::to_string(r.src_offset) +
-                                " -> " + std::to_string(r.dst_offset) + ", " +
-                                std::to_string(r.length) + " bytes) reaches past the " +
-                                (src_ok ? "destination (" + std::to_string(dst_bytes)
-                                        : "source (" + std::to_string(src_bytes)) +
-                                " bytes)");
-    }
-  }
-  return Status::Ok();
 }
 
 }  // namespace kv

@@ -112,6 +112,10 @@ void ExpandGroups(std::span<const RunGroup> groups, std::vector<Run>* runs);
 // least a block's extent there), so expanding the entries in order gives `groups` back and no
 // two rows of an entry overlap on the destination. O(groups). Returns the entries added.
 size_t JoinGroups(std::span<const RunGroup> groups, std::vector<GroupBlocks>* blocks);
+// Whether blocks of `g` repeated `dst_outer_stride` apart lie clear of each other on the
+// destination: at least one block's extent there apart (128-bit, so no input wraps). The rule
+// JoinGroups joins by and ValidateBlocks checks.
+bool BlocksClearOnDestination(const RunGroup& g, int64_t dst_outer_stride);
 // Appends the groups of `blocks`, in order, to *groups.
 void ExpandBlocks(std::span<const GroupBlocks> blocks, std::vector<RunGroup>* groups);
 

@@ -58,6 +58,10 @@ bool SameShape(const RunGroup& a, const RunGroup& b) {
 
 }  // namespace
 
+bool BlocksClearOnDestination(const RunGroup& g, int64_t dst_outer_stride) {
+  return WideMagnitude(dst_outer_stride) >= Extent(g.count, g.length, g.dst_stride);
+}
+
 size_t JoinGroups(std::span<const RunGroup> groups, std::vector<GroupBlocks>* blocks) {
   const size_t before = blocks->size();
   const size_t n = groups.size();
@@ -68,8 +72,7 @@ size_t JoinGroups(std::span<const RunGroup> groups, std::vector<GroupBlocks>* bl
       const uint64_t src_step = groups[j].src_offset - groups[i].src_offset;
       const uint64_t dst_step = groups[j].dst_offset - groups[i].dst_offset;
       const RunGroup& g = groups[i];
-      if (WideMagnitude(static_cast<int64_t>(dst_step)) >=
-          Extent(g.count, g.length, g.dst_stride)) {
+      if (BlocksClearOnDestination(g, static_cast<int64_t>(dst_step))) {
         for (++j; j < n && SameShape(groups[j], g) &&
                   groups[j].src_offset - groups[j - 1].src_offset == src_step &&
                   groups[j].dst_offset - groups[j - 1].dst_offset == dst_step;
@@ -257,8 +260,7 @@ class BlockShapeBounds {
     const RunGroup& g = b.group;
     return b.outer_count > 0 && b.outer_count < kMaxCount && g.count > 0 && g.count < kMaxCount &&
            (g.count == 1 || WideMagnitude(g.dst_stride) >= std::max<uint64_t>(g.length, 1)) &&
-           (b.outer_count == 1 ||
-            WideMagnitude(b.dst_outer_stride) >= Extent(g.count, g.length, g.dst_stride));
+           (b.outer_count == 1 || BlocksClearOnDestination(g, b.dst_outer_stride));
   }
 
  private:
@@ -297,8 +299,7 @@ Status ValidateBlocks(std::span<const GroupBlocks> blocks, uint64_t src_bytes, u
                                      " blocks of " + std::to_string(g.count) + " rows");
     }
     if (Status s = CheckGroup(i, g, src_bytes, dst_bytes); !s.ok()) return s.WithContext(name());
-    if (b.outer_count > 1 &&
-        WideMagnitude(b.dst_outer_stride) < Extent(g.count, g.length, g.dst_stride)) {
+    if (b.outer_count > 1 && !BlocksClearOnDestination(g, b.dst_outer_stride)) {
       return Status::InvalidArgument(name() + " has blocks " + std::to_string(b.dst_outer_stride) +
                                      " bytes apart on the destination, closer than a block's " +
                                      "extent: their rows would overlap");

@@ -1,0 +1,115 @@
+// LayerPlan (plan.h): layer 0 planned once per request, as runs, groups or blocks of groups,
+// and shifted to any layer.
+#include <algorithm>
+#include <string>
+
+#include "layout/plan.h"
+#include "layout/plan_into.h"
+
+namespace kv {
+
+using internal::Blocks;
+using internal::PlanInto;
+
+Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
+                                    const TransferSpec& spec, bool groups) {
+  return Create(src, dst, spec, groups ? PlanEntries::kGroups : PlanEntries::kRuns);
+}
+
+Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
+                                    const TransferSpec& spec, PlanEntries entries) {
+  const bool groups = entries != PlanEntries::kRuns;
+  TransferSpec first = spec;
+  first.layer_begin = 0;
+  first.layer_end = std::min<int64_t>(1, src.size(Axis::kL));
+  LayerPlan plan;
+  plan.layers_ = src.size(Axis::kL);
+  plan.src_layer_stride_ = static_cast<uint64_t>(src.stride(Axis::kL));
+  plan.dst_layer_stride_ = static_cast<uint64_t>(dst.stride(Axis::kL));
+  Plan& layer0 = plan.layer0_;
+  Blocks blocks = entries == PlanEntries::kGroupBlocks ? Blocks::kAsk : Blocks::kNo;
+  KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups, &blocks));
+  if (blocks == Blocks::kAbandoned) {
+    layer0 = Plan{};
+    KV_RETURN_IF_ERROR(PlanInto(src, dst, first, &layer0, groups));
+  }
+  // Planned as blocks: kept where they at least halve the groups, else taken as groups below.
+  if (!layer0.blocks.empty()) {
+    uint64_t joined = 0;
+    for (const GroupBlocks& b : layer0.blocks) {
+      joined += b.outer_count;
+      layer0.group_rows += b.outer_count * b.group.count;
+    }
+    if (layer0.blocks.size() * 2 <= joined) return plan;
+    ExpandBlocks(layer0.blocks, &layer0.groups);
+    layer0.blocks = {};
+    layer0.group_rows = 0;
+  }
+  if (groups && !layer0.runs.empty()) {
+    GroupRuns(layer0.runs, &layer0.groups);
+    if (layer0.groups.size() * kMinRowsPerGroup <= layer0.runs.size()) {
+      layer0.group_rows = layer0.runs.size();
+      layer0.runs = {};
+    } else {
+      layer0.groups = {};
+    }
+  } else if (!layer0.groups.empty()) {
+    for (const RunGroup& g : layer0.groups) layer0.group_rows += g.count;
+    if (layer0.groups.size() * kMinRowsPerGroup > layer0.group_rows) {
+      layer0.runs.reserve(layer0.group_rows);
+      ExpandGroups(layer0.groups, &layer0.runs);
+      layer0.groups = {};
+      layer0.group_rows = 0;
+    }
+  }
+  if (entries == PlanEntries::kGroupBlocks && layer0.groups.size() > 1) {
+    JoinGroups(layer0.groups, &layer0.blocks);
+    if (layer0.blocks.size() * 2 <= layer0.groups.size()) {
+      layer0.groups = {};
+    } else {
+      layer0.blocks = {};
+    }
+  }
+  return plan;
+}
+
+namespace {
+
+// An entry moved by s on the source and d on the destination (a block by its first group).
+template <typename Entry>
+void Shift(Entry& e, uint64_t s, uint64_t d) {
+  e.src_offset += s;
+  e.dst_offset += d;
+}
+void Shift(GroupBlocks& e, uint64_t s, uint64_t d) {
+  Shift(e.group, s, d);
+}
+
+}  // namespace
+
+Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
+  if (layer < 0 || layer >= layers_) {
+    return Status::OutOfRange("layer " + std::to_string(layer) + " is outside [0, " +
+                              std::to_string(layers_) + ")");
+  }
+  const uint64_t s = static_cast<uint64_t>(layer) * src_layer_stride_;
+  const uint64_t d = static_cast<uint64_t>(layer) * dst_layer_stride_;
+  // A plain copy, then the shift while the copy is still in cache: cheaper than writing each
+  // shifted entry through push_back (a capacity check per entry) or after resize (a pass that
+  // value-initialises every entry first).
+  auto append = [s, d](const auto& from, auto& to) {
+    const size_t at = to.size(), count = from.size();
+    if (count == 0) return;
+    if (to.capacity() - at < count) to.reserve(std::max(at + count, 2 * to.capacity()));
+    to.insert(to.end(), from.begin(), from.end());
+    for (auto* e = to.data() + at; e != to.data() + at + count; ++e) Shift(*e, s, d);
+  };
+  append(layer0_.runs, plan->runs);
+  append(layer0_.groups, plan->groups);
+  append(layer0_.blocks, plan->blocks);
+  plan->group_rows += layer0_.group_rows;
+  plan->bytes += layer0_.bytes;
+  return Status::Ok();
+}
+
+}  // namespace kv

@@ -78,6 +78,30 @@ Status RunCopier::CopyGroups(const void* src_base, void* dst_base, std::span<con
   return Copy(src_base, dst_base, rows_, direction, stream);
 }
 
+Status RunCopier::CopyBlocks(const void* src_base, void* dst_base,
+                             std::span<const GroupBlocks> entries, kernels::CopyDirection direction,
+                             cudaStream_t stream) {
+  if (entries.empty()) return Status::Ok();
+  // The chooser looks at the mean run only, as for groups.
+  Run rows{0, 0, 0};
+  uint64_t count = 0;
+  for (const GroupBlocks& e : entries) {
+    rows.length += e.group.length * e.group.count * e.outer_count;
+    count += e.group.count * e.outer_count;
+  }
+  rows.length /= std::max<uint64_t>(count, 1);
+  last_path_ = forced_ ? *forced_
+                       : kernels::ChooseCopyPath(std::span<const Run>(&rows, 1), direction, stream);
+  if (last_path_ == kernels::CopyPath::kKernel) {
+    return kernel_->CopyBlocks(src_base, dst_base, entries, stream);
+  }
+  groups_.clear();
+  ExpandBlocks(entries, &groups_);
+  rows_.clear();
+  ExpandGroups(groups_, &rows_);
+  return Copy(src_base, dst_base, rows_, direction, stream);
+}
+
 // Runs are handed to the copy engines in pieces of at most kEnginePieceBytes: one large run in one
 // cudaMemcpyBatchAsync entry moves at a fraction of the link (benchmarks/pd_gpu.md). A copy of
 // kLanesFromBytes or more is also split over the lanes, lane i taking the i-th quarter. The events

@@ -18,10 +18,10 @@
 #include <span>
 #include <vector>
 
-#include "kernels/plan_copy.h"
-#include "layout/plan.h"
 #include "base/status.h"
 #include "gpu/cuda_util.h"
+#include "kernels/plan_copy.h"
+#include "layout/plan.h"
 
 namespace kv::gpu {
 
@@ -45,6 +45,10 @@ class RunCopier {
   // takes the copy engine for rows this long, the rows expanded into Copy().
   Status CopyGroups(const void* src_base, void* dst_base, std::span<const RunGroup> groups,
                     kernels::CopyDirection direction, cudaStream_t stream);
+  // The same for block entries (layout/plan.h GroupBlocks): the block kernel, or the rows
+  // expanded into Copy() where the copy engine is taken.
+  Status CopyBlocks(const void* src_base, void* dst_base, std::span<const GroupBlocks> entries,
+                    kernels::CopyDirection direction, cudaStream_t stream);
 
   // The path the last Copy() took; for benchmarks and logs.
   kernels::CopyPath last_path() const { return last_path_; }
@@ -65,8 +69,9 @@ class RunCopier {
   Lanes lanes_;
   std::optional<kernels::CopyPath> forced_;
   kernels::CopyPath last_path_ = kernels::CopyPath::kKernel;
-  std::vector<Run> lane_runs_;  // CopyOnLanes' scratch
-  std::vector<Run> rows_;       // CopyGroups' scratch for the copy engine
+  std::vector<Run> lane_runs_;    // CopyOnLanes' scratch
+  std::vector<Run> rows_;         // CopyGroups' and CopyBlocks' scratch for the copy engine
+  std::vector<RunGroup> groups_;  // CopyBlocks' scratch for the copy engine
 };
 
 }  // namespace kv::gpu

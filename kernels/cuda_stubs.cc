@@ -29,6 +29,9 @@ Status PlanCopier::Copy(const void*, void*, std::span<const Run>, void*) {
 Status PlanCopier::CopyGroups(const void*, void*, std::span<const RunGroup>, void*) {
   return NoCuda("plan copier");
 }
+Status PlanCopier::CopyBlocks(const void*, void*, std::span<const GroupBlocks>, void*) {
+  return NoCuda("plan copier");
+}
 Status LaunchPlanCopyGroups(const void*, void*, const void*, uint64_t, const PlanCopyOptions&,
                             void*) {
   return NoCuda("plan copy group kernel");

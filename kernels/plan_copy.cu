@@ -479,6 +479,32 @@ Result<PlanCopyPrefix> PlanCopier::CopyGroupPrefix(const void* src_base, void* d
   return impl_->StageAndLaunch(max_chunks * sizeof(PlanCopyGroupChunk), encode, launch, stream);
 }
 
+Status PlanCopier::CopyBlocks(const void* src_base, void* dst_base,
+                              std::span<const GroupBlocks> entries, void* stream) {
+  uint64_t chunks = 0;
+  for (const GroupBlocks& e : entries) chunks += PlanCopyBlockChunks(e);
+  return CopyInPieces(
+      entries, chunks, stream, [](const GroupBlocks& e) { return PlanCopyBlockChunks(e); },
+      [&](std::span<const GroupBlocks> rest, uint64_t most) {
+        return CopyBlockPrefix(src_base, dst_base, rest, most, stream);
+      });
+}
+
+Result<PlanCopyPrefix> PlanCopier::CopyBlockPrefix(const void* src_base, void* dst_base,
+                                                   std::span<const GroupBlocks> entries,
+                                                   uint64_t max_chunks, void* stream) {
+  using Encoded = std::pair<PlanCopyPrefix, uint64_t>;
+  auto encode = [&](void* staging) -> Result<Encoded> {
+    KV_ASSIGN_OR_RETURN(PlanCopyPrefix prefix,
+                        EncodePlanCopyBlockPrefix(entries, max_chunks, staging));
+    return Encoded{prefix, prefix.chunks * sizeof(PlanCopyBlockChunk)};
+  };
+  auto launch = [&](const void* table, const PlanCopyPrefix& prefix, cudaStream_t s) {
+    return LaunchPlanCopyBlocks(src_base, dst_base, table, prefix.chunks, impl_->options, s);
+  };
+  return impl_->StageAndLaunch(max_chunks * sizeof(PlanCopyBlockChunk), encode, launch, stream);
+}
+
 // ---- The copy engine -------------------------------------------------------------------------
 
 Status LaunchBatchCopy(const void* src_base, void* dst_base, std::span<const Run> runs,

@@ -106,6 +106,9 @@ class PlanCopier {
   // The rows of `groups`, through the group kernel, in pieces like Copy().
   Status CopyGroups(const void* src_base, void* dst_base, std::span<const RunGroup> groups,
                     void* stream);
+  // The rows of block entries, through the block kernel, in pieces like Copy().
+  Status CopyBlocks(const void* src_base, void* dst_base, std::span<const GroupBlocks> entries,
+                    void* stream);
 
   static constexpr uint64_t kFirstPieceChunks = 4096;
   static constexpr uint64_t kPieceGrowth = 2;
@@ -117,6 +120,9 @@ class PlanCopier {
                                     uint64_t max_chunks, void* stream);
   Result<PlanCopyPrefix> CopyGroupPrefix(const void* src_base, void* dst_base,
                                          std::span<const RunGroup> groups, uint64_t max_chunks,
+                                         void* stream);
+  Result<PlanCopyPrefix> CopyBlockPrefix(const void* src_base, void* dst_base,
+                                         std::span<const GroupBlocks> entries, uint64_t max_chunks,
                                          void* stream);
   explicit PlanCopier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -180,6 +186,11 @@ uint64_t PlanCopyBlockChunks(const GroupBlocks& entry);
 // holds garbage).
 Result<uint64_t> EncodePlanCopyBlocks(std::span<const GroupBlocks> entries, uint64_t max_chunks,
                                       void* table);
+// As EncodePlanCopyGroupPrefix, for block entries: the longest prefix of whole entries that fits
+// max_chunks descriptors (`runs` of the result counts entries). kInvalidArgument when the first
+// does not fit or an offset is at or past 2^48.
+Result<PlanCopyPrefix> EncodePlanCopyBlockPrefix(std::span<const GroupBlocks> entries,
+                                                 uint64_t max_chunks, void* table);
 // What the block kernel does with an encoded table, on the host: the reference its tests use.
 void CopyBlockTableHost(const void* src_base, void* dst_base, const void* table,
                         uint64_t num_chunks);

@@ -114,6 +114,24 @@ Result<uint64_t> EncodePlanCopyBlocks(std::span<const GroupBlocks> entries, uint
   return n;
 }
 
+Result<PlanCopyPrefix> EncodePlanCopyBlockPrefix(std::span<const GroupBlocks> entries,
+                                                 uint64_t max_chunks, void* table) {
+  PlanCopyPrefix prefix;
+  for (; prefix.runs < entries.size(); ++prefix.runs) {
+    const uint64_t need = PlanCopyBlockChunks(entries[prefix.runs]);
+    if (need > max_chunks - prefix.chunks) break;
+    prefix.chunks += need;
+  }
+  if (prefix.runs == 0 && !entries.empty()) {
+    return Status::InvalidArgument("plan copy block table of " + std::to_string(max_chunks) +
+                                   " chunks cannot hold the first entry");
+  }
+  KV_ASSIGN_OR_RETURN(const uint64_t written,
+                      EncodePlanCopyBlocks(entries.first(prefix.runs), prefix.chunks, table));
+  prefix.chunks = written;
+  return prefix;
+}
+
 void CopyBlockTableHost(const void* src_base, void* dst_base, const void* table,
                         uint64_t num_chunks) {
   const auto* src = static_cast<const unsigned char*>(src_base);

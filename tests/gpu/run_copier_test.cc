@@ -126,6 +126,48 @@ TEST_P(RunCopierPeerTest, EveryGroupRowLandsOnThePeer) {
   }
 }
 
+// Block entries over the peer (cuda_ipc's LBNHC -> BLHNC pages): the block kernel, or rows
+// expanded for the copy engine. 16,384 pages of 8 heads of 16 rows of 64 B, one descriptor
+// each: enough that an idle stream's copy goes in pieces; and random entries.
+TEST_P(RunCopierPeerTest, EveryBlockRowLandsOnThePeer) {
+  if (!TwoPeerDevices()) GTEST_SKIP() << "needs two CUDA devices with peer access";
+  constexpr uint64_t kBytes = 128 << 20;
+  std::mt19937_64 rng(8);
+  std::vector<unsigned char> host(kBytes);
+  for (auto& b : host) b = static_cast<unsigned char>(rng());
+  auto src = DeviceBuffer::Allocate(0, kBytes);
+  auto dst = DeviceBuffer::Allocate(1, kBytes);
+  auto stream = CudaStream::Create(0);
+  ASSERT_TRUE(src.ok() && dst.ok() && stream.ok());
+  ASSERT_EQ(cudaMemcpy(src->data(), host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceGuard on0(0);
+  cudaDeviceEnablePeerAccess(1, 0);
+  cudaGetLastError();  // already enabled
+  auto copier = RunCopier::Create(0, GetParam());
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::vector<std::vector<GroupBlocks>> cases;
+  std::vector<GroupBlocks> pages;  // 8 KiB pages: heads 64 B apart at the source, 1 KiB apart
+  for (uint64_t p = 0; p < 16384; ++p) {
+    pages.push_back({{(p * 769 % 16384) * 8192, p * 8192, 64, 16, 512, 64}, 8, 64, 1024});
+  }
+  ASSERT_GT(pages.size(), 2 * kernels::PlanCopier::kFirstPieceChunks);
+  cases.push_back(pages);
+  cases.push_back(kv::testing::RandomBlocks(rng, kBytes, kBytes, 3000, true));
+  std::vector<unsigned char> got(kBytes);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_EQ(cudaMemset(dst->data(), 0xEE, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Status s = (*copier)->CopyBlocks(src->data(), dst->data(), cases[i],
+                                           kernels::CopyDirection::kPeer, stream->get());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    std::vector<unsigned char> want(kBytes, 0xEE);
+    kernels::CopyBlocksHost(host.data(), want.data(), cases[i]);
+    ASSERT_EQ(cudaMemcpy(got.data(), dst->data(), kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got == want) << "case " << i << ": " << cases[i].size() << " entries";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, RunCopierPeerTest,
                          ::testing::Values(std::optional(kernels::CopyPath::kCopyEngine),
                                            std::optional(kernels::CopyPath::kKernel),

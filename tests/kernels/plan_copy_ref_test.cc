@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -224,6 +225,39 @@ TEST(PlanCopyRef, BlockTablePacksAPagesHeadsIntoOneDescriptor) {
   far.outer_count = 2;
   far.group.src_offset = kPlanCopyMaxOffset;
   EXPECT_EQ(EncodePlanCopyBlocks(std::span(&far, 1), 4, table.data()).status().code(),
+            Code::kInvalidArgument);
+}
+
+// Prefixes of whole entries: each the longest that fits, together the whole table.
+TEST(PlanCopyRef, BlockPrefixesConcatenateToTheWholeTable) {
+  std::mt19937_64 rng(17);
+  const auto entries = kv::testing::RandomBlocks(rng, 1 << 20, 2 << 20, 100 << 10, false);
+  uint64_t chunks = 0;
+  for (const GroupBlocks& e : entries) chunks += PlanCopyBlockChunks(e);
+  std::vector<PlanCopyBlockChunk> whole(chunks), pieces(chunks);
+  ASSERT_EQ(*EncodePlanCopyBlocks(entries, chunks, whole.data()), chunks);
+  size_t at = 0;
+  uint64_t written = 0;
+  for (uint64_t most = 3; at < entries.size(); most += 2) {
+    const uint64_t first = PlanCopyBlockChunks(entries[at]);
+    auto prefix = EncodePlanCopyBlockPrefix(std::span(entries).subspan(at), std::max(most, first),
+                                            pieces.data() + written);
+    ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+    ASSERT_GE(prefix->runs, 1u);
+    ASSERT_LE(prefix->chunks, std::max(most, first));
+    // Longest: the next entry would not have fit.
+    if (at + prefix->runs < entries.size()) {
+      EXPECT_GT(prefix->chunks + PlanCopyBlockChunks(entries[at + prefix->runs]),
+                std::max(most, first));
+    }
+    at += prefix->runs;
+    written += prefix->chunks;
+  }
+  ASSERT_EQ(written, chunks);
+  EXPECT_EQ(std::memcmp(whole.data(), pieces.data(), chunks * sizeof(PlanCopyBlockChunk)), 0);
+  // A first entry larger than the table is refused.
+  const GroupBlocks big{{0, 0, 512, 16, 4096, 512}, 16, 512, 8192};  // 2 descriptors
+  EXPECT_EQ(EncodePlanCopyBlockPrefix(std::span(&big, 1), 1, pieces.data()).status().code(),
             Code::kInvalidArgument);
 }
 

@@ -83,6 +83,9 @@ class CudaIpcTransport final : public Transport {
   std::string address() const override { return channel_->address(); }
   bool supports(MemoryKind kind) const override { return kind == MemoryKind::kCuda; }
   bool takes_run_groups() const override { return true; }
+  // A page's heads in LBNHC -> BLHNC as one entry: the block kernel copies it from one
+  // descriptor, and kvd's io thread plans and posts an eighth of the entries.
+  bool takes_group_blocks() const override { return true; }
 
   Result<std::unique_ptr<MemoryRegistration>> register_memory(void* base, uint64_t length,
                                                               MemoryLocation where) override {
@@ -161,7 +164,7 @@ class CudaIpcTransport final : public Transport {
     if (local == nullptr || remote == nullptr) {
       return Status::InvalidArgument("cuda_ipc: batch names memory of another transport");
     }
-    KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true));
+    KV_RETURN_IF_ERROR(CheckBatch(batch, /*takes_groups=*/true, /*takes_blocks=*/true));
     const bool put = batch.op == Op::kPut;
     char* local_base = static_cast<char*>(local->base());
     cuda_ipc::PostJob job;
@@ -171,6 +174,7 @@ class CudaIpcTransport final : public Transport {
     job.dst = put ? static_cast<void*>(remote->base()) : local_base;
     job.runs.assign(batch.runs.begin(), batch.runs.end());
     job.groups.assign(batch.groups.begin(), batch.groups.end());
+    job.blocks.assign(batch.blocks.begin(), batch.blocks.end());
     job.done = std::move(done);
     // Numbered and queued under one lock: the poster's order is the gate's.
     std::lock_guard lock(mu_);

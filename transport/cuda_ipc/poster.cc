@@ -174,9 +174,11 @@ void Poster::LaunchCoalesced(PostJob job) {
   merged_.dst = jobs[0].dst;
   merged_.runs.clear();
   merged_.groups.clear();
+  merged_.blocks.clear();
   for (const PostJob& j : jobs) {
     merged_.runs.insert(merged_.runs.end(), j.runs.begin(), j.runs.end());
     merged_.groups.insert(merged_.groups.end(), j.groups.begin(), j.groups.end());
+    merged_.blocks.insert(merged_.blocks.end(), j.blocks.begin(), j.blocks.end());
   }
   // The first batch's event is the merged copy's; each follower's is recorded right behind it.
   std::vector<Launch> launches;
@@ -221,6 +223,11 @@ Launch Poster::LaunchBatch(const PostJob& job) {
   if (s.ok() && !job.groups.empty()) {
     enqueued = true;
     s = channel.copier->CopyGroups(job.src, job.dst, job.groups, kernels::CopyDirection::kPeer,
+                                   stream);
+  }
+  if (s.ok() && !job.blocks.empty()) {
+    enqueued = true;
+    s = channel.copier->CopyBlocks(job.src, job.dst, job.blocks, kernels::CopyDirection::kPeer,
                                    stream);
   }
   // Behind every successful launch, and behind a failed one that may have enqueued copies: the

@@ -66,6 +66,7 @@ struct PostJob {
   void* dst = nullptr;
   std::vector<Run> runs;
   std::vector<RunGroup> groups;
+  std::vector<GroupBlocks> blocks;
   Completion done;
   // Notes:
   std::string note;

@@ -153,9 +153,11 @@ class LayerPlan {
   // split's layer costs its pages, not its tokens.
   static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
                                   const TransferSpec& spec, bool groups = false);
-  // The same with the entries a copier takes. kGroupBlocks plans groups as above, then joins
-  // them (JoinGroups) where that halves the entries or better: an LBNHC page converted to BLHNC
-  // is one entry (8 heads of 16 rows) instead of 8, and is appended to plan->blocks.
+  // The same with the entries a copier takes. kGroupBlocks plans a page whose heads repeat one
+  // group at one step as one entry of blocks (an LBNHC page converted to BLHNC: 8 heads of 16
+  // rows, one entry instead of 8, appended to plan->blocks); other layers are planned as groups
+  // and joined (JoinGroups) where that halves the entries or better. Either way a block never
+  // splits a run: the rows in order are still PlanTransfer's runs.
   static Result<LayerPlan> Create(const KvRegion& src, const KvRegion& dst,
                                   const TransferSpec& spec, PlanEntries entries);
   // Appends layer `layer`'s runs (or groups, or blocks) to *plan (never joined to those already

@@ -134,9 +134,9 @@ class Transport {
   // Whether post() takes Batch::groups; callers expand groups into runs for backends that
   // do not (cuda_ipc does: its copy kernel walks a group's rows from one descriptor).
   virtual bool takes_run_groups() const { return false; }
-  // Whether post() takes Batch::blocks as well (nccl does: a block of groups is one entry of
-  // its announcement); callers expand blocks into groups for backends that do not. A backend
-  // that takes blocks takes groups too.
+  // Whether post() takes Batch::blocks as well (nccl does: a block of groups is one entry of its
+  // announcement; cuda_ipc copies one from one descriptor); callers expand blocks into groups for
+  // backends that do not. A backend that takes blocks takes groups too.
   virtual bool takes_group_blocks() const { return false; }
 
   // kUnsupported for memory this backend cannot reach (e.g. CUDA memory without CUDA-aware UCX).

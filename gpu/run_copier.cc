@@ -57,20 +57,24 @@ Status RunCopier::Copy(const void* src_base, void* dst_base, std::span<const Run
   return kernels::LaunchBatchCopy(src_base, dst_base, runs, stream);
 }
 
+kernels::CopyPath RunCopier::ChoosePath(uint64_t bytes, uint64_t rows,
+                                        kernels::CopyDirection direction, cudaStream_t stream) {
+  // The chooser looks at the mean run only: one row of the mean length stands for all of them.
+  const Run mean{0, 0, bytes / std::max<uint64_t>(rows, 1)};
+  last_path_ = forced_ ? *forced_
+                       : kernels::ChooseCopyPath(std::span<const Run>(&mean, 1), direction, stream);
+  return last_path_;
+}
+
 Status RunCopier::CopyGroups(const void* src_base, void* dst_base, std::span<const RunGroup> groups,
                              kernels::CopyDirection direction, cudaStream_t stream) {
   if (groups.empty()) return Status::Ok();
-  // The chooser looks at the mean run only: one row per group stands for all of it.
-  Run rows{0, 0, 0};
-  uint64_t count = 0;
+  uint64_t bytes = 0, rows = 0;
   for (const RunGroup& g : groups) {
-    rows.length += g.length * g.count;
-    count += g.count;
+    bytes += g.length * g.count;
+    rows += g.count;
   }
-  rows.length /= std::max<uint64_t>(count, 1);
-  last_path_ = forced_ ? *forced_
-                       : kernels::ChooseCopyPath(std::span<const Run>(&rows, 1), direction, stream);
-  if (last_path_ == kernels::CopyPath::kKernel) {
+  if (ChoosePath(bytes, rows, direction, stream) == kernels::CopyPath::kKernel) {
     return kernel_->CopyGroups(src_base, dst_base, groups, stream);
   }
   rows_.clear();
@@ -82,17 +86,12 @@ Status RunCopier::CopyBlocks(const void* src_base, void* dst_base,
                              std::span<const GroupBlocks> entries, kernels::CopyDirection direction,
                              cudaStream_t stream) {
   if (entries.empty()) return Status::Ok();
-  // The chooser looks at the mean run only, as for groups.
-  Run rows{0, 0, 0};
-  uint64_t count = 0;
+  uint64_t bytes = 0, rows = 0;
   for (const GroupBlocks& e : entries) {
-    rows.length += e.group.length * e.group.count * e.outer_count;
-    count += e.group.count * e.outer_count;
+    bytes += e.group.length * e.group.count * e.outer_count;
+    rows += e.group.count * e.outer_count;
   }
-  rows.length /= std::max<uint64_t>(count, 1);
-  last_path_ = forced_ ? *forced_
-                       : kernels::ChooseCopyPath(std::span<const Run>(&rows, 1), direction, stream);
-  if (last_path_ == kernels::CopyPath::kKernel) {
+  if (ChoosePath(bytes, rows, direction, stream) == kernels::CopyPath::kKernel) {
     return kernel_->CopyBlocks(src_base, dst_base, entries, stream);
   }
   groups_.clear();

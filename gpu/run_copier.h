@@ -54,6 +54,10 @@ class RunCopier {
   kernels::CopyPath last_path() const { return last_path_; }
 
  private:
+  // The path for rows of `bytes` in all: `forced_`, else the chooser's for their mean length;
+  // recorded as last_path_.
+  kernels::CopyPath ChoosePath(uint64_t bytes, uint64_t rows, kernels::CopyDirection direction,
+                               cudaStream_t stream);
   struct Lanes {
     std::vector<CudaStream> streams;
     CudaEvent fork;

@@ -123,6 +123,13 @@ Status Daemon::Core::Start() {
                              options_.transport_settings.end());
     // A backend's own TCP side channel (nccl's unique ids) admits peers as the peer port does.
     settings.auth = {options_.auth_secret, options_.insecure_peers, options_.name};
+    // The backend's own steps beside kvd's in the trace (tools/pd_timeline.py), by its batch
+    // number: at debug level only, so the data path pays nothing otherwise.
+    if (spdlog::should_log(spdlog::level::debug)) {
+      settings.trace = [](std::string_view event, uint64_t id, uint64_t bytes) {
+        Trace(event, "batch-" + std::to_string(id), -1, bytes);
+      };
+    }
     KV_RETURN_IF_ERROR(transport::CheckSettings(backend.name, settings));
     KV_ASSIGN_OR_RETURN(transport_, transport::CreateTransport(backend.name, settings));
     if (on_gpu) WarnWithoutMps();

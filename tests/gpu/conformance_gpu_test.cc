@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "tests/support/gpu_peers.h"
 #include "tests/support/conformance_suite.h"
+#include "tests/support/gpu_peers.h"
 
 namespace kv::transport::conformance {
 namespace {
@@ -101,6 +101,14 @@ std::vector<Backend> GpuBackends() {
       {.name = "nccl",
        .transport = "nccl",
        .settings = {{"staging_bytes", "65536"}, {"timeout_ms", "20000"}},
+       .memory = &CudaMemory,
+       .initiator_device = 0,
+       .target_device = 1,
+       .unavailable = &UnlessNccl},
+      // The same with the link's three threads spinning (kvd --busy-poll, base/waker.h).
+      {.name = "nccl_busy_poll",
+       .transport = "nccl",
+       .settings = {{"staging_bytes", "65536"}, {"timeout_ms", "20000"}, {"busy_poll", "1"}},
        .memory = &CudaMemory,
        .initiator_device = 0,
        .target_device = 1,

@@ -41,18 +41,20 @@ constexpr auto kSpinWindow = std::chrono::milliseconds(10);
 class CudaIpcTransport final : public Transport {
  public:
   CudaIpcTransport(int device, std::chrono::milliseconds connect_timeout,
-                   std::optional<kernels::CopyPath> copy_path, bool busy_poll)
+                   std::optional<kernels::CopyPath> copy_path, bool busy_poll, TraceFn trace)
       : device_(device),
         connect_timeout_(connect_timeout),
         copy_path_(copy_path),
-        busy_poll_(busy_poll) {}
+        busy_poll_(busy_poll),
+        trace_(std::move(trace)) {}
 
   Status Start(const std::string& socket_dir) {
-    KV_ASSIGN_OR_RETURN(
-        poster_, cuda_ipc::Poster::Start(device_, copy_path_, busy_poll_,
-                                         [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
-                                           OnLaunched(std::move(job), std::move(launch));
-                                         }));
+    KV_ASSIGN_OR_RETURN(poster_, cuda_ipc::Poster::Start(
+                                     device_, copy_path_, busy_poll_,
+                                     [this](cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
+                                       OnLaunched(std::move(job), std::move(launch));
+                                     },
+                                     trace_));
     // A peer gone: its batches in pending_ fail with `why` once their events fired, its notes
     // there are dropped, and its jobs still queued at the poster never launch. (Taking them under
     // mu_ keeps post()'s lock order: mu_, then the poster's.)
@@ -225,6 +227,7 @@ class CudaIpcTransport final : public Transport {
   // another's launch goes with it): the batch's copies are enqueued (or failed), or the note's
   // turn came; either now waits in pending_ for the progress thread.
   void OnLaunched(cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
+    if (trace_ && !job.is_note) trace_("i_launched", job.seq, 0);
     Status failed = Status::Ok();  // a batch that completes here, with this
     {
       std::lock_guard lock(mu_);
@@ -307,6 +310,7 @@ class CudaIpcTransport final : public Transport {
   // Returns whether any batch finished (or failed).
   bool CompleteReady() {
     std::vector<std::pair<Completion, Status>> finished;
+    std::vector<uint64_t> finished_seqs;  // for trace_ only
     std::vector<Pending> notes;
     std::vector<CudaEvent> spare;
     {
@@ -342,11 +346,13 @@ class CudaIpcTransport final : public Transport {
         // Only an event whose work completed is reused; one of a failed or late batch is not.
         if (done.ok() && *done) spare.push_back(std::move(it->event));
         gate_.BatchDone(it->peer, it->seq, status.ok());
+        if (trace_) finished_seqs.push_back(it->seq);
         finished.emplace_back(std::move(it->done), std::move(status));
         it = pending_.erase(it);
       }
     }
     for (CudaEvent& event : spare) poster_->Recycle(std::move(event));
+    for (uint64_t seq : finished_seqs) trace_("i_done", seq, 0);
     for (auto& [done, status] : finished) done(std::move(status));
     // A peer gone by now gets none; one whose send fails is dead from then on.
     for (Pending& note : notes) channel_->SendNote(note.peer, note.note, note.deadline);
@@ -357,6 +363,7 @@ class CudaIpcTransport final : public Transport {
   const std::chrono::milliseconds connect_timeout_;
   const std::optional<kernels::CopyPath> copy_path_;
   const bool busy_poll_;
+  const TraceFn trace_;
   std::atomic<bool> stop_{false};
   std::thread progress_;
   std::unique_ptr<cuda_ipc::Poster>
@@ -411,8 +418,9 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
       return Status::InvalidArgument("cuda_ipc: copy_path='" + v + "' is not auto|kernel|engine");
     }
   }
-  auto transport = std::make_unique<CudaIpcTransport>(
-      static_cast<int>(device), std::chrono::milliseconds(timeout_ms), copy_path, busy_poll != 0);
+  auto transport = std::make_unique<CudaIpcTransport>(static_cast<int>(device),
+                                                      std::chrono::milliseconds(timeout_ms),
+                                                      copy_path, busy_poll != 0, options.trace);
   KV_RETURN_IF_ERROR(transport->Start(socket_dir));
   return std::unique_ptr<Transport>(std::move(transport));
 }

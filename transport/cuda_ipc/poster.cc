@@ -33,8 +33,9 @@ bool DrainStream(cudaStream_t stream, std::chrono::nanoseconds timeout) {
 }  // namespace
 
 Result<std::unique_ptr<Poster>> Poster::Start(int device, std::optional<kernels::CopyPath> forced,
-                                              bool busy_poll, Launched launched) {
-  std::unique_ptr<Poster> poster(new Poster(device, busy_poll, std::move(launched)));
+                                              bool busy_poll, Launched launched, TraceFn trace) {
+  std::unique_ptr<Poster> poster(
+      new Poster(device, busy_poll, std::move(launched), std::move(trace)));
   poster->channels_.resize(kChannels);
   for (Channel& channel : poster->channels_) {
     KV_ASSIGN_OR_RETURN(channel.stream, CudaStream::Create(device));
@@ -137,6 +138,7 @@ void Poster::Dispatch(PostJob job) {
     launched_(std::move(job), Launch{});  // the caller holds it to the batches before it
     return;
   }
+  if (trace_) trace_("i_take", job.seq, 0);
   if (Clock::now() >= job.deadline) {
     launched_(
         std::move(job),

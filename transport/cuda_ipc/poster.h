@@ -85,8 +85,10 @@ class Poster {
   using Launched = std::function<void(PostJob job, Launch launch)>;
 
   // Creates the channels on `device` and starts the thread. `forced` as in RunCopier::Create.
+  // `trace` (may be empty): "i_take" with the job's seq as the thread takes a batch.
   static Result<std::unique_ptr<Poster>> Start(int device, std::optional<kernels::CopyPath> forced,
-                                               bool busy_poll, Launched launched);
+                                               bool busy_poll, Launched launched,
+                                               TraceFn trace = {});
   // Stops the thread after the job in hand; the batches still queued complete with kAborted
   // (their notes are dropped). Then waits, at most kDrainTimeout per channel, for the copies on
   // the channels to finish, since they write into mappings the caller is about to close.
@@ -110,8 +112,11 @@ class Poster {
     CudaStream stream;
     std::unique_ptr<RunCopier> copier;
   };
-  Poster(int device, bool busy_poll, Launched launched)
-      : device_(device), busy_poll_(busy_poll), launched_(std::move(launched)) {}
+  Poster(int device, bool busy_poll, Launched launched, TraceFn trace)
+      : device_(device),
+        busy_poll_(busy_poll),
+        launched_(std::move(launched)),
+        trace_(std::move(trace)) {}
   void Loop();
   // Busy polling: returns once a job was submitted after `seen` submissions, or on stop.
   void SpinPast(uint64_t seen) const;
@@ -129,6 +134,7 @@ class Poster {
   const int device_;
   const bool busy_poll_;
   const Launched launched_;
+  const TraceFn trace_;
   std::vector<Channel> channels_;   // the poster's thread only (and Start / the destructor)
   int next_channel_ = 0;            // likewise
   std::vector<PostJob> coalesced_;  // LaunchCoalesced's, reused: likewise

@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "base/thread_name.h"
+#include "base/waker.h"
 #include "gpu/cuda_util.h"
 #include "transport/nccl/lanes.h"
 #include "transport/nccl/nccl_comm.h"
@@ -27,6 +27,7 @@ using gpu::CudaEvent;
 using gpu::CudaStatus;
 using kv::FrameReader;
 using kv::Socket;
+using kv::Waker;
 
 namespace {
 
@@ -79,7 +80,7 @@ struct Inbound {
 
 struct Link::Impl {
   explicit Impl(const LinkOptions& o)
-      : options(o), lanes_out(o.device, failed), lanes_in(o.device, failed) {}
+      : options(o), waker(o.busy_poll), lanes_out(o.device, failed), lanes_in(o.device, failed) {}
 
   Socket socket;
   const LinkOptions options;
@@ -90,7 +91,7 @@ struct Link::Impl {
   // Put/Get/Notify (the caller's thread) never wait behind a thread that waits on the GPU.
   std::atomic<bool> failed{false};
   std::mutex mu;
-  std::condition_variable cv;
+  Waker waker;                          // options.busy_poll: the sender and receive worker spin
   std::deque<SendJob> jobs;             // guarded by mu
   std::map<uint64_t, PendingPut> puts;  // from post to ack; guarded by mu
   std::map<uint64_t, PendingGet> gets;  // awaiting data; guarded by mu
@@ -117,6 +118,10 @@ struct Link::Impl {
 
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
+  void Trace(std::string_view event, uint64_t seq) const {
+    if (options.trace) options.trace(event, seq, 0);
+  }
+
   void Fail(Status why) {
     std::map<uint64_t, PendingPut> dead_puts;
     std::map<uint64_t, PendingGet> dead_gets;
@@ -128,7 +133,7 @@ struct Link::Impl {
       dead_gets.swap(gets);
       dead_jobs.swap(jobs);
     }
-    cv.notify_all();
+    waker.Notify();
     ::shutdown(socket.fd(), SHUT_RDWR);  // wakes the reader; the peer sees EOF
     // Both directions at once, for the reason Lanes::Abort gives: each abort waits for the device.
     std::thread abort_in([this] { lanes_in.Abort(); });
@@ -146,7 +151,7 @@ struct Link::Impl {
       SendJob job;
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return failed.load() || !jobs.empty(); });
+        waker.Await(lock, [&] { return failed.load() || !jobs.empty(); });
         if (failed) break;
         job = std::move(jobs.front());
         jobs.pop_front();
@@ -160,6 +165,7 @@ struct Link::Impl {
           it->second.sent = true;
         }
       }
+      if (job.kind == SendJob::Kind::kData) Trace("n_take", job.data.seq);
       Status sent = job.kind == SendJob::Kind::kFrame
                         ? socket.SendFrame(job.frame, ControlDeadline())
                         : SendData(job);
@@ -192,8 +198,11 @@ struct Link::Impl {
     job.groups = {};
     job.blocks = {};
     KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
-    return out->Send(lanes_out, job.local_base, job.gather, job.rows, job.data.chunk_bytes,
-                     job.data.direct_bytes, job.deadline);
+    Trace("n_announced", job.data.seq);
+    KV_RETURN_IF_ERROR(out->Send(lanes_out, job.local_base, job.gather, job.rows,
+                                 job.data.chunk_bytes, job.data.direct_bytes, job.deadline));
+    Trace("n_enqueued", job.data.seq);
+    return Status::Ok();
   }
 
   // ---- reader thread ----
@@ -208,7 +217,7 @@ struct Link::Impl {
       }
       // Finished scatters wake us through wake_fd; the timeout only paces deadline checks.
       pollfd fds[2] = {{socket.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
-      ::poll(fds, 2, busy ? 1 : 50);
+      ::poll(fds, 2, options.busy_poll ? 0 : busy ? 1 : 50);
       uint64_t drained;
       while (::read(wake_fd, &drained, sizeof(drained)) > 0) {
       }
@@ -240,7 +249,7 @@ struct Link::Impl {
         std::unique_lock lock(mu);
         finish = in != nullptr && in->pending() && inbound.empty() && !failed;
         if (!finish) {
-          cv.wait(lock, [&] { return failed.load() || !inbound.empty(); });
+          waker.Await(lock, [&] { return failed.load() || !inbound.empty(); });
           if (failed) break;
           item = std::move(inbound.front());
           inbound.pop_front();
@@ -262,7 +271,7 @@ struct Link::Impl {
       std::lock_guard lock(mu);
       inbound.push_back(std::move(item));
     }
-    cv.notify_all();
+    waker.Notify();
   }
 
   Status HandleFrame(const std::string& frame) {
@@ -277,6 +286,7 @@ struct Link::Impl {
       }
       case MsgType::kData: {
         KV_ASSIGN_OR_RETURN(DataMsg msg, DecodeData(frame));
+        Trace("n_in", msg.seq);
         ++announced;
         Enqueue(Inbound{false, {}, std::move(msg)});
         return Status::Ok();
@@ -288,6 +298,7 @@ struct Link::Impl {
         {
           std::lock_guard lock(mu);
           if (type == MsgType::kAck) {
+            Trace("n_acked", ack.seq);
             auto it = puts.find(ack.seq);
             if (it == puts.end()) return Status::InvalidArgument("ack for an unknown batch");
             done = std::move(it->second.done);
@@ -299,7 +310,7 @@ struct Link::Impl {
             gets.erase(it);
           }
         }
-        cv.notify_all();
+        waker.Notify();
         if (done) done(ack.status);
         return Status::Ok();
       }
@@ -337,11 +348,12 @@ struct Link::Impl {
       job.data.seq = next_seq++;
       jobs.push_back(std::move(job));
     }
-    cv.notify_all();
+    waker.Notify();
     return Status::Ok();
   }
 
   Status ReceiveData(const DataMsg& msg) {
+    Trace("n_recv", msg.seq);
     char* base = nullptr;
     std::span<const Range> scatter = msg.ranges;
     std::vector<Range> get_ranges;  // a get's own copy: the reader may expire the get meanwhile
@@ -367,13 +379,16 @@ struct Link::Impl {
       KV_ASSIGN_OR_RETURN(in, Staging::Create(Staged(), failed));
     }
     const uint64_t seq = msg.seq, reply_to = msg.reply_to;
-    return in->Receive(
+    KV_RETURN_IF_ERROR(in->Receive(
         lanes_in, base, scatter, msg.strided, msg.chunk_bytes, msg.direct_bytes, ControlDeadline(),
-        [this, seq, reply_to](cudaStream_t copy) { return Landed(seq, reply_to, copy); });
+        [this, seq, reply_to](cudaStream_t copy) { return Landed(seq, reply_to, copy); }));
+    Trace("n_posted", seq);
+    return Status::Ok();
   }
 
   // The batch `seq` is in place once `copy` gets here: the reader acks it then.
   Status Landed(uint64_t seq, uint64_t reply_to, cudaStream_t copy) {
+    Trace("n_scattered", seq);
     KV_ASSIGN_OR_RETURN(CudaEvent landed, CudaEvent::Create(options.device));
     KV_RETURN_IF_ERROR(landed.Record(copy));
     // Acks leave the moment the last scatter finishes, not at the reader's next timeout. The
@@ -424,6 +439,7 @@ struct Link::Impl {
           gets.erase(it);
         }
       }
+      Trace("n_landed", batch.seq);
       if (get_done) get_done(Status::Ok());
       ++landed;
       DeliverNotes();
@@ -548,7 +564,7 @@ Status Link::Put(const char* local_base, std::span<const Run> runs,
     impl_->puts[job.data.seq] = PendingPut{std::move(done), deadline, false};
     impl_->jobs.push_back(std::move(job));
   }
-  impl_->cv.notify_all();
+  impl_->waker.Notify();
   return Status::Ok();
 }
 
@@ -574,7 +590,7 @@ Status Link::Get(char* local_base, std::span<const Run> runs, uint64_t remote_id
     impl_->gets[req.seq] = std::move(get);
     impl_->jobs.push_back(std::move(job));
   }
-  impl_->cv.notify_all();
+  impl_->waker.Notify();
   return Status::Ok();
 }
 
@@ -586,7 +602,7 @@ Status Link::Notify(std::string message) {
     if (impl_->failed) return Status::Unavailable("nccl: link to peer failed");
     impl_->jobs.push_back(std::move(job));
   }
-  impl_->cv.notify_all();
+  impl_->waker.Notify();
   return Status::Ok();
 }
 

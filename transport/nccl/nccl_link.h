@@ -64,6 +64,12 @@ struct LinkOptions {
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs
   int group_ops = 2;   // operations per NCCL launch, 1..slots/2 (staging.h)
   std::chrono::milliseconds init_timeout{30000};
+  // The sender, the receive worker and the reader spin instead of sleeping (kvd --busy-poll):
+  // each hand-off between them then costs no thread wake-up, for three busy cores per link.
+  bool busy_poll = false;
+  // Each batch's steps by seq (TransportOptions::trace), where set: sender n_take, n_announced,
+  // n_enqueued, n_acked; receiver n_in, n_recv, n_posted, n_scattered, n_landed.
+  TraceFn trace = {};
 };
 
 class Link {

@@ -330,6 +330,9 @@ std::span<const SettingInfo> NcclSettings() {
       {"group_ops", "sends or receives per NCCL launch, at most staging_slots / 2 (2)"},
       {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
       {"timeout_ms", "connects, communicator creation and control messages (30000)"},
+      {"busy_poll",
+       "0|1: each link's sender, receiver and reader threads spin instead of sleeping, three "
+       "cores per link (0; kvd --busy-poll)"},
   };
   return kSettings;
 }
@@ -357,6 +360,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
                                                  static_cast<int64_t>(link.direct_bytes), 0));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
+  KV_ASSIGN_OR_RETURN(int64_t busy_poll, IntSetting(options, "nccl", "busy_poll", 0, 0, 1));
   if (device >= count) {
     return Status::InvalidArgument("nccl: device " + std::to_string(device) + " of " +
                                    std::to_string(count));
@@ -369,6 +373,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   link.group_ops = static_cast<int>(group_ops);
   link.direct_bytes = static_cast<uint64_t>(direct);
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
+  link.trace = options.trace;
+  link.busy_poll = busy_poll != 0;
   std::string host = "127.0.0.1";
   for (const auto& [k, v] : options.settings) {  // the first one wins, as in IntSetting
     if (k == "listen_host") {

@@ -1,0 +1,61 @@
+// Waker: a condition variable whose waiters may spin instead of sleeping.
+//
+// Why: on the GPU hosts a sleeping thread's wake-up costs ~80-150 µs (deep CPU idle states;
+// benchmarks/pd_gpu.md), and a transfer's first bytes wait behind several such hand-offs
+// between threads. `kvd --busy-poll` trades a core per waiting thread for those microseconds;
+// Waker lets one wait serve both modes.
+//
+// Contract: the state that `ready` reads is changed under the caller's mutex, and every change
+// a waiter may be waiting for is followed by Notify() (inside or after the lock). Then Await
+// returns once `ready` holds, with the lock held, exactly like std::condition_variable::wait
+// with a predicate: a spinning waiter reads the notify counter under the lock, so a change made
+// after it released the lock bumps the counter it watches.
+//
+// Thread-safety: Notify from any thread; Await from any number of threads, each with the lock.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+namespace kv {
+
+class Waker {
+ public:
+  explicit Waker(bool spin) : spin_(spin) {}
+
+  bool spins() const { return spin_; }
+
+  void Notify() {
+    notifies_.fetch_add(1, std::memory_order_release);
+    if (!spin_) cv_.notify_all();
+  }
+
+  template <typename Ready>
+  void Await(std::unique_lock<std::mutex>& lock, Ready ready) {
+    if (!spin_) return cv_.wait(lock, ready);
+    while (!ready()) {
+      const uint64_t seen = notifies_.load(std::memory_order_acquire);
+      lock.unlock();
+      while (notifies_.load(std::memory_order_acquire) == seen) Pause();
+      lock.lock();
+    }
+  }
+
+  static void Pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+ private:
+  const bool spin_;
+  std::atomic<uint64_t> notifies_{0};
+  std::condition_variable cv_;
+};
+
+}  // namespace kv

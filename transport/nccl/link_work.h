@@ -1,0 +1,57 @@
+// The work items of one nccl Link (nccl_link.cc): what its threads queue for each other.
+// Internal to the backend; not thread-safe by themselves (the link guards them with its mutex).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda_util.h"
+#include "transport/nccl/wire.h"
+#include "transport/transport.h"
+
+namespace kv::transport::nccl {
+
+struct SendJob {
+  enum class Kind { kData, kFrame } kind = Kind::kFrame;
+  std::string frame;          // kFrame: sent as is
+  DataMsg data;               // kData: the announcement (ranges in the receiver's view)
+  std::vector<Range> gather;  // kData: the same bytes in our region, same order
+  // kData of a put: its run groups and blocks of them, split into data.strided and `rows` by
+  // the sender thread (SplitGroups, SplitBlocks), off the thread that posts.
+  std::vector<RunGroup> groups;
+  std::vector<GroupBlocks> blocks;
+  std::vector<Strided> rows;  // kData: data.strided's rows in our region, same order
+  const char* local_base = nullptr;
+  bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
+  Clock::time_point deadline;
+};
+
+struct PendingPut {
+  Completion done;
+  Clock::time_point deadline;
+  bool sent = false;  // announced to the peer: a loss past the deadline then resets the link
+};
+
+struct PendingGet {
+  char* local_base = nullptr;
+  std::vector<Range> ranges;  // where the bytes go, in order
+  uint64_t bytes = 0;
+  Completion done;
+  Clock::time_point deadline;
+};
+
+struct PendingRecv {
+  uint64_t seq = 0;
+  uint64_t reply_to = 0;
+  gpu::CudaEvent landed;
+};
+
+// What the reader hands the receive worker, in arrival order.
+struct Inbound {
+  bool is_comm_init = false;
+  std::string unique_id;
+  DataMsg data;
+};
+
+}  // namespace kv::transport::nccl

@@ -7,7 +7,10 @@ Events: save (the prefill engine's save_layer arrived), loads (the decode kvd go
 StartLoads), request (the decode kvd starts a WantRequest), wanted (it was written to the peer's
 socket), want_in (a WantRequest reached the prefill kvd), want (its checks passed), post (a layer's batch went to the transport), flushed (the
 transport completed it: the data landed), notify (its LayerNotice was handed to the transport),
-notice (the decode kvd received a LayerNotice and sent LayerReady to its engines). `kvbench pd
+notice (the decode kvd received a LayerNotice and sent LayerReady to its engines); and the
+backend's own steps by batch number ("batch-N"): nccl n_take, n_announced, n_enqueued, n_acked on the
+sending side and n_in, n_recv, n_posted, n_scattered, n_landed on the receiving side; cuda_ipc
+i_take, i_launched, i_done. The table shows the first "taken" and "landed" of each wave. `kvbench pd
 --trace` adds the engines' side on its stderr: ewave (the wave's clock starts), esave, eloads (a
 decode engine sent StartLoads), einplace (its WaitLayer returned).
 
@@ -30,6 +33,10 @@ import re
 import statistics
 
 LINE = re.compile(r"trace (\d+) (\w+) (\S+) (-?\d+) (\d+)")
+# The backends' steps (TransportOptions::trace, kvd at debug level), by batch: "taken" when the
+# backend's thread took the batch (nccl's sender, cuda_ipc's poster), "landed" when it learnt
+# the bytes landed (nccl's ack, cuda_ipc's event).
+TRANSPORT_STEPS = {"n_take": "taken", "i_take": "taken", "n_acked": "landed", "i_done": "landed"}
 
 
 def main():
@@ -46,11 +53,30 @@ def main():
                     events.append((int(m[1]), m[2], m[3], int(m[4]), int(m[5])))
     events.sort()
     waves = collections.defaultdict(list)
+    # The transport's own steps name batches, not requests: they belong to the wave whose clock
+    # started last before them (none without the engines' trace).
+    wave_starts = []
     for e in events:
+        if e[2].startswith("batch-"):
+            continue
         number = re.search(r"(\d+)$", e[2])
-        waves[int(number[1]) // args.window if number else 0].append(e)
+        w = int(number[1]) // args.window if number else 0
+        if e[1] == "ewave":
+            wave_starts.append((e[0], w))
+        waves[w].append(e)
+    for e in events:
+        if not e[2].startswith("batch-"):
+            continue
+        started = [w for t, w in wave_starts if t <= e[0]]
+        if started:
+            kind = TRANSPORT_STEPS.get(e[1])
+            if kind:
+                waves[started[-1]].append((e[0], kind, e[2], -1, 0))
+    for es in waves.values():
+        es.sort()
     columns = [("eloads", "first"), ("loads", "first"), ("request", "first"),
-               ("wanted", "first"), ("want_in", "first"), ("want", "first"), ("post", "first"), ("save", "last"),
+               ("wanted", "first"), ("want_in", "first"), ("want", "first"), ("post", "first"),
+               ("taken", "first"), ("landed", "first"), ("save", "last"),
                ("post", "last"), ("flushed", "last"), ("notice", "last"), ("einplace", "last")]
     heads = [f"{which} {kind}" for kind, which in columns]
     print("wave  " + "  ".join(f"{h:>13}" for h in heads) + "  batches  post->flushed p50/max  "

@@ -18,7 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-enum Verb : uint32_t { kConnect = 1, kPost, kSnapshot, kNotes, kDump, kClose, kExit };
+enum Verb : uint32_t { kConnect = 1, kPost, kSnapshot, kNotes, kDump, kClose, kExit, kTrace };
 
 // How long a side waits for a completion past its batch's deadline before it reports none; and
 // how long the test waits for a side's answer beyond that.
@@ -129,6 +129,10 @@ class SideBody {
     KV_RETURN_IF_ERROR(memory_->Write(Pattern(bytes_, seed_)));
     TransportOptions options{backend_.settings};
     if (device >= 0) options.settings.emplace_back("device", std::to_string(device));
+    options.trace = [this](std::string_view event, uint64_t id, uint64_t) {
+      std::lock_guard lock(mu_);
+      trace_.push_back(std::string(event) + " " + std::to_string(id));
+    };
     KV_ASSIGN_OR_RETURN(transport_, CreateTransport(backend_.transport, options));
     transport_->set_notification_handler([this](std::string_view note) {
       // Test-only: a handler must not block, but one copy of a test region is short.
@@ -179,11 +183,13 @@ class SideBody {
         if (!r.bytes(&note)) return EncodeStatus(Status::Internal("bad snapshot"));
         return Snapshot(std::string(note));
       }
-      case kNotes: {
+      case kNotes:
+      case kTrace: {
         std::lock_guard lock(mu_);
+        const std::vector<std::string>& list = verb == kNotes ? notes_ : trace_;
         ByteWriter w;
-        w.u32(0).bytes({}).u64(notes_.size());
-        for (const std::string& n : notes_) w.bytes(n);
+        w.u32(0).bytes({}).u64(list.size());
+        for (const std::string& n : list) w.bytes(n);
         return w.take();
       }
       case kDump: {
@@ -294,8 +300,9 @@ class SideBody {
   const uint64_t bytes_;
   const int seed_;
 
-  std::mutex mu_;  // guards notes_ and snapshots_ (the handler writes them)
+  std::mutex mu_;  // guards notes_, snapshots_ and trace_ (the transport's threads write them)
   std::vector<std::string> notes_;
+  std::vector<std::string> trace_;  // "event id", in the order the transport reported them
   std::map<std::string, Result<std::vector<uint8_t>>> snapshots_;
 
   std::unique_ptr<SideMemory> memory_;
@@ -480,15 +487,23 @@ Result<std::vector<uint8_t>> Side::SnapshotAt(const std::string& note) {
 }
 
 Result<std::vector<std::string>> Side::Notes() {
-  KV_ASSIGN_OR_RETURN(std::string answer, Call(ByteWriter().u32(kNotes).take()));
+  return List(kNotes);
+}
+
+Result<std::vector<std::string>> Side::Trace() {
+  return List(kTrace);
+}
+
+Result<std::vector<std::string>> Side::List(uint32_t verb) {
+  KV_ASSIGN_OR_RETURN(std::string answer, Call(ByteWriter().u32(verb).take()));
   ByteReader r(answer);
   KV_RETURN_IF_ERROR(LeadingStatus(r));
   uint64_t n = 0;
-  if (!r.u64(&n)) return Status::Internal("malformed notes");
+  if (!r.u64(&n)) return Status::Internal("malformed list");
   std::vector<std::string> notes;
   for (uint64_t i = 0; i < n; ++i) {
     std::string_view note;
-    if (!r.bytes(&note)) return Status::Internal("malformed notes");
+    if (!r.bytes(&note)) return Status::Internal("malformed list");
     notes.emplace_back(note);
   }
   return notes;

@@ -80,6 +80,9 @@ class Side {
   Result<std::vector<uint8_t>> SnapshotAt(const std::string& note);
   // The notifications delivered so far, in delivery order.
   Result<std::vector<std::string>> Notes();
+  // The steps the side's transport reported so far (TransportOptions::trace), "event id" each,
+  // in the order reported; empty for a backend that reports none.
+  Result<std::vector<std::string>> Trace();
   // The memory now.
   Result<std::vector<uint8_t>> Dump();
 
@@ -95,6 +98,7 @@ class Side {
  private:
   Side() = default;
   Result<std::string> Call(const std::string& command);
+  Result<std::vector<std::string>> List(uint32_t verb);  // Notes(), Trace()
   Result<std::string> Receive();
 
   std::unique_ptr<ChildProcess> process_;  // kProcesses

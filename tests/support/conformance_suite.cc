@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,53 @@ TEST_P(TransportConformance, NotificationIsDeliveredOnlyAfterTheDataPostedBefore
   auto notes = target->Notes();
   ASSERT_TRUE(notes.ok()) << notes.status().ToString();
   EXPECT_EQ(*notes, (std::vector<std::string>{"first", "second"}));
+}
+
+// A backend that reports its steps (TransportOptions::trace; kvd logs them at debug level)
+// reports each batch's in the order they happen on the batch's own thread, and every batch it
+// took ends in a completion step. Backends that report nothing pass as they are.
+TEST_P(TransportConformance, TracedStepsOfEachBatchComeInOrder) {
+  ASSERT_NO_FATAL_FAILURE(StartPair(kSource, kSeed, kDestination, -1));
+  const auto runs = MixedRuns();
+  const std::vector<kv::Run> first(runs.begin(), runs.begin() + 500);
+  const std::vector<kv::Run> second(runs.begin() + 500, runs.end());
+  ASSERT_NO_FATAL_FAILURE(ExpectAllLanded(initiator->Run(Batches(Op::kPut, {first, second}))));
+  auto trace = initiator->Trace();
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  if (trace->empty()) return;
+  // Per batch: the position of each step in the report.
+  std::map<std::string, std::map<std::string, size_t>> steps;
+  for (size_t i = 0; i < trace->size(); ++i) {
+    const std::string& line = (*trace)[i];
+    const size_t space = line.find(' ');
+    ASSERT_NE(space, std::string::npos) << line;
+    steps[line.substr(space + 1)].emplace(line.substr(0, space), i);
+  }
+  // Each sequence: steps one thread reports one after the other; the last one is the completion.
+  const std::vector<std::vector<std::string>> orders = {{"n_take", "n_announced", "n_enqueued"},
+                                                        {"n_take", "n_acked"},
+                                                        {"i_take", "i_launched", "i_done"},
+                                                        {"i_launched", "i_done"}};
+  size_t completed = 0;
+  for (const auto& [batch, at] : steps) {
+    for (const auto& [step, where] : at) {
+      EXPECT_TRUE(step == "n_take" || step == "n_announced" || step == "n_enqueued" ||
+                  step == "n_acked" || step == "i_take" || step == "i_launched" || step == "i_done")
+          << "batch " << batch << ": unknown step " << step;
+    }
+    for (const auto& order : orders) {
+      for (size_t k = 1; k < order.size(); ++k) {
+        if (!at.count(order[k - 1]) || !at.count(order[k])) continue;
+        EXPECT_LT(at.at(order[k - 1]), at.at(order[k]))
+            << "batch " << batch << ": " << order[k - 1] << " after " << order[k];
+      }
+    }
+    const bool taken = at.count("n_take") || at.count("i_launched");
+    const bool done = at.count("n_acked") || at.count("i_done");
+    EXPECT_EQ(taken, done) << "batch " << batch << " was taken and never completed, or the reverse";
+    completed += done;
+  }
+  EXPECT_GE(completed, 1u) << "steps were reported, but no batch's completion";
 }
 
 // Each refused batch also holds a run inside both regions, at a place of its own: had any part

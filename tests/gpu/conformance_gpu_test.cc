@@ -87,7 +87,8 @@ std::vector<Backend> GpuBackends() {
        .initiator_device = 0,
        .target_device = 1,
        .unavailable = &UnlessCudaIpc,
-       .kill_outpaces_data = false},
+       .kill_outpaces_data = false,
+       .traces_steps = true},
       // The same with a posting thread that spins instead of sleeping (kvd --busy-poll).
       {.name = "cuda_ipc_busy_poll",
        .transport = "cuda_ipc",
@@ -96,7 +97,8 @@ std::vector<Backend> GpuBackends() {
        .initiator_device = 0,
        .target_device = 1,
        .unavailable = &UnlessCudaIpc,
-       .kill_outpaces_data = false},
+       .kill_outpaces_data = false,
+       .traces_steps = true},
       // 64 KiB staging: a gigabyte is 16384 chunks, still in the pipeline when the kill lands.
       {.name = "nccl",
        .transport = "nccl",
@@ -104,7 +106,8 @@ std::vector<Backend> GpuBackends() {
        .memory = &CudaMemory,
        .initiator_device = 0,
        .target_device = 1,
-       .unavailable = &UnlessNccl},
+       .unavailable = &UnlessNccl,
+       .traces_steps = true},
       // The same with the link's three threads spinning (kvd --busy-poll, base/waker.h).
       {.name = "nccl_busy_poll",
        .transport = "nccl",
@@ -112,7 +115,8 @@ std::vector<Backend> GpuBackends() {
        .memory = &CudaMemory,
        .initiator_device = 0,
        .target_device = 1,
-       .unavailable = &UnlessNccl},
+       .unavailable = &UnlessNccl,
+       .traces_steps = true},
       // Debian's UCX has no CUDA: GPU regions go through the staged decorator's pinned slots.
       {.name = "staged_gpu",
        .transport = "ucx",

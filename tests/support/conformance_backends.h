@@ -68,6 +68,8 @@ struct Backend {
   // that some of them must fail. False where the copies run on the device and may all be done
   // before the kill lands (cuda_ipc); the completions are still bounded and checked.
   bool kill_outpaces_data = true;
+  // Whether the backend reports its steps per batch (TransportOptions::trace): nccl, cuda_ipc.
+  bool traces_steps = false;
 };
 
 inline void PrintTo(const Backend& backend, std::ostream* out) {

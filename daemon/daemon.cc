@@ -126,8 +126,8 @@ Status Daemon::Core::Start() {
     // The backend's own steps beside kvd's in the trace (tools/pd_timeline.py), by its batch
     // number: at debug level only, so the data path pays nothing otherwise.
     if (spdlog::should_log(spdlog::level::debug)) {
-      settings.trace = [](std::string_view event, uint64_t id, uint64_t bytes) {
-        Trace(event, "batch-" + std::to_string(id), -1, bytes);
+      settings.trace = [](std::string_view event, uint64_t id) {
+        Trace(event, "batch-" + std::to_string(id), -1);
       };
     }
     KV_RETURN_IF_ERROR(transport::CheckSettings(backend.name, settings));

@@ -91,7 +91,7 @@ struct PeerAuth {
 };
 
 // A backend's trace hook (TransportOptions::trace).
-using TraceFn = std::function<void(std::string_view event, uint64_t id, uint64_t bytes)>;
+using TraceFn = std::function<void(std::string_view event, uint64_t id)>;
 
 struct TransportOptions {
   // Backend-specific tuning, e.g. {"UCX_TLS", "tcp"}; empty means the backend's defaults. The
@@ -99,7 +99,8 @@ struct TransportOptions {
   std::vector<std::pair<std::string, std::string>> settings;
   PeerAuth auth = {};  // the side channels of backends that have one (nccl)
   // Where set, called at each step of a batch on the backend's own threads (`event` a static
-  // string such as "n_take", `id` the backend's number for the batch, `bytes` its size or 0):
+  // string such as "n_take", `id` the backend's number for the batch), never under a lock of the
+  // backend's:
   // kvd sets it at --log-level debug, for tools/pd_timeline.py. It must be quick, thread-safe and
   // must not call into the transport. Unset (the default), the backends skip it for the cost of
   // a test.

@@ -129,7 +129,7 @@ class SideBody {
     KV_RETURN_IF_ERROR(memory_->Write(Pattern(bytes_, seed_)));
     TransportOptions options{backend_.settings};
     if (device >= 0) options.settings.emplace_back("device", std::to_string(device));
-    options.trace = [this](std::string_view event, uint64_t id, uint64_t) {
+    options.trace = [this](std::string_view event, uint64_t id) {
       std::lock_guard lock(mu_);
       trace_.push_back(std::string(event) + " " + std::to_string(id));
     };

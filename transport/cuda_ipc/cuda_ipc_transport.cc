@@ -227,7 +227,7 @@ class CudaIpcTransport final : public Transport {
   // another's launch goes with it): the batch's copies are enqueued (or failed), or the note's
   // turn came; either now waits in pending_ for the progress thread.
   void OnLaunched(cuda_ipc::PostJob job, cuda_ipc::Launch launch) {
-    if (trace_ && !job.is_note) trace_("i_launched", job.seq, 0);
+    if (trace_ && !job.is_note) trace_("i_launched", job.seq);
     Status failed = Status::Ok();  // a batch that completes here, with this
     {
       std::lock_guard lock(mu_);
@@ -352,7 +352,7 @@ class CudaIpcTransport final : public Transport {
       }
     }
     for (CudaEvent& event : spare) poster_->Recycle(std::move(event));
-    for (uint64_t seq : finished_seqs) trace_("i_done", seq, 0);
+    for (uint64_t seq : finished_seqs) trace_("i_done", seq);
     for (auto& [done, status] : finished) done(std::move(status));
     // A peer gone by now gets none; one whose send fails is dead from then on.
     for (Pending& note : notes) channel_->SendNote(note.peer, note.note, note.deadline);

@@ -138,7 +138,7 @@ void Poster::Dispatch(PostJob job) {
     launched_(std::move(job), Launch{});  // the caller holds it to the batches before it
     return;
   }
-  if (trace_) trace_("i_take", job.seq, 0);
+  if (trace_) trace_("i_take", job.seq);
   if (Clock::now() >= job.deadline) {
     launched_(
         std::move(job),

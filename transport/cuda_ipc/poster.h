@@ -87,8 +87,7 @@ class Poster {
   // Creates the channels on `device` and starts the thread. `forced` as in RunCopier::Create.
   // `trace` (may be empty): "i_take" with the job's seq as the thread takes a batch.
   static Result<std::unique_ptr<Poster>> Start(int device, std::optional<kernels::CopyPath> forced,
-                                               bool busy_poll, Launched launched,
-                                               TraceFn trace = {});
+                                               bool busy_poll, Launched launched, TraceFn trace);
   // Stops the thread after the job in hand; the batches still queued complete with kAborted
   // (their notes are dropped). Then waits, at most kDrainTimeout per channel, for the copies on
   // the channels to finish, since they write into mappings the caller is about to close.

@@ -74,7 +74,7 @@ struct Link::Impl {
   Clock::time_point ControlDeadline() const { return Clock::now() + options.init_timeout; }
 
   void Trace(std::string_view event, uint64_t seq) const {
-    if (options.trace) options.trace(event, seq, 0);
+    if (options.trace) options.trace(event, seq);
   }
 
   void Fail(Status why) {
@@ -250,10 +250,10 @@ struct Link::Impl {
       case MsgType::kGetError: {
         KV_ASSIGN_OR_RETURN(AckMsg ack, DecodeAck(frame));
         Completion done;
+        if (type == MsgType::kAck) Trace("n_acked", ack.seq);  // not under mu: it writes a log
         {
           std::lock_guard lock(mu);
           if (type == MsgType::kAck) {
-            Trace("n_acked", ack.seq);
             auto it = puts.find(ack.seq);
             if (it == puts.end()) return Status::InvalidArgument("ack for an unknown batch");
             done = std::move(it->second.done);

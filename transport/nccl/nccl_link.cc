@@ -164,9 +164,10 @@ struct Link::Impl {
 
   void ReadLoop() {
     cudaSetDevice(options.device);
+    Clock::time_point next_deadline_check = Clock::now();
     while (!failed) {
       bool busy = false;
-      {
+      if (!options.busy_poll) {
         std::lock_guard lock(mu);
         busy = !recvs.empty() || !inbound.empty() || !puts.empty() || !gets.empty();
       }
@@ -174,7 +175,7 @@ struct Link::Impl {
       pollfd fds[2] = {{socket.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
       ::poll(fds, 2, options.busy_poll ? 0 : busy ? 1 : 50);
       uint64_t drained;
-      while (::read(wake_fd, &drained, sizeof(drained)) > 0) {
+      while (fds[1].revents != 0 && ::read(wake_fd, &drained, sizeof(drained)) > 0) {
       }
       // Frames the reader already holds (read with the hello) are handled on the first turn. A
       // sealed frame that does not open fails the read, after the frames before it.
@@ -189,7 +190,13 @@ struct Link::Impl {
       if (!read.ok()) Fail(Status::Unavailable("nccl: " + read.ToString()));
       if (failed) break;
       FinishReceives();
-      CheckDeadlines();
+      // About once a millisecond when spinning too: walking `puts` under mu on every turn would
+      // hold up the threads that post.
+      const Clock::time_point now = Clock::now();
+      if (!options.busy_poll || now >= next_deadline_check) {
+        CheckDeadlines();
+        next_deadline_check = now + std::chrono::milliseconds(1);
+      }
     }
   }
 

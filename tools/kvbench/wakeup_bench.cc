@@ -6,8 +6,8 @@
 // worker threads, base/waker.h), or in poll() on a socket (kvd's io thread and nccl's reader);
 // the main thread idles for a while, then notifies (or writes one byte) and the waiter stamps the
 // time it woke. The ceiling is the same hand-off to a spinning waiter (`kvd --busy-poll`),
-// measured in the same run. On the GPU hosts a sleeping thread woke ~0.1 ms late
-// (benchmarks/pd_gpu.md); on a VM it is mostly the hypervisor's.
+// measured in the same run. On the H200 host a sleeping thread ran 41-114 µs (p50) after the
+// notify, after 1-50 ms idle (benchmarks/pd_gpu.md, nineteenth session).
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
 #include "base/waker.h"
 #include "tools/common/cli.h"
 
@@ -53,12 +54,18 @@ class HandOff {
   }
   bool ok() const { return mode_ != Mode::kSocket || fds_[0] >= 0; }
 
-  double Round(std::chrono::microseconds idle) {
+  // The hand-off's latency in µs; kTimeout where the waiter did not run within a second.
+  Result<double> Round(std::chrono::microseconds idle) {
     std::this_thread::sleep_for(idle);
     const uint64_t before = woken_.load(std::memory_order_acquire);
     const auto sent = Clock::now();
     Signal();
-    while (woken_.load(std::memory_order_acquire) == before) Waker::Pause();
+    while (woken_.load(std::memory_order_acquire) == before) {
+      if (Clock::now() - sent > std::chrono::seconds(1)) {
+        return Status::Timeout(std::string(Name(mode_)) + " waiter did not run within 1 s");
+      }
+      Waker::Pause();
+    }
     return std::chrono::duration<double, std::micro>(Clock::time_point(Clock::duration(woke_ns_)) -
                                                      sent)
         .count();
@@ -149,10 +156,14 @@ int WakeupMain(int argc, char** argv) {
     for (Mode mode : {Mode::kSpin, Mode::kCondvar, Mode::kSocket}) {
       HandOff hand_off(mode);
       if (!hand_off.ok()) return cli::Fail("kvbench wakeup", Status::IoError("socketpair failed"));
-      hand_off.Round(std::chrono::microseconds(0));  // the thread is up
+      if (auto up = hand_off.Round(std::chrono::microseconds(0)); !up.ok()) {  // the thread is up
+        return cli::Fail("kvbench wakeup", up.status());
+      }
       std::vector<double> us;
       for (int64_t r = 0; r < *rounds; ++r) {
-        us.push_back(hand_off.Round(std::chrono::microseconds(idle)));
+        auto one = hand_off.Round(std::chrono::microseconds(idle));
+        if (!one.ok()) return cli::Fail("kvbench wakeup", one.status());
+        us.push_back(*one);
       }
       const double p50 = Percentile(us, 0.5);
       if (mode == Mode::kSpin) ceiling = p50;

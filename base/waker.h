@@ -1,9 +1,9 @@
 // Waker: a condition variable whose waiters may spin instead of sleeping.
 //
-// Why: on the GPU hosts a sleeping thread's wake-up costs ~80-150 µs (deep CPU idle states;
-// benchmarks/pd_gpu.md), and a transfer's first bytes wait behind several such hand-offs
-// between threads. `kvd --busy-poll` trades a core per waiting thread for those microseconds;
-// Waker lets one wait serve both modes.
+// Why: on the H200 host a sleeping thread runs 41-114 µs (p50) after it was notified, after
+// 1-50 ms idle (`kvbench wakeup`, benchmarks/pd_gpu.md), and a transfer's first bytes wait
+// behind several such hand-offs between threads. `kvd --busy-poll` trades a core per waiting thread
+// for those microseconds; Waker lets one wait serve both modes.
 //
 // Contract: the state that `ready` reads is changed under the caller's mutex, and every change
 // a waiter may be waiting for is followed by Notify() (inside or after the lock). Then Await

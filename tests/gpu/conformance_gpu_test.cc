@@ -117,6 +117,16 @@ std::vector<Backend> GpuBackends() {
        .target_device = 1,
        .unavailable = &UnlessNccl,
        .traces_steps = true},
+      // Launches on the link's threads, on blocking communicators split from the non-blocking
+      // ones; 64 KiB chunks keep every lane kLaunchesAhead launches ahead of the device.
+      {.name = "nccl_blocking_launch",
+       .transport = "nccl",
+       .settings = {{"staging_bytes", "65536"}, {"timeout_ms", "20000"}, {"blocking_launch", "1"}},
+       .memory = &CudaMemory,
+       .initiator_device = 0,
+       .target_device = 1,
+       .unavailable = &UnlessNccl,
+       .traces_steps = true},
       // Debian's UCX has no CUDA: GPU regions go through the staged decorator's pinned slots.
       {.name = "staged_gpu",
        .transport = "ucx",

@@ -69,39 +69,44 @@ TEST(GpuNcclTest, SilentConnectionDoesNotStallOtherPeers) {
   EXPECT_TRUE(Stop(*receiver).ok());
 }
 
+// With blocking_launch too: the sender's own thread is then inside NCCL's launches or waiting for
+// room behind kLaunchesAhead unfinished ones when the peer dies, and must come out all the same.
 TEST(GpuNcclTest, PeerDyingMidPipelineFailsTheBatchWithinItsDeadline) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
   // 8192 chunks of the peers' 64 KiB staging: at tens of µs per NCCL operation the batch is
   // still in its pipeline, with slots and lanes full, long after the kill below.
   constexpr uint64_t kBig = 512ull << 20;
-  auto sender = StartPeer({"nccl", 0, kBig, kSeed});
-  auto receiver = StartPeer({"nccl", 1, kBig, -1});
-  ASSERT_TRUE(sender.ok() && receiver.ok());
-  const std::vector<kv::Run> small = {{0, 0, kSmall}};
-  ASSERT_TRUE(Transfer(*sender, *receiver, Op::kPut, small).ok());  // link and lanes are up
+  for (const Settings& settings : {Settings{}, Settings{{"blocking_launch", "1"}}}) {
+    SCOPED_TRACE(settings.empty() ? "thread launches" : "blocking launches");
+    auto sender = StartPeer({"nccl", 0, kBig, kSeed}, settings);
+    auto receiver = StartPeer({"nccl", 1, kBig, -1}, settings);
+    ASSERT_TRUE(sender.ok() && receiver.ok());
+    const std::vector<kv::Run> small = {{0, 0, kSmall}};
+    ASSERT_TRUE(Transfer(*sender, *receiver, Op::kPut, small).ok());  // link and lanes are up
 
-  const std::vector<kv::Run> all = {{0, 0, kBig}};
-  const auto start = Clock::now();
-  auto put =
-      std::async(std::launch::async, [&] { return Transfer(*sender, *receiver, Op::kPut, all); });
-  std::this_thread::sleep_for(30ms);
-  receiver->process->Kill();
-  Status failed = put.get();
-  EXPECT_TRUE(failed.code() == Code::kUnavailable || failed.code() == Code::kTimeout)
-      << failed.ToString();
-  EXPECT_LT(Clock::now() - start, 15s);  // the batch's deadline is 20 s in these peers
+    const std::vector<kv::Run> all = {{0, 0, kBig}};
+    const auto start = Clock::now();
+    auto put =
+        std::async(std::launch::async, [&] { return Transfer(*sender, *receiver, Op::kPut, all); });
+    std::this_thread::sleep_for(30ms);
+    receiver->process->Kill();
+    Status failed = put.get();
+    EXPECT_TRUE(failed.code() == Code::kUnavailable || failed.code() == Code::kTimeout)
+        << failed.ToString();
+    EXPECT_LT(Clock::now() - start, 15s);  // the batch's deadline is 20 s in these peers
 
-  // The dead link's communicators were aborted, not left spinning: a new peer gets its batch
-  // through fresh ones, and the sender shuts down cleanly.
-  auto fresh = StartPeer({"nccl", 1, kSmall, -1});
-  ASSERT_TRUE(fresh.ok());
-  Status again = Transfer(*sender, *fresh, Op::kPut, small);
-  EXPECT_TRUE(again.ok()) << again.ToString();
-  auto bytes = Dump(*fresh);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_TRUE(*bytes == Expected(kSmall, kSeed, small));
-  EXPECT_TRUE(Stop(*sender).ok());
-  EXPECT_TRUE(Stop(*fresh).ok());
+    // The dead link's communicators were aborted, not left spinning: a new peer gets its batch
+    // through fresh ones, and the sender shuts down cleanly.
+    auto fresh = StartPeer({"nccl", 1, kSmall, -1}, settings);
+    ASSERT_TRUE(fresh.ok());
+    Status again = Transfer(*sender, *fresh, Op::kPut, small);
+    EXPECT_TRUE(again.ok()) << again.ToString();
+    auto bytes = Dump(*fresh);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_TRUE(*bytes == Expected(kSmall, kSeed, small));
+    EXPECT_TRUE(Stop(*sender).ok());
+    EXPECT_TRUE(Stop(*fresh).ok());
+  }
 }
 
 // kvd posts every layer of a request as it is saved, long before the engine's GPU reaches it:
@@ -174,6 +179,35 @@ TEST(GpuNcclTest, SidesGroupingTheirLaunchesDifferentlyLandEveryByte) {
   const Settings four = {{"staging_slots", "8"}, {"group_ops", "4"}, {"direct_bytes", "262144"}};
   const Settings one = {{"group_ops", "1"}};
   for (const auto& [send, receive] : {std::pair{four, one}, std::pair{one, four}}) {
+    auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, send);
+    auto receiver = StartPeer({"nccl", 1, kBytes, -1}, receive);
+    ASSERT_TRUE(sender.ok() && receiver.ok());
+    Status put = Transfer(*sender, *receiver, Op::kPut, runs);
+    ASSERT_TRUE(put.ok()) << put.ToString();
+    auto landed = Dump(*receiver);
+    ASSERT_TRUE(landed.ok());
+    EXPECT_TRUE(*landed == Expected(kBytes, kSeed, runs));
+    ExpectPulled(*sender, kBytes, runs, receive);
+    EXPECT_TRUE(Stop(*sender).ok());
+    EXPECT_TRUE(Stop(*receiver).ok());
+  }
+}
+
+// The sending side decides how a direction's lanes launch (blocking_launch): a sender on blocking
+// communicators facing a receiver set otherwise, and the other way round, land every chunk pushed
+// and pulled, over more launches per lane than Lanes::kLaunchesAhead.
+TEST(GpuNcclTest, BlockingLaunchesFollowTheSendingSide) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  constexpr uint64_t kBytes = 20 * kMiB;
+  // Besides the mixed runs, 2048 of 4000 bytes from 9 MiB on: about 128 chunks of the harness's
+  // 64 KiB staging, 32 launches on each of the four lanes.
+  std::vector<kv::Run> runs = MixedRuns();
+  for (uint64_t i = 0; i < 2048; ++i) {
+    runs.push_back({9 * kMiB + i * 4096, 9 * kMiB + i * 4096, 4000});
+  }
+  const Settings blocking = {{"blocking_launch", "1"}, {"direct_bytes", "262144"}};
+  const Settings threads = {{"group_ops", "1"}};
+  for (const auto& [send, receive] : {std::pair{blocking, threads}, std::pair{threads, blocking}}) {
     auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, send);
     auto receiver = StartPeer({"nccl", 1, kBytes, -1}, receive);
     ASSERT_TRUE(sender.ok() && receiver.ok());

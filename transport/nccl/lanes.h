@@ -3,15 +3,24 @@
 // while the next one starts: back-to-back operations on a single communicator serialise, with a
 // gap between two kernels that costs about 13 µs per 32 MiB chunk on two H200s.
 //
-// The communicators are non-blocking (every wait has a deadline and an abort frees a thread
-// stuck on a dead peer), so operations are enqueued by a thread NCCL starts for each launch after
-// the call returns: about 50 µs of host time per launch, whatever it holds. So operations go in
-// groups (Post): one ncclGroupStart/End, one launch, for every operation of the group, on any
-// lanes. A lane holds at most one such launch in flight, with the events to record on its stream
-// once it is enqueued; Settle() waits for that (bounded, cancellable) and records the events.
-// A lane is settled before anything else is put on its stream (a wait for an event included),
-// so nothing of a later operation is ever ordered in front of an earlier one that NCCL's thread
-// has not enqueued yet.
+// A lane's communicator is non-blocking, so creating and connecting it has a deadline and an
+// abort frees a thread stuck on a dead peer. Operations go in groups (Post): one
+// ncclGroupStart/End, one launch, for every operation of the group, on any lanes. A lane
+// launches in one of two ways, which its two ends agree on (the sender says, kCommInit):
+//
+//  - On the non-blocking communicator: NCCL enqueues each launch on a thread it starts for it
+//    after the call returns (about 50 µs of host time, more when cores sleep). A lane holds at
+//    most one such launch in flight, with the events to record on its stream once it is
+//    enqueued; Settle() waits for that (bounded, cancellable) and records the events. A lane is
+//    settled before anything else is put on its stream, so nothing of a later operation is
+//    ordered in front of an earlier one that NCCL's thread has not enqueued yet.
+//  - blocking_launch: Join connects the lane with a one-byte operation on the non-blocking
+//    communicator, then splits a blocking one from it that shares its connections
+//    (NcclComm::SplitBlocking), and Post launches on the owner's thread. Blocking is safe there
+//    because no launch waits for the peer any more: the lane is connected, and a lane keeps at
+//    most kLaunchesAhead launches unfinished on the device (a bounded, cancellable wait before
+//    the next), so neither NCCL's work FIFO (1 MiB; a launch of kMaxGroupOps takes under 4 KiB)
+//    nor CUDA's launch queue fills behind kernels spinning on a dead peer.
 //
 // Thread-safety: one owner thread calls everything but Abort(), which any thread may call; it
 // waits for the owner to leave NCCL (the owner's waits watch `cancelled`, which the aborting
@@ -42,9 +51,10 @@ class Lanes {
   Lanes(const Lanes&) = delete;
   Lanes& operator=(const Lanes&) = delete;
 
-  // Adds a lane: joins the two-rank communicator `unique_id` as `rank` (bounded by `deadline`).
-  // kInvalidArgument past kMaxLanes.
-  Status Join(std::string_view unique_id, int rank, SteadyTime deadline);
+  // Adds a lane: joins the two-rank communicator `unique_id` as `rank` (bounded by `deadline`),
+  // and with `blocking_launch` connects it and splits the blocking one (see above); both ranks
+  // must pass the same. kInvalidArgument past kMaxLanes.
+  Status Join(std::string_view unique_id, int rank, bool blocking_launch, SteadyTime deadline);
 
   size_t count() const { return lanes_.size(); }
   cudaStream_t stream(size_t lane) const { return lanes_[lane]->stream.get(); }
@@ -61,6 +71,7 @@ class Lanes {
     const gpu::CudaEvent* then = nullptr;
   };
   static constexpr size_t kMaxGroupOps = 64;
+  static constexpr size_t kLaunchesAhead = 32;  // per lane, with blocking_launch
 
   // Launches `ops` (1..kMaxGroupOps, in order per lane) as one NCCL group, after settling every
   // lane they name. On an NCCL error every communicator of the group is marked failed.
@@ -77,18 +88,29 @@ class Lanes {
 
  private:
   struct Lane {
-    NcclComm comm;
+    NcclComm comm;      // non-blocking: created first, aborted last
+    NcclComm blocking;  // split from `comm` when blocking_launch; destroyed before it
+    bool blocking_launch = false;
     gpu::CudaStream stream;
-    bool in_flight = false;
+    bool in_flight = false;                   // a launch on `comm` not yet known enqueued
     std::vector<const gpu::CudaEvent*> then;  // to record once the launch is enqueued
+    std::vector<gpu::CudaEvent> launched;     // blocking_launch: behind the last launches, a ring
+    size_t next_launched = 0;
+    uint64_t launches = 0;
+    NcclComm& launcher() { return blocking_launch ? blocking : comm; }
   };
+  Status Connect(Lane& lane, int rank, SteadyTime deadline);
   Status SettleLocked(Lane& lane, SteadyTime deadline);
+  // blocking_launch: waits (bounded, cancellable) until at most kLaunchesAhead - 1 of the
+  // lane's launches are unfinished on the device.
+  Status WaitForRoom(Lane& lane, SteadyTime deadline);
 
   const int device_;
   const std::atomic<bool>& cancelled_;
   std::mutex mu_;  // held by the owner inside NCCL, and by Abort
   bool aborted_ = false;
   std::vector<std::unique_ptr<Lane>> lanes_;  // grows only in Join, under mu_
+  gpu::DeviceBuffer scratch_;                 // the connecting operation's byte
 };
 
 }  // namespace kv::transport::nccl

@@ -50,7 +50,7 @@ struct PendingRecv {
 // What the reader hands the receive worker, in arrival order.
 struct Inbound {
   bool is_comm_init = false;
-  std::string unique_id;
+  CommInitMsg comm_init;
   DataMsg data;
 };
 

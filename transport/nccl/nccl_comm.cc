@@ -59,6 +59,34 @@ Status NcclComm::Init(std::string_view unique_id, int rank, int device, SteadyTi
   return WaitEnqueued(deadline, cancelled);
 }
 
+Status NcclComm::SplitBlocking(NcclComm& parent, int rank, int device, SteadyTime deadline,
+                               const std::atomic<bool>& cancelled) {
+  if (!parent.ready()) return Status::Unavailable("nccl: split of a failed communicator");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  config.splitShare = 1;
+  gpu::DeviceGuard guard(device);
+  // The parent is non-blocking, so is the split: it runs on a thread of NCCL's and reports
+  // through the parent's state; the child appears in comm_ once it is done.
+  ncclResult_t result = ncclCommSplit(parent.get(), /*color=*/0, /*key=*/rank, &comm_, &config);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    parent.MarkFailed();
+    return NcclStatus(result, "ncclCommSplit");
+  }
+  Status split = parent.WaitEnqueued(deadline, cancelled);
+  if (!split.ok()) {
+    parent.Abort();  // joins the split's thread first, which may still write comm_
+    failed_ = comm_ != nullptr;
+    return split;
+  }
+  if (comm_ == nullptr) return Status::IoError("ncclCommSplit made no communicator");
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+  if (query != ncclSuccess) state = query;
+  if (state != ncclSuccess) failed_ = true;
+  return NcclStatus(state, "ncclCommSplit (child)");
+}
+
 Status NcclComm::WaitEnqueued(SteadyTime deadline, const std::atomic<bool>& cancelled) {
   while (true) {
     ncclResult_t state = ncclSuccess;

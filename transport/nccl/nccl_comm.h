@@ -1,6 +1,8 @@
-// An owned two-rank NCCL communicator in non-blocking mode, so that every wait on it (creation,
-// connection set-up, enqueueing) has a deadline and a dead peer can be abandoned with
-// ncclCommAbort instead of hanging a thread.
+// An owned two-rank NCCL communicator. Init makes it non-blocking, so that every wait on it
+// (creation, connection set-up, enqueueing) has a deadline and a dead peer can be abandoned with
+// ncclCommAbort instead of hanging a thread. SplitBlocking makes a blocking one from such a
+// parent, sharing its connections, for launches on the caller's thread (lanes.h says when that
+// is safe).
 //
 // Thread-safety: one thread issues operations on a communicator; Abort() may come from that
 // thread only (the owner aborts on its own thread when told the link failed).
@@ -42,6 +44,13 @@ class NcclComm {
   // `unique_id` must be exactly sizeof(ncclUniqueId) bytes (kInvalidArgument otherwise).
   Status Init(std::string_view unique_id, int rank, int device, SteadyTime deadline,
               const std::atomic<bool>& cancelled);
+
+  // Makes this a blocking communicator split from `parent` (ready, non-blocking) that shares its
+  // resources, connections included (splitShare): its operations launch on the calling thread
+  // and connect nothing. The split itself is non-blocking, waited for as Init is; both ranks
+  // must call it. Destroy or abort this one before `parent`.
+  Status SplitBlocking(NcclComm& parent, int rank, int device, SteadyTime deadline,
+                       const std::atomic<bool>& cancelled);
 
   bool ready() const { return comm_ != nullptr && !failed_; }
   ncclComm_t get() const { return comm_; }

@@ -138,11 +138,13 @@ struct Link::Impl {
       std::vector<std::string> ids;
       for (int i = 0; i < options.lanes; ++i) {
         KV_ASSIGN_OR_RETURN(std::string id, NewUniqueId());
-        KV_RETURN_IF_ERROR(socket.SendFrame(EncodeCommInit(id), ControlDeadline()));
+        KV_RETURN_IF_ERROR(
+            socket.SendFrame(EncodeCommInit({id, options.blocking_launch}), ControlDeadline()));
         ids.push_back(std::move(id));
       }
       for (const std::string& id : ids) {
-        KV_RETURN_IF_ERROR(lanes_out.Join(id, /*rank=*/0, ControlDeadline()));
+        KV_RETURN_IF_ERROR(
+            lanes_out.Join(id, /*rank=*/0, options.blocking_launch, ControlDeadline()));
       }
     }
     if (!out) {
@@ -218,14 +220,14 @@ struct Link::Impl {
         }
       }
       Status done = finish              ? in->FinishPending(lanes_in, ControlDeadline())
-                    : item.is_comm_init ? JoinIncoming(item.unique_id)
+                    : item.is_comm_init ? JoinIncoming(item.comm_init)
                                         : ReceiveData(item.data);
       if (!done.ok()) Fail(Status::Unavailable("nccl receive: " + done.ToString()));
     }
   }
 
-  Status JoinIncoming(const std::string& unique_id) {
-    return lanes_in.Join(unique_id, /*rank=*/1, ControlDeadline());
+  Status JoinIncoming(const CommInitMsg& lane) {
+    return lanes_in.Join(lane.unique_id, /*rank=*/1, lane.blocking_launch, ControlDeadline());
   }
 
   void Enqueue(Inbound item) {
@@ -242,8 +244,8 @@ struct Link::Impl {
       case MsgType::kHello:
         return Status::InvalidArgument("unexpected hello");
       case MsgType::kCommInit: {
-        KV_ASSIGN_OR_RETURN(std::string id, DecodeCommInit(frame));
-        Enqueue(Inbound{true, std::move(id), {}});
+        KV_ASSIGN_OR_RETURN(CommInitMsg lane, DecodeCommInit(frame));
+        Enqueue(Inbound{true, std::move(lane), {}});
         return Status::Ok();
       }
       case MsgType::kData: {

@@ -333,6 +333,10 @@ std::span<const SettingInfo> NcclSettings() {
       {"busy_poll",
        "0|1: each link's sender, receiver and reader threads spin instead of sleeping, three "
        "cores per link (0; kvd --busy-poll)"},
+      {"blocking_launch",
+       "0|1: launch NCCL operations on the link's own threads, on blocking communicators split "
+       "from the non-blocking ones, instead of on a thread NCCL starts per launch; the sending "
+       "side decides for both (0)"},
   };
   return kSettings;
 }
@@ -361,6 +365,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   KV_ASSIGN_OR_RETURN(int64_t busy_poll, IntSetting(options, "nccl", "busy_poll", 0, 0, 1));
+  KV_ASSIGN_OR_RETURN(int64_t blocking_launch,
+                      IntSetting(options, "nccl", "blocking_launch", 0, 0, 1));
   if (device >= count) {
     return Status::InvalidArgument("nccl: device " + std::to_string(device) + " of " +
                                    std::to_string(count));
@@ -375,6 +381,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   link.trace = options.trace;
   link.busy_poll = busy_poll != 0;
+  link.blocking_launch = blocking_launch != 0;
   std::string host = "127.0.0.1";
   for (const auto& [k, v] : options.settings) {  // the first one wins, as in IntSetting
     if (k == "listen_host") {

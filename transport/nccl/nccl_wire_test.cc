@@ -58,6 +58,21 @@ TEST(NcclWireTest, ZeroThresholdStagesEverythingButEmptyRanges) {
   EXPECT_EQ(split.staged[1].offset, 9u);
 }
 
+TEST(NcclWireTest, ALanesCommInitSaysHowItLaunches) {
+  for (bool blocking : {false, true}) {
+    const CommInitMsg msg{std::string(128, 'u'), blocking};
+    const std::string frame = EncodeCommInit(msg);
+    auto back = DecodeCommInit(frame);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, msg);
+    // Without its launch word (a kvd-nccl/6 frame), or with one that is neither 0 nor 1: refused.
+    EXPECT_FALSE(DecodeCommInit(frame.substr(0, frame.size() - 4)).ok());
+    std::string bad = frame;
+    bad[bad.size() - 4] = 2;
+    EXPECT_FALSE(DecodeCommInit(bad).ok());
+  }
+}
+
 TEST(NcclWireTest, DataAnnouncementCarriesTheDirectThreshold) {
   DataMsg msg;
   msg.seq = 3;

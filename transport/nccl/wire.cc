@@ -121,8 +121,8 @@ std::string EncodeHello() {
   return Start(MsgType::kHello).bytes(kHelloMagic).take();
 }
 
-std::string EncodeCommInit(std::string_view unique_id) {
-  return Start(MsgType::kCommInit).bytes(unique_id).take();
+std::string EncodeCommInit(const CommInitMsg& msg) {
+  return Start(MsgType::kCommInit).bytes(msg.unique_id).u32(msg.blocking_launch ? 1 : 0).take();
 }
 
 std::string EncodeData(const DataMsg& msg) {
@@ -165,13 +165,15 @@ Status DecodeHello(std::string_view frame) {
   return Status::Ok();
 }
 
-Result<std::string> DecodeCommInit(std::string_view frame) {
+Result<CommInitMsg> DecodeCommInit(std::string_view frame) {
   ByteReader r(frame);
   std::string_view id;
-  if (!Open(MsgType::kCommInit, &r) || !r.bytes(&id) || !r.at_end()) {
+  uint32_t blocking = 0;
+  if (!Open(MsgType::kCommInit, &r) || !r.bytes(&id) || !r.u32(&blocking) || blocking > 1 ||
+      !r.at_end()) {
     return Malformed("comm-init");
   }
-  return std::string(id);
+  return CommInitMsg{std::string(id), blocking == 1};
 }
 
 Result<DataMsg> DecodeData(std::string_view frame) {

@@ -25,7 +25,7 @@ namespace kv::transport::nccl {
 
 enum class MsgType : uint32_t {
   kHello = 1,   // first frame of a connection: protocol magic
-  kCommInit,    // the ncclUniqueId of the communicator for data flowing from the sender
+  kCommInit,    // a lane for data flowing from the sender (CommInitMsg)
   kData,        // a batch announcement
   kAck,         // a batch landed (or failed) at the receiver
   kGetRequest,  // please send me these ranges of your region
@@ -36,8 +36,8 @@ enum class MsgType : uint32_t {
 // Also the side channel's handshake label (channel_auth.h): 4 seals every frame after the
 // handshake, so a side of another version is refused at the handshake with both named. 5 sends
 // a batch's rows as runs of one shape (EncodeData); 6 repeats a group at a second stride
-// (Strided::outer_count).
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/6";
+// (Strided::outer_count); 7 says in each kCommInit how the lane launches (CommInitMsg).
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/7";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {
@@ -98,11 +98,19 @@ struct GetRequestMsg {
   bool operator==(const GetRequestMsg&) const = default;
 };
 
+// One lane of data flowing from the sender: the ncclUniqueId of its communicator, and whether
+// its operations launch on a blocking communicator split from that one (lanes.h, Launch).
+struct CommInitMsg {
+  std::string unique_id;
+  bool blocking_launch = false;
+  bool operator==(const CommInitMsg&) const = default;
+};
+
 // The type of a frame; kInvalidArgument for an empty or unknown one.
 Result<MsgType> PeekType(std::string_view frame);
 
 std::string EncodeHello();
-std::string EncodeCommInit(std::string_view unique_id);
+std::string EncodeCommInit(const CommInitMsg& msg);
 std::string EncodeData(const DataMsg& msg);
 std::string EncodeAck(const AckMsg& msg);
 std::string EncodeGetRequest(const GetRequestMsg& msg);
@@ -110,7 +118,7 @@ std::string EncodeGetError(const AckMsg& msg);
 std::string EncodeNote(std::string_view message);
 
 Status DecodeHello(std::string_view frame);
-Result<std::string> DecodeCommInit(std::string_view frame);
+Result<CommInitMsg> DecodeCommInit(std::string_view frame);
 Result<DataMsg> DecodeData(std::string_view frame);
 Result<AckMsg> DecodeAck(std::string_view frame);  // kAck and kGetError alike
 Result<GetRequestMsg> DecodeGetRequest(std::string_view frame);

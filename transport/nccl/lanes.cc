@@ -44,7 +44,8 @@ Status Lanes::Join(std::string_view unique_id, int rank, bool blocking_launch,
   Lane& lane = *lanes_.emplace_back(std::make_unique<Lane>());
   lane.stream = std::move(stream);
   lane.launched = std::move(launched);
-  KV_RETURN_IF_ERROR(lane.comm.Init(unique_id, rank, device_, deadline, cancelled_));
+  KV_RETURN_IF_ERROR(
+      lane.comm.Init(unique_id, rank, device_, deadline, cancelled_, blocking_launch));
   if (!blocking_launch) return Status::Ok();
   KV_RETURN_IF_ERROR(Connect(lane, rank, deadline));
   KV_RETURN_IF_ERROR(lane.blocking.SplitBlocking(lane.comm, rank, device_, deadline, cancelled_));

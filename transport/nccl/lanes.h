@@ -16,7 +16,8 @@
 //    ordered in front of an earlier one that NCCL's thread has not enqueued yet.
 //  - blocking_launch: Join connects the lane with a one-byte operation on the non-blocking
 //    communicator, then splits a blocking one from it that shares its connections
-//    (NcclComm::SplitBlocking), and Post launches on the owner's thread. Blocking is safe there
+//    (NcclComm::SplitBlocking; NCCL_COMM_SPLIT_SHARE_RESOURCES=0 in the environment would
+//    undo that), and Post launches on the owner's thread. Blocking is safe there
 //    because no launch waits for the peer any more: the lane is connected, and a lane keeps at
 //    most kLaunchesAhead launches unfinished on the device (a bounded, cancellable wait before
 //    the next), so neither NCCL's work FIFO (1 MiB; a launch of kMaxGroupOps takes under 4 KiB)
@@ -71,7 +72,7 @@ class Lanes {
     const gpu::CudaEvent* then = nullptr;
   };
   static constexpr size_t kMaxGroupOps = 64;
-  static constexpr size_t kLaunchesAhead = 32;  // per lane, with blocking_launch
+  static constexpr size_t kLaunchesAhead = 8;  // per lane, with blocking_launch
 
   // Launches `ops` (1..kMaxGroupOps, in order per lane) as one NCCL group, after settling every
   // lane they name. On an NCCL error every communicator of the group is marked failed.

@@ -41,7 +41,7 @@ NcclComm::~NcclComm() {
 }
 
 Status NcclComm::Init(std::string_view unique_id, int rank, int device, SteadyTime deadline,
-                      const std::atomic<bool>& cancelled) {
+                      const std::atomic<bool>& cancelled, bool shared_by_splits) {
   if (unique_id.size() != sizeof(ncclUniqueId)) {
     return Status::InvalidArgument("NCCL unique id has " + std::to_string(unique_id.size()) +
                                    " bytes, expected " + std::to_string(sizeof(ncclUniqueId)));
@@ -50,6 +50,7 @@ Status NcclComm::Init(std::string_view unique_id, int rank, int device, SteadyTi
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.splitShare = shared_by_splits ? 1 : 0;
   gpu::DeviceGuard guard(device);
   ncclResult_t result = ncclCommInitRankConfig(&comm_, 2, id, rank, &config);
   if (result != ncclSuccess && result != ncclInProgress) {
@@ -64,7 +65,6 @@ Status NcclComm::SplitBlocking(NcclComm& parent, int rank, int device, SteadyTim
   if (!parent.ready()) return Status::Unavailable("nccl: split of a failed communicator");
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
-  config.splitShare = 1;
   gpu::DeviceGuard guard(device);
   // The parent is non-blocking, so is the split: it runs on a thread of NCCL's and reports
   // through the parent's state; the child appears in comm_ once it is done.

@@ -42,10 +42,13 @@ class NcclComm {
   // Joins the two-rank communicator `unique_id` as `rank` on `device`, waiting (without
   // blocking inside NCCL) until both ranks joined, `deadline` passed or `cancelled` turned true.
   // `unique_id` must be exactly sizeof(ncclUniqueId) bytes (kInvalidArgument otherwise).
+  // `shared_by_splits`: communicators split from this one share its resources (NCCL reads
+  // splitShare from the parent's config, not the child's), SplitBlocking needs it.
   Status Init(std::string_view unique_id, int rank, int device, SteadyTime deadline,
-              const std::atomic<bool>& cancelled);
+              const std::atomic<bool>& cancelled, bool shared_by_splits = false);
 
-  // Makes this a blocking communicator split from `parent` (ready, non-blocking) that shares its
+  // Makes this a blocking communicator split from `parent` (ready, non-blocking, initialised
+  // with shared_by_splits) that shares its
   // resources, connections included (splitShare): its operations launch on the calling thread
   // and connect nothing. The split itself is non-blocking, waited for as Init is; both ranks
   // must call it. Destroy or abort this one before `parent`.

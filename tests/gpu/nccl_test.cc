@@ -164,62 +164,49 @@ TEST(GpuNcclTest, DirectRunsLandBesideStagedOnesPushedAndPulled) {
   EXPECT_TRUE(Stop(*receiver).ok());
 }
 
-// Each side groups its NCCL launches on its own (group_ops): a sender launching four sends at once
-// and a receiver launching one receive at a time, and the other way round, must still match
-// every chunk, across many slot reuses, pushed and pulled.
-TEST(GpuNcclTest, SidesGroupingTheirLaunchesDifferentlyLandEveryByte) {
-  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  constexpr uint64_t kBytes = 12 * kMiB;
-  // Besides the mixed runs, 512 of 4000 bytes (9 to 11 MiB, clear of them): about 32 chunks of
-  // the harness's 64 KiB staging.
+// Pushes MixedRuns() and `small_runs` runs of 4000 bytes (from 9 MiB on, clear of them; 16 per
+// chunk of the harness's 64 KiB staging) from a peer set `first` to one set `second`, then the
+// other way round, and pulls them back from each sender with the receiver's settings: every byte
+// checked each time.
+void ExpectEveryByteBothWays(uint64_t small_runs, const Settings& first, const Settings& second) {
+  const uint64_t bytes = 9 * kMiB + small_runs * 4096 + kMiB;
   std::vector<kv::Run> runs = MixedRuns();
-  for (uint64_t i = 0; i < 512; ++i) {
+  for (uint64_t i = 0; i < small_runs; ++i) {
     runs.push_back({9 * kMiB + i * 4096, 9 * kMiB + i * 4096, 4000});
   }
-  const Settings four = {{"staging_slots", "8"}, {"group_ops", "4"}, {"direct_bytes", "262144"}};
-  const Settings one = {{"group_ops", "1"}};
-  for (const auto& [send, receive] : {std::pair{four, one}, std::pair{one, four}}) {
-    auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, send);
-    auto receiver = StartPeer({"nccl", 1, kBytes, -1}, receive);
+  for (const auto& [send, receive] : {std::pair{first, second}, std::pair{second, first}}) {
+    auto sender = StartPeer({"nccl", 0, bytes, kSeed}, send);
+    auto receiver = StartPeer({"nccl", 1, bytes, -1}, receive);
     ASSERT_TRUE(sender.ok() && receiver.ok());
     Status put = Transfer(*sender, *receiver, Op::kPut, runs);
     ASSERT_TRUE(put.ok()) << put.ToString();
     auto landed = Dump(*receiver);
     ASSERT_TRUE(landed.ok());
-    EXPECT_TRUE(*landed == Expected(kBytes, kSeed, runs));
-    ExpectPulled(*sender, kBytes, runs, receive);
+    EXPECT_TRUE(*landed == Expected(bytes, kSeed, runs));
+    ExpectPulled(*sender, bytes, runs, receive);
     EXPECT_TRUE(Stop(*sender).ok());
     EXPECT_TRUE(Stop(*receiver).ok());
   }
 }
 
+// Each side groups its NCCL launches on its own (group_ops): a sender launching four sends at once
+// and a receiver launching one receive at a time, and the other way round, must still match
+// every chunk, across many slot reuses (about 32 chunks), pushed and pulled.
+TEST(GpuNcclTest, SidesGroupingTheirLaunchesDifferentlyLandEveryByte) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  ExpectEveryByteBothWays(512,
+                          {{"staging_slots", "8"}, {"group_ops", "4"}, {"direct_bytes", "262144"}},
+                          {{"group_ops", "1"}});
+}
+
 // The sending side decides how a direction's lanes launch (blocking_launch): a sender on blocking
 // communicators facing a receiver set otherwise, and the other way round, land every chunk pushed
-// and pulled, over more launches per lane than Lanes::kLaunchesAhead.
+// and pulled, over more launches per lane than Lanes::kLaunchesAhead (about 128 chunks, 32
+// launches on each of the four lanes).
 TEST(GpuNcclTest, BlockingLaunchesFollowTheSendingSide) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  constexpr uint64_t kBytes = 20 * kMiB;
-  // Besides the mixed runs, 2048 of 4000 bytes from 9 MiB on: about 128 chunks of the harness's
-  // 64 KiB staging, 32 launches on each of the four lanes.
-  std::vector<kv::Run> runs = MixedRuns();
-  for (uint64_t i = 0; i < 2048; ++i) {
-    runs.push_back({9 * kMiB + i * 4096, 9 * kMiB + i * 4096, 4000});
-  }
-  const Settings blocking = {{"blocking_launch", "1"}, {"direct_bytes", "262144"}};
-  const Settings threads = {{"group_ops", "1"}};
-  for (const auto& [send, receive] : {std::pair{blocking, threads}, std::pair{threads, blocking}}) {
-    auto sender = StartPeer({"nccl", 0, kBytes, kSeed}, send);
-    auto receiver = StartPeer({"nccl", 1, kBytes, -1}, receive);
-    ASSERT_TRUE(sender.ok() && receiver.ok());
-    Status put = Transfer(*sender, *receiver, Op::kPut, runs);
-    ASSERT_TRUE(put.ok()) << put.ToString();
-    auto landed = Dump(*receiver);
-    ASSERT_TRUE(landed.ok());
-    EXPECT_TRUE(*landed == Expected(kBytes, kSeed, runs));
-    ExpectPulled(*sender, kBytes, runs, receive);
-    EXPECT_TRUE(Stop(*sender).ok());
-    EXPECT_TRUE(Stop(*receiver).ok());
-  }
+  ExpectEveryByteBothWays(2048, {{"blocking_launch", "1"}, {"direct_bytes", "262144"}},
+                          {{"group_ops", "1"}});
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ class ChannelHandshake {
  public:
   enum class Role { kDialer, kAcceptor };
 
-  // `label` names the channel and its protocol version ("kvd-nccl/6").
+  // `label` names the channel and its protocol version ("kvd-nccl/7").
   ChannelHandshake(PeerAuth auth, std::string label, Role role);
 
   struct Step {

@@ -134,14 +134,12 @@ Status Lanes::Post(std::span<const Op> ops, SteadyTime deadline) {
     gpu::CudaEvent& mark = lane.launched[lane.next_launched];
     KV_RETURN_IF_ERROR(mark.Record(lane.stream.get()));
     lane.next_launched = (lane.next_launched + 1) % lane.launched.size();
-    ++lane.launches;
   }
   return Status::Ok();
 }
 
 Status Lanes::WaitForRoom(Lane& lane, SteadyTime deadline) {
-  if (lane.launches < lane.launched.size()) return Status::Ok();
-  // The slot about to be reused marks the launch kLaunchesAhead back.
+  // The event about to be recorded again marks the launch kLaunchesAhead back.
   const gpu::CudaEvent& oldest = lane.launched[lane.next_launched];
   while (true) {
     KV_ASSIGN_OR_RETURN(bool done, oldest.Query());

@@ -20,8 +20,10 @@
 //    undo that), and Post launches on the owner's thread. Blocking is safe there
 //    because no launch waits for the peer any more: the lane is connected, and a lane keeps at
 //    most kLaunchesAhead launches unfinished on the device (a bounded, cancellable wait before
-//    the next), so neither NCCL's work FIFO (1 MiB; a launch of kMaxGroupOps takes under 4 KiB)
-//    nor CUDA's launch queue fills behind kernels spinning on a dead peer.
+//    the next). So NCCL's work FIFO (1 MiB; a launch of kMaxGroupOps takes under 4 KiB) cannot
+//    fill, and the host stays a bounded way ahead of kernels spinning on a dead peer (these
+//    launches and the gathers that feed them), not the whole queue of batches (the dead-peer
+//    conformance test kills the target with a gigabyte queued).
 //
 // Thread-safety: one owner thread calls everything but Abort(), which any thread may call; it
 // waits for the owner to leave NCCL (the owner's waits watch `cancelled`, which the aborting
@@ -95,9 +97,10 @@ class Lanes {
     gpu::CudaStream stream;
     bool in_flight = false;                   // a launch on `comm` not yet known enqueued
     std::vector<const gpu::CudaEvent*> then;  // to record once the launch is enqueued
-    std::vector<gpu::CudaEvent> launched;     // blocking_launch: behind the last launches, a ring
+    // blocking_launch: a ring of events, each recorded behind a launch; the next one to record
+    // marks the launch kLaunchesAhead back (never recorded yet: it reads as finished).
+    std::vector<gpu::CudaEvent> launched;
     size_t next_launched = 0;
-    uint64_t launches = 0;
     NcclComm& launcher() { return blocking_launch ? blocking : comm; }
   };
   Status Connect(Lane& lane, int rank, SteadyTime deadline);

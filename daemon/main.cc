@@ -96,8 +96,10 @@ constexpr const char* kUsage =
     "--transport-opt KEY=VALUE (repeatable): a setting of the transport; the keys of each\n"
     "  backend in this build are listed below. kvd passes --device and --ucx-net-devices itself.\n"
     "  kvd sets NCCL_NVLS_ENABLE=0 in its environment before NCCL starts (NVLink multicast is\n"
-    "  not allowed on shared machines; point-to-point never needs it). UCX still reads its own\n"
-    "  UCX_* variables; a --transport-opt UCX_* wins over them.\n";
+    "  not allowed on shared machines; point-to-point never needs it) and removes\n"
+    "  NCCL_COMM_SPLIT_SHARE_RESOURCES (nccl's blocking_launch needs the split lanes to share\n"
+    "  their connections). UCX still reads its own UCX_* variables; a --transport-opt UCX_*\n"
+    "  wins over them.\n";
 
 // Every backend of this build with the settings it takes, for --help.
 std::string TransportSettingsHelp() {
@@ -203,8 +205,11 @@ bool ParseBytes(std::string text, uint64_t* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before anything can start NCCL, which reads it from the environment only (nccl_transport.h).
+  // Before anything can start NCCL, which reads these from the environment only
+  // (nccl_transport.h): NVLink multicast off, and the lanes' own splitShare not overridden.
   ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+  const bool split_share_set = ::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES") != nullptr;
+  ::unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
   kv::daemon::DaemonOptions options;
   std::map<std::string, std::string> flags;
   const std::map<std::string, std::string> known = {
@@ -261,6 +266,10 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("kvd");
   logger->set_level(level);
   spdlog::set_default_logger(std::move(logger));
+  if (split_share_set) {
+    spdlog::warn("kvd: ignored NCCL_COMM_SPLIT_SHARE_RESOURCES: the nccl backend's lanes set "
+                 "splitShare themselves (blocking_launch needs it)");
+  }
 
   options.name = flags["name"];
   options.listen = flags["listen"];

@@ -468,8 +468,9 @@ int DeviceCount() {
 
 Result<Peer> StartPeer(const SideSpec& spec, const Settings& settings) {
   // The peers are programs of their own here: NVLink multicast off before NCCL starts, as kvd's
-  // main() does (no library sets it; nccl_transport.h).
+  // main() does (no library sets it; nccl_transport.h), and the lanes' splitShare left alone.
   ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+  ::unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
   KV_ASSIGN_OR_RETURN(auto process, ChildProcess::Start([spec, settings](Channel& channel) {
                         return PeerBody(channel, spec, settings).Run();
                       }));

@@ -17,7 +17,9 @@
 //
 // NVLink multicast (NVLS) is not allowed on the shared machines and point-to-point never needs
 // it, but NCCL takes it from the environment only: the program's main() sets NCCL_NVLS_ENABLE=0
-// before NCCL starts (kvd and kvbench do); this library sets no environment variable.
+// before NCCL starts (kvd and kvbench do), and removes NCCL_COMM_SPLIT_SHARE_RESOURCES, which
+// would override the splitShare that blocking_launch's lanes rely on (lanes.h); this library
+// sets and reads no environment variable.
 //
 // Settings: "device" (CUDA ordinal; default the current device), "listen_host" (default
 // 127.0.0.1), "staging_bytes" (one staging slot and the chunk size; default 32 MiB; both sides
@@ -27,7 +29,10 @@
 // "group_ops" (sends or receives per NCCL launch, capped at staging_slots / 2; default 2),
 // "direct_bytes" (runs at least this long skip staging: ncclSend from the region, ncclRecv into
 // it; 0 = never; default 8 MiB), "timeout_ms" (connects, communicator
-// creation and control messages; default 30000); `kvd --transport-opt KEY=VALUE` passes them
+// creation and control messages; default 30000), "busy_poll" (0|1; default 0),
+// "blocking_launch" (0|1: the sender's lanes launch on blocking communicators split from the
+// non-blocking ones, on the link's own threads; 0: on a thread NCCL starts per launch; the
+// sending side decides for both; default 1); `kvd --transport-opt KEY=VALUE` passes them
 // (they replace the environment variable KVD_NCCL_SETTINGS). Staging memory: staging_slots ×
 // staging_bytes per side, direction and link.
 #pragma once

@@ -267,8 +267,9 @@ int main(int argc, char** argv) {
   logger->set_level(level);
   spdlog::set_default_logger(std::move(logger));
   if (split_share_set) {
-    spdlog::warn("kvd: ignored NCCL_COMM_SPLIT_SHARE_RESOURCES: the nccl backend's lanes set "
-                 "splitShare themselves (blocking_launch needs it)");
+    spdlog::warn(
+        "kvd: ignored NCCL_COMM_SPLIT_SHARE_RESOURCES: the nccl backend's lanes set "
+        "splitShare themselves (blocking_launch needs it)");
   }
 
   options.name = flags["name"];

@@ -117,12 +117,11 @@ std::vector<Backend> GpuBackends() {
        .target_device = 1,
        .unavailable = &UnlessNccl,
        .traces_steps = true},
-      // The instance above launches on the link's threads, on blocking communicators split from
-      // the non-blocking ones (blocking_launch, the default; its 64 KiB chunks keep every lane
-      // kLaunchesAhead launches ahead of the device); this one on a thread NCCL starts per launch.
-      {.name = "nccl_thread_launch",
+      // Launches on the link's threads, on blocking communicators split from the non-blocking
+      // ones; 64 KiB chunks keep every lane kLaunchesAhead launches ahead of the device.
+      {.name = "nccl_blocking_launch",
        .transport = "nccl",
-       .settings = {{"staging_bytes", "65536"}, {"timeout_ms", "20000"}, {"blocking_launch", "0"}},
+       .settings = {{"staging_bytes", "65536"}, {"timeout_ms", "20000"}, {"blocking_launch", "1"}},
        .memory = &CudaMemory,
        .initiator_device = 0,
        .target_device = 1,

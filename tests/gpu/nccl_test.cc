@@ -69,16 +69,15 @@ TEST(GpuNcclTest, SilentConnectionDoesNotStallOtherPeers) {
   EXPECT_TRUE(Stop(*receiver).ok());
 }
 
-// Both ways of launching: with blocking_launch (the default) the sender's own thread is inside
-// NCCL's launches or waiting for room behind kLaunchesAhead unfinished ones when the peer dies,
-// and must come out all the same.
+// With blocking_launch too: the sender's own thread is then inside NCCL's launches or waiting for
+// room behind kLaunchesAhead unfinished ones when the peer dies, and must come out all the same.
 TEST(GpuNcclTest, PeerDyingMidPipelineFailsTheBatchWithinItsDeadline) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
   // 8192 chunks of the peers' 64 KiB staging: at tens of µs per NCCL operation the batch is
   // still in its pipeline, with slots and lanes full, long after the kill below.
   constexpr uint64_t kBig = 512ull << 20;
-  for (const Settings& settings : {Settings{{"blocking_launch", "0"}}, Settings{}}) {
-    SCOPED_TRACE(settings.empty() ? "blocking launches" : "thread launches");
+  for (const Settings& settings : {Settings{}, Settings{{"blocking_launch", "1"}}}) {
+    SCOPED_TRACE(settings.empty() ? "thread launches" : "blocking launches");
     auto sender = StartPeer({"nccl", 0, kBig, kSeed}, settings);
     auto receiver = StartPeer({"nccl", 1, kBig, -1}, settings);
     ASSERT_TRUE(sender.ok() && receiver.ok());
@@ -207,7 +206,7 @@ TEST(GpuNcclTest, SidesGroupingTheirLaunchesDifferentlyLandEveryByte) {
 TEST(GpuNcclTest, BlockingLaunchesFollowTheSendingSide) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
   ExpectEveryByteBothWays(2048, {{"blocking_launch", "1"}, {"direct_bytes", "262144"}},
-                          {{"blocking_launch", "0"}, {"group_ops", "1"}});
+                          {{"group_ops", "1"}});
 }
 
 }  // namespace

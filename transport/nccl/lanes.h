@@ -8,22 +8,23 @@
 // ncclGroupStart/End, one launch, for every operation of the group, on any lanes. A lane
 // launches in one of two ways, which its two ends agree on (the sender says, kCommInit):
 //
-//  - On the non-blocking communicator (blocking_launch=0): NCCL enqueues each launch on a thread it starts for it
-//    after the call returns (about 50 µs of host time, more when cores sleep). A lane holds at
-//    most one such launch in flight, with the events to record on its stream once it is
-//    enqueued; Settle() waits for that (bounded, cancellable) and records the events. A lane is
-//    settled before anything else is put on its stream, so nothing of a later operation is
-//    ordered in front of an earlier one that NCCL's thread has not enqueued yet.
-//  - blocking_launch (the default): Join connects the lane with a one-byte operation on the
-//    non-blocking communicator, then splits a blocking one from it that shares its connections
+//  - On the non-blocking communicator (the default): NCCL enqueues each launch on a thread it
+//    starts for it after the call returns (about 50 µs of host time, more when cores sleep). A
+//    lane holds at most one such launch in flight, with the events to record on its stream once
+//    it is enqueued; Settle() waits for that (bounded, cancellable) and records the events. A
+//    lane is settled before anything else is put on its stream, so nothing of a later operation
+//    is ordered in front of an earlier one that NCCL's thread has not enqueued yet.
+//  - blocking_launch=1: Join connects the lane with a one-byte operation on the non-blocking
+//    communicator, then splits a blocking one from it that shares its connections
 //    (NcclComm::SplitBlocking; NCCL_COMM_SPLIT_SHARE_RESOURCES in the environment would override
-//    that, so kvd's and kvbench's main() remove it), and Post launches on the owner's thread. Blocking is safe there
-//    because no launch waits for the peer any more: the lane is connected, and a lane keeps at
-//    most kLaunchesAhead launches unfinished on the device (a bounded, cancellable wait before
-//    the next). So NCCL's work FIFO (1 MiB; a launch of kMaxGroupOps takes under 4 KiB) cannot
-//    fill, and the host stays a bounded way ahead of kernels spinning on a dead peer (these
-//    launches and the gathers that feed them), not the whole queue of batches (the dead-peer
-//    conformance test kills the target with a gigabyte queued).
+//    that, so kvd's and kvbench's main() remove it), and Post launches on the owner's thread.
+//    Blocking is safe there because no launch waits for the peer any more: the lane is
+//    connected, and a lane keeps at most kLaunchesAhead launches unfinished on the device (a
+//    bounded, cancellable wait before the next). So NCCL's work FIFO (1 MiB; a launch of
+//    kMaxGroupOps takes under 4 KiB) cannot fill, and the host stays a bounded way ahead of
+//    kernels spinning on a dead peer (these launches and the gathers that feed them), not the
+//    whole queue of batches (the dead-peer conformance test kills the target with a gigabyte
+//    queued).
 //
 // Thread-safety: one owner thread calls everything but Abort(), which any thread may call; it
 // waits for the owner to leave NCCL (the owner's waits watch `cancelled`, which the aborting

@@ -69,7 +69,7 @@ struct LinkOptions {
   bool busy_poll = false;
   // Launch NCCL operations on the link's threads, on blocking communicators split from the
   // non-blocking ones (lanes.h): no thread of NCCL's per launch. The sender decides for both ends.
-  bool blocking_launch = true;
+  bool blocking_launch = false;
   // Each batch's steps by seq (TransportOptions::trace), where set: sender n_take, n_announced,
   // n_enqueued, n_acked; receiver n_in, n_recv, n_posted, n_scattered, n_landed.
   TraceFn trace = {};

@@ -335,8 +335,8 @@ std::span<const SettingInfo> NcclSettings() {
        "cores per link (0; kvd --busy-poll)"},
       {"blocking_launch",
        "0|1: launch NCCL operations on the link's own threads, on blocking communicators split "
-       "from the non-blocking ones (1), or on a thread NCCL starts per launch (0); the sending "
-       "side decides for both (1)"},
+       "from the non-blocking ones, instead of on a thread NCCL starts per launch; the sending "
+       "side decides for both (0)"},
   };
   return kSettings;
 }
@@ -366,7 +366,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   KV_ASSIGN_OR_RETURN(int64_t busy_poll, IntSetting(options, "nccl", "busy_poll", 0, 0, 1));
   KV_ASSIGN_OR_RETURN(int64_t blocking_launch,
-                      IntSetting(options, "nccl", "blocking_launch", 1, 0, 1));
+                      IntSetting(options, "nccl", "blocking_launch", 0, 0, 1));
   if (device >= count) {
     return Status::InvalidArgument("nccl: device " + std::to_string(device) + " of " +
                                    std::to_string(count));

@@ -32,7 +32,7 @@
 // creation and control messages; default 30000), "busy_poll" (0|1; default 0),
 // "blocking_launch" (0|1: the sender's lanes launch on blocking communicators split from the
 // non-blocking ones, on the link's own threads; 0: on a thread NCCL starts per launch; the
-// sending side decides for both; default 1); `kvd --transport-opt KEY=VALUE` passes them
+// sending side decides for both; default 0); `kvd --transport-opt KEY=VALUE` passes them
 // (they replace the environment variable KVD_NCCL_SETTINGS). Staging memory: staging_slots ×
 // staging_bytes per side, direction and link.
 #pragma once

@@ -141,16 +141,22 @@ Status Lanes::Post(std::span<const Op> ops, SteadyTime deadline) {
 Status Lanes::WaitForRoom(Lane& lane, SteadyTime deadline) {
   // The event about to be recorded again marks the launch kLaunchesAhead back.
   const gpu::CudaEvent& oldest = lane.launched[lane.next_launched];
+  const auto nap_from = std::chrono::steady_clock::now() + kRoomSpin;
   while (true) {
     KV_ASSIGN_OR_RETURN(bool done, oldest.Query());
     if (done) return Status::Ok();
     if (cancelled_.load()) return Status::Aborted("nccl: link failed");
-    if (std::chrono::steady_clock::now() >= deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
       lane.launcher().MarkFailed();
       return Status::Timeout("nccl: " + std::to_string(kLaunchesAhead) +
                              " launches of a lane unfinished past the deadline");
     }
-    std::this_thread::yield();
+    if (now < nap_from) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kRoomNap);
+    }
   }
 }
 

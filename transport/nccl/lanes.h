@@ -34,6 +34,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -107,8 +108,13 @@ class Lanes {
   Status Connect(Lane& lane, int rank, SteadyTime deadline);
   Status SettleLocked(Lane& lane, SteadyTime deadline);
   // blocking_launch: waits (bounded, cancellable) until at most kLaunchesAhead - 1 of the
-  // lane's launches are unfinished on the device.
+  // lane's launches are unfinished on the device. It yields for kRoomSpin, then sleeps
+  // kRoomNap between looks: a lane that far ahead has milliseconds of queued work (streaming
+  // layers wait there for the engine's forward pass), so the naps cost nothing measurable
+  // while the thread no longer holds a core for the length of a prefill.
   Status WaitForRoom(Lane& lane, SteadyTime deadline);
+  static constexpr auto kRoomSpin = std::chrono::microseconds(50);
+  static constexpr auto kRoomNap = std::chrono::microseconds(50);
 
   const int device_;
   const std::atomic<bool>& cancelled_;

@@ -73,9 +73,19 @@ Status Scheduler::StartLoad(Engine& engine, const proto::StartLoad& load) {
   // the decode ranks sit behind several kvds (TP across hosts), each asking for its own.
   if (static_cast<int>(request.ranks.size()) >=
       std::min(request.tp_size, RanksHere(registry_.engines(), request.instance))) {
-    RequestLoad(request);
+    gathered_.push_back(request.id);
   }
   return Status::Ok();
+}
+
+void Scheduler::RequestGathered() {
+  std::vector<std::string> ids;
+  ids.swap(gathered_);
+  for (const std::string& id : ids) {
+    auto it = loads_.find(id);
+    if (it == loads_.end() || it->second.state != DestRequest::State::kGathering) continue;
+    RequestLoad(it->second);
+  }
 }
 
 void Scheduler::RequestLoad(DestRequest& request) {

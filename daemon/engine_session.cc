@@ -110,14 +110,17 @@ void Daemon::Core::OnEngineMessage(uint64_t engine_id, const std::string& body) 
       reply_to(params.status(), &reply);
       return;
     }
+    // The engine hears back first, then the completed requests' Wants leave (RequestGathered).
     case proto::EngineMessage::kStartLoad:
       reply_to(scheduler_->StartLoad(*engine, m.start_load()));
+      scheduler_->RequestGathered();
       return;
     case proto::EngineMessage::kStartLoads: {
       auto results = StartLoads(engine_id, m.start_loads());
       proto::Reply reply;
       if (results.ok()) *reply.mutable_loads() = std::move(*results);
       reply_to(results.status(), &reply);
+      scheduler_->RequestGathered();
       return;
     }
     case proto::EngineMessage::kOffloadStore:

@@ -264,7 +264,14 @@ class Scheduler {
   std::optional<uint64_t> GenerationOf(const std::string& request_id) const;
 
   // ---- destination side (destination.cc) ----
+  // Checks a rank's load and adds it to its request. A request whose every rank is in is not
+  // asked of its source here but by RequestGathered(), which the caller runs once it answered
+  // the engine: an engine's start_loads (on a vLLM worker's forward path) returns without
+  // waiting for this kvd to build and send a Want per request.
   Status StartLoad(Engine& engine, const proto::StartLoad& load);
+  // Sends the Want of every request StartLoad completed since the last call (those still
+  // gathering; a request that failed meanwhile is skipped).
+  void RequestGathered();
   // A transport notification: a LayerNotice from a request's source.
   void OnNotification(const std::string& message);
 
@@ -333,6 +340,7 @@ class Scheduler {
 
   std::map<std::string, SourceRequest> sources_;
   std::map<std::string, DestRequest> loads_;
+  std::vector<std::string> gathered_;  // StartLoad completed them; RequestGathered asks for them
   std::multimap<std::string, HeldWant> held_wants_;  // by request id
   size_t held_want_bytes_ = 0;
   std::vector<Retired> retired_;

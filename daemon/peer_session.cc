@@ -414,6 +414,9 @@ void Daemon::Core::OnPeerClosed(uint64_t peer_id, const Status& why) {
   if (peer->conn->seal_broken()) ++auth_failures_;  // a frame altered or injected on the wire
   if (why.ok()) {
     spdlog::info("kvd {}: {} disconnected", options_.name, who);
+  } else if (draining_) {
+    // This kvd is shutting down and closed it: expected, not a fault to warn of.
+    spdlog::info("kvd {}: closed {}: {}", options_.name, who, why.ToString());
   } else {
     spdlog::warn("kvd {}: lost {}: {}", options_.name, who, why.ToString());
   }

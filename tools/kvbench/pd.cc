@@ -601,6 +601,13 @@ int PdMain(int argc, char** argv) {
     if (ceiling > 0 && !cuda) {
       std::printf("  ceiling  %.3f GB/s   ratio %.2f   (%s)\n", ceiling, gbps / ceiling,
                   ceiling_command.c_str());
+      // The ceiling copies bytes only; without --prewrite the clock also holds the engines'
+      // writing and checking every byte of K/V, which a reader must not take for kvd's cost.
+      if (!c.prewrite) {
+        std::printf(
+            "           (the engines write and check K/V on this clock, the ceiling does not: "
+            "--prewrite times kvd alone)\n");
+      }
     }
     if (reference > 0) {
       std::printf(

@@ -159,6 +159,27 @@ TEST_F(StartLoadsTest, ARefusedLoadDoesNotStopTheOthers) {
   EXPECT_EQ(decode_->Snapshot().transfers_failed(), 0u);
 }
 
+// kvd answers start_loads once the loads are checked and sends their Wants after: a load that
+// fails only then (its source named by a daemon name this kvd cannot resolve without etcd) is
+// accepted in the answer and fails afterwards, saying why, while the batch's other load arrives.
+TEST_F(StartLoadsTest, ALoadFailingAsItsWantLeavesFailsAfterTheAnswer) {
+  const std::vector<int64_t> one = {1}, two = {2};
+  TransferParams by_name = Params();
+  by_name.peer_address = "prefill-node";  // a daemon name: no ':'
+  const std::vector<LoadSpec> loads = {{"by-name", by_name, one}, {"good", Params(), two}};
+  auto started = sink_->StartLoads(loads);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  ASSERT_EQ(started->size(), 2u);
+  EXPECT_TRUE((*started)[0].ok()) << (*started)[0].ToString();
+  EXPECT_TRUE((*started)[1].ok()) << (*started)[1].ToString();
+
+  const Status failed = sink_->WaitLayer("by-name", 0);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("--etcd"), std::string::npos) << failed.ToString();
+  ASSERT_NO_FATAL_FAILURE(Save("good", 6, 0x40));
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("good", 2, 0x40));
+}
+
 TEST_F(StartLoadsTest, AnEmptyOrOversizedBatchIsRefusedWhole) {
   auto empty = sink_->StartLoads({});
   EXPECT_EQ(empty.status().code(), Code::kInvalidArgument) << empty.status().ToString();

@@ -58,6 +58,7 @@ int Scheduler::batches_in_flight() const {
 void Scheduler::Clear() {
   sources_.clear();
   loads_.clear();
+  gathered_.clear();
   held_wants_.clear();
   held_want_bytes_ = 0;
   retired_.clear();

@@ -247,6 +247,9 @@ TEST(PdEmbeddedWarmup, WarmupWavesMoveBytesButAreNotCounted) {
   EXPECT_LE(r->posts, r->runs);
   EXPECT_EQ(prefill->Snapshot().transfers_done(),
             static_cast<uint64_t>(c.requests + c.warmup_waves * c.window));
+  // Their own figure, what a peer's first requests see: every byte of both waves, on a clock.
+  EXPECT_EQ(r->warmup_bytes, r->bytes / c.requests * c.warmup_waves * c.window);
+  EXPECT_GT(r->warmup_seconds, 0);
 }
 
 // kvd --busy-poll: io threads that never sleep serve the same transfers, and stop when the

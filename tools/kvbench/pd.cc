@@ -222,7 +222,8 @@ int PdMain(int argc, char** argv) {
        true},
       {"warmup-waves",
        "waves of --window requests moved and verified first but left out of the figures: the "
-       "first wave pays the peer session and the opening of the peer's memory, once per peer "
+       "first wave pays the peer session and the opening of the peer's memory, once per peer; "
+       "their own GB/s is printed beside (the \"warm-up\" line, warmup_gbps in --json) "
        "(default 1 with --prewrite, else 0)"},
       {"layer-us",
        "the forward pass of one layer on the prefill side before it is written, in "
@@ -537,6 +538,7 @@ int PdMain(int argc, char** argv) {
   const connector::PdResult& r = *result;
   const uint64_t runs = r.runs;
   const double gbps = r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0;
+  const double warmup_gbps = r.warmup_seconds > 0 ? r.warmup_bytes / r.warmup_seconds / 1e9 : 0;
   const double runs_per_request = r.requests > 0 ? static_cast<double>(runs) / r.requests : 0;
   const double posts_per_request = r.requests > 0 ? static_cast<double>(r.posts) / r.requests : 0;
   const double p50 = Percentile(r.latency_ms, 0.5), p99 = Percentile(r.latency_ms, 0.99);
@@ -583,19 +585,25 @@ int PdMain(int argc, char** argv) {
         "\"p99_ms\": %.3f, \"guard_bytes_written\": %llu, \"transport\": \"%s\", "
         "\"prewrite\": %s, \"block_ids\": \"%s\", \"ceiling_gbps\": %.4f, "
         "\"ceiling_command\": \"%s\", \"ratio\": %.4f, \"host_path\": \"%s\", "
-        "\"transport_gbps\": %.4f, \"transport_command\": \"%s\", \"prefill_kvd_rss\": %llu, "
-        "\"decode_kvd_rss\": %llu%s}\n",
+        "\"transport_gbps\": %.4f, \"transport_command\": \"%s\", \"warmup_gbps\": %.4f, "
+        "\"prefill_kvd_rss\": %llu, \"decode_kvd_rss\": %llu%s}\n",
         r.requests, r.verified, r.failed, static_cast<unsigned long long>(r.bytes), r.seconds, gbps,
         runs_per_request, posts_per_request, p50, p99,
         static_cast<unsigned long long>(r.guard_bytes_written), transport.c_str(),
         c.prewrite ? "true" : "false", block_ids.c_str(), ceiling, ceiling_command.c_str(),
         ceiling > 0 ? gbps / ceiling : 0.0, host_path.c_str(), reference, reference_command.c_str(),
-        static_cast<unsigned long long>(prefill_rss), static_cast<unsigned long long>(decode_rss),
-        gpu_json.c_str());
+        warmup_gbps, static_cast<unsigned long long>(prefill_rss),
+        static_cast<unsigned long long>(decode_rss), gpu_json.c_str());
   } else {
     std::printf("  requests %d   verified %d   failed %d\n", r.requests, r.verified, r.failed);
     std::printf("  bytes    %.1f MiB in %.3f s   %.3f GB/s over %s\n", r.bytes / 1048576.0,
                 r.seconds, gbps, transport.c_str());
+    if (r.warmup_seconds > 0) {
+      std::printf(
+          "  warm-up  %.1f MiB in %.3f s   %.3f GB/s   (left out above: the first wave to a peer "
+          "connects and opens its memory, as a user's first requests do)\n",
+          r.warmup_bytes / 1048576.0, r.warmup_seconds, warmup_gbps);
+    }
     std::printf("  runs per request %.1f in %.2f posts   latency p50 %.2f ms   p99 %.2f ms\n",
                 runs_per_request, posts_per_request, p50, p99);
     if (ceiling > 0 && !cuda) {

@@ -336,7 +336,8 @@ std::span<const SettingInfo> NcclSettings() {
       {"blocking_launch",
        "0|1: launch NCCL operations on the link's own threads, on blocking communicators split "
        "from the non-blocking ones, instead of on a thread NCCL starts per launch; the sending "
-       "side decides for both (0)"},
+       "side decides for both. On two H200s: about +0.03 of throughput for bursts of requests, "
+       "0.2-0.3 ms more latency per streamed layer (0)"},
   };
   return kSettings;
 }

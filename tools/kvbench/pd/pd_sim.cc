@@ -363,6 +363,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       for (int j = 0; j < count; ++j) {
         if (failed[j]) return Status::Aborted("warm-up wave failed: " + result.first_error);
       }
+      result.warmup_seconds += std::chrono::duration<double>(wave_end - wave_start).count();
+      result.warmup_bytes += static_cast<uint64_t>(count) * bytes_per_request;
       continue;
     }
     seconds += std::chrono::duration<double>(wave_end - wave_start).count();

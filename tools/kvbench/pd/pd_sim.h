@@ -91,6 +91,10 @@ struct PdResult {
   int failed = 0;
   uint64_t bytes = 0;  // bytes the decode ranks should hold, summed over verified requests
   double seconds = 0;  // on the clock: every wave, less prewriting
+  // The warm-up waves' (config.warmup_waves), left out of bytes and seconds: what a peer's first
+  // requests see (connecting, opening the peer's memory), measured the same way.
+  uint64_t warmup_bytes = 0;
+  double warmup_seconds = 0;
   std::vector<double> latency_ms;  // per verified request: load start to last layer verified
                                    // (prewrite: to last layer in place)
   // Per verified request: from its last layer saved (written, on every prefill rank) to its last

@@ -22,7 +22,9 @@ or with kvds of your own:
   tools/pd_timeline.py prefill.log decode.log [bench.log] [--window 8]
 
 Times are microseconds from the wave's clock start (ewave) where the engines' trace is given,
-else from the wave's first event. Each column is the first (or last) such event of the wave.
+else from the wave's first event. Each column is the first (or last) such event of the wave;
+"every post" is when the last of the wave's requests had its first layer posted (until then
+some requests wait for their Want to be read and planned: the wave's ramp).
 "lag" is notice minus flushed for the same (request, layer): how long a landed layer waited
 before its engine heard of it. The last line gives each column's median over the waves after
 the first (which pays for connecting).
@@ -77,7 +79,8 @@ def main():
     columns = [("eloads", "first"), ("loads", "first"), ("request", "first"),
                ("wanted", "first"), ("want_in", "first"), ("want", "first"), ("post", "first"),
                ("taken", "first"), ("landed", "first"), ("save", "last"),
-               ("post", "last"), ("flushed", "last"), ("notice", "last"), ("einplace", "last")]
+               ("post", "last"), ("flushed", "last"), ("notice", "last"), ("einplace", "last"),
+               ("post", "every")]
     heads = [f"{which} {kind}" for kind, which in columns]
     print("wave  " + "  ".join(f"{h:>13}" for h in heads) + "  batches  post->flushed p50/max  "
           "lag p50/max  data GB/s (first post..last flushed)")
@@ -96,7 +99,16 @@ def main():
                 posted += size
         first = lambda k: min(at[k].values(), default=-1)
         last = lambda k: max(last_at[k].values(), default=-1)
-        row = [first(k) if which == "first" else last(k) for k, which in columns]
+
+        def every(k):
+            """When every request of the wave had its first such event: the wave's ramp."""
+            by_request = {}
+            for (request, _), t in at[k].items():
+                by_request[request] = min(t, by_request.get(request, t))
+            return max(by_request.values(), default=-1)
+
+        pick = {"first": first, "last": last, "every": every}
+        row = [pick[which](k) for k, which in columns]
         latency = sorted(at["flushed"][k] - at["post"][k] for k in at["flushed"] if k in at["post"])
         lag = sorted(at["notice"][k] - at["flushed"][k] for k in at["notice"] if k in at["flushed"])
         span = max(last("flushed") - first("post"), 1)

@@ -56,6 +56,15 @@ def test_each_wave_shows_its_first_taken_and_landed_batch(tmp_path):
     assert rows["p50"][8:10] == ["360", "900"]
 
 
+def test_every_post_is_when_the_last_request_of_the_wave_started_moving(tmp_path):
+    header, rows = _table(tmp_path, _wave(1_000_000, 0) + _wave(1_100_000, 2))
+    heads = header.split("  ")
+    assert any("every post" in h for h in heads), header
+    # The column after "last einplace": req-1's first post, 320 µs into each wave, not req-0's 300.
+    for wave in ("0", "1", "p50"):
+        assert rows[wave][15] == "320", rows[wave]
+
+
 def test_batch_steps_before_any_wave_clock_are_left_out(tmp_path):
     early = [_line(500, "i_take", "batch-7"), _line(600, "i_done", "batch-7")]
     _, rows = _table(tmp_path, early + _wave(1_000_000, 0))

@@ -63,6 +63,9 @@ def main():
             continue
         number = re.search(r"(\d+)$", e[2])
         w = int(number[1]) // args.window if number else 0
+        # kvbench's warm-up requests ("warmup-N") number from 0 again: their waves are -1, -2, ..
+        if e[2].startswith("warmup-"):
+            w = -1 - w
         if e[1] == "ewave":
             wave_starts.append((e[0], w))
         waves[w].append(e)

@@ -65,6 +65,15 @@ def test_every_post_is_when_the_last_request_of_the_wave_started_moving(tmp_path
         assert rows[wave][15] == "320", rows[wave]
 
 
+def test_warmup_waves_are_rows_of_their_own(tmp_path):
+    warmup = [l.replace("req-", "warmup-") for l in _wave(900_000, 0)]
+    _, rows = _table(tmp_path, warmup + _wave(1_000_000, 0) + _wave(1_100_000, 2))
+    assert set(rows) == {"-1", "0", "1", "p50"}
+    # Wave 0 on its own clock: its last layer in place 1000 µs in, not 101000 from the warm-up's.
+    assert rows["0"][14] == "1000", rows["0"]
+    assert rows["-1"][14] == "1000", rows["-1"]
+
+
 def test_batch_steps_before_any_wave_clock_are_left_out(tmp_path):
     early = [_line(500, "i_take", "batch-7"), _line(600, "i_done", "batch-7")]
     _, rows = _table(tmp_path, early + _wave(1_000_000, 0))

@@ -37,9 +37,10 @@ PdConfig Small() {
 class PdProcesses : public ::testing::Test {
  protected:
   void SetUp() override {
+    // Short, for unix socket paths, and one level deep: a parameterized test's name has a '/'.
+    static int tests = 0;
     dir_ = std::filesystem::temp_directory_path() /
-           ("kvd-proc-" + std::to_string(getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("kvd-proc-" + std::to_string(getpid()) + "-" + std::to_string(tests++));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override {
@@ -55,6 +56,11 @@ class PdProcesses : public ::testing::Test {
     o.socket_path = (dir_ / (name + ".sock")).string();
     o.transport = transport_;
     o.extra_args = {"--log-level", "warn", "--lease-ms", "10000", "--heartbeat-ms", "200"};
+    if (transport_ == "host_ipc") {
+      // Its side-channel sockets in the test's directory: a kvd killed with SIGKILL (and every
+      // kvd TearDown stops) cannot unlink them itself.
+      o.extra_args.insert(o.extra_args.end(), {"--transport-opt", "socket_dir=" + dir_.string()});
+    }
     o.forward_output = true;  // kvd's warnings beside the test's output
     auto p = kv::harness::KvdProcess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();

@@ -2,6 +2,8 @@
 // instantiates TransportConformance compiles this file.
 #include "tests/support/conformance_suite.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -87,18 +89,38 @@ bool IsPeerFailure(const Status& s) {
 }  // namespace
 
 void TransportConformance::SetUp() {
-  if (GetParam().unavailable != nullptr) {
-    const std::string why = GetParam().unavailable();
+  backend_ = GetParam();
+  if (backend_.unavailable != nullptr) {
+    const std::string why = backend_.unavailable();
     if (!why.empty()) GTEST_SKIP() << why;
+  }
+  auto info = DescribeTransport(backend_.transport);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  const bool takes_socket_dir =
+      std::any_of(info->settings.begin(), info->settings.end(),
+                  [](const SettingInfo& s) { return std::string_view(s.key) == "socket_dir"; });
+  if (!takes_socket_dir) return;
+  // Short (unix socket paths are limited) and unique per test process.
+  socket_dir_ = std::filesystem::temp_directory_path() / ("kvd-conf-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(socket_dir_);
+  backend_.settings.emplace_back("socket_dir", socket_dir_.string());
+}
+
+void TransportConformance::TearDown() {
+  initiator.reset();  // both sides gone (a child process reaped) before their sockets' directory
+  target.reset();
+  if (!socket_dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(socket_dir_, ignored);
   }
 }
 
 void TransportConformance::StartPair(uint64_t initiator_bytes, int initiator_seed,
                                      uint64_t target_bytes, int target_seed) {
-  auto t = Side::Start(GetParam(), /*initiator=*/false, target_bytes, target_seed);
+  auto t = Side::Start(backend_, /*initiator=*/false, target_bytes, target_seed);
   ASSERT_TRUE(t.ok()) << "target: " << t.status().ToString();
   target = std::move(*t);
-  auto i = Side::Start(GetParam(), /*initiator=*/true, initiator_bytes, initiator_seed);
+  auto i = Side::Start(backend_, /*initiator=*/true, initiator_bytes, initiator_seed);
   ASSERT_TRUE(i.ok()) << "initiator: " << i.status().ToString();
   initiator = std::move(*i);
   Status connected = initiator->Connect(*target);

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -27,7 +28,11 @@ namespace kv::transport::conformance {
 
 class TransportConformance : public ::testing::TestWithParam<Backend> {
  protected:
+  // A backend that takes a "socket_dir" (its side-channel sockets) gets a directory of this
+  // test's, removed by TearDown: a side killed with SIGKILL cannot unlink its sockets, and they
+  // would pile up in /tmp.
   void SetUp() override;
+  void TearDown() override;
   // Starts both sides with regions of the given sizes and seeds (negative: kUntouched bytes) and
   // connects the initiator to the target.
   void StartPair(uint64_t initiator_bytes, int initiator_seed, uint64_t target_bytes,
@@ -35,6 +40,10 @@ class TransportConformance : public ::testing::TestWithParam<Backend> {
 
   std::unique_ptr<Side> initiator;
   std::unique_ptr<Side> target;
+
+ private:
+  Backend backend_;  // GetParam(), with the socket_dir of this test where it takes one
+  std::filesystem::path socket_dir_;
 };
 
 inline std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {

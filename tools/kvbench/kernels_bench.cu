@@ -8,7 +8,8 @@
 //  - paged decode attention (bf16, 32 query heads over 8 KV heads, head_dim 128), K/V bytes read
 //    per second against the device copy bandwidth counted as bytes read + written per second;
 //  - with two GPUs, GPU 0 → GPU 1: the plan copy kernel pushing and pulling random 64 KiB pages
-//    (several grids), and the kernel beside the copy engines, against one cudaMemcpyPeerAsync.
+//    (several grids), the kernel beside the copy engines, and larger pages through kvd's
+//    RunCopier forced to either path, against one cudaMemcpyPeerAsync.
 // What is timed: every figure is the median over --iters samples (after two warm-up runs) of
 // kBackToBack runs issued back to back between two CUDA events, divided by kBackToBack. Each
 // sample is led in by one more run that is not timed, so the start event fires when the stream
@@ -30,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/run_copier.h"
 #include "kernels/decode_attention.h"
 #include "kernels/plan_copy.h"
 #include "kernels/strided_kv.h"
@@ -329,6 +331,31 @@ void PeerCopies(int iters, uint64_t total, Report& report) {
       }
     }
   }
+  // Larger pages, through kvd's own RunCopier (the path cuda_ipc posts on) forced to each path:
+  // the kernel pushed and pulled, and the copy engine (2 MiB pieces over four streams) pushed.
+  // Its chooser takes the engine from a mean run of kCopyEngineMinMeanRun: is that right here?
+  for (uint64_t page :
+       {uint64_t{256} << 10, uint64_t{1} << 20, uint64_t{2} << 20, uint64_t{8} << 20}) {
+    const auto page_runs = PageRuns(total, page, static_cast<uint32_t>(page >> 10));
+    const std::string tag = ", random " + std::to_string(page >> 10) + "KiB pages";
+    for (int d : {0, 1}) {
+      for (CopyPath path : {CopyPath::kKernel, CopyPath::kCopyEngine}) {
+        if (d == 1 && path == CopyPath::kCopyEngine) continue;
+        BENCH_CUDA(cudaSetDevice(d));
+        auto copier = gpu::RunCopier::Create(d, path);
+        Check(copier.status(), "run copier");
+        Timer& timer = d == 0 ? push : pull;
+        const double seconds = timer.MedianSeconds([&] {
+          Check(
+              (*copier)->Copy(src.get(), dst.get(), page_runs, CopyDirection::kPeer, timer.stream),
+              "run copier copy");
+        });
+        report.Add(
+            std::string("peer ") + kernels::CopyPathName(path) + (d == 0 ? " push" : " pull") + tag,
+            GBs(total, seconds), ceiling, "GB/s");
+      }
+    }
+  }
   // Both at once: 1/k of the pages through the copy engines on a second stream, the rest by the
   // kernel (push). The engines move 64 KiB pages slowly alone, but they use NVLink the SMs leave
   // idle: does the sum pass the one-piece ceiling?
@@ -493,7 +520,9 @@ int KernelsMain(int argc, char** argv) {
         "  decode attention (bf16, 32 q heads / 8 kv heads, head_dim 128) K/V bytes read per\n"
         "  second vs the d2d copy bandwidth\n"
         "  with two GPUs: plan copy GPU 0 -> GPU 1 of random 64 KiB pages (push and pull, several\n"
-        "    grids; kernel and copy engines at once) vs one cudaMemcpyPeerAsync\n\nflags:\n%s",
+        "    grids; kernel and copy engines at once), and of 256 KiB - 8 MiB pages by kvd's\n"
+        "    RunCopier forced to the kernel (push, pull) and to the copy engine, vs one\n"
+        "    cudaMemcpyPeerAsync\n\nflags:\n%s",
         flags.Help().c_str());
     return 0;
   }

@@ -41,6 +41,7 @@ static_assert(KV_IO_ERROR == static_cast<int>(kv::Code::kIoError));
 static_assert(KV_INTERNAL == static_cast<int>(kv::Code::kInternal));
 static_assert(KV_MAX_ID_BYTES == kv::connector::kMaxIdBytes);
 static_assert(KV_MAX_LOADS_PER_CALL == kv::connector::kMaxLoadsPerCall);
+static_assert(KV_MAX_FINISHES_PER_CALL == kv::connector::kMaxFinishesPerCall);
 static_assert(KV_MAX_KEY_BYTES == kv::offload::BlockKey::kMaxBytes);
 
 namespace {
@@ -204,6 +205,23 @@ kv::Result<kv::connector::Connector*> Live(kv_connector* c) {
   return c->impl.get();
 }
 
+// The C form of `params` into *out (its struct_size the caller's, checked before).
+Status ParamsOut(const kv::connector::TransferParams& params, kv_transfer_params* out) {
+  kv_transfer_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.struct_size = out->struct_size;
+  KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
+  KV_RETURN_IF_ERROR(
+      CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
+  KV_RETURN_IF_ERROR(CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
+  KV_RETURN_IF_ERROR(CopyOut(kv::connector::TokenToHex(params.transfer_token), p.transfer_token,
+                             sizeof(p.transfer_token), "transfer token"));
+  p.tokens = 0;
+  p.mode = KV_MODE_PUSH;
+  std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
+  return Status::Ok();
+}
+
 // kv_request_finished and kv_request_finished_with_token (token: NULL for kvd's own).
 Status RequestFinishedInto(kv_connector* c, const char* request, const char* token,
                            kv_transfer_params* out, int64_t* remote_block_ids, size_t capacity,
@@ -219,18 +237,7 @@ Status RequestFinishedInto(kv_connector* c, const char* request, const char* tok
   }
   KV_ASSIGN_OR_RETURN(auto params, token != nullptr ? connector->RequestFinished(id, raw)
                                                     : connector->RequestFinished(id));
-  kv_transfer_params p;
-  std::memset(&p, 0, sizeof(p));
-  p.struct_size = out->struct_size;
-  KV_RETURN_IF_ERROR(CopyOut(params.peer_name, p.peer_name, sizeof(p.peer_name), "peer name"));
-  KV_RETURN_IF_ERROR(
-      CopyOut(params.peer_address, p.peer_address, sizeof(p.peer_address), "peer address"));
-  KV_RETURN_IF_ERROR(CopyOut(params.request_id, p.request_id, sizeof(p.request_id), "request id"));
-  KV_RETURN_IF_ERROR(CopyOut(kv::connector::TokenToHex(params.transfer_token), p.transfer_token,
-                             sizeof(p.transfer_token), "transfer token"));
-  p.tokens = 0;
-  p.mode = KV_MODE_PUSH;
-  std::memcpy(out, &p, std::min(out->struct_size, sizeof(p)));
+  KV_RETURN_IF_ERROR(ParamsOut(params, out));
   const size_t n = std::min(capacity, params.remote_block_ids.size());
   std::copy_n(params.remote_block_ids.begin(), n, remote_block_ids);
   if (count != nullptr) *count = params.remote_block_ids.size();
@@ -437,6 +444,53 @@ int kv_request_finished_with_token(kv_connector* c, const char* request, const c
   return Guarded(err, [&]() -> Status {
     KV_RETURN_IF_ERROR(NeedNonNull(token, "transfer_token"));
     return RequestFinishedInto(c, request, token, out, remote_block_ids, capacity, count);
+  });
+}
+
+int kv_requests_finished(kv_connector* c, const kv_finish* finishes, size_t n,
+                         kv_transfer_params* out, kv_error* results, kv_error* err) {
+  return Guarded(err, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
+    if (n == 0 || n > KV_MAX_FINISHES_PER_CALL) {
+      return Status::InvalidArgument("requests_finished takes 1 to " +
+                                     std::to_string(KV_MAX_FINISHES_PER_CALL) + " requests, not " +
+                                     std::to_string(n));
+    }
+    KV_RETURN_IF_ERROR(NeedNonNull(finishes, "finishes"));
+    KV_RETURN_IF_ERROR(NeedNonNull(results, "results"));
+    for (size_t i = 0; out != nullptr && i < n; ++i) {
+      Status size = CheckStructSize<kv_transfer_params>(out[i].struct_size, "kv_transfer_params");
+      if (!size.ok()) return size.WithContext("out " + std::to_string(i));
+    }
+    // A request whose id or token is refused here is not sent; the others go in one round trip.
+    std::vector<Status> checks(n);
+    std::vector<kv::connector::FinishSpec> specs;
+    std::vector<size_t> sent;
+    for (size_t i = 0; i < n; ++i) {
+      auto id = Id(finishes[i].request, "request");
+      checks[i] = id.status();
+      kv::connector::FinishSpec spec;
+      if (id.ok()) spec.request = *id;
+      if (checks[i].ok() && finishes[i].transfer_token != nullptr) {
+        auto raw = kv::connector::TokenFromHex(finishes[i].transfer_token, 64);
+        checks[i] = raw.status();
+        if (raw.ok()) spec.transfer_token = *raw;
+      }
+      if (!checks[i].ok()) continue;
+      specs.push_back(std::move(spec));
+      sent.push_back(i);
+    }
+    std::vector<kv::Result<kv::connector::TransferParams>> finished;
+    if (!specs.empty()) {
+      KV_ASSIGN_OR_RETURN(finished, connector->RequestsFinished(specs));
+    }
+    for (size_t k = 0; k < sent.size(); ++k) {
+      const size_t i = sent[k];
+      checks[i] = finished[k].status();
+      if (finished[k].ok() && out != nullptr) checks[i] = ParamsOut(*finished[k], &out[i]);
+    }
+    for (size_t i = 0; i < n; ++i) Report(checks[i], &results[i]);
+    return Status::Ok();
   });
 }
 

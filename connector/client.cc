@@ -89,6 +89,55 @@ Result<proto::Reply> ConnectorCore::Client::Call(proto::EngineMessage message, i
   return s;
 }
 
+std::vector<Result<proto::Reply>> ConnectorCore::Client::CallAll(
+    std::span<proto::EngineMessage> messages) {
+  std::vector<uint64_t> seqs(messages.size());
+  Status s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) s = closed_reason_;
+    for (uint64_t& seq : seqs) {
+      if (!s.ok()) break;
+      seq = next_seq_++;
+      replies_[seq];
+    }
+  }
+  std::string frames;
+  for (size_t i = 0; s.ok() && i < messages.size(); ++i) {
+    messages[i].set_seq(seqs[i]);
+    s = kv::AppendFrame(messages[i].SerializeAsString(), &frames);
+  }
+  if (s.ok()) s = SendFrame(frames, -1);
+  std::unique_lock<std::mutex> lock(mu_);
+  auto answered = [&](uint64_t seq) {
+    auto it = replies_.find(seq);
+    return it != replies_.end() && it->second.has_value();
+  };
+  if (s.ok()) {
+    const bool all = cv_.wait_for(
+        lock, timeout_, [&] { return closed_ || std::all_of(seqs.begin(), seqs.end(), answered); });
+    if (!all) {
+      s = Status::Timeout("kvd did not answer within " + std::to_string(timeout_.count()) + " ms");
+    } else if (closed_) {
+      s = closed_reason_;
+    }
+  }
+  std::vector<Result<proto::Reply>> out;
+  out.reserve(messages.size());
+  for (uint64_t seq : seqs) {
+    auto it = replies_.find(seq);
+    if (it == replies_.end() || !it->second.has_value()) {
+      out.emplace_back(s);
+    } else if (Status error = kv::proto::FromWire(it->second->error()); !error.ok()) {
+      out.emplace_back(std::move(error));
+    } else {
+      out.emplace_back(std::move(*it->second));
+    }
+    if (it != replies_.end()) replies_.erase(it);
+  }
+  return out;
+}
+
 Status ConnectorCore::Client::Send(proto::EngineMessage message) {
   {
     std::lock_guard<std::mutex> lock(mu_);

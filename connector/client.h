@@ -34,6 +34,12 @@ class ConnectorCore::Client {
   // Sends `message` (and `pass_fd` with it when >= 0) and waits for the reply: the reply's
   // error as a Status, kTimeout, or kUnavailable when kvd went away.
   Result<proto::Reply> Call(proto::EngineMessage message, int pass_fd = -1);
+  // Call for several messages sent in one write, each with its own seq: kvd reads them in one
+  // wake-up and answers each, so a batch costs one round trip, not one each. One result per
+  // message, in order: its reply, the reply's error, or the batch's own (kTimeout within one
+  // timeout for all, kUnavailable) where it has no reply. After a failed send some may have gone
+  // out (as with Call).
+  std::vector<Result<proto::Reply>> CallAll(std::span<proto::EngineMessage> messages);
   // Sends `message` with seq 0: kvd sends no reply (SaveLayer only; a save it refuses comes back
   // as RequestDone(sent) with the error, kept for SaveError). kUnavailable when kvd went away.
   Status Send(proto::EngineMessage message);

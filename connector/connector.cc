@@ -123,6 +123,38 @@ Result<TransferParams> Connector::RequestFinished(const std::string& request,
   return core_->RequestFinished(request, transfer_token);
 }
 
+Result<std::vector<Result<TransferParams>>> Connector::RequestsFinished(
+    std::span<const FinishSpec> finishes) {
+  if (finishes.empty() || finishes.size() > kMaxFinishesPerCall) {
+    return core_->RequestsFinished(finishes);  // its error: empty, or too many
+  }
+  // Checked here as RequestFinished checks them; the valid ones still go, in one round trip.
+  std::vector<Status> checks(finishes.size());
+  std::vector<FinishSpec> valid;
+  for (size_t i = 0; i < finishes.size(); ++i) {
+    checks[i] = CheckId(finishes[i].request, "request id");
+    if (checks[i].ok() && !finishes[i].transfer_token.empty()) {
+      checks[i] = CheckEngineToken(finishes[i].transfer_token);
+    }
+    if (checks[i].ok()) valid.push_back(finishes[i]);
+  }
+  std::vector<Result<TransferParams>> out;
+  out.reserve(finishes.size());
+  std::vector<Result<TransferParams>> finished;
+  if (!valid.empty()) {
+    KV_ASSIGN_OR_RETURN(finished, core_->RequestsFinished(valid));
+  }
+  size_t next = 0;
+  for (Status& check : checks) {
+    if (check.ok()) {
+      out.push_back(std::move(finished[next++]));
+    } else {
+      out.emplace_back(std::move(check));
+    }
+  }
+  return out;
+}
+
 Status Connector::StartLoad(const std::string& request, const TransferParams& params,
                             std::span<const int64_t> local_block_ids) {
   KV_RETURN_IF_ERROR(CheckId(request, "request id"));

@@ -325,29 +325,70 @@ Status ConnectorCore::SetTransferToken(const std::string& request,
   return client_->Send(std::move(m));
 }
 
-Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request,
-                                                      const std::string& transfer_token) {
+namespace {
+
+proto::EngineMessage FinishMessage(const std::string& request, const std::string& transfer_token) {
   proto::EngineMessage m;
   m.mutable_request_finished()->set_request_id(request);
   m.mutable_request_finished()->set_transfer_token(transfer_token);
-  auto reply = client_->Call(std::move(m));
-  // kvd answers after every save sent before: a save it refused has been heard of by now.
-  KV_RETURN_IF_ERROR(client_->TakeSaveError(request));
-  if (!reply.ok()) return reply.status();
+  return m;
+}
+
+Result<TransferParams> FinishParams(const proto::Reply& reply, const std::string& request,
+                                    const std::string& transfer_token) {
   TransferParams params;
-  params.peer_name = reply->params().peer_name();
-  params.peer_address = reply->params().peer_address();
-  params.request_id = reply->params().request_id();
-  params.transfer_token = reply->params().transfer_token();
+  params.peer_name = reply.params().peer_name();
+  params.peer_address = reply.params().peer_address();
+  params.request_id = reply.params().request_id();
+  params.transfer_token = reply.params().transfer_token();
   if (!transfer_token.empty() && params.transfer_token != transfer_token) {
     // A kvd older than RequestFinished.transfer_token issued its own: the decode side, which
     // got the engine's, would be refused.
     return Status::Incompatible("kvd did not take the engine's transfer token for request " +
                                 request + ": it is older than this connector");
   }
-  params.remote_block_ids.assign(reply->params().remote_block_ids().begin(),
-                                 reply->params().remote_block_ids().end());
+  params.remote_block_ids.assign(reply.params().remote_block_ids().begin(),
+                                 reply.params().remote_block_ids().end());
   return params;
+}
+
+}  // namespace
+
+Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request,
+                                                      const std::string& transfer_token) {
+  auto reply = client_->Call(FinishMessage(request, transfer_token));
+  // kvd answers after every save sent before: a save it refused has been heard of by now.
+  KV_RETURN_IF_ERROR(client_->TakeSaveError(request));
+  if (!reply.ok()) return reply.status();
+  return FinishParams(*reply, request, transfer_token);
+}
+
+Result<std::vector<Result<TransferParams>>> ConnectorCore::RequestsFinished(
+    std::span<const FinishSpec> finishes) {
+  if (finishes.empty()) return Status::InvalidArgument("requests_finished names no requests");
+  if (finishes.size() > kMaxFinishesPerCall) {
+    return Status::InvalidArgument("requests_finished takes at most " +
+                                   std::to_string(kMaxFinishesPerCall) + " requests, not " +
+                                   std::to_string(finishes.size()));
+  }
+  std::vector<proto::EngineMessage> messages;
+  messages.reserve(finishes.size());
+  for (const FinishSpec& f : finishes)
+    messages.push_back(FinishMessage(f.request, f.transfer_token));
+  std::vector<Result<proto::Reply>> replies = client_->CallAll(messages);
+  std::vector<Result<TransferParams>> out;
+  out.reserve(finishes.size());
+  for (size_t i = 0; i < finishes.size(); ++i) {
+    const FinishSpec& f = finishes[i];
+    if (Status saved = client_->TakeSaveError(f.request); !saved.ok()) {
+      out.emplace_back(std::move(saved));
+    } else if (!replies[i].ok()) {
+      out.emplace_back(replies[i].status());
+    } else {
+      out.push_back(FinishParams(*replies[i], f.request, f.transfer_token));
+    }
+  }
+  return out;
 }
 
 Status ConnectorCore::StartLoad(const std::string& request, const TransferParams& params,

@@ -69,6 +69,13 @@ class ConnectorCore {
   Result<TransferParams> RequestFinished(const std::string& request,
                                          const std::string& transfer_token);
 
+  // RequestFinished for every entry of `finishes` (tokens checked by Connector) in one round
+  // trip: the messages go out in one write and kvd answers each. Per request in order, what
+  // RequestFinished would have returned; the call's own error only for an empty batch or more
+  // than kMaxFinishesPerCall (nothing sent). Any kvd: the messages are RequestFinished's own.
+  Result<std::vector<Result<TransferParams>>> RequestsFinished(
+      std::span<const FinishSpec> finishes);
+
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
   Status StartLoad(const std::string& request, const TransferParams& params,
                    std::span<const int64_t> local_block_ids);

@@ -74,6 +74,15 @@ struct SaveSpec {
 // The most loads one Connector::StartLoads may carry (kvd's bound).
 inline constexpr size_t kMaxLoadsPerCall = 1024;
 
+// The most requests one Connector::RequestsFinished may carry.
+inline constexpr size_t kMaxFinishesPerCall = 1024;
+
+// One request of Connector::RequestsFinished.
+struct FinishSpec {
+  std::string request{};
+  std::string transfer_token{};  // the engine's (as RequestFinished's), or empty: kvd's own
+};
+
 // One load of Connector::StartLoads.
 struct LoadSpec {
   std::string request{};
@@ -275,6 +284,15 @@ class KV_EXPORT Connector {
   // kInvalidArgument for a token of another size; kIncompatible from a kvd too old to take it.
   Result<TransferParams> RequestFinished(const std::string& request,
                                          const std::string& transfer_token);
+
+  // RequestFinished for every request of `finishes` (a step's, or a wave's) in one round trip to
+  // kvd, where calling it per request costs a round trip each: a pull's decode side starts only
+  // once the prefill finished, so those round trips add up on its clock. Returns, per request in
+  // order, what RequestFinished would have returned (kInvalidArgument for a bad id or token,
+  // the request's own errors); one failing does not stop the others. The call's own error means
+  // nothing was sent: an empty batch or more than kMaxFinishesPerCall.
+  Result<std::vector<Result<TransferParams>>> RequestsFinished(
+      std::span<const FinishSpec> finishes);
 
   // Decode: load `request` into `local_block_ids` (params.tokens tokens).
   Status StartLoad(const std::string& request, const TransferParams& params,

@@ -69,6 +69,8 @@ KV_EXPORT const char* kv_version(void);
 #define KV_MAX_ID_BYTES 256
 /* The most loads one kv_start_loads may carry. */
 #define KV_MAX_LOADS_PER_CALL 1024
+/* The most requests one kv_requests_finished may carry. */
+#define KV_MAX_FINISHES_PER_CALL 1024
 /* Offload block keys: 8 to 32 bytes. */
 #define KV_MAX_KEY_BYTES 32
 
@@ -232,6 +234,23 @@ KV_EXPORT int kv_request_finished_with_token(kv_connector* c, const char* reques
                                              const char* transfer_token, kv_transfer_params* out,
                                              int64_t* remote_block_ids, size_t capacity,
                                              size_t* count, kv_error* err);
+
+/* One request of kv_requests_finished. */
+typedef struct {
+  const char* request;
+  /* As kv_request_finished_with_token's (32 to 64 hex digits), or NULL for kvd's own. */
+  const char* transfer_token;
+} kv_finish;
+
+/* kv_request_finished(_with_token) for `n` requests (1 to KV_MAX_FINISHES_PER_CALL) in one round
+ * trip to kvd, where a call each costs a round trip each (a pull's decode side waits for them
+ * all). Returns KV_OK when kvd answered: then results[i] (n entries, the caller's) holds request
+ * i's outcome, code 0 when it finished; one failing does not stop the others. `out` may be NULL;
+ * else n kv_transfer_params, each with its struct_size set, receive the requests' params (no
+ * remote block ids: kv_request_finished returns those). Otherwise the batch's error, and no
+ * request was sent. */
+KV_EXPORT int kv_requests_finished(kv_connector* c, const kv_finish* finishes, size_t n,
+                                   kv_transfer_params* out, kv_error* results, kv_error* err);
 
 /* ---- decode --------------------------------------------------------------------------------- */
 

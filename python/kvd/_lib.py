@@ -15,6 +15,7 @@ from .errors import LibraryNotFoundError, error_for
 LIBRARY_NAME = "libkvconnector.so"
 MAX_ID_BYTES = 256
 MAX_LOADS_PER_CALL = 1024
+MAX_FINISHES_PER_CALL = 1024
 MAX_KEY_BYTES = 32
 MEMORY_HOST = 0
 MEMORY_CUDA = 1
@@ -65,6 +66,10 @@ class KvLoadStruct(Structure):
                 ("block_ids", c_void_p), ("count", c_size_t)]
 
 
+class KvFinishStruct(Structure):
+    _fields_ = [("request", c_char_p), ("transfer_token", c_char_p)]
+
+
 class KvBlockKeyStruct(Structure):
     _fields_ = [("bytes", c_uint8 * MAX_KEY_BYTES), ("size", c_uint32)]
 
@@ -102,6 +107,8 @@ _SIGNATURES = {
     "kv_request_finished_with_token": (c_int, [c_void_p, c_char_p, c_char_p,
                                                POINTER(KvTransferParamsStruct), c_void_p,
                                                c_size_t, POINTER(c_size_t), _err_p]),
+    "kv_requests_finished": (c_int, [c_void_p, POINTER(KvFinishStruct), c_size_t,
+                                     POINTER(KvTransferParamsStruct), c_void_p, _err_p]),
     "kv_start_load": (c_int, [c_void_p, c_char_p, POINTER(KvTransferParamsStruct), c_void_p,
                               c_size_t, _err_p]),
     "kv_start_loads": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, _err_p]),

@@ -355,6 +355,36 @@ class Connector(OffloadMixin):
         n = min(count.value, self.REMOTE_IDS_CAPACITY)
         return TransferParams.from_c(out, self._remote_ids[:n])
 
+    def requests_finished(self, finishes) -> list:
+        """request_finished for many requests in one round trip to kvd, where a call each costs
+        a round trip each. `finishes`: request ids, or (request, transfer_token) pairs (token
+        None for kvd's own). Returns one entry per request: its TransferParams (without
+        remote_block_ids: request_finished returns those), or its KvdError (one failing does not
+        stop the others). Raises the batch's error when none was sent."""
+        finishes = [(f, None) if isinstance(f, str) else tuple(f) for f in finishes]
+        n = len(finishes)
+        if not 0 < n <= _lib.MAX_FINISHES_PER_CALL:
+            raise InvalidArgumentError(f"requests_finished takes 1 to "
+                                       f"{_lib.MAX_FINISHES_PER_CALL} requests, got {n}")
+        specs = (_lib.KvFinishStruct * n)()
+        for i, (request, token) in enumerate(finishes):
+            if token is not None and not isinstance(token, str):
+                raise InvalidArgumentError(f"finishes[{i}]: transfer_token must be a str of hex "
+                                           f"digits, got {token!r}")
+            specs[i].request = _cstr(request, "request")
+            specs[i].transfer_token = None if token is None else token.encode()
+        out = (_lib.KvTransferParamsStruct * n)()
+        for p in out:
+            p.struct_size = sizeof(p)
+        results = (_lib.KvErrorStruct * n)()
+        err = _lib.KvErrorStruct()
+        self._lib.check(self._lib.kv_requests_finished(self._handle(), specs, n, out, results,
+                                                       byref(err)),
+                        err, "requests_finished")
+        return [TransferParams.from_c(out[i], []) if r.code == 0 else
+                self._lib.error(r.code, r, f"requests_finished({finishes[i][0]!r})")
+                for i, r in enumerate(results)]
+
     # ---- decode --------------------------------------------------------------------------------
 
     @staticmethod

@@ -133,6 +133,36 @@ TEST_F(CApi, StartsSeveralLoadsInOneCallEachWithItsOwnResult) {
   EXPECT_NE(std::string(err.message).find("1 to 1024 loads"), std::string::npos) << err.message;
 }
 
+TEST_F(CApi, FinishesSeveralRequestsInOneCallEachWithItsOwnResult) {
+  const int64_t blocks[] = {1};
+  for (const char* id : {"f1", "f2"}) {
+    ASSERT_EQ(kv_save_layer(prefill, id, 0, blocks, 1, nullptr, &err), 0) << err.message;
+  }
+  const std::string token(32, 'c');  // 16 bytes in hex
+  const kv_finish finishes[] = {
+      {"f1", nullptr}, {"never-saved", nullptr}, {"f2", token.c_str()}, {"f3", "0011zz"}};
+  kv_transfer_params out[4];
+  for (kv_transfer_params& o : out) KV_INIT(o);
+  kv_error results[4] = {};
+  ASSERT_EQ(kv_requests_finished(prefill, finishes, 4, out, results, &err), 0) << err.message;
+  EXPECT_EQ(results[0].code, KV_OK) << results[0].message;
+  EXPECT_STREQ(out[0].request_id, "f1");
+  EXPECT_STREQ(out[0].peer_name, "p");
+  EXPECT_EQ(std::strlen(out[0].transfer_token), 32u);
+  EXPECT_EQ(results[1].code, KV_NOT_FOUND) << results[1].message;
+  EXPECT_NE(std::string(results[1].message).find("never-saved"), std::string::npos);
+  EXPECT_EQ(results[2].code, KV_OK) << results[2].message;
+  EXPECT_EQ(std::string(out[2].transfer_token), token);
+  EXPECT_EQ(results[3].code, KV_INVALID_ARGUMENT) << results[3].message;
+  // Without params out; the batch's own errors.
+  ASSERT_EQ(kv_requests_finished(prefill, finishes, 1, nullptr, results, &err), 0) << err.message;
+  EXPECT_EQ(results[0].code, KV_OK) << results[0].message;
+  EXPECT_EQ(kv_requests_finished(prefill, finishes, 0, out, results, &err), KV_INVALID_ARGUMENT);
+  EXPECT_EQ(kv_requests_finished(prefill, finishes, 1, out, nullptr, &err), KV_INVALID_ARGUMENT);
+  out[0].struct_size = 0;
+  EXPECT_EQ(kv_requests_finished(prefill, finishes, 1, out, results, &err), KV_INVALID_ARGUMENT);
+}
+
 // A load that fails: its blocks come back through kv_get_failed_blocks, and kv_load_error still
 // says why afterwards (an engine's log line), here a source kvd nobody listens at.
 TEST_F(CApi, AFailedLoadSaysWhyAfterItsBlocksCameBack) {

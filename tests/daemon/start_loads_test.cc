@@ -284,5 +284,59 @@ TEST(StartLoadsWire, KvdServesOlderEnginesAndChecksBatchesItself) {
   EXPECT_EQ(answered->loads().errors(1).code(), static_cast<int>(Code::kInvalidArgument));
 }
 
+// Connector::RequestsFinished, the prefill side's counterpart: a wave's finishes in one round
+// trip, one result each, each what RequestFinished would have returned; the params it returns
+// load the requests.
+TEST_F(StartLoadsTest, RequestsFinishedInOneRoundTripEachWithItsOwnResult) {
+  const KvRegion layout = connector::RegionOf(source_cache_);
+  for (int64_t block : {1, 2}) {
+    const std::string request = block == 1 ? "a" : "b";
+    for (int l = 0; l < kLayers; ++l) {
+      std::memset(static_cast<char*>(source_cache_.base) + layout.page_offset(l, block),
+                  0x20 * static_cast<int>(block) + l, layout.page_bytes());
+      ASSERT_TRUE(source_->SaveLayer(request, l, std::vector<int64_t>{block}).ok());
+    }
+  }
+  const std::string token(connector::kMinTransferTokenBytes, '\x5a');
+  const std::vector<connector::FinishSpec> finishes = {
+      {"a", ""}, {"never-saved", ""}, {"short-token", "abc"}, {"", ""}, {"b", token}};
+  auto finished = source_->RequestsFinished(finishes);
+  ASSERT_TRUE(finished.ok()) << finished.status().ToString();
+  ASSERT_EQ(finished->size(), finishes.size());
+  const auto& r = *finished;
+  ASSERT_TRUE(r[0].ok()) << r[0].status().ToString();
+  EXPECT_EQ(r[0]->request_id, "a");
+  EXPECT_EQ(r[0]->peer_name, "p");
+  EXPECT_GE(r[0]->transfer_token.size(), connector::kMinTransferTokenBytes);
+  EXPECT_EQ(r[0]->remote_block_ids, std::vector<int64_t>{1});
+  EXPECT_EQ(r[1].status().code(), Code::kNotFound) << r[1].status().ToString();
+  EXPECT_EQ(r[2].status().code(), Code::kInvalidArgument) << r[2].status().ToString();
+  EXPECT_EQ(r[3].status().code(), Code::kInvalidArgument) << r[3].status().ToString();
+  ASSERT_TRUE(r[4].ok()) << r[4].status().ToString();
+  EXPECT_EQ(r[4]->transfer_token, token);
+  // As a lone RequestFinished: finishing again (another rank's call) returns the same params.
+  auto again = source_->RequestFinished("a");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->transfer_token, r[0]->transfer_token);
+
+  std::vector<LoadSpec> loads;
+  const std::vector<int64_t> a_blocks = {5}, b_blocks = {6};
+  for (int k : {0, 4}) {
+    TransferParams params = *r[k];
+    params.tokens = 16;
+    loads.push_back({params.request_id, params, k == 0 ? a_blocks : b_blocks});
+  }
+  auto started = sink_->StartLoads(loads);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  for (const Status& s : *started) ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("a", 5, 0x20));
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded("b", 6, 0x40));
+
+  // The batch's own errors: nothing sent.
+  EXPECT_EQ(source_->RequestsFinished({}).status().code(), Code::kInvalidArgument);
+  const std::vector<connector::FinishSpec> too_many(connector::kMaxFinishesPerCall + 1, {"a", ""});
+  EXPECT_EQ(source_->RequestsFinished(too_many).status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kv

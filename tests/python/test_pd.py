@@ -155,6 +155,34 @@ def test_block_ids_as_lists_numpy_and_int32(daemons):
             check_request([src], [dst], blocks, blocks, 48)
 
 
+def test_requests_finished_in_one_call_load_like_one_each(daemons):
+    p, d = daemons
+    src = make_engine(kvd.Connector(daemon=p, instance="prefill"), Shape(), seed=7)
+    dst = make_engine(kvd.Connector(daemon=d, instance="decode"), Shape())
+    with src.connector, dst.connector:
+        blocks = {"bf-0": [0, 1, 2], "bf-1": [3, 4, 5]}
+        for r, ids in blocks.items():
+            for layer in range(3):
+                src.connector.save_layer(r, layer, ids)
+        token = "ab" * 16
+        got = src.connector.requests_finished(["bf-0", ("bf-1", token), "never-saved",
+                                               ("bf-x", "zz" * 16)])
+        assert [type(g).__name__ for g in got] == ["TransferParams", "TransferParams",
+                                                   "NotFoundError", "InvalidArgumentError"]
+        assert got[0].request_id == "bf-0" and got[0].peer_name == "prefill-node"
+        assert got[1].transfer_token == token
+        assert "never-saved" in str(got[2])
+        loads = [(r, got[i], ids, 48, "pull") for i, (r, ids) in enumerate(blocks.items())]
+        assert dst.connector.start_loads(loads) == [None, None]
+        for r in blocks:
+            for layer in range(3):
+                dst.connector.wait_layer(r, layer)
+        for ids in blocks.values():
+            check_request([src], [dst], ids, ids, 48)
+        with pytest.raises(kvd.InvalidArgumentError, match="1 to 1024 requests"):
+            src.connector.requests_finished([])
+
+
 # ---- kvd processes -------------------------------------------------------------------------------
 
 @pytest.fixture

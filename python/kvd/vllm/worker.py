@@ -176,8 +176,8 @@ class WorkerSide:
         if meta is None or meta is self._started or not isinstance(meta, KvdConnectorMetadata):
             return
         self._started = meta
-        for rid, token in meta.sends.items():
-            self._send(rid, token)
+        if meta.sends:
+            self._send(meta.sends)
         for rid in meta.abort_loads:
             load = self._loads.get(rid)
             if load is not None:
@@ -189,23 +189,37 @@ class WorkerSide:
         for spec in meta.offload_loads:
             self._offload_load(spec)
 
-    def _send(self, rid, token):
-        """Finishes `rid` in kvd under the scheduler's transfer token (every group's request and
-        every rank the same), which the decode side presents."""
-        expected = 0
+    def _send(self, sends):
+        """Finishes the step's sends ({req_id: token}) in kvd under the scheduler's transfer
+        tokens (every group's request and every rank the same), which the decode side presents:
+        one round trip per group's connection for all of them, not one per request (a pull's
+        decode side waits for them)."""
+        expected = dict.fromkeys(sends, 0)
+        items = list(sends.items())
+        step = 1024  # KV_MAX_FINISHES_PER_CALL, as start_loads' 1024
         for g, c in self.conns.items():
-            try:
-                c.request_finished(self.key(rid, g), transfer_token=token or None)
-                expected += 1
-            except kvd.NotFoundError:
-                pass  # nothing saved for this group on this rank
-            except kvd.KvdError as e:
-                logger.warning("kvd: request_finished(%s) failed: %s", rid, e)
-        self.stats["sends"] += 1
-        if expected:
-            self._sends[rid] = self._sends.get(rid, 0) + expected
-        else:
-            self._sending.add(rid)
+            for begin in range(0, len(items), step):
+                chunk = items[begin:begin + step]
+                try:
+                    got = c.requests_finished([(self.key(rid, g), token or None)
+                                               for rid, token in chunk])
+                except kvd.KvdError as e:
+                    logger.warning("kvd: request_finished of %d requests failed: %s",
+                                   len(chunk), e)
+                    continue
+                for (rid, _), result in zip(chunk, got):
+                    if isinstance(result, kvd.NotFoundError):
+                        continue  # nothing saved for this group on this rank
+                    if isinstance(result, kvd.KvdError):
+                        logger.warning("kvd: request_finished(%s) failed: %s", rid, result)
+                        continue
+                    expected[rid] += 1
+        for rid, n in expected.items():
+            self.stats["sends"] += 1
+            if n:
+                self._sends[rid] = self._sends.get(rid, 0) + n
+            else:
+                self._sending.add(rid)
 
     def _fail_load(self, load, why, groups=None):
         if not load.failed:

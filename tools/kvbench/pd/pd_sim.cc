@@ -261,14 +261,24 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
             if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, j));
           }
         }
-        for (int j = 0; j < count; ++j) {
-          auto params = e.connector->RequestFinished(ids[j]);
-          if (!params.ok()) {
-            fail(j, params.status());
-          } else if (c.transfer_tokens && params->transfer_token != tokens[j]) {
-            fail(j, Status::Internal("request " + ids[j] +
-                                     ": kvd finished it with another transfer token than the "
-                                     "one its prefill ranks fixed"));
+        // The wave's finishes in one round trip, as its loads: a pull's decode side waits for
+        // them, and one round trip each put a kvd wake-up per request on the wave's clock.
+        std::vector<FinishSpec> finishes;
+        for (int j = 0; j < count; ++j) finishes.push_back({ids[j], ""});
+        for (size_t begin = 0; begin < finishes.size(); begin += kMaxFinishesPerCall) {
+          const size_t n = std::min(kMaxFinishesPerCall, finishes.size() - begin);
+          auto finished = e.connector->RequestsFinished(std::span(finishes).subspan(begin, n));
+          for (size_t k = 0; k < n; ++k) {
+            const int j = static_cast<int>(begin + k);
+            if (!finished.ok()) {
+              fail(j, finished.status());
+            } else if (!(*finished)[k].ok()) {
+              fail(j, (*finished)[k].status());
+            } else if (c.transfer_tokens && (*finished)[k]->transfer_token != tokens[j]) {
+              fail(j, Status::Internal("request " + ids[j] +
+                                       ": kvd finished it with another transfer token than the "
+                                       "one its prefill ranks fixed"));
+            }
           }
         }
       });

@@ -20,6 +20,7 @@
 #include "tools/kvbench/pd/pd_gpu.h"
 #include "tools/kvbench/pd/pd_sim.h"
 #include "tools/testing/kvd_process.h"
+#include "transport/transport.h"
 
 namespace kv::bench {
 namespace {
@@ -449,6 +450,20 @@ int PdMain(int argc, char** argv) {
     char tmpl[] = "/tmp/kvbench-pd-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return Fail("cannot create a temporary directory");
     dir = tmpl;
+    // A transport's side-channel sockets in that directory too, which the guard removes: a kvd
+    // that does not stop in time is killed and cannot unlink its own.
+    const bool own_dir =
+        std::any_of(transport_args.begin(), transport_args.end(),
+                    [](const std::string& a) { return a.starts_with("socket_dir="); });
+    if (auto info = kv::transport::DescribeTransport(transport);
+        !own_dir && info.ok() &&
+        std::any_of(info->settings.begin(), info->settings.end(),
+                    [](const kv::transport::SettingInfo& s) {
+                      return std::string_view(s.key) == "socket_dir";
+                    })) {
+      transport_args.insert(transport_args.end(),
+                            {"--transport-opt", "socket_dir=" + dir.string()});
+    }
     kv::harness::KvdProcess::Options o;
     o.binary = kv::harness::KvdBesideSelf();
     o.transport = transport;

@@ -59,55 +59,27 @@ Status ConnectorCore::Client::SendFrame(const std::string& frame, int pass_fd) {
 }
 
 Result<proto::Reply> ConnectorCore::Client::Call(proto::EngineMessage message, int pass_fd) {
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return closed_reason_;
-    seq = next_seq_++;
-    replies_[seq];
-  }
-  message.set_seq(seq);
-  std::string frame;
-  Status s = kv::AppendFrame(message.SerializeAsString(), &frame);
-  if (s.ok()) s = SendFrame(frame, pass_fd);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (s.ok()) {
-    const bool answered =
-        cv_.wait_for(lock, timeout_, [&] { return closed_ || replies_[seq].has_value(); });
-    if (replies_[seq].has_value()) {
-      proto::Reply reply = std::move(*replies_[seq]);
-      replies_.erase(seq);
-      Status error = kv::proto::FromWire(reply.error());
-      if (!error.ok()) return error;
-      return reply;
-    }
-    s = !answered ? Status::Timeout("kvd did not answer within " +
-                                    std::to_string(timeout_.count()) + " ms")
-                  : closed_reason_;
-  }
-  replies_.erase(seq);
-  return s;
+  return std::move(CallAll({&message, 1}, pass_fd).front());
 }
 
 std::vector<Result<proto::Reply>> ConnectorCore::Client::CallAll(
-    std::span<proto::EngineMessage> messages) {
+    std::span<proto::EngineMessage> messages, int pass_fd) {
   std::vector<uint64_t> seqs(messages.size());
-  Status s;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) s = closed_reason_;
+    if (closed_) return std::vector<Result<proto::Reply>>(messages.size(), closed_reason_);
     for (uint64_t& seq : seqs) {
-      if (!s.ok()) break;
       seq = next_seq_++;
       replies_[seq];
     }
   }
+  Status s;
   std::string frames;
   for (size_t i = 0; s.ok() && i < messages.size(); ++i) {
     messages[i].set_seq(seqs[i]);
     s = kv::AppendFrame(messages[i].SerializeAsString(), &frames);
   }
-  if (s.ok()) s = SendFrame(frames, -1);
+  if (s.ok()) s = SendFrame(frames, pass_fd);
   std::unique_lock<std::mutex> lock(mu_);
   auto answered = [&](uint64_t seq) {
     auto it = replies_.find(seq);

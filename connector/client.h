@@ -32,14 +32,15 @@ class ConnectorCore::Client {
   ~Client();
 
   // Sends `message` (and `pass_fd` with it when >= 0) and waits for the reply: the reply's
-  // error as a Status, kTimeout, or kUnavailable when kvd went away.
+  // error as a Status, kTimeout, or kUnavailable when kvd went away. CallAll of one.
   Result<proto::Reply> Call(proto::EngineMessage message, int pass_fd = -1);
-  // Call for several messages sent in one write, each with its own seq: kvd reads them in one
-  // wake-up and answers each, so a batch costs one round trip, not one each. One result per
-  // message, in order: its reply, the reply's error, or the batch's own (kTimeout within one
-  // timeout for all, kUnavailable) where it has no reply. After a failed send some may have gone
-  // out (as with Call).
-  std::vector<Result<proto::Reply>> CallAll(std::span<proto::EngineMessage> messages);
+  // Several messages sent in one write (`pass_fd` with its first byte), each with its own seq:
+  // kvd reads them in one wake-up and answers each, so a batch costs one round trip, not one
+  // each. One result per message, in order: its reply, the reply's error, or the batch's own
+  // (kTimeout within one timeout for all, kUnavailable) where it has no reply. After a failed
+  // send some may have gone out. Non-empty.
+  std::vector<Result<proto::Reply>> CallAll(std::span<proto::EngineMessage> messages,
+                                            int pass_fd = -1);
   // Sends `message` with seq 0: kvd sends no reply (SaveLayer only; a save it refuses comes back
   // as RequestDone(sent) with the error, kept for SaveError). kUnavailable when kvd went away.
   Status Send(proto::EngineMessage message);

@@ -141,12 +141,13 @@ Status Lanes::Post(std::span<const Op> ops, SteadyTime deadline) {
 Status Lanes::WaitForRoom(Lane& lane, SteadyTime deadline) {
   // The event about to be recorded again marks the launch kLaunchesAhead back.
   const gpu::CudaEvent& oldest = lane.launched[lane.next_launched];
-  const auto nap_from = std::chrono::steady_clock::now() + kRoomSpin;
+  SteadyTime nap_from{};  // from the first look that finds no room
   while (true) {
     KV_ASSIGN_OR_RETURN(bool done, oldest.Query());
     if (done) return Status::Ok();
     if (cancelled_.load()) return Status::Aborted("nccl: link failed");
     const auto now = std::chrono::steady_clock::now();
+    if (nap_from == SteadyTime{}) nap_from = now + kRoomSpin;
     if (now >= deadline) {
       lane.launcher().MarkFailed();
       return Status::Timeout("nccl: " + std::to_string(kLaunchesAhead) +

@@ -362,6 +362,10 @@ class Connector(OffloadMixin):
         remote_block_ids: request_finished returns those), or its KvdError (one failing does not
         stop the others). Raises the batch's error when none was sent."""
         finishes = [(f, None) if isinstance(f, str) else tuple(f) for f in finishes]
+        for i, f in enumerate(finishes):
+            if len(f) != 2:
+                raise InvalidArgumentError(f"finishes[{i}]: a request id or a (request, "
+                                           f"transfer_token) pair, got {f!r}")
         n = len(finishes)
         if not 0 < n <= _lib.MAX_FINISHES_PER_CALL:
             raise InvalidArgumentError(f"requests_finished takes 1 to "

@@ -200,8 +200,11 @@ void ConnectorCore::Client::Apply(proto::DaemonMessage message) {
       return;
     }
     case proto::DaemonMessage::kLayerReady: {
-      auto it = loads_.find(message.layer_ready().request_id());
-      if (it != loads_.end()) it->second.ready.insert(message.layer_ready().layer());
+      const proto::LayerReady& ready = message.layer_ready();
+      auto it = loads_.find(ready.request_id());
+      const int end = ready.layer_end() == 0 ? ready.layer() + 1 : ready.layer_end();
+      if (it != loads_.end() && ready.layer() < end)
+        it->second.ready.emplace_back(ready.layer(), end);
       return;
     }
     case proto::DaemonMessage::kRequestDone: {
@@ -251,11 +254,11 @@ Status ConnectorCore::Client::WaitLayer(const std::string& request, int layer) {
   auto settled = [&] {
     auto it = loads_.find(request);
     load = it == loads_.end() ? nullptr : &it->second;
-    return load == nullptr || load->ready.count(layer) > 0 || !load->failed.ok();
+    return load == nullptr || load->IsReady(layer) || !load->failed.ok();
   };
   cv_.wait_for(lock, timeout_, settled);
   if (load == nullptr) return Status::NotFound("no load of request " + request);
-  if (load->ready.count(layer) > 0) return Status::Ok();
+  if (load->IsReady(layer)) return Status::Ok();
   if (!load->failed.ok()) return load->failed;
   return Status::Timeout("layer " + std::to_string(layer) + " of request " + request +
                          " not in place within " + std::to_string(timeout_.count()) + " ms");

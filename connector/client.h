@@ -5,6 +5,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -12,10 +13,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -73,7 +74,12 @@ class ConnectorCore::Client {
   Client(int fd, std::chrono::milliseconds timeout);
 
   struct Load {
-    std::set<int> ready;
+    // The layers in place, as kvd's LayerReady named them: [begin, end) each.
+    std::vector<std::pair<int, int>> ready;
+    bool IsReady(int layer) const {
+      return std::any_of(ready.begin(), ready.end(),
+                         [layer](const auto& r) { return r.first <= layer && layer < r.second; });
+    }
     Status failed;
     std::vector<int64_t> blocks;
   };

@@ -189,8 +189,14 @@ void Scheduler::OnNotification(const std::string& message) {
   if (it == loads_.end()) return;  // failed or finished already: late news
   DestRequest& request = it->second;
   Peer* peer = peers_.Find(request.peer_id);
-  if (peer == nullptr || peer->name != notice.source() || notice.layer() < 0 ||
-      notice.layer() >= request.layers || request.ready[notice.layer()]) {
+  const int begin = notice.layer();
+  const int end = notice.layer_end() == 0 ? begin + 1 : notice.layer_end();
+  // A source sends each layer once: a range that is empty, out of bounds or covers a layer in
+  // place already is not its.
+  if (peer == nullptr || peer->name != notice.source() || begin < 0 || end <= begin ||
+      end > request.layers ||
+      std::any_of(request.ready.begin() + begin, request.ready.begin() + end,
+                  [](bool ready) { return ready; })) {
     return;
   }
   // Only the request's own source knows the token (it rode our WantRequest over the
@@ -200,14 +206,15 @@ void Scheduler::OnNotification(const std::string& message) {
                  request.id);
     return;
   }
-  request.ready[notice.layer()] = true;
-  Trace("notice", request.id, notice.layer());
+  std::fill(request.ready.begin() + begin, request.ready.begin() + end, true);
+  Trace("notice", request.id, end - 1);
   request.bytes += notice.bytes();
   request.runs += notice.runs();
   counters_.bytes_received += notice.bytes();
   proto::DaemonMessage ready;
   ready.mutable_layer_ready()->set_request_id(request.id);
-  ready.mutable_layer_ready()->set_layer(notice.layer());
+  ready.mutable_layer_ready()->set_layer(begin);
+  if (end - begin > 1) ready.mutable_layer_ready()->set_layer_end(end);
   for (const auto& [r, rank] : request.ranks) SendToEngine(rank.engine_id, ready);
   if (std::all_of(request.ready.begin(), request.ready.end(), [](bool b) { return b; })) {
     proto::PeerMessage confirm;

@@ -177,10 +177,12 @@ Status InEngineTerms(const Status& s, const std::vector<BlockKey>& pool_keys,
   return Status(s.code(), std::move(message));
 }
 
-proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer) {
+// Layers [layer, end) are in place; end 0: layer alone.
+proto::DaemonMessage LayerReadyMessage(const std::string& id, int64_t layer, int64_t end = 0) {
   proto::DaemonMessage m;
   m.mutable_layer_ready()->set_request_id(id);
   m.mutable_layer_ready()->set_layer(static_cast<int32_t>(layer));
+  if (end > layer + 1) m.mutable_layer_ready()->set_layer_end(static_cast<int32_t>(end));
   return m;
 }
 
@@ -338,9 +340,7 @@ Result<proto::OffloadResult> OffloadService::Load(Engine& engine, const proto::O
   auto on_done = [this, engine_id, id, region, first_at_end, layers, figures](Status s) {
     asio::post(io_, [this, engine_id, id, s, first_at_end, layers, figures] {
       std::vector<proto::DaemonMessage> events;
-      for (int64_t l = first_at_end; s.ok() && l < layers; ++l) {
-        events.push_back(LayerReadyMessage(id, l));
-      }
+      if (s.ok()) events.push_back(LayerReadyMessage(id, first_at_end, layers));
       events.push_back(RequestDoneMessage(id, /*sent=*/false, s, figures->first, figures->second));
       Completed(engine_id, events);
     });

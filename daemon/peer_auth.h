@@ -10,7 +10,7 @@
 // layouts, transport addresses) is sent or accepted before the other side's proof checked out,
 // and every frame after the proofs is sealed (encrypted and authenticated, DeriveSessionKeys):
 // the challenges and proofs are the only plaintext on the peer port. The version in the
-// challenge (proto::PEER_PROTOCOL, 3 since the frames are sealed rather than MAC'd) must match
+// challenge (proto::PEER_PROTOCOL; sealed frames since 3) must match
 // exactly, so a kvd of another version is refused with the two versions named.
 // The primitives (HMAC-SHA256, random bytes, constant-time compare) are base/hmac.h's.
 #pragma once

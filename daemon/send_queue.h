@@ -4,7 +4,8 @@
 // back, one per request of a batched forward pass, become one post, not one per request and
 // layer (each post costs the transport several CUDA calls, and the nccl backend a round of its
 // protocol). Layers that wait on no event (written before they were saved) all share one group.
-// Each layer's LayerNotice waits in the queue behind the posts queued before it.
+// Each LayerNotice (one per layer pushed, one per request pulled) waits in the queue behind the
+// posts queued before it.
 //
 // Threading: io thread only, except that the transport's completions (its thread) count landed
 // bytes and note failed requests under the queue's own lock before they hop to the io thread.
@@ -87,7 +88,8 @@ class SendQueue {
                       const std::shared_ptr<transport::RemoteMemory>& remote, int layer,
                       bool wait_for_engine, const std::string& request_id, uint64_t generation,
                       Clock::time_point deadline, const std::function<Status(Plan*)>& append);
-  // A LayerNotice for the transport peer `peer`, handed over after every post queued before it.
+  // A LayerNotice for the transport peer `peer`, handed over after every post queued before it;
+  // `layer` (the last it names) is for the trace.
   void Notice(transport::PeerId peer, const std::string& request_id, int layer,
               std::string message);
 

@@ -374,20 +374,17 @@ Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int 
   request.bytes += range_bytes;
   request.runs += range_runs;
   counters_.runs_sent += range_runs;
-  // One notice per layer, after every batch of the range: the transport delivers each only
-  // once the data posted before it has landed. The range's totals ride on its last notice.
-  for (int layer = begin; layer < end; ++layer) {
-    proto::LayerNotice notice;
-    notice.set_source(options_.name);
-    notice.set_request_id(request.id);
-    notice.set_layer(layer);
-    notice.set_notice_token(to.notice_token);
-    if (layer == end - 1) {
-      notice.set_bytes(range_bytes);
-      notice.set_runs(range_runs);
-    }
-    send_queue_.Notice(peer->transport_peer, request.id, layer, notice.SerializeAsString());
-  }
+  // One notice for the range, after every batch of it: the transport delivers it only once the
+  // data posted before it has landed.
+  proto::LayerNotice notice;
+  notice.set_source(options_.name);
+  notice.set_request_id(request.id);
+  notice.set_layer(begin);
+  if (end - begin > 1) notice.set_layer_end(end);
+  notice.set_notice_token(to.notice_token);
+  notice.set_bytes(range_bytes);
+  notice.set_runs(range_runs);
+  send_queue_.Notice(peer->transport_peer, request.id, end - 1, notice.SerializeAsString());
   return Status::Ok();
 }
 

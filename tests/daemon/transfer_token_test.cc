@@ -1,6 +1,7 @@
 // Issue 19, capabilities instead of ids: a WantRequest must present the transfer token that the
 // prefill engine's RequestFinished returned (a hijacker that knows only the request id gets
-// nothing), and a layer notice another peer forges is ignored.
+// nothing), and a layer notice another peer forges is ignored. Also how many notices a request
+// costs: one per layer pushed, one for a whole pulled request.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -553,6 +554,44 @@ TEST(EarlyTransferToken, ARankThatFixedTheTokenAndLeftFailsTheRequest) {
   EXPECT_EQ(finished.status().code(), Code::kAborted) << finished.status().ToString();
   EXPECT_NE(finished.status().message().find("disconnected"), std::string::npos)
       << finished.status().ToString();
+}
+
+// A pull moves the whole request as one plan, and one notice then says that every layer of it is
+// in place (each notice is a transport send, a receive and an engine message, all behind the
+// request's last batch); a push sends one per layer. Either way every layer is in place, with
+// the source's bytes, once the engine hears of it.
+TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
+  SpyTransport* spy = nullptr;
+  auto prefill = StartDaemon("prefill-node", std::nullopt, &spy);
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode && spy);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(source && sink);
+  const std::vector<int64_t> source_blocks = {0}, blocks = {1};
+  for (const std::string id : {"pulled", "pushed"}) {
+    for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer(id, l, source_blocks).ok());
+  }
+  auto pulled = source->RequestFinished("pulled");
+  auto pushed = source->RequestFinished("pushed");
+  ASSERT_TRUE(pulled.ok() && pushed.ok());
+  pulled->tokens = pushed->tokens = 16;
+  pulled->mode = connector::Mode::kPull;
+  pushed->mode = connector::Mode::kPush;
+
+  ASSERT_TRUE(sink->StartLoad("pulled", *pulled, blocks).ok());
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(sink->WaitLayer("pulled", l).ok()) << "layer " << l;
+  EXPECT_TRUE(Released(*source, "pulled"));
+  EXPECT_EQ(spy->notifies(), 1);
+  const uint64_t request_bytes = prefill->Snapshot().bytes_sent();
+  EXPECT_GT(request_bytes, 0u);
+  EXPECT_EQ(decode->Snapshot().bytes_received(), request_bytes);
+
+  ASSERT_TRUE(sink->StartLoad("pushed", *pushed, blocks).ok());
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(sink->WaitLayer("pushed", l).ok()) << "layer " << l;
+  EXPECT_TRUE(Released(*source, "pushed"));
+  EXPECT_EQ(spy->notifies(), 1 + 2);
+  EXPECT_EQ(decode->Snapshot().bytes_received(), 2 * request_bytes);
 }
 
 }  // namespace

@@ -7,11 +7,16 @@
 // notification follows the data.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <string_view>
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "tests/support/gpu_peers.h"
+#include "transport/transport.h"
 
 namespace kv::transport::gputest {
 namespace {
@@ -56,9 +61,26 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+    // The children are killed at the end of each test, so the side-channel sockets of a backend
+    // that has them (cuda_ipc) go in a directory of this test's own, removed in TearDown.
+    auto info = DescribeTransport(GetParam());
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    if (std::none_of(info->settings.begin(), info->settings.end(), [](const SettingInfo& s) {
+          return std::string_view(s.key) == "socket_dir";
+        })) {
+      return;
+    }
+    socket_dir_ =
+        std::filesystem::temp_directory_path() / ("kvd-gput-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(socket_dir_);
+    settings_.emplace_back("socket_dir", socket_dir_.string());
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    if (!socket_dir_.empty()) std::filesystem::remove_all(socket_dir_, ignored);
   }
   Peer Start(int device, uint64_t bytes, int seed) {
-    auto peer = StartPeer({GetParam(), device, bytes, seed});
+    auto peer = StartPeer({GetParam(), device, bytes, seed}, settings_);
     EXPECT_TRUE(peer.ok()) << peer.status().ToString();
     return peer.ok() ? std::move(*peer) : Peer{};
   }
@@ -102,6 +124,10 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(Stop(decode).ok());
     EXPECT_TRUE(Stop(puller).ok());
   }
+
+ private:
+  std::filesystem::path socket_dir_;
+  Settings settings_;  // what every child of Start() is given
 };
 
 TEST_P(GpuTransferTest, PutConvertsLayoutAndNotifiesAfterTheData) {

@@ -1,6 +1,7 @@
 // A transport for security tests: forwards every call to a real backend and counts what a peer
-// obtained from it (endpoints opened, connections made), remembering the peers it connected to
-// so that a test can send a notification as a hostile kvd would.
+// obtained from it (endpoints opened, connections made) and the notifications it sent,
+// remembering the peers it connected to so that a test can send a notification as a hostile kvd
+// would.
 #pragma once
 
 #include <atomic>
@@ -19,6 +20,7 @@ class SpyTransport final : public ForwardingTransport {
   struct Counters {
     std::atomic<int> endpoints_opened{0};
     std::atomic<int> connects{0};
+    std::atomic<int> notifies{0};  // notify() calls the transport accepted
     std::mutex mu;
     std::vector<transport::PeerId> peers;  // every peer connect*() returned
   };
@@ -36,6 +38,12 @@ class SpyTransport final : public ForwardingTransport {
                                              uint64_t endpoint) override {
     return Record(inner().connect_endpoint(peer_address, endpoint));
   }
+  Status notify(transport::PeerId peer, std::string message) override {
+    Status s = inner().notify(peer, std::move(message));
+    if (s.ok()) ++counters_->notifies;
+    return s;
+  }
+  int notifies() const { return counters_->notifies.load(); }
   // As a hostile kvd: sends `message` as a notification to every peer connected so far. True
   // when there was one and every send was accepted.
   bool NotifyEveryPeer(const std::string& message) {

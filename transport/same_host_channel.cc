@@ -1,11 +1,16 @@
 #include "transport/same_host_channel.h"
 
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -23,6 +28,48 @@ std::string HostId() {
   return id.substr(0, kHostIdBytes - 1);
 }
 
+namespace {
+
+// Whether nothing listens at the unix socket `path` any more (connect() is refused); false when
+// it accepts, is busy, or cannot be asked.
+bool NobodyListensAt(const std::string& path) {
+  sockaddr_un un{};
+  if (path.size() >= sizeof(un.sun_path)) return false;
+  un.sun_family = AF_UNIX;
+  std::memcpy(un.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return false;
+  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&un), sizeof(un)) != 0 &&
+         errno == ECONNREFUSED;
+}
+
+// Removes the socket pairs "kvd-<tag>-<pid>-<n>.sock" (and its ".fd") in `dir` that a killed
+// process left. Its pid is asked first, so that a live channel (in this PID namespace) is never
+// probed, not even between its bind() and listen(); the refused connect() then guards against a
+// live one of another PID namespace that shares the directory.
+void RemoveLeftSockets(const std::string& dir, std::string_view tag) {
+  const std::string prefix = "kvd-" + std::string(tag) + "-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".sock")) continue;
+    const std::string pid_text =
+        name.substr(prefix.size(), name.find('-', prefix.size()) - prefix.size());
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text.c_str(), &end, 10);
+    if (pid_text.empty() || *end != '\0' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+      continue;  // alive, or not ours to ask
+    const std::string path = entry.path().string();
+    std::error_code ignored;
+    if (!entry.is_socket(ignored) || !NobodyListensAt(path)) continue;
+    ::unlink(path.c_str());
+    if (NobodyListensAt(path + ".fd")) ::unlink((path + ".fd").c_str());
+  }
+}
+
+}  // namespace
+
 SameHostChannel::SameHostChannel(std::string name, std::mutex* mu, Gone gone)
     : name_(std::move(name)), host_id_(HostId()), mu_(mu), gone_(std::move(gone)) {}
 
@@ -36,6 +83,7 @@ Result<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(std::string name,
   if (path.size() + 3 >= kFdPathBytes) {
     return Status::InvalidArgument(name + ": socket_dir '" + socket_dir + "' is too long");
   }
+  RemoveLeftSockets(socket_dir, tag);
   std::unique_ptr<SameHostChannel> channel(
       new SameHostChannel(std::move(name), mu, std::move(gone)));
   KV_ASSIGN_OR_RETURN(channel->listener_, Listener::Listen("unix:" + path));

@@ -110,6 +110,10 @@ class SameHostChannel {
   // Listens at "<socket_dir>/kvd-<tag>-<pid>-<n>.sock" and starts the fd server beside it.
   // kInvalidArgument when the fd server's path would not fit kFdPathBytes. `name` prefixes every
   // error. `mu` and `gone` must outlive the channel.
+  // First removes the pairs of sockets of that naming that processes killed without closing their
+  // channel (SIGKILL, a crash) left in socket_dir: those whose process is gone and whose socket
+  // refuses connections. A live channel's are never touched.
+
   static Result<std::unique_ptr<SameHostChannel>> Open(std::string name,
                                                        const std::string& socket_dir,
                                                        std::string_view tag, std::mutex* mu,

@@ -1,16 +1,22 @@
 // SameHostChannel, the side channel cuda_ipc and host_ipc share: its address, notifications from
 // one channel to another, a peer whose channel closes turning dead (its work failing kUnavailable)
-// and a disconnected one (kAborted), the addresses and descriptors it refuses.
+// and a disconnected one (kAborted), the addresses and descriptors it refuses, and the sockets a
+// killed process left.
 #include "transport/same_host_channel.h"
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "tools/testing/child_process.h"
 
 namespace kv::transport {
 namespace {
@@ -19,13 +25,12 @@ using namespace std::chrono_literals;
 
 // A channel with a gone hook that records what it was told and fails one queued batch.
 struct Side {
-  explicit Side(std::string tag = "test") {
-    auto opened =
-        SameHostChannel::Open("test", "/tmp", tag, &mu,
-                              [this](PeerId peer, const Status& why, std::vector<Completion>* f) {
-                                gone.push_back({peer, why.code()});
-                                f->push_back([this](Status s) { failed.push_back(s.code()); });
-                              });
+  explicit Side(std::string tag = "test", const std::string& dir = "/tmp") {
+    auto opened = SameHostChannel::Open(
+        "test", dir, tag, &mu, [this](PeerId peer, const Status& why, std::vector<Completion>* f) {
+          gone.push_back({peer, why.code()});
+          f->push_back([this](Status s) { failed.push_back(s.code()); });
+        });
     EXPECT_TRUE(opened.ok()) << opened.status().ToString();
     if (opened.ok()) channel = std::move(*opened);
   }
@@ -157,6 +162,42 @@ TEST(SameHostChannel, TakeJobsOfTakesOnlyThatPeersJobsAndOnlyBatchesFail) {
   ASSERT_EQ(failed.size(), 2u);
   for (Completion& done : failed) done(Status::Ok());
   EXPECT_EQ(called, 2);
+}
+
+// A process killed with its channel open leaves the channel's pair of sockets behind; the next
+// channel opened in that directory removes them, and never a live channel's.
+TEST(SameHostChannel, RemovesTheSocketsOfAKilledProcessAndNoLiveOnes) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kvd-left-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto child = harness::ChildProcess::Start([&](harness::Channel& parent) {
+    Side killed("left", dir.string());
+    if (!killed.channel || !parent.Send(killed.channel->address()).ok()) return 1;
+    (void)parent.Receive(Clock::now() + 60s);  // until killed
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  auto address = (*child)->channel().Receive(Clock::now() + 10s);
+  ASSERT_TRUE(address.ok()) << address.status().ToString();
+  const std::filesystem::path left = address->substr(address->find("unix:") + 5);
+  (*child)->Kill();
+  ASSERT_TRUE(std::filesystem::exists(left));
+  ASSERT_TRUE(std::filesystem::exists(left.string() + ".fd"));
+
+  Side live("left", dir.string());
+  ASSERT_TRUE(live.channel);
+  EXPECT_FALSE(std::filesystem::exists(left));
+  EXPECT_FALSE(std::filesystem::exists(left.string() + ".fd"));
+  const std::string live_path = live.channel->fd_server()->path();
+  {
+    Side another("left", dir.string());
+    ASSERT_TRUE(another.channel);
+    EXPECT_TRUE(std::filesystem::exists(live_path)) << "a live channel's socket was removed";
+  }
+  live.channel.reset();
+  std::error_code ignored;
+  EXPECT_TRUE(std::filesystem::is_empty(dir, ignored)) << "a closed channel left its sockets";
+  std::filesystem::remove_all(dir, ignored);
 }
 
 }  // namespace

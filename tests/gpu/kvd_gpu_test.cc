@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "connector/connector.h"
-#include "tools/testing/kvd_process.h"
 #include "protocol/kvd.pb.h"
+#include "tools/testing/kvd_process.h"
 
 namespace kv {
 namespace {
@@ -247,8 +247,8 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
 
   // heartbeat_ms: 5 missed declare a peer dead; short, so a killed kvd is noticed quickly.
   std::unique_ptr<kv::harness::KvdProcess> StartKvd(const std::string& name, int device,
-                                               const std::string& transport,
-                                               const std::string& heartbeat_ms = "200") {
+                                                    const std::string& transport,
+                                                    const std::string& heartbeat_ms = "200") {
     kv::harness::KvdProcess::Options o;
     o.binary = kv::harness::KvdBesideSelf();
     o.name = name;
@@ -256,6 +256,10 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
     o.transport = transport;
     o.extra_args = {"--device", std::to_string(device), "--log-level", "warn", "--lease-ms",
                     "15000",    "--heartbeat-ms",       heartbeat_ms};
+    if (transport == "ipc") {
+      // Its side-channel sockets in the test's directory: a killed kvd cannot unlink them.
+      o.extra_args.insert(o.extra_args.end(), {"--transport-opt", "socket_dir=" + dir_.string()});
+    }
     auto p = kv::harness::KvdProcess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;

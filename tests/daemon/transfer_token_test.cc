@@ -594,5 +594,60 @@ TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
   EXPECT_EQ(decode->Snapshot().bytes_received(), 2 * request_bytes);
 }
 
+// A source's notices are checked before they count: a range that is empty, reversed, starts
+// below 0 or runs past the request's layers is ignored (no layer marked, no byte counted), and so
+// is one that names a layer in place already.
+TEST(LayerNotices, ARangeOutOfBoundsEmptyOrOverlappingIsIgnored) {
+  SpyTransport* spy = nullptr;
+  auto prefill = StartDaemon("prefill-node", std::nullopt, &spy);
+  auto decode = StartDaemon("decode-node");
+  ASSERT_TRUE(prefill && decode && spy);
+  auto source = Engine(prefill, "prefill");
+  auto sink = Engine(decode, "decode");
+  ASSERT_TRUE(source && sink);
+  // Each real notice names layers [0, 2) (a pull). Ahead of it go the bad ranges, with its
+  // token; for "overlapped" also layer 1 alone, which the real one then overlaps.
+  spy->SendAheadOfNotes([](const std::string& message) {
+    proto::LayerNotice real;
+    std::vector<std::string> ahead;
+    if (!real.ParseFromString(message)) return ahead;
+    auto range = [&](int begin, int end, uint64_t bytes) {
+      proto::LayerNotice notice = real;
+      notice.set_layer(begin);
+      notice.set_layer_end(end);
+      notice.set_bytes(bytes);
+      ahead.push_back(notice.SerializeAsString());
+    };
+    for (auto [begin, end] : std::vector<std::pair<int, int>>{{0, 3}, {1, 1}, {-1, 1}, {1, -2}}) {
+      range(begin, end, 1000003);
+    }
+    if (real.request_id() == "overlapped") range(1, 0, 7);  // layer 1 alone
+    return ahead;
+  });
+  const std::vector<int64_t> source_blocks = {0}, blocks = {1};
+  for (const std::string id : {"clean", "overlapped"}) {
+    for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer(id, l, source_blocks).ok());
+  }
+  auto clean = source->RequestFinished("clean");
+  auto overlapped = source->RequestFinished("overlapped");
+  ASSERT_TRUE(clean.ok() && overlapped.ok());
+  clean->tokens = overlapped->tokens = 16;
+  clean->mode = overlapped->mode = connector::Mode::kPull;
+
+  ASSERT_TRUE(sink->StartLoad("clean", *clean, blocks).ok());
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(sink->WaitLayer("clean", l).ok()) << "layer " << l;
+  EXPECT_TRUE(Released(*source, "clean"));
+  const uint64_t request_bytes = prefill->Snapshot().bytes_sent();
+  EXPECT_GT(request_bytes, 0u);
+  EXPECT_EQ(decode->Snapshot().bytes_received(), request_bytes) << "a bad range counted";
+
+  ASSERT_TRUE(sink->StartLoad("overlapped", *overlapped, blocks).ok());
+  ASSERT_TRUE(sink->WaitLayer("overlapped", 1).ok());
+  // Layer 0 came only in the real notice, which overlapped layer 1 in place: the connector's
+  // wait runs out (5 s).
+  EXPECT_FALSE(sink->WaitLayer("overlapped", 0).ok()) << "an overlapping notice was taken";
+  EXPECT_EQ(decode->Snapshot().bytes_received(), request_bytes + 7);
+}
+
 }  // namespace
 }  // namespace kv

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,7 @@ class SpyTransport final : public ForwardingTransport {
     std::atomic<int> notifies{0};  // notify() calls the transport accepted
     std::mutex mu;
     std::vector<transport::PeerId> peers;  // every peer connect*() returned
+    std::function<std::vector<std::string>(const std::string&)> ahead_of_notes;  // guarded by mu
   };
 
   SpyTransport(std::unique_ptr<transport::Transport> inner, std::shared_ptr<Counters> counters)
@@ -39,11 +41,23 @@ class SpyTransport final : public ForwardingTransport {
     return Record(inner().connect_endpoint(peer_address, endpoint));
   }
   Status notify(transport::PeerId peer, std::string message) override {
+    std::vector<std::string> ahead;
+    {
+      std::lock_guard lock(counters_->mu);
+      if (counters_->ahead_of_notes) ahead = counters_->ahead_of_notes(message);
+    }
+    for (std::string& extra : ahead) (void)inner().notify(peer, std::move(extra));
     Status s = inner().notify(peer, std::move(message));
     if (s.ok()) ++counters_->notifies;
     return s;
   }
   int notifies() const { return counters_->notifies.load(); }
+  // As a kvd with a bug: each notification this kvd sends from now on goes behind what `ahead`
+  // returns for it (sent first, on the same ordered path, uncounted).
+  void SendAheadOfNotes(std::function<std::vector<std::string>(const std::string&)> ahead) {
+    std::lock_guard lock(counters_->mu);
+    counters_->ahead_of_notes = std::move(ahead);
+  }
   // As a hostile kvd: sends `message` as a notification to every peer connected so far. True
   // when there was one and every send was accepted.
   bool NotifyEveryPeer(const std::string& message) {

@@ -556,28 +556,38 @@ TEST(EarlyTransferToken, ARankThatFixedTheTokenAndLeftFailsTheRequest) {
       << finished.status().ToString();
 }
 
+// A prefill kvd whose transport `spy` watches and a decode kvd, an engine on each.
+struct SpiedPair {
+  SpyTransport* spy = nullptr;
+  std::shared_ptr<daemon::Daemon> prefill = StartDaemon("prefill-node", std::nullopt, &spy);
+  std::shared_ptr<daemon::Daemon> decode = StartDaemon("decode-node");
+  std::unique_ptr<Connector> source = prefill ? Engine(prefill, "prefill") : nullptr;
+  std::unique_ptr<Connector> sink = decode ? Engine(decode, "decode") : nullptr;
+
+  bool ok() const { return spy != nullptr && source && sink; }
+  // Request `id` saved (both layers, block 0) and finished: its params, to load in `mode`.
+  Result<TransferParams> Saved(const std::string& id, connector::Mode mode) {
+    const std::vector<int64_t> source_blocks = {0};
+    for (int l = 0; l < 2; ++l) KV_RETURN_IF_ERROR(source->SaveLayer(id, l, source_blocks));
+    KV_ASSIGN_OR_RETURN(TransferParams params, source->RequestFinished(id));
+    params.tokens = 16;
+    params.mode = mode;
+    return params;
+  }
+};
+
 // A pull moves the whole request as one plan, and one notice then says that every layer of it is
 // in place (each notice is a transport send, a receive and an engine message, all behind the
 // request's last batch); a push sends one per layer. Either way every layer is in place, with
 // the source's bytes, once the engine hears of it.
 TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
-  SpyTransport* spy = nullptr;
-  auto prefill = StartDaemon("prefill-node", std::nullopt, &spy);
-  auto decode = StartDaemon("decode-node");
-  ASSERT_TRUE(prefill && decode && spy);
-  auto source = Engine(prefill, "prefill");
-  auto sink = Engine(decode, "decode");
-  ASSERT_TRUE(source && sink);
-  const std::vector<int64_t> source_blocks = {0}, blocks = {1};
-  for (const std::string id : {"pulled", "pushed"}) {
-    for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer(id, l, source_blocks).ok());
-  }
-  auto pulled = source->RequestFinished("pulled");
-  auto pushed = source->RequestFinished("pushed");
+  SpiedPair pair;
+  ASSERT_TRUE(pair.ok());
+  auto& [spy, prefill, decode, source, sink] = pair;
+  auto pulled = pair.Saved("pulled", connector::Mode::kPull);
+  auto pushed = pair.Saved("pushed", connector::Mode::kPush);
   ASSERT_TRUE(pulled.ok() && pushed.ok());
-  pulled->tokens = pushed->tokens = 16;
-  pulled->mode = connector::Mode::kPull;
-  pushed->mode = connector::Mode::kPush;
+  const std::vector<int64_t> blocks = {1};
 
   ASSERT_TRUE(sink->StartLoad("pulled", *pulled, blocks).ok());
   for (int l = 0; l < 2; ++l) ASSERT_TRUE(sink->WaitLayer("pulled", l).ok()) << "layer " << l;
@@ -598,13 +608,9 @@ TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
 // below 0 or runs past the request's layers is ignored (no layer marked, no byte counted), and so
 // is one that names a layer in place already.
 TEST(LayerNotices, ARangeOutOfBoundsEmptyOrOverlappingIsIgnored) {
-  SpyTransport* spy = nullptr;
-  auto prefill = StartDaemon("prefill-node", std::nullopt, &spy);
-  auto decode = StartDaemon("decode-node");
-  ASSERT_TRUE(prefill && decode && spy);
-  auto source = Engine(prefill, "prefill");
-  auto sink = Engine(decode, "decode");
-  ASSERT_TRUE(source && sink);
+  SpiedPair pair;
+  ASSERT_TRUE(pair.ok());
+  auto& [spy, prefill, decode, source, sink] = pair;
   // Each real notice names layers [0, 2) (a pull). Ahead of it go the bad ranges, with its
   // token; for "overlapped" also layer 1 alone, which the real one then overlaps.
   spy->SendAheadOfNotes([](const std::string& message) {
@@ -624,15 +630,10 @@ TEST(LayerNotices, ARangeOutOfBoundsEmptyOrOverlappingIsIgnored) {
     if (real.request_id() == "overlapped") range(1, 0, 7);  // layer 1 alone
     return ahead;
   });
-  const std::vector<int64_t> source_blocks = {0}, blocks = {1};
-  for (const std::string id : {"clean", "overlapped"}) {
-    for (int l = 0; l < 2; ++l) ASSERT_TRUE(source->SaveLayer(id, l, source_blocks).ok());
-  }
-  auto clean = source->RequestFinished("clean");
-  auto overlapped = source->RequestFinished("overlapped");
+  auto clean = pair.Saved("clean", connector::Mode::kPull);
+  auto overlapped = pair.Saved("overlapped", connector::Mode::kPull);
   ASSERT_TRUE(clean.ok() && overlapped.ok());
-  clean->tokens = overlapped->tokens = 16;
-  clean->mode = overlapped->mode = connector::Mode::kPull;
+  const std::vector<int64_t> blocks = {1};
 
   ASSERT_TRUE(sink->StartLoad("clean", *clean, blocks).ok());
   for (int l = 0; l < 2; ++l) ASSERT_TRUE(sink->WaitLayer("clean", l).ok()) << "layer " << l;

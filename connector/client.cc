@@ -203,8 +203,10 @@ void ConnectorCore::Client::Apply(proto::DaemonMessage message) {
       const proto::LayerReady& ready = message.layer_ready();
       auto it = loads_.find(ready.request_id());
       const int end = ready.layer_end() == 0 ? ready.layer() + 1 : ready.layer_end();
-      if (it != loads_.end() && ready.layer() < end)
+      // kvd names each layer once; a range whose first layer is in place is a repeat.
+      if (it != loads_.end() && ready.layer() < end && !it->second.IsReady(ready.layer())) {
         it->second.ready.emplace_back(ready.layer(), end);
+      }
       return;
     }
     case proto::DaemonMessage::kRequestDone: {

@@ -112,8 +112,8 @@ class SameHostChannel {
   // error. `mu` and `gone` must outlive the channel.
   // First removes the pairs of sockets of that naming that processes killed without closing their
   // channel (SIGKILL, a crash) left in socket_dir: those whose process is gone and whose socket
-  // refuses connections. A live channel's are never touched.
-
+  // refuses connections. A live channel's process is seen alive and its sockets left alone; one
+  // of another PID namespace sharing the directory is left once it listens.
   static Result<std::unique_ptr<SameHostChannel>> Open(std::string name,
                                                        const std::string& socket_dir,
                                                        std::string_view tag, std::mutex* mu,

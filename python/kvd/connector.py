@@ -118,6 +118,9 @@ class Connector(OffloadMixin):
     must not race another call on the same connector."""
 
     REMOTE_IDS_CAPACITY = 1 << 16
+    # The most entries one start_loads or requests_finished call takes (kvd's bound).
+    MAX_LOADS_PER_CALL = _lib.MAX_LOADS_PER_CALL
+    MAX_FINISHES_PER_CALL = _lib.MAX_FINISHES_PER_CALL
 
     def __init__(self, socket: str = None, *, daemon: Daemon = None, instance: str = "engine",
                  tp_rank: int = 0, tp_size: int = 1, timeout: float = 30.0,
@@ -356,14 +359,14 @@ class Connector(OffloadMixin):
         return TransferParams.from_c(out, self._remote_ids[:n])
 
     def requests_finished(self, finishes) -> list:
-        """request_finished for many requests in one round trip to kvd, where a call each costs
-        a round trip each. `finishes`: request ids, or (request, transfer_token) pairs (token
+        """request_finished for many requests in one round trip to kvd instead of one per
+        request. `finishes`: request ids, or (request, transfer_token) pairs (token
         None for kvd's own). Returns one entry per request: its TransferParams (without
         remote_block_ids: request_finished returns those), or its KvdError (one failing does not
         stop the others). Raises the batch's error when none was sent."""
-        finishes = [(f, None) if isinstance(f, str) else tuple(f) for f in finishes]
+        finishes = [(f, None) if isinstance(f, str) else f for f in finishes]
         for i, f in enumerate(finishes):
-            if len(f) != 2:
+            if not isinstance(f, (tuple, list)) or len(f) != 2:
                 raise InvalidArgumentError(f"finishes[{i}]: a request id or a (request, "
                                            f"transfer_token) pair, got {f!r}")
         n = len(finishes)

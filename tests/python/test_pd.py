@@ -181,8 +181,9 @@ def test_requests_finished_in_one_call_load_like_one_each(daemons):
             check_request([src], [dst], ids, ids, 48)
         with pytest.raises(kvd.InvalidArgumentError, match="1 to 1024 requests"):
             src.connector.requests_finished([])
-        with pytest.raises(kvd.InvalidArgumentError, match="pair"):
-            src.connector.requests_finished([("bf-0", None, "extra")])
+        for bad in [("bf-0", None, "extra"), 5]:
+            with pytest.raises(kvd.InvalidArgumentError, match="pair"):
+                src.connector.requests_finished([bad])
 
 
 # ---- kvd processes -------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ class WorkerSide:
         decode side waits for them)."""
         expected = dict.fromkeys(sends, 0)
         items = list(sends.items())
-        step = 1024  # KV_MAX_FINISHES_PER_CALL, as start_loads' 1024
+        step = kvd.Connector.MAX_FINISHES_PER_CALL
         for g, c in self.conns.items():
             for begin in range(0, len(items), step):
                 chunk = items[begin:begin + step]
@@ -270,8 +270,9 @@ class WorkerSide:
                 for b in ids:
                     self._owner[(g, b)] = spec.req_id
         for g, loads in per_group.items():
-            for i in range(0, len(loads), 1024):
-                chunk = loads[i:i + 1024]
+            step = kvd.Connector.MAX_LOADS_PER_CALL
+            for i in range(0, len(loads), step):
+                chunk = loads[i:i + step]
                 batch = [(params.request_id, params, ids, tokens, self.cfg.mode)
                          for rid, params, ids, tokens in chunk]
                 try:

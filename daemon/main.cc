@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
   options.name = flags["name"];
   options.listen = flags["listen"];
   options.socket_path = flags["socket"];
-  options.transport_name = flags["transport"] == "ipc" ? "cuda_ipc" : flags["transport"];
+  options.transport_name = flags["transport"];
   std::chrono::milliseconds drain{};
   if (!ParseMs(flags["lease-ms"], &options.lease))
     return Fail("--lease-ms must be in (0, 3600000]");
@@ -324,6 +324,7 @@ int main(int argc, char** argv) {
   // The transport: its settings must be ones it takes (a typo is an error, not a default).
   auto backend = kv::transport::DescribeTransport(options.transport_name);
   if (!backend.ok()) return Fail(backend.status().ToString());
+  options.transport_name = backend->name;  // "ipc" is cuda_ipc
   if (backend->capabilities.ucx_config) {
     // The ucx backend turns on UCX's shared-memory peer-failure support through its config, over
     // the environment; a choice made in kvd's environment still wins, passed on as a setting.
@@ -338,11 +339,9 @@ int main(int argc, char** argv) {
     }
   }
   // --busy-poll reaches the transport's posting thread through its own setting, where it has one.
-  const bool takes_busy_poll =
-      std::any_of(backend->settings.begin(), backend->settings.end(),
-                  [](const auto& s) { return s.key == std::string_view("busy_poll"); });
-  if (options.busy_poll && takes_busy_poll)
+  if (options.busy_poll && backend->takes("busy_poll")) {
     options.transport_settings.emplace_back("busy_poll", "1");
+  }
   if (kv::Status s = kv::transport::CheckSettings(backend->name, {options.transport_settings});
       !s.ok()) {
     return Fail(s.message() + " (see --help)");

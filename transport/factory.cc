@@ -43,6 +43,7 @@ std::span<const SettingInfo> UcxBackendSettings() {
 const Backend* Find(std::span<const Backend> backends, std::string_view name) {
   if (backends.empty()) return nullptr;
   if (name == "auto") return &backends.front();
+  if (name == "ipc") name = "cuda_ipc";  // kvd --transport ipc
   for (const Backend& b : backends) {
     if (name == b.name) return &b;
   }

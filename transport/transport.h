@@ -130,6 +130,14 @@ struct BackendInfo {
   std::string_view name;
   Capabilities capabilities;
   std::span<const SettingInfo> settings;  // its own keys; static storage
+
+  // Whether `key` is one of its settings.
+  bool takes(std::string_view key) const {
+    for (const SettingInfo& s : settings) {
+      if (key == s.key) return true;
+    }
+    return false;
+  }
 };
 
 class Transport {
@@ -261,7 +269,8 @@ inline PlanEntries PlanEntriesFor(const Transport& transport) {
 
 // Backends by name: "ucx", "local" (same process, memcpy; for embedded mode and tests),
 // "host_ipc" (host memory between processes of one host, one memcpy: host_ipc_transport.h), and,
-// where built, "nccl" and "cuda_ipc". kUnsupported when this build lacks the backend.
+// where built, "nccl" and "cuda_ipc" ("ipc" too: kvd's short name; BackendInfo::name is the full
+// one). kUnsupported when this build lacks the backend.
 // "ucx" is UCX behind the staged decorator (transport/staged/staged_transport.h): host memory
 // goes to UCX unchanged; GPU memory too where UCX has CUDA support, and where it has not (Debian's
 // build) through pinned host slots and the copy kernels, so a CUDA build serves GPU regions over

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <string_view>
 
 #include "layout/kv_region.h"
 #include "layout/plan.h"
@@ -65,11 +64,7 @@ class GpuTransferTest : public ::testing::TestWithParam<std::string> {
     // that has them (cuda_ipc) go in a directory of this test's own, removed in TearDown.
     auto info = DescribeTransport(GetParam());
     ASSERT_TRUE(info.ok()) << info.status().ToString();
-    if (std::none_of(info->settings.begin(), info->settings.end(), [](const SettingInfo& s) {
-          return std::string_view(s.key) == "socket_dir";
-        })) {
-      return;
-    }
+    if (!info->takes("socket_dir")) return;
     socket_dir_ =
         std::filesystem::temp_directory_path() / ("kvd-gput-" + std::to_string(::getpid()));
     std::filesystem::create_directories(socket_dir_);

@@ -96,10 +96,7 @@ void TransportConformance::SetUp() {
   }
   auto info = DescribeTransport(backend_.transport);
   ASSERT_TRUE(info.ok()) << info.status().ToString();
-  const bool takes_socket_dir =
-      std::any_of(info->settings.begin(), info->settings.end(),
-                  [](const SettingInfo& s) { return std::string_view(s.key) == "socket_dir"; });
-  if (!takes_socket_dir) return;
+  if (!info->takes("socket_dir")) return;
   // Short (unix socket paths are limited) and unique per test process.
   socket_dir_ = std::filesystem::temp_directory_path() / ("kvd-conf-" + std::to_string(::getpid()));
   std::filesystem::create_directories(socket_dir_);

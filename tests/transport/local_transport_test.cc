@@ -61,8 +61,17 @@ TEST(TransportFactory, DescribesEveryBackendAndChecksSettings) {
   ASSERT_TRUE(automatic.ok());
   EXPECT_EQ(automatic->name, AvailableTransports().front());
   EXPECT_EQ(DescribeTransport("carrier-pigeon").status().code(), Code::kUnsupported);
+  // kvd's short name for cuda_ipc, where this build has it; its settings are asked by either.
+  auto ipc = DescribeTransport("ipc");
+  auto cuda_ipc = DescribeTransport("cuda_ipc");
+  EXPECT_EQ(ipc.ok(), cuda_ipc.ok());
+  if (ipc.ok()) {
+    EXPECT_EQ(ipc->name, "cuda_ipc");
+    EXPECT_TRUE(ipc->takes("socket_dir"));
+  }
   auto local = DescribeTransport("local");
   ASSERT_TRUE(local.ok());
+  EXPECT_FALSE(local->takes("socket_dir"));
   EXPECT_FALSE(local->capabilities.device_copies);
   EXPECT_FALSE(local->capabilities.ucx_config);
   EXPECT_TRUE(local->settings.empty());

@@ -456,11 +456,7 @@ int PdMain(int argc, char** argv) {
         std::any_of(transport_args.begin(), transport_args.end(),
                     [](const std::string& a) { return a.starts_with("socket_dir="); });
     if (auto info = kv::transport::DescribeTransport(transport);
-        !own_dir && info.ok() &&
-        std::any_of(info->settings.begin(), info->settings.end(),
-                    [](const kv::transport::SettingInfo& s) {
-                      return std::string_view(s.key) == "socket_dir";
-                    })) {
+        !own_dir && info.ok() && info->takes("socket_dir")) {
       transport_args.insert(transport_args.end(),
                             {"--transport-opt", "socket_dir=" + dir.string()});
     }

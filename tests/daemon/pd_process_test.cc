@@ -14,6 +14,7 @@
 #include "protocol/kvd.pb.h"
 #include "tools/kvbench/pd/pd_sim.h"
 #include "tools/testing/kvd_process.h"
+#include "transport/transport.h"
 
 namespace kv {
 namespace {
@@ -56,7 +57,8 @@ class PdProcesses : public ::testing::Test {
     o.socket_path = (dir_ / (name + ".sock")).string();
     o.transport = transport_;
     o.extra_args = {"--log-level", "warn", "--lease-ms", "10000", "--heartbeat-ms", "200"};
-    if (transport_ == "host_ipc") {
+    if (auto info = kv::transport::DescribeTransport(transport_);
+        info.ok() && info->takes("socket_dir")) {
       // Its side-channel sockets in the test's directory: a kvd killed with SIGKILL (and every
       // kvd TearDown stops) cannot unlink them itself.
       o.extra_args.insert(o.extra_args.end(), {"--transport-opt", "socket_dir=" + dir_.string()});

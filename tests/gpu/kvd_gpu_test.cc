@@ -21,6 +21,7 @@
 #include "connector/connector.h"
 #include "protocol/kvd.pb.h"
 #include "tools/testing/kvd_process.h"
+#include "transport/transport.h"
 
 namespace kv {
 namespace {
@@ -256,7 +257,8 @@ class KvdGpuTest : public ::testing::TestWithParam<std::string> {
     o.transport = transport;
     o.extra_args = {"--device", std::to_string(device), "--log-level", "warn", "--lease-ms",
                     "15000",    "--heartbeat-ms",       heartbeat_ms};
-    if (transport == "ipc") {
+    if (auto info = kv::transport::DescribeTransport(transport);
+        info.ok() && info->takes("socket_dir")) {
       // Its side-channel sockets in the test's directory: a killed kvd cannot unlink them.
       o.extra_args.insert(o.extra_args.end(), {"--transport-opt", "socket_dir=" + dir_.string()});
     }

@@ -205,6 +205,13 @@ kv::Result<kv::connector::Connector*> Live(kv_connector* c) {
   return c->impl.get();
 }
 
+// A batch call's size: 1 to `most` entries.
+Status CheckBatchSize(size_t n, size_t most, const char* call, const char* entries) {
+  if (n >= 1 && n <= most) return Status::Ok();
+  return Status::InvalidArgument(std::string(call) + " takes 1 to " + std::to_string(most) + " " +
+                                 entries + ", not " + std::to_string(n));
+}
+
 // The C form of `params` into *out (its struct_size the caller's, checked before).
 Status ParamsOut(const kv::connector::TransferParams& params, kv_transfer_params* out) {
   kv_transfer_params p;
@@ -451,11 +458,8 @@ int kv_requests_finished(kv_connector* c, const kv_finish* finishes, size_t n,
                          kv_transfer_params* out, kv_error* results, kv_error* err) {
   return Guarded(err, [&]() -> Status {
     KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
-    if (n == 0 || n > KV_MAX_FINISHES_PER_CALL) {
-      return Status::InvalidArgument("requests_finished takes 1 to " +
-                                     std::to_string(KV_MAX_FINISHES_PER_CALL) + " requests, not " +
-                                     std::to_string(n));
-    }
+    KV_RETURN_IF_ERROR(
+        CheckBatchSize(n, KV_MAX_FINISHES_PER_CALL, "requests_finished", "requests"));
     KV_RETURN_IF_ERROR(NeedNonNull(finishes, "finishes"));
     KV_RETURN_IF_ERROR(NeedNonNull(results, "results"));
     for (size_t i = 0; out != nullptr && i < n; ++i) {
@@ -507,11 +511,7 @@ int kv_start_loads(kv_connector* c, const kv_load* loads, size_t n, kv_error* re
                    kv_error* err) {
   return Guarded(err, [&]() -> Status {
     KV_ASSIGN_OR_RETURN(auto* connector, Live(c));
-    if (n == 0 || n > KV_MAX_LOADS_PER_CALL) {
-      return Status::InvalidArgument("start_loads takes 1 to " +
-                                     std::to_string(KV_MAX_LOADS_PER_CALL) + " loads, not " +
-                                     std::to_string(n));
-    }
+    KV_RETURN_IF_ERROR(CheckBatchSize(n, KV_MAX_LOADS_PER_CALL, "start_loads", "loads"));
     KV_RETURN_IF_ERROR(NeedNonNull(loads, "loads"));
     KV_RETURN_IF_ERROR(NeedNonNull(results, "results"));
     std::vector<kv::connector::LoadSpec> specs;

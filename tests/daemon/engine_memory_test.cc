@@ -59,6 +59,7 @@ class EngineMemory : public ::testing::Test {
     options.name = "victim";
     options.socket_path = (dir_ / "kvd.sock").string();
     options.transport_name = "local";
+    if (max_source_requests_ > 0) options.max_source_requests = max_source_requests_;
     auto d = daemon::Daemon::Start(std::move(options));
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = *d;
@@ -153,10 +154,29 @@ class EngineMemory : public ::testing::Test {
     return CallWithMemfd(HostRegion(bytes), bytes, seal);
   }
 
+  // A save of `layer` naming `ids` (none: the blocks of the request's first save), answered.
+  Status Save(const std::string& request, int layer, const std::vector<int64_t>& ids) {
+    proto::EngineMessage m;
+    m.set_seq(++seq_);
+    auto* save = m.mutable_save_layer();
+    save->set_request_id(request);
+    save->set_layer(layer);
+    for (int64_t id : ids) save->add_block_ids(id);
+    return Call(m, -1);
+  }
+
+  int max_source_requests_ = 0;  // kvd's default unless a fixture sets it before SetUp
   std::filesystem::path dir_;
   std::shared_ptr<daemon::Daemon> daemon_;
   int fd_ = -1;
   uint64_t seq_ = 1;
+};
+
+// Saves as kvd takes them from a raw engine: the blocks named once (engine protocol 7), and a
+// source table of one request.
+class EngineSaves : public EngineMemory {
+ protected:
+  EngineSaves() { max_source_requests_ = 1; }
 };
 
 TEST_F(EngineMemory, AnUnsealedMemfdIsRefusedAndKvdKeepsServing) {
@@ -284,6 +304,34 @@ TEST_F(EngineMemory, AGpuRegionTakesTheSamePath) {
   EXPECT_NE(unreachable.message().find("cannot reach GPU memory"), std::string::npos)
       << unreachable.ToString();
   EXPECT_EQ(daemon_->Snapshot().regions(), 0u);
+}
+
+// A request's first save on a rank names its blocks; a later one may leave them out and then
+// stands for the same blocks, or name them again; other blocks, or none at first, are refused.
+TEST_F(EngineSaves, ALaterSaveMayLeaveTheBlocksOutButNotTheFirst) {
+  ASSERT_TRUE(CallWithMemfd(HostRegion(4096, /*layers=*/2), 4096).ok());
+  Status first = Save("a", 1, {});
+  EXPECT_EQ(first.code(), Code::kInvalidArgument) << first.ToString();
+  EXPECT_NE(first.message().find("saved none of it"), std::string::npos) << first.ToString();
+  ASSERT_TRUE(Save("a", 0, {0}).ok());
+  EXPECT_TRUE(Save("a", 1, {}).ok());
+  EXPECT_TRUE(Save("a", 1, {0}).ok());
+  Status other = Save("a", 0, {0, 0});
+  EXPECT_EQ(other.code(), Code::kInvalidArgument) << other.ToString();
+  EXPECT_NE(other.message().find("other blocks than before"), std::string::npos)
+      << other.ToString();
+}
+
+// max_source_requests bounds the requests held, not the saves of one held: a full table refuses a
+// new request and keeps taking the layers of the one it holds (it refused them too before).
+TEST_F(EngineSaves, AFullSourceTableTakesTheLaterLayersOfARequestItHolds) {
+  ASSERT_TRUE(CallWithMemfd(HostRegion(4096, /*layers=*/2), 4096).ok());
+  ASSERT_TRUE(Save("a", 0, {0}).ok());
+  Status full = Save("b", 0, {0});
+  EXPECT_EQ(full.code(), Code::kResourceExhausted) << full.ToString();
+  Status held = Save("a", 1, {0});
+  EXPECT_TRUE(held.ok()) << held.ToString();
+  EXPECT_TRUE(Save("a", 1, {}).ok());
 }
 
 }  // namespace

@@ -261,6 +261,7 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
             if (l + 1 == c.layers) fail(j, memory->MarkSaved(e.rank, j));
           }
         }
+        EngineTrace(c.trace, "esaved", ids[0], static_cast<int>(c.layers) - 1);
         // The wave's finishes in one round trip, as its loads: a pull's decode side waits for
         // them, and one round trip each put a kvd wake-up per request on the wave's clock.
         std::vector<FinishSpec> finishes;

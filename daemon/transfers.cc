@@ -27,6 +27,26 @@ Result<std::shared_ptr<transport::RemoteMemory>> ImportRemote(Peer& peer,
   return made->second;
 }
 
+// Layers [begin, end) of `layer_plan` appended to *plan; on error *plan is left unchanged, as
+// PlanTransfer leaves it.
+Status AppendLayers(const LayerPlan& layer_plan, int begin, int end, Plan* plan) {
+  const size_t runs = plan->runs.size(), groups = plan->groups.size(),
+               blocks = plan->blocks.size();
+  const uint64_t group_rows = plan->group_rows, bytes = plan->bytes;
+  for (int l = begin; l < end; ++l) {
+    Status s = layer_plan.AppendLayer(l, plan);
+    if (!s.ok()) {
+      plan->runs.resize(runs);
+      plan->groups.resize(groups);
+      plan->blocks.resize(blocks);
+      plan->group_rows = group_rows;
+      plan->bytes = bytes;
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Scheduler::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
@@ -374,19 +394,22 @@ Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int 
         spec.tokens = request.tokens;
         spec.layer_begin = begin;
         spec.layer_end = end;
-        const LayerPlan* layer_plan = nullptr;
-        if (end - begin == 1) {
-          auto& cached = to.layer_plans[{r, d, i}];
-          if (cached.source != src) {
-            KV_ASSIGN_OR_RETURN(
-                cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec, plan_entries_));
-            cached.source = src;
-          }
-          layer_plan = &cached.plan;
+        auto& cached = to.layer_plans[{r, d, i}];
+        if (cached.source != src) {
+          KV_ASSIGN_OR_RETURN(
+              cached.plan, LayerPlan::Create(src->layout, dst.layouts[i], spec, plan_entries_));
+          cached.source = src;
         }
+        const LayerPlan& layer_plan = cached.plan;
+        // A range (a pull) is planned whole, which joins runs across layers (a blocks-first
+        // request: one run per block), unless a layer's plan is compressed (groups or blocks: a
+        // layout or TP conversion that cuts pages into rows); planned whole, every row would be
+        // a run of its own, a million for an LBNHC -> BLHNC request, tens of ms of planning.
+        const bool by_layer =
+            end - begin == 1 || layer_plan.entries_per_layer() < layer_plan.runs_per_layer();
         auto append = [&](Plan* plan) {
-          return layer_plan != nullptr ? layer_plan->AppendLayer(begin, plan)
-                                       : PlanTransfer(src->layout, dst.layouts[i], spec, plan);
+          return by_layer ? AppendLayers(layer_plan, begin, end, plan)
+                          : PlanTransfer(src->layout, dst.layouts[i], spec, plan);
         };
         // GPU sources wait for the engine's event of the range's last layer (a pull range: the
         // engine records its layers in order on one stream), unless no save of the range

@@ -22,6 +22,9 @@ class SpyTransport final : public ForwardingTransport {
     std::atomic<int> endpoints_opened{0};
     std::atomic<int> connects{0};
     std::atomic<int> notifies{0};  // notify() calls the transport accepted
+    std::atomic<uint64_t> runs_posted{0};     // entries of the batches post() accepted: runs,
+    std::atomic<uint64_t> groups_posted{0};   // run groups
+    std::atomic<uint64_t> blocks_posted{0};   // and blocks of groups
     std::mutex mu;
     std::vector<transport::PeerId> peers;  // every peer connect*() returned
     std::function<std::vector<std::string>(const std::string&)> ahead_of_notes;  // guarded by mu
@@ -51,7 +54,17 @@ class SpyTransport final : public ForwardingTransport {
     if (s.ok()) ++counters_->notifies;
     return s;
   }
+  Status post(const transport::Batch& batch, transport::Completion done) override {
+    Status s = inner().post(batch, std::move(done));
+    if (s.ok()) {
+      counters_->runs_posted += batch.runs.size();
+      counters_->groups_posted += batch.groups.size();
+      counters_->blocks_posted += batch.blocks.size();
+    }
+    return s;
+  }
   int notifies() const { return counters_->notifies.load(); }
+  const Counters& counters() const { return *counters_; }
   // As a kvd with a bug: each notification this kvd sends from now on goes behind what `ahead`
   // returns for it (sent first, on the same ordered path, uncounted).
   void SendAheadOfNotes(std::function<std::vector<std::string>(const std::string&)> ahead) {

@@ -11,7 +11,8 @@ notice (the decode kvd received a LayerNotice and sent LayerReady to its engines
 backend's own steps by batch number ("batch-N"): nccl n_take, n_announced, n_enqueued, n_acked on the
 sending side and n_in, n_recv, n_posted, n_scattered, n_landed on the receiving side; cuda_ipc
 i_take, i_launched, i_done. The table shows the first "taken" and "landed" of each wave. `kvbench pd
---trace` adds the engines' side on its stderr: ewave (the wave's clock starts), esave, eloads (a
+--trace` adds the engines' side on its stderr: ewave (the wave's clock starts), esave (the first
+save), esaved (the prefill engine's last save of the wave went out), eloads (a
 decode engine sent StartLoads), einplace (its WaitLayer returned).
 
   kvbench pd --prewrite --trace 2> t.log      (its own kvds log at debug level to its stderr)

@@ -309,8 +309,9 @@ void Scheduler::PumpSource(SourceRequest& request) {
     }
     return true;
   };
-  // Pull moves the whole request as one plan: a blocks-first cache then needs one run per
-  // contiguous block range instead of one per layer and block.
+  // Pull moves the whole request once every layer is saved: as one range (SendLayers plans it
+  // whole where that joins runs across layers, a blocks-first cache's one run per block range,
+  // else layer by layer), or two where the link idles (PullHead).
   if (request.mode == proto::MODE_PULL) {
     for (int l = 0; l < request.layers; ++l) {
       if (!ready(l)) return;

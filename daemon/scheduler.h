@@ -204,9 +204,6 @@ struct Retired {
 
 class Scheduler {
  public:
-  // A pulled request of at least this many block-layers (summed over its source ranks) is
-  // split when the link idles (PullHead).
-  static constexpr size_t kPullSplitPages = 2048;
   // What the scheduler asks of the daemon; every hook runs on the io thread.
   struct Hooks {
     // The peer kvd at HOST:PORT `address`, dialed if this kvd has no connection to it.
@@ -306,12 +303,6 @@ class Scheduler {
   // A new source request fits max_source_requests (a Want flood holds no more than that).
   Status CheckSourceRoom(const std::string& request_id) const;
   void PumpSource(SourceRequest& request);
-  // The layers a pulled request's first batch covers: its first quarter when the link has
-  // nothing moving and the request is large (at least kPullSplitPages block-layers), so the link
-  // copies them while the io thread plans the rest; a whole request of Llama-3-8B at 4096
-  // tokens is 8,192 runs, about 0.2 ms of planning before its first byte would move
-  // (benchmarks/pd_gpu.md, twenty-fourth session). Else every layer, in one plan.
-  int PullHead(const SourceRequest& request) const;
   // Plans and posts layers [begin, end) for every (source rank, destination rank) pair sharing
   // a head, then announces each layer to the destination.
   Status SendLayers(SourceRequest& request, SourceDestination& destination, int begin, int end);

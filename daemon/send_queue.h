@@ -114,10 +114,6 @@ class SendQueue {
   void PostIfIdle();
 
   uint64_t batches_posted() const { return batches_posted_; }
-  // Some of this kvd's posts are still moving: a post now would not start an idle link.
-  bool moving() const {
-    return bytes_posted_ != bytes_landed_.load(std::memory_order_relaxed);
-  }
 
  private:
   // A LayerNotice waiting for the posts queued before it.

@@ -289,9 +289,9 @@ void Scheduler::PumpSource(SourceRequest& request) {
     }
     return true;
   };
-  // Pull moves the whole request once every layer is saved: as one range (SendLayers plans it
-  // whole where that joins runs across layers, a blocks-first cache's one run per block range,
-  // else layer by layer), or two where the link idles (PullHead).
+  // Pull moves the whole request once every layer is saved, as one range: SendLayers plans it
+  // whole where that joins runs across layers (a blocks-first cache's one run per block range),
+  // else layer by layer.
   if (request.mode == proto::MODE_PULL) {
     for (int l = 0; l < request.layers; ++l) {
       if (!ready(l)) return;
@@ -304,12 +304,7 @@ void Scheduler::PumpSource(SourceRequest& request) {
     if (to.sent.empty()) to.sent.assign(request.layers, false);
     if (request.mode == proto::MODE_PULL) {
       if (to.sent.front()) continue;
-      const int head = PullHead(request);
-      Status s = SendLayers(request, to, 0, head);
-      if (s.ok() && head < request.layers) {
-        send_queue_.PostIfIdle();
-        s = SendLayers(request, to, head, request.layers);
-      }
+      Status s = SendLayers(request, to, 0, request.layers);
       if (!s.ok()) {
         FinishSource(request.id, s.WithContext("request " + request.id), /*tell_peer=*/true);
         return;
@@ -338,14 +333,6 @@ void Scheduler::PumpSource(SourceRequest& request) {
   if (all_sent && request.wanted_ranks() == request.destination_tp) {
     request.state = SourceRequest::State::kAwaitingConfirm;
   }
-}
-
-int Scheduler::PullHead(const SourceRequest& request) const {
-  if (send_queue_.moving() || request.layers < 4) return request.layers;
-  size_t blocks = 0;
-  for (const auto& [r, rank] : request.ranks) blocks += rank.blocks.size();
-  if (blocks * static_cast<size_t>(request.layers) < kPullSplitPages) return request.layers;
-  return request.layers / 4;
 }
 
 Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int begin, int end) {

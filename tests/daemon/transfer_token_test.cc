@@ -14,7 +14,6 @@
 #include "connector/connector.h"
 #include "daemon/daemon.h"
 #include "daemon/peer_auth.h"
-#include "daemon/scheduler.h"
 #include "layout/plan.h"
 #include "protocol/kvd.pb.h"
 #include "tests/support/spy_transport.h"
@@ -582,8 +581,8 @@ struct SpiedPair {
   }
 };
 
-// A pull moves the whole request as one plan (a large one on an idle link: two, see below), and
-// one notice then says that every layer of it is in place (each notice is a transport send, a receive and an engine message, all behind the
+// A pull moves the whole request as one plan, and one notice then says that every layer of it is
+// in place (each notice is a transport send, a receive and an engine message, all behind the
 // request's last batch); a push sends one per layer. Either way every layer is in place, with
 // the source's bytes, once the engine hears of it.
 TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
@@ -610,80 +609,13 @@ TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
   EXPECT_EQ(decode->Snapshot().bytes_received(), 2 * request_bytes);
 }
 
-// A large pull on a link with nothing moving goes as two batches, its first quarter of layers
-// and then the rest, so the copy starts while the rest is planned: two notices, every byte in
-// place. A small pull stays one plan and one notice.
-TEST(LayerNotices, ALargePullOnAnIdleLinkStartsWithItsFirstQuarter) {
-  LayoutSpec spec;
-  spec.layers = 8;
-  spec.blocks = 512;
-  spec.heads = 1;
-  spec.block_size = 16;
-  spec.content_bytes = 16;
-  static_assert(daemon::Scheduler::kPullSplitPages == 2048);  // 8 layers x 256 blocks below
-  SpyTransport* spy = nullptr;
-  auto prefill = StartDaemon("prefill-node", std::nullopt, &spy);
-  auto decode = StartDaemon("decode-node");
-  ASSERT_TRUE(prefill && decode && spy);
-  auto open = [&](const std::shared_ptr<daemon::Daemon>& d, const std::string& instance)
-      -> std::pair<std::unique_ptr<Connector>, connector::KvCache> {
-    auto engine = Connector::OpenEmbedded(d, {instance, 0, 1, std::chrono::milliseconds(5000)});
-    if (!engine.ok()) return {};
-    auto caches = (*engine)->RegisterKvCaches(connector::HostCaches({&spec, 1}));
-    if (!caches.ok()) return {};
-    return {std::move(*engine), caches->front()};
-  };
-  auto [source, source_cache] = open(prefill, "prefill");
-  auto [sink, sink_cache] = open(decode, "decode");
-  ASSERT_TRUE(source && sink);
-  const KvRegion layout = connector::RegionOf(source_cache);
-  auto page = [&](const connector::KvCache& cache, int layer, int64_t block) {
-    return static_cast<unsigned char*>(cache.base) + layout.page_offset(layer, block);
-  };
-  auto pull = [&](const std::string& id, int64_t count) {
-    std::vector<int64_t> from, to;
-    for (int64_t b = 0; b < count; ++b) {
-      from.push_back(b);
-      to.push_back(511 - b);
-    }
-    for (int l = 0; l < spec.layers; ++l) {
-      for (int64_t b : from) {
-        std::memset(page(source_cache, l, b), static_cast<int>((l * 31 + b) & 0xff),
-                    layout.page_bytes());
-      }
-      ASSERT_TRUE(source->SaveLayer(id, l, from).ok());
-    }
-    auto params = source->RequestFinished(id);
-    ASSERT_TRUE(params.ok()) << params.status().ToString();
-    params->tokens = count * spec.block_size;
-    params->mode = connector::Mode::kPull;
-    ASSERT_TRUE(sink->StartLoad(id, *params, to).ok());
-    for (int l = 0; l < spec.layers; ++l) {
-      ASSERT_TRUE(sink->WaitLayer(id, l).ok()) << id << " layer " << l;
-      for (int64_t i = 0; i < count; ++i) {
-        const unsigned char* got = page(sink_cache, l, to[i]);
-        const unsigned char want = static_cast<unsigned char>((l * 31 + from[i]) & 0xff);
-        for (uint64_t k = 0; k < layout.page_bytes(); ++k) {
-          ASSERT_EQ(got[k], want) << id << " layer " << l << " block " << from[i];
-        }
-      }
-    }
-    EXPECT_TRUE(Released(*source, id));
-  };
-  pull("large", 256);
-  EXPECT_EQ(spy->notifies(), 2);
-  pull("small", 4);
-  EXPECT_EQ(spy->notifies(), 3);
-  EXPECT_EQ(decode->Snapshot().bytes_received(), prefill->Snapshot().bytes_sent());
-  EXPECT_EQ(decode->Snapshot().bytes_received(), 260 * spec.layers * layout.page_bytes());
-}
-
-// A pull whose layers are cut into rows (LBNHC -> BLHNC: a row per head and token of a page) is planned layer by layer, as groups of rows, where the backend takes groups: planned
-// whole it was one run per row (1,048,576 for a Llama-3-8B request of 4096 tokens; on two H200s
-// such pulls ran at 0.05 of the link, benchmarks/pd_gpu.md). Every byte lands either way.
+// A pull whose layers are cut into rows (LBNHC -> BLHNC: a row per head and token of a page) is
+// planned layer by layer, as groups of rows, where the backend takes groups: planned whole it was
+// one run per row (1,048,576 for a Llama-3-8B request of 4096 tokens; on two H200s such pulls ran
+// at 0.05 of the link, benchmarks/pd_gpu.md). Every byte lands either way.
 TEST(LayerNotices, APullThatCutsPagesIntoRowsGoesAsGroups) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("kvd-rows-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvd-rows-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   transport::TransportOptions host_ipc;
   host_ipc.settings = {{"socket_dir", dir.string()}};
@@ -730,8 +662,7 @@ TEST(LayerNotices, APullThatCutsPagesIntoRowsGoesAsGroups) {
   EXPECT_EQ(plan->runs.size(), static_cast<size_t>(2 * from.layers * from.heads * from.block_size));
   for (const kv::Run& run : plan->runs) {
     ASSERT_EQ(std::memcmp(static_cast<const char*>(sink_cache.base) + run.dst_offset,
-                          static_cast<const char*>(source_cache.base) + run.src_offset,
-                          run.length),
+                          static_cast<const char*>(source_cache.base) + run.src_offset, run.length),
               0);
   }
   const auto& posted = spy->counters();

@@ -21,10 +21,10 @@ class SpyTransport final : public ForwardingTransport {
   struct Counters {
     std::atomic<int> endpoints_opened{0};
     std::atomic<int> connects{0};
-    std::atomic<int> notifies{0};  // notify() calls the transport accepted
-    std::atomic<uint64_t> runs_posted{0};     // entries of the batches post() accepted: runs,
-    std::atomic<uint64_t> groups_posted{0};   // run groups
-    std::atomic<uint64_t> blocks_posted{0};   // and blocks of groups
+    std::atomic<int> notifies{0};            // notify() calls the transport accepted
+    std::atomic<uint64_t> runs_posted{0};    // entries of the batches post() accepted: runs,
+    std::atomic<uint64_t> groups_posted{0};  // run groups
+    std::atomic<uint64_t> blocks_posted{0};  // and blocks of groups
     std::mutex mu;
     std::vector<transport::PeerId> peers;  // every peer connect*() returned
     std::function<std::vector<std::string>(const std::string&)> ahead_of_notes;  // guarded by mu

@@ -243,8 +243,9 @@ typedef struct {
 } kv_finish;
 
 /* kv_request_finished(_with_token) for `n` requests (1 to KV_MAX_FINISHES_PER_CALL) in one round
- * trip to kvd instead of one per request (a pull's decode side waits for them all). Returns KV_OK when kvd answered: then results[i] (n entries, the caller's) holds request
- * i's outcome, code 0 when it finished; one failing does not stop the others. `out` may be NULL;
+ * trip to kvd instead of one per request (a pull's decode side waits for them all). Returns
+ * KV_OK when kvd answered: then results[i] (n entries, the caller's) holds request i's
+ * outcome, code 0 when it finished; one failing does not stop the others. `out` may be NULL;
  * else n kv_transfer_params, each with its struct_size set, receive the requests' params (no
  * remote block ids: kv_request_finished returns those). Otherwise the batch's error, and no
  * request was sent. */

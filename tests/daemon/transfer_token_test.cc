@@ -614,9 +614,14 @@ TEST(LayerNotices, APullNamesItsWholeRequestInOneNotice) {
 // one run per row (1,048,576 for a Llama-3-8B request of 4096 tokens; on two H200s such pulls ran
 // at 0.05 of the link, benchmarks/pd_gpu.md). Every byte lands either way.
 TEST(LayerNotices, APullThatCutsPagesIntoRowsGoesAsGroups) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("kvd-rows-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  // The side-channel sockets' directory, removed last (declared first) whatever fails.
+  struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("kvd-rows-" + std::to_string(getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() { std::filesystem::remove_all(path); }
+  } const dir_guard;
+  const std::filesystem::path& dir = dir_guard.path;
   transport::TransportOptions host_ipc;
   host_ipc.settings = {{"socket_dir", dir.string()}};
   SpyTransport* spy = nullptr;
@@ -669,11 +674,6 @@ TEST(LayerNotices, APullThatCutsPagesIntoRowsGoesAsGroups) {
   EXPECT_EQ(posted.runs_posted.load(), 0u);
   EXPECT_GT(posted.groups_posted.load() + posted.blocks_posted.load(), 0u);
   EXPECT_LT(posted.groups_posted.load(), plan->runs.size());
-  sink.reset();
-  source.reset();
-  prefill.reset();
-  decode.reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A source's notices are checked before they count: a range that is empty, reversed, starts

@@ -27,25 +27,6 @@ Result<std::shared_ptr<transport::RemoteMemory>> ImportRemote(Peer& peer,
   return made->second;
 }
 
-// Layers [begin, end) of `layer_plan` appended to *plan; on error *plan is left unchanged, as
-// PlanTransfer leaves it.
-Status AppendLayers(const LayerPlan& layer_plan, int begin, int end, Plan* plan) {
-  const size_t runs = plan->runs.size(), groups = plan->groups.size(), blocks = plan->blocks.size();
-  const uint64_t group_rows = plan->group_rows, bytes = plan->bytes;
-  for (int l = begin; l < end; ++l) {
-    Status s = layer_plan.AppendLayer(l, plan);
-    if (!s.ok()) {
-      plan->runs.resize(runs);
-      plan->groups.resize(groups);
-      plan->blocks.resize(blocks);
-      plan->group_rows = group_rows;
-      plan->bytes = bytes;
-      return s;
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status Scheduler::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
@@ -376,7 +357,7 @@ Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int 
         const bool by_layer =
             end - begin == 1 || layer_plan.entries_per_layer() < layer_plan.runs_per_layer();
         auto append = [&](Plan* plan) {
-          return by_layer ? AppendLayers(layer_plan, begin, end, plan)
+          return by_layer ? layer_plan.AppendLayers(begin, end, plan)
                           : PlanTransfer(src->layout, dst.layouts[i], spec, plan);
         };
         // GPU sources wait for the engine's event of the range's last layer (a pull range: the

@@ -87,6 +87,15 @@ void Shift(GroupBlocks& e, uint64_t s, uint64_t d) {
 
 }  // namespace
 
+Status LayerPlan::AppendLayers(int64_t begin, int64_t end, Plan* plan) const {
+  if (begin < 0 || begin >= end || end > layers_) {
+    return Status::OutOfRange("layers [" + std::to_string(begin) + ", " + std::to_string(end) +
+                              ") are not a range inside [0, " + std::to_string(layers_) + ")");
+  }
+  for (int64_t layer = begin; layer < end; ++layer) KV_RETURN_IF_ERROR(AppendLayer(layer, plan));
+  return Status::Ok();
+}
+
 Status LayerPlan::AppendLayer(int64_t layer, Plan* plan) const {
   if (layer < 0 || layer >= layers_) {
     return Status::OutOfRange("layer " + std::to_string(layer) + " is outside [0, " +

@@ -164,6 +164,10 @@ class LayerPlan {
   // there) and adds their bytes. kOutOfRange, with *plan unchanged, for a layer outside [0,
   // layers).
   Status AppendLayer(int64_t layer, Plan* plan) const;
+  // AppendLayer for each layer of [begin, end), in order: what PlanTransfer plans for that range,
+  // compressed as each layer is. kOutOfRange, with *plan unchanged, for a range that is empty or
+  // not inside [0, layers).
+  Status AppendLayers(int64_t begin, int64_t end, Plan* plan) const;
   size_t runs_per_layer() const { return layer0_.run_count(); }
   // Entries appended per layer: runs, groups or blocks, as the layer is planned.
   size_t entries_per_layer() const {

@@ -114,6 +114,20 @@ TEST(GroupBlocksTest, LayerPlanJoinsAPagesHeadsIntoOneEntry) {
     EXPECT_EQ(b.group_rows, g.group_rows);
     EXPECT_TRUE(ValidateBlocks(b.blocks, src.span_bytes(), dst.span_bytes()).ok());
   }
+  // A range of layers is each layer in order, and a bad range leaves the plan as it was.
+  Plan range, each;
+  ASSERT_TRUE(blocked->AppendLayers(1, 4, &range).ok());
+  for (int64_t layer = 1; layer < 4; ++layer) ASSERT_TRUE(blocked->AppendLayer(layer, &each).ok());
+  EXPECT_EQ(range.blocks, each.blocks);
+  EXPECT_EQ(range.bytes, each.bytes);
+  EXPECT_EQ(range.group_rows, each.group_rows);
+  for (auto [begin, end] :
+       std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {3, 1}, {-1, 2}, {0, 1 << 20}}) {
+    const Status bad = blocked->AppendLayers(begin, end, &range);
+    EXPECT_EQ(bad.code(), Code::kOutOfRange) << begin << ", " << end;
+  }
+  EXPECT_EQ(range.blocks, each.blocks);
+  EXPECT_EQ(range.bytes, each.bytes);
   // LBNHC -> LBNHC with random ids has nothing to join: the plan stays as it was.
   auto same = LayerPlan::Create(src, src, spec, PlanEntries::kGroupBlocks);
   auto plain = LayerPlan::Create(src, src, spec, PlanEntries::kGroups);

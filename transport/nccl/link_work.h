@@ -13,12 +13,17 @@
 namespace kv::transport::nccl {
 
 struct SendJob {
-  enum class Kind { kData, kFrame } kind = Kind::kFrame;
-  std::string frame;          // kFrame: sent as is
+  enum class Kind { kData, kFrame, kGet } kind = Kind::kFrame;
+  std::string frame;  // kFrame: sent as is
+  // kGet: the request, its ranges and rows still to name (SplitGet, on the sender thread, from
+  // `runs`, `groups` and `blocks`), and the PendingGet it fills in.
+  GetRequestMsg request;
+  std::vector<Run> runs;
   DataMsg data;               // kData: the announcement (ranges in the receiver's view)
   std::vector<Range> gather;  // kData: the same bytes in our region, same order
-  // kData of a put: its run groups and blocks of them, split into data.strided and `rows` by
-  // the sender thread (SplitGroups, SplitBlocks), off the thread that posts.
+  // kData of a put, and kGet: its run groups and blocks of them, split by the sender thread, off
+  // the thread that posts (SplitGroups and SplitBlocks into data.strided and `rows`; SplitGet
+  // into the request and its PendingGet).
   std::vector<RunGroup> groups;
   std::vector<GroupBlocks> blocks;
   std::vector<Strided> rows;  // kData: data.strided's rows in our region, same order
@@ -35,8 +40,13 @@ struct PendingPut {
 
 struct PendingGet {
   char* local_base = nullptr;
-  std::vector<Range> ranges;  // where the bytes go, in order
+  // Where the bytes go, in order: filled in when the request is sent (`named`), in chunks of
+  // chunk_bytes.
+  std::vector<Range> ranges;
+  std::vector<Strided> rows;
+  uint64_t chunk_bytes = 0;
   uint64_t bytes = 0;
+  bool named = false;
   Completion done;
   Clock::time_point deadline;
 };

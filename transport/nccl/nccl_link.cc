@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <optional>
@@ -121,9 +122,18 @@ struct Link::Impl {
         }
       }
       if (job.kind == SendJob::Kind::kData) Trace("n_take", job.data.seq);
-      Status sent = job.kind == SendJob::Kind::kFrame
-                        ? socket.SendFrame(job.frame, ControlDeadline())
-                        : SendData(job);
+      Status sent;
+      switch (job.kind) {
+        case SendJob::Kind::kFrame:
+          sent = socket.SendFrame(job.frame, ControlDeadline());
+          break;
+        case SendJob::Kind::kGet:
+          sent = SendGet(job);
+          break;
+        case SendJob::Kind::kData:
+          sent = SendData(job);
+          break;
+      }
       if (!sent.ok()) Fail(Status::Unavailable("nccl send: " + sent.ToString()));
     }
   }
@@ -160,6 +170,36 @@ struct Link::Impl {
                                  job.data.chunk_bytes, job.data.direct_bytes, job.deadline));
     Trace("n_enqueued", job.data.seq);
     return Status::Ok();
+  }
+
+  // A get's request. Its rows are named here, off the thread that posted it, and its PendingGet
+  // learns where they land before the request leaves: no reply can come sooner.
+  Status SendGet(SendJob& job) {
+    std::vector<Range> ranges;
+    std::vector<Strided> rows;
+    SplitGet(job.runs, job.groups, job.blocks, &job.request, &ranges, &rows);
+    Result<uint64_t> bytes = TotalBytes(ranges, rows);
+    Completion refused;
+    {
+      std::lock_guard lock(mu);
+      auto it = gets.find(job.request.seq);
+      if (it == gets.end()) return Status::Ok();  // the reader timed it out while it queued
+      if (bytes.ok()) {
+        it->second.ranges = std::move(ranges);
+        it->second.rows = std::move(rows);
+        it->second.chunk_bytes = job.request.chunk_bytes;
+        it->second.bytes = *bytes;
+        it->second.named = true;
+      } else {
+        refused = std::move(it->second.done);
+        gets.erase(it);
+      }
+    }
+    if (refused) {
+      refused(bytes.status());  // it fails alone: nothing was asked of the peer
+      return Status::Ok();
+    }
+    return socket.SendFrame(EncodeGetRequest(job.request), job.deadline);
   }
 
   // ---- reader thread ----
@@ -292,18 +332,31 @@ struct Link::Impl {
     return Status::InvalidArgument("unknown message");
   }
 
+  // The reply is laid out in the request's chunks where it has rows (they are cut to fit those),
+  // else in chunks of at most ours. It names no ranges: the requester knows them.
   Status AnswerGet(GetRequestMsg req) {
     auto region = regions->Find(req.region_id);
+    const uint64_t chunk_bytes =
+        req.strided.empty() ? std::min(req.chunk_bytes, options.chunk_bytes) : req.chunk_bytes;
     Status ok = region.ok() ? CheckRanges(req.ranges, region->second) : region.status();
-    if (ok.ok()) ok = TotalBytes(req.ranges).status();
+    if (ok.ok()) ok = CheckStrided(req.strided, region->second, chunk_bytes);
+    if (ok.ok()) {
+      Result<uint64_t> bytes = TotalBytes(req.ranges, req.strided);
+      ok = bytes.ok() ? CheckBatchSize(*bytes, region->second) : bytes.status();
+    }
+    if (ok.ok() && chunk_bytes > options.chunk_bytes) {
+      ok = Status::Incompatible("a get's rows staged in chunks of " + std::to_string(chunk_bytes) +
+                                " bytes; this side stages at most " +
+                                std::to_string(options.chunk_bytes));
+    }
     if (!ok.ok()) return socket.SendFrame(EncodeGetError({req.seq, ok}), ControlDeadline());
     SendJob job;
     job.kind = SendJob::Kind::kData;
     job.data.reply_to = req.seq;
-    job.data.chunk_bytes = options.chunk_bytes;
+    job.data.chunk_bytes = chunk_bytes;
     job.data.direct_bytes = options.direct_bytes;
-    job.data.ranges = req.ranges;
     job.gather = std::move(req.ranges);
+    job.rows = std::move(req.strided);
     job.local_base = region->first;
     job.deadline = ControlDeadline();
     {
@@ -320,31 +373,48 @@ struct Link::Impl {
     Trace("n_recv", msg.seq);
     char* base = nullptr;
     std::span<const Range> scatter = msg.ranges;
-    std::vector<Range> get_ranges;  // a get's own copy: the reader may expire the get meanwhile
-    KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges, msg.strided));
+    std::span<const Strided> rows = msg.strided;
+    // A get's own, taken from it (nothing else reads them once the reply came): the reader may
+    // expire the get meanwhile.
+    std::vector<Range> get_ranges;
+    std::vector<Strided> get_rows;
     if (msg.reply_to == 0) {
+      KV_ASSIGN_OR_RETURN(uint64_t bytes, TotalBytes(msg.ranges, msg.strided));
       KV_ASSIGN_OR_RETURN(auto region, regions->Find(msg.region_id));
-      KV_RETURN_IF_ERROR(CheckPutSize(bytes, region.second));
+      KV_RETURN_IF_ERROR(CheckBatchSize(bytes, region.second));
       KV_RETURN_IF_ERROR(CheckRanges(msg.ranges, region.second));
       KV_RETURN_IF_ERROR(CheckStrided(msg.strided, region.second, msg.chunk_bytes));
       base = region.first;
     } else {
-      // A get's reply lands where the get said, as ranges: it has no rows of its own.
-      if (!msg.strided.empty()) return Status::InvalidArgument("get reply with run groups");
+      // A get's reply lands where the get said, in the chunks it asked for where it has rows.
+      if (!msg.ranges.empty() || !msg.strided.empty()) {
+        return Status::InvalidArgument("a get's reply names ranges");
+      }
       std::lock_guard lock(mu);
       auto it = gets.find(msg.reply_to);
-      if (it == gets.end()) return Status::InvalidArgument("data for an unknown get");
-      if (it->second.bytes != bytes) return Status::InvalidArgument("get reply of the wrong size");
-      base = it->second.local_base;
-      get_ranges = it->second.ranges;
+      if (it == gets.end() || !it->second.named) {
+        return Status::InvalidArgument("data for an unknown get");
+      }
+      PendingGet& get = it->second;
+      const bool chunks_fit = get.rows.empty() ? msg.chunk_bytes <= get.chunk_bytes
+                                               : msg.chunk_bytes == get.chunk_bytes;
+      if (!chunks_fit) {
+        return Status::InvalidArgument("a get's reply in chunks of " +
+                                       std::to_string(msg.chunk_bytes) + " bytes, not " +
+                                       std::to_string(get.chunk_bytes));
+      }
+      base = get.local_base;
+      get_ranges = std::move(get.ranges);
+      get_rows = std::move(get.rows);
       scatter = get_ranges;
+      rows = get_rows;
     }
     if (!in) {
       KV_ASSIGN_OR_RETURN(in, Staging::Create(Staged(), failed));
     }
     const uint64_t seq = msg.seq, reply_to = msg.reply_to;
     KV_RETURN_IF_ERROR(in->Receive(
-        lanes_in, base, scatter, msg.strided, msg.chunk_bytes, msg.direct_bytes, ControlDeadline(),
+        lanes_in, base, scatter, rows, msg.chunk_bytes, msg.direct_bytes, ControlDeadline(),
         [this, seq, reply_to](cudaStream_t copy) { return Landed(seq, reply_to, copy); }));
     Trace("n_posted", seq);
     return Status::Ok();
@@ -441,7 +511,11 @@ struct Link::Impl {
           ++it;
           continue;
         }
-        expired.push_back(std::move(it->second.done));
+        if (!it->second.named) {  // never asked for: it fails alone and the link stays
+          unsent.push_back(std::move(it->second.done));
+        } else {
+          expired.push_back(std::move(it->second.done));
+        }
         it = gets.erase(it);
       }
     }
@@ -532,26 +606,26 @@ Status Link::Put(const char* local_base, std::span<const Run> runs,
   return Status::Ok();
 }
 
-Status Link::Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
+Status Link::Get(char* local_base, std::span<const Run> runs, std::span<const RunGroup> groups,
+                 std::span<const GroupBlocks> blocks, uint64_t remote_id,
                  Clock::time_point deadline, Completion done) {
-  GetRequestMsg req;
-  req.region_id = remote_id;
+  SendJob job;
+  job.kind = SendJob::Kind::kGet;
+  job.request.region_id = remote_id;
+  job.request.chunk_bytes = impl_->options.chunk_bytes;
+  job.runs.assign(runs.begin(), runs.end());
+  job.groups.assign(groups.begin(), groups.end());
+  job.blocks.assign(blocks.begin(), blocks.end());
+  job.deadline = deadline;
   PendingGet get;
   get.local_base = local_base;
-  for (const Run& r : runs) {
-    req.ranges.push_back({r.src_offset, r.length});
-    get.ranges.push_back({r.dst_offset, r.length});
-    get.bytes += r.length;
-  }
   get.done = std::move(done);
   get.deadline = deadline;
-  SendJob job;
   {
     std::lock_guard lock(impl_->mu);
     if (impl_->failed) return Status::Unavailable("nccl: link to peer failed");
-    req.seq = impl_->next_seq++;
-    job.frame = EncodeGetRequest(req);
-    impl_->gets[req.seq] = std::move(get);
+    job.request.seq = impl_->next_seq++;
+    impl_->gets[job.request.seq] = std::move(get);
     impl_->jobs.push_back(std::move(job));
   }
   impl_->waker.Notify();

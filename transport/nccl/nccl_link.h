@@ -94,9 +94,12 @@ class Link {
   Status Put(const char* local_base, std::span<const Run> runs, std::span<const RunGroup> groups,
              std::span<const GroupBlocks> blocks, uint64_t remote_id, Clock::time_point deadline,
              Completion done);
-  // runs: src_offset in the peer's region `remote_id`, dst_offset in `local_base`'s region.
-  Status Get(char* local_base, std::span<const Run> runs, uint64_t remote_id,
-             Clock::time_point deadline, Completion done);
+  // runs, and the rows of groups: src_offset in the peer's region `remote_id`, dst_offset in
+  // `local_base`'s region. The request names the groups' rows in a few entries (SplitGet), not
+  // one range per row.
+  Status Get(char* local_base, std::span<const Run> runs, std::span<const RunGroup> groups,
+             std::span<const GroupBlocks> blocks, uint64_t remote_id, Clock::time_point deadline,
+             Completion done);
   // Delivered to the peer's handler once every batch posted before it has landed there.
   Status Notify(std::string message);
 

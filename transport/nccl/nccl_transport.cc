@@ -196,15 +196,8 @@ class NcclTransport final : public Transport {
       return link->Put(base, batch.runs, batch.groups, batch.blocks, remote->id(), batch.deadline,
                        std::move(done));
     }
-    if (batch.groups.empty() && batch.blocks.empty()) {
-      return link->Get(base, batch.runs, remote->id(), batch.deadline, std::move(done));
-    }
-    // A get asks for ranges: its groups and blocks go as their rows.
-    std::vector<RunGroup> groups(batch.groups.begin(), batch.groups.end());
-    ExpandBlocks(batch.blocks, &groups);
-    std::vector<Run> runs(batch.runs.begin(), batch.runs.end());
-    ExpandGroups(groups, &runs);
-    return link->Get(base, runs, remote->id(), batch.deadline, std::move(done));
+    return link->Get(base, batch.runs, batch.groups, batch.blocks, remote->id(), batch.deadline,
+                     std::move(done));
   }
 
   Status notify(PeerId peer, std::string message) override {

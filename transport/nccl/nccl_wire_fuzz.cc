@@ -1,14 +1,15 @@
 // libFuzzer target: bytes as a frame a peer's nccl side channel delivered (after its seal was
 // opened), decoded as the link's reader does, then, for a put's announcement, checked and laid
 // out in chunks as the receive worker does (transport/nccl/nccl_link.cc ReceiveData, staging.cc
-// Receive) against a 16 MiB region and 32 MiB staging slots. Nothing may crash, read out of
+// Receive), and for a get's request as the responder gathers its reply (AnswerGet, staging.cc
+// Send), against a 16 MiB region and 32 MiB staging slots. Nothing may crash, read out of
 // bounds or overflow (ASan, UBSan), and what is decoded must hold together:
 //  - every message that decodes re-encodes to one that decodes to the same fields (the rows'
-//    shape encoding of kvd-nccl/6 included);
-//  - an announcement the checks accept is laid out whole: its staged chunks, group chunks and
-//    direct pieces add up to its TotalBytes, no chunk exceeds chunk_bytes, and every run or row
-//    (the first and last of each entry's first and last block) lies inside the region on one side
-//    and inside its chunk on the other.
+//    shape encoding of kvd-nccl/6 included, and a get's rows since kvd-nccl/8);
+//  - an announcement or request the checks accept is laid out whole: its staged chunks, group
+//    chunks and direct pieces add up to its TotalBytes, no chunk exceeds chunk_bytes, and every
+//    run or row (the first and last of each entry's first and last block) lies inside the region
+//    on one side and inside its chunk on the other.
 // Beside the backend: it includes the backend's own header (registered in tests/fuzz). wire.cc
 // needs no CUDA or NCCL, so the fuzz build compiles it alone.
 #include <cstddef>
@@ -51,16 +52,17 @@ void RequireRunInside(const kv::Run& run, Direction direction, uint64_t chunk_by
   Require(staging <= chunk_bytes && run.length <= chunk_bytes - staging);
 }
 
-// What the receive worker does with a put's announcement once it decoded.
-void LayOut(const DataMsg& msg) {
+// What the receive worker does with a put's announcement once it decoded (kScatter), and the
+// responder with a get's request (kGather: the reply's chunks are gathered from its region).
+void LayOut(const DataMsg& msg, Direction direction) {
   auto total = TotalBytes(msg.ranges, msg.strided);
-  if (!total.ok() || !CheckPutSize(*total, kRegionBytes).ok()) return;
+  if (!total.ok() || !CheckBatchSize(*total, kRegionBytes).ok()) return;
   if (!CheckRanges(msg.ranges, kRegionBytes).ok()) return;
   if (!CheckStrided(msg.strided, kRegionBytes, msg.chunk_bytes).ok()) return;
   if (msg.chunk_bytes > kSlotBytes) return;  // Staging::CheckChunk refuses it
   const DirectSplit split = SplitDirect(msg.ranges, msg.direct_bytes, msg.chunk_bytes);
-  const Chunks chunks = ChunkRuns(split.staged, msg.chunk_bytes, Direction::kScatter);
-  const GroupChunks groups = ChunkGroups(msg.strided, msg.chunk_bytes, Direction::kScatter);
+  const Chunks chunks = ChunkRuns(split.staged, msg.chunk_bytes, direction);
+  const GroupChunks groups = ChunkGroups(msg.strided, msg.chunk_bytes, direction);
   uint64_t laid_out = 0;
   for (const Range& piece : split.direct) {
     Require(piece.length <= msg.chunk_bytes && piece.offset <= kRegionBytes - piece.length);
@@ -70,7 +72,7 @@ void LayOut(const DataMsg& msg) {
     Require(chunks.bytes[k] <= msg.chunk_bytes);
     uint64_t in_chunk = 0;
     for (const kv::Run& run : chunks.chunk(k)) {
-      RequireRunInside(run, Direction::kScatter, msg.chunk_bytes);
+      RequireRunInside(run, direction, msg.chunk_bytes);
       in_chunk += run.length;
     }
     Require(in_chunk == chunks.bytes[k]);
@@ -87,7 +89,7 @@ void LayOut(const DataMsg& msg) {
       for (const uint64_t o : {uint64_t{0}, e.outer_count - 1}) {  // first and last block
         const kv::RunGroup block = e.block(o);
         for (const uint64_t i : {uint64_t{0}, g.count - 1}) {  // their first and last rows
-          RequireRunInside(block.row(i), Direction::kScatter, msg.chunk_bytes);
+          RequireRunInside(block.row(i), direction, msg.chunk_bytes);
         }
       }
       in_chunk += g.length * g.count * e.outer_count;
@@ -113,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case MsgType::kData: {
       auto msg = RoundTrip(frame, DecodeData, EncodeData, kEqual);
-      if (msg.ok() && msg->reply_to == 0) LayOut(*msg);
+      if (msg.ok() && msg->reply_to == 0) LayOut(*msg, Direction::kScatter);
       break;
     }
     case MsgType::kAck:
@@ -125,7 +127,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case MsgType::kGetRequest: {
       auto msg = RoundTrip(frame, DecodeGetRequest, EncodeGetRequest, kEqual);
-      if (msg.ok() && CheckRanges(msg->ranges, kRegionBytes).ok()) (void)TotalBytes(msg->ranges);
+      if (!msg.ok()) break;
+      DataMsg reply;  // what the responder lays out: the request's, with its direct threshold
+      reply.chunk_bytes = msg->chunk_bytes;
+      reply.direct_bytes = 1 << 20;
+      reply.ranges = std::move(msg->ranges);
+      reply.strided = std::move(msg->strided);
+      LayOut(reply, Direction::kGather);
       break;
     }
     case MsgType::kNote:

@@ -145,16 +145,17 @@ TEST(NcclWireTest, RowsOfOneShapeTravelAsTheirOffsets) {
   }
 }
 
-// A put writes each destination byte once, so its bytes are bounded by the region's: a peer's
-// announcement of more (ranges repeating one stretch) is refused before any chunk is laid out.
+// A put writes each destination byte once, and a get asks for each source byte once, so their
+// bytes are bounded by the region's: a peer's announcement or request of more (ranges repeating
+// one stretch) is refused before any chunk is laid out.
 TEST(NcclWireTest, APutOfMoreBytesThanItsRegionIsRefused) {
-  EXPECT_TRUE(CheckPutSize(4096, 4096).ok());
-  EXPECT_TRUE(CheckPutSize(0, 0).ok());
+  EXPECT_TRUE(CheckBatchSize(4096, 4096).ok());
+  EXPECT_TRUE(CheckBatchSize(0, 0).ok());
   const std::vector<Range> again(3, Range{0, 4096});  // each inside the region on its own
   EXPECT_TRUE(CheckRanges(again, 8192).ok());
   auto total = TotalBytes(again);
   ASSERT_TRUE(total.ok());
-  const Status s = CheckPutSize(*total, 8192);
+  const Status s = CheckBatchSize(*total, 8192);
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("12288"), std::string::npos) << s.ToString();
 }
@@ -227,14 +228,17 @@ TEST(NcclWireTest, APeersBlocksMustHoldEnoughBytesAndNotOverlap) {
   EXPECT_EQ(*TotalBytes({}, {{{0, 512, 16, 512, 8, 8192}}}), 64u << 10);
 }
 
-KvRegion PageRegion(const std::string& order, int64_t blocks) {
+// A page of 8 heads of 512 B per token; rank `tp_rank` of `tp_size` holds its share of them.
+KvRegion PageRegion(const std::string& order, int64_t blocks, int tp_size = 1, int tp_rank = 0) {
   LayoutSpec s;
   s.order = order;
   s.layers = 2;
   s.block_size = 16;
   s.blocks = blocks;
-  s.heads = 8;
+  s.heads = 8 / tp_size;
   s.total_heads = 8;
+  s.tp_size = tp_size;
+  s.tp_rank = tp_rank;
   s.content_bytes = 512;
   return KvRegion::Create(s).value();
 }
@@ -363,6 +367,95 @@ TEST(NcclWireTest, GroupsThatTheChecksWouldRefuseAsBlocksStayApart) {
                    {1024, 20000, 512, 16, 4096, 512}}),
             2u);
   EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512}, {512, 8192, 512, 16, 2048, 512}}), 2u);
+}
+
+// A get's request names its groups' rows as entries, checked by the responder as a put's receiver
+// checks its rows: LBNHC -> BLHNC pulled names a head's 16 rows as one entry (its heads interleave
+// in the responder's page, so they stay apart), and the requester's rows, chunked as the reply
+// is, land each row where the plan says.
+TEST(NcclWireTest, AGetNamesItsRowsAsEntriesTheResponderTakes) {
+  const int64_t blocks = 32;
+  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
+  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
+  std::iota(src_ids.begin(), src_ids.end(), 0);
+  std::iota(dst_ids.begin(), dst_ids.end(), 0);
+  std::mt19937_64 rng(11);
+  std::shuffle(src_ids.begin(), src_ids.end(), rng);
+  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  auto layer = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  Plan plan;
+  ASSERT_TRUE(layer->AppendLayers(0, 2, &plan).ok());
+  ASSERT_FALSE(plan.blocks.empty());
+  const std::vector<kv::Run> one_run = {{0, dst.span_bytes() - 4096, 4096}};  // a plain run too
+
+  GetRequestMsg req;
+  req.seq = 3;
+  req.region_id = 9;
+  req.chunk_bytes = 1 << 20;
+  std::vector<Range> ranges;
+  std::vector<Strided> rows;
+  SplitGet(one_run, {}, plan.blocks, &req, &ranges, &rows);
+  ASSERT_EQ(req.ranges.size(), 1u);
+  EXPECT_EQ(req.ranges[0], (Range{0, 4096}));
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_EQ(ranges[0], (Range{dst.span_bytes() - 4096, 4096}));
+  ASSERT_EQ(rows.size(), req.strided.size());
+  std::vector<kv::Run> expected;
+  std::vector<RunGroup> groups;
+  ExpandBlocks(plan.blocks, &groups);
+  ExpandGroups(groups, &expected);
+  EXPECT_EQ(req.strided.size(), groups.size());  // a head's rows in one entry, not one per row
+  EXPECT_LT(req.strided.size() * 16, expected.size() + 1);
+  const std::vector<kv::Run> asked = RowsOf(req.strided, true), landed = RowsOf(rows, false);
+  ASSERT_EQ(asked.size(), expected.size());
+  ASSERT_EQ(landed.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_EQ(asked[i].src_offset, expected[i].src_offset) << i;
+    ASSERT_EQ(landed[i].dst_offset, expected[i].dst_offset) << i;
+    ASSERT_EQ(asked[i].length, expected[i].length) << i;
+  }
+  EXPECT_TRUE(CheckStrided(req.strided, src.span_bytes(), req.chunk_bytes).ok());
+  EXPECT_EQ(*TotalBytes(req.ranges, req.strided), plan.bytes + 4096);
+  EXPECT_EQ(ChunkGroups(req.strided, req.chunk_bytes, Direction::kGather).bytes,
+            ChunkGroups(rows, req.chunk_bytes, Direction::kScatter).bytes);
+
+  auto back = DecodeGetRequest(EncodeGetRequest(req));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, req);
+  req.chunk_bytes = kMinChunkBytes - 1;  // a peer's chunks smaller than any link takes
+  EXPECT_EQ(DecodeGetRequest(EncodeGetRequest(req)).status().code(), Code::kInvalidArgument);
+}
+
+// A TP 1 -> 2 pull: each token's slice of the page is a row, and the request names a page's rows
+// as one entry where it named every row before (kvd-nccl/7).
+TEST(NcclWireTest, AGetOfATpSliceNamesAPagesRowsAsOneEntry) {
+  const int64_t blocks = 16;
+  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("LBNHC", blocks, 2, 1);
+  std::vector<int64_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937_64 rng(13);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const TransferSpec spec{ids, ids, blocks * 16};
+  auto layer = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  Plan plan;
+  ASSERT_TRUE(layer->AppendLayer(0, &plan).ok());
+  GetRequestMsg req;
+  req.chunk_bytes = 1 << 20;
+  std::vector<Range> ranges;
+  std::vector<Strided> rows;
+  SplitGet(plan.runs, plan.groups, plan.blocks, &req, &ranges, &rows);
+  std::vector<kv::Run> expected = plan.runs;
+  std::vector<RunGroup> groups = plan.groups;
+  ExpandBlocks(plan.blocks, &groups);
+  ExpandGroups(groups, &expected);
+  ASSERT_EQ(expected.size(), 16u * blocks);  // a row per token, not one per page
+  EXPECT_LE(req.ranges.size() + req.strided.size(), 2u * blocks);
+  EXPECT_TRUE(CheckStrided(req.strided, src.span_bytes(), req.chunk_bytes).ok());
+  EXPECT_EQ(*TotalBytes(req.ranges, req.strided), *TotalBytes(ranges, rows));
+  EXPECT_EQ(*TotalBytes(ranges, rows), plan.bytes);
 }
 
 // Rows gathered chunk by chunk on the sender and scattered chunk by chunk on the receiver, each

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "base/codec.h"
 
@@ -147,8 +148,9 @@ std::string EncodeGetError(const AckMsg& msg) {
 
 std::string EncodeGetRequest(const GetRequestMsg& msg) {
   ByteWriter w = Start(MsgType::kGetRequest);
-  w.u64(msg.seq).u64(msg.region_id);
+  w.u64(msg.seq).u64(msg.region_id).u64(msg.chunk_bytes);
   PutRanges(w, msg.ranges);
+  PutStrided(w, msg.strided);
   return w.take();
 }
 
@@ -208,7 +210,8 @@ Result<GetRequestMsg> DecodeGetRequest(std::string_view frame) {
   ByteReader r(frame);
   GetRequestMsg msg;
   if (!Open(MsgType::kGetRequest, &r) || !r.u64(&msg.seq) || !r.u64(&msg.region_id) ||
-      !GetRanges(r, frame.size(), &msg.ranges) || !r.at_end()) {
+      !r.u64(&msg.chunk_bytes) || !GetRanges(r, frame.size(), &msg.ranges) ||
+      !GetStrided(r, &msg.strided) || !r.at_end() || msg.chunk_bytes < kMinChunkBytes) {
     return Malformed("get-request");
   }
   return msg;
@@ -223,9 +226,9 @@ Result<std::string> DecodeNote(std::string_view frame) {
   return std::string(text);
 }
 
-Status CheckPutSize(uint64_t bytes, uint64_t region_bytes) {
+Status CheckBatchSize(uint64_t bytes, uint64_t region_bytes) {
   if (bytes <= region_bytes) return Status::Ok();
-  return Status::InvalidArgument("a put of " + std::to_string(bytes) + " bytes into a region of " +
+  return Status::InvalidArgument("a batch of " + std::to_string(bytes) + " bytes for a region of " +
                                  std::to_string(region_bytes));
 }
 
@@ -355,6 +358,38 @@ void SplitBlocks(std::span<const GroupBlocks> blocks, uint64_t chunk_bytes, Data
     ExpandBlocks(std::span(&b, 1), &groups);
     SplitGroups(groups, chunk_bytes, msg, gather, rows);
   }
+}
+
+void SplitGet(std::span<const Run> runs, std::span<const RunGroup> groups,
+              std::span<const GroupBlocks> blocks, GetRequestMsg* req, std::vector<Range>* ranges,
+              std::vector<Strided>* rows) {
+  // The responder is the receiver SplitGroups joins for: its view goes where a put's
+  // receiver's would, so every side of a group swaps.
+  const auto swapped = [](RunGroup g) {
+    std::swap(g.src_offset, g.dst_offset);
+    std::swap(g.src_stride, g.dst_stride);
+    return g;
+  };
+  DataMsg asked;
+  asked.ranges.reserve(runs.size());
+  ranges->reserve(ranges->size() + runs.size());
+  for (const Run& r : runs) {
+    asked.ranges.push_back({r.src_offset, r.length});
+    ranges->push_back({r.dst_offset, r.length});
+  }
+  std::vector<RunGroup> turned;
+  turned.reserve(groups.size());
+  for (const RunGroup& g : groups) turned.push_back(swapped(g));
+  SplitGroups(turned, req->chunk_bytes, &asked, ranges, rows);
+  std::vector<GroupBlocks> turned_blocks;
+  turned_blocks.reserve(blocks.size());
+  for (const GroupBlocks& b : blocks) {
+    turned_blocks.push_back(
+        {swapped(b.group), b.outer_count, b.dst_outer_stride, b.src_outer_stride});
+  }
+  SplitBlocks(turned_blocks, req->chunk_bytes, &asked, ranges, rows);
+  req->ranges = std::move(asked.ranges);
+  req->strided = std::move(asked.strided);
 }
 
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {

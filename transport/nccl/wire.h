@@ -36,8 +36,9 @@ enum class MsgType : uint32_t {
 // Also the side channel's handshake label (channel_auth.h): 4 seals every frame after the
 // handshake, so a side of another version is refused at the handshake with both named. 5 sends
 // a batch's rows as runs of one shape (EncodeData); 6 repeats a group at a second stride
-// (Strided::outer_count); 7 says in each kCommInit how the lane launches (CommInitMsg).
-inline constexpr std::string_view kHelloMagic = "kvd-nccl/7";
+// (Strided::outer_count); 7 says in each kCommInit how the lane launches (CommInitMsg); 8 asks
+// for a get's run groups as rows (GetRequestMsg::strided) where it named every row.
+inline constexpr std::string_view kHelloMagic = "kvd-nccl/8";
 
 // A stretch of a region: `length` bytes at `offset`.
 struct Range {
@@ -91,10 +92,14 @@ struct AckMsg {
   Status status;
 };
 
+// A get names the bytes as the responder's ranges and rows, staged in the requester's chunks
+// (the reply is laid out in those, so the rows, cut to fit them, match it on both sides).
 struct GetRequestMsg {
   uint64_t seq = 0;
-  uint64_t region_id = 0;  // the responder's registration
+  uint64_t region_id = 0;    // the responder's registration
+  uint64_t chunk_bytes = 0;  // at least kMinChunkBytes
   std::vector<Range> ranges;
+  std::vector<Strided> strided;  // staged after the ranges, as in a DataMsg
   bool operator==(const GetRequestMsg&) const = default;
 };
 
@@ -126,10 +131,11 @@ Result<std::string> DecodeNote(std::string_view frame);
 
 // Total bytes of `ranges`, and of the rows of `strided`; kInvalidArgument on overflow.
 Result<uint64_t> TotalBytes(std::span<const Range> ranges, std::span<const Strided> strided = {});
-// A put's bytes (TotalBytes) against the region it writes: a put never writes a byte twice (its
-// runs do not overlap on the destination), so one of more bytes than the region is malformed.
-// Checked first, so a peer cannot make the receiver lay out chunks for more than the region.
-Status CheckPutSize(uint64_t bytes, uint64_t region_bytes);
+// A batch's bytes (TotalBytes) against the region it writes (a put) or reads (a get): a put never
+// writes a byte twice (its runs do not overlap on the destination), and a get never asks for a
+// byte twice, so one of more bytes than the region is malformed. Checked first, so a peer cannot
+// make the receiver (the responder) lay out chunks for more than the region.
+Status CheckBatchSize(uint64_t bytes, uint64_t region_bytes);
 // A peer's ranges checked before any byte moves: inside [0, region_bytes).
 Status CheckRanges(std::span<const Range> ranges, uint64_t region_bytes);
 // A peer's rows checked before any byte moves: inside [0, region_bytes), rows of 1 to
@@ -153,6 +159,14 @@ void SplitGroups(std::span<const RunGroup> groups, uint64_t chunk_bytes, DataMsg
 // SplitGroups' agree, which they do for a page's heads.
 void SplitBlocks(std::span<const GroupBlocks> blocks, uint64_t chunk_bytes, DataMsg* msg,
                  std::vector<Range>* gather, std::vector<Strided>* rows);
+// A get's runs, run groups and blocks of them (src_offset in the responder's region): the request
+// names them in the responder's region (`req->ranges`, `req->strided`, at `req->chunk_bytes`),
+// and `ranges` and `rows` say where the same bytes land in the requester's, in the same order.
+// Joined as SplitGroups and SplitBlocks join a put's, with the responder in the receiver's place:
+// the responder checks the rows it is asked for with CheckStrided, which takes them so joined.
+void SplitGet(std::span<const Run> runs, std::span<const RunGroup> groups,
+              std::span<const GroupBlocks> blocks, GetRequestMsg* req, std::vector<Range>* ranges,
+              std::vector<Strided>* rows);
 
 // A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
 // staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one

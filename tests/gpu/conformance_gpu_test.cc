@@ -117,6 +117,16 @@ std::vector<Backend> GpuBackends() {
        .target_device = 1,
        .unavailable = &UnlessNccl,
        .traces_steps = true},
+      // Puts cut into pieces of 256 KiB, each a batch of its own (CutIntoPieces): a put completes
+      // once, after its last piece, and a note waits for every piece posted before it.
+      {.name = "nccl_pieces",
+       .transport = "nccl",
+       .settings = {{"staging_bytes", "65536"}, {"timeout_ms", "20000"}, {"piece_bytes", "262144"}},
+       .memory = &CudaMemory,
+       .initiator_device = 0,
+       .target_device = 1,
+       .unavailable = &UnlessNccl,
+       .traces_steps = true},
       // Launches on the link's threads, on blocking communicators split from the non-blocking
       // ones; 64 KiB chunks keep every lane kLaunchesAhead launches ahead of the device.
       {.name = "nccl_blocking_launch",

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,33 @@ struct SendJob {
   bool is_put = false;  // kData of a put (its completion waits in `puts`), not a get's reply
   Clock::time_point deadline;
 };
+
+// `done` split into `parts` completions: it runs once every part has, with the first error among
+// them (OK if none). The parts may run on any threads.
+inline std::vector<Completion> SplitCompletion(Completion done, size_t parts) {
+  struct Joined {
+    std::mutex mu;
+    size_t left;
+    Status first;
+    Completion done;
+  };
+  auto joined = std::make_shared<Joined>();
+  joined->left = parts;
+  joined->done = std::move(done);
+  std::vector<Completion> out;
+  out.reserve(parts);
+  for (size_t i = 0; i < parts; ++i) {
+    out.push_back([joined](Status status) {
+      {
+        std::lock_guard lock(joined->mu);
+        if (joined->first.ok() && !status.ok()) joined->first = std::move(status);
+        if (--joined->left > 0) return;
+      }
+      joined->done(std::move(joined->first));
+    });
+  }
+  return out;
+}
 
 struct PendingPut {
   Completion done;

@@ -164,12 +164,34 @@ struct Link::Impl {
     SplitBlocks(job.blocks, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
     job.groups = {};
     job.blocks = {};
-    KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(job.data), job.deadline));
-    Trace("n_announced", job.data.seq);
-    KV_RETURN_IF_ERROR(out->Send(lanes_out, job.local_base, job.gather, job.rows,
-                                 job.data.chunk_bytes, job.data.direct_bytes, job.deadline));
-    Trace("n_enqueued", job.data.seq);
+    std::vector<Piece> pieces =
+        CutIntoPieces(std::move(job.data), std::move(job.gather), std::move(job.rows),
+                      job.is_put ? options.piece_bytes : 0);
+    if (pieces.size() > 1 && !NumberPieces(pieces)) return Status::Ok();
+    for (const Piece& piece : pieces) {
+      if (&piece != &pieces[0]) Trace("n_take", piece.msg.seq);  // a batch of its own from here
+      KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(piece.msg), job.deadline));
+      Trace("n_announced", piece.msg.seq);
+      KV_RETURN_IF_ERROR(out->Send(lanes_out, job.local_base, piece.gather, piece.rows,
+                                   piece.msg.chunk_bytes, piece.msg.direct_bytes, job.deadline));
+      Trace("n_enqueued", piece.msg.seq);
+    }
     return Status::Ok();
+  }
+
+  // A put's pieces after the first become batches of their own (a seq and a PendingPut each), and
+  // the put completes once every piece has. False if the put is gone (the reader expired it).
+  bool NumberPieces(std::vector<Piece>& pieces) {
+    std::lock_guard lock(mu);
+    auto it = puts.find(pieces[0].msg.seq);
+    if (it == puts.end()) return false;
+    std::vector<Completion> parts = SplitCompletion(std::move(it->second.done), pieces.size());
+    it->second.done = std::move(parts[0]);
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      pieces[i].msg.seq = next_seq++;
+      puts[pieces[i].msg.seq] = PendingPut{std::move(parts[i]), it->second.deadline, true};
+    }
+    return true;
   }
 
   // A get's request. Its rows are named here, off the thread that posted it, and its PendingGet

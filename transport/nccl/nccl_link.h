@@ -59,6 +59,10 @@ struct LinkOptions {
   // one NCCL operation each, so only ranges that keep the wire busy longer than an operation
   // costs the host (~50 µs) are worth it.
   uint64_t direct_bytes = 8ull << 20;
+  // A put of more bytes moves as pieces of about this many (CutIntoPieces; 0: never cut): the
+  // first piece's bytes move while the sender lays out the next, where a pulled request's 512 MiB
+  // otherwise waited for the whole batch's announcement and its decoding.
+  uint64_t piece_bytes = 64ull << 20;
   int slots = 4;       // staging slots per side and direction
   int lanes = 4;       // communicators per direction, 1..kMaxLanes
   int copy_ctas = 16;  // grid of the gather/scatter kernels; 0 = all SMs

@@ -322,6 +322,9 @@ std::span<const SettingInfo> NcclSettings() {
       {"copy_ctas", "grid of the gather/scatter kernels, 0 = one CTA per SM (16)"},
       {"group_ops", "sends or receives per NCCL launch, at most staging_slots / 2 (2)"},
       {"direct_bytes", "runs this long skip staging, 0 = never (8388608)"},
+      {"piece_bytes",
+       "a larger put moves as batches of about this many bytes, so its first bytes move while "
+       "the rest is laid out, 0 = never cut (67108864)"},
       {"timeout_ms", "connects, communicator creation and control messages (30000)"},
       {"busy_poll",
        "0|1: each link's sender, receiver and reader threads spin instead of sleeping, three "
@@ -356,6 +359,8 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
                       IntSetting(options, "nccl", "group_ops", link.group_ops, 1, 64));
   KV_ASSIGN_OR_RETURN(int64_t direct, IntSetting(options, "nccl", "direct_bytes",
                                                  static_cast<int64_t>(link.direct_bytes), 0));
+  KV_ASSIGN_OR_RETURN(int64_t piece, IntSetting(options, "nccl", "piece_bytes",
+                                                static_cast<int64_t>(link.piece_bytes), 0));
   KV_ASSIGN_OR_RETURN(int64_t timeout_ms,
                       IntSetting(options, "nccl", "timeout_ms", 30000, 1, kMaxTimeoutMs));
   KV_ASSIGN_OR_RETURN(int64_t busy_poll, IntSetting(options, "nccl", "busy_poll", 0, 0, 1));
@@ -372,6 +377,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   link.copy_ctas = static_cast<int>(copy_ctas);
   link.group_ops = static_cast<int>(group_ops);
   link.direct_bytes = static_cast<uint64_t>(direct);
+  link.piece_bytes = static_cast<uint64_t>(piece);
   link.init_timeout = std::chrono::milliseconds(timeout_ms);
   link.trace = options.trace;
   link.busy_poll = busy_poll != 0;

@@ -14,6 +14,7 @@
 #include "kernels/plan_copy.h"
 #include "layout/kv_region.h"
 #include "transport/nccl/chunk_tables.h"
+#include "transport/nccl/link_work.h"
 #include "transport/nccl/wire.h"
 
 namespace kv::transport::nccl {
@@ -456,6 +457,77 @@ TEST(NcclWireTest, AGetOfATpSliceNamesAPagesRowsAsOneEntry) {
   EXPECT_TRUE(CheckStrided(req.strided, src.span_bytes(), req.chunk_bytes).ok());
   EXPECT_EQ(*TotalBytes(req.ranges, req.strided), *TotalBytes(ranges, rows));
   EXPECT_EQ(*TotalBytes(ranges, rows), plan.bytes);
+}
+
+// A pulled request's put (one batch of 512 MiB) moves as pieces of about piece_bytes: every entry
+// once, in order, on both sides alike, no piece holding more than piece_bytes and one entry.
+TEST(NcclWireTest, ALargePutMovesAsPiecesOfItsEntriesInOrder) {
+  DataMsg msg;
+  msg.seq = 7;
+  msg.region_id = 3;
+  msg.chunk_bytes = 1 << 20;
+  msg.direct_bytes = 8 << 20;
+  std::vector<Range> gather;
+  std::vector<Strided> rows;
+  for (uint64_t i = 0; i < 100; ++i) {  // ranges of 64 KiB to 9 MiB
+    const uint64_t length = (64 << 10) * (1 + i % 144);
+    msg.ranges.push_back({i << 24, length});
+    gather.push_back({(i << 24) + 8, length});
+  }
+  for (uint64_t i = 0; i < 300; ++i) {  // entries of 8 heads of 16 rows of 512 B: 64 KiB
+    msg.strided.push_back({(2000ull + i) << 20, 512, 16, 512, 8, 8192});
+    rows.push_back({(4000ull + i) << 20, 512, 16, 4096, 8, 512});
+  }
+  const uint64_t total = *TotalBytes(msg.ranges, msg.strided);
+  const uint64_t piece_bytes = 16 << 20;
+  const std::vector<Piece> pieces = CutIntoPieces(msg, gather, rows, piece_bytes);
+  ASSERT_GT(pieces.size(), total / (piece_bytes + (9 << 20)));
+  DataMsg joined;
+  std::vector<Range> joined_gather;
+  std::vector<Strided> joined_rows;
+  for (const Piece& p : pieces) {
+    EXPECT_EQ(p.msg.seq, 7u);
+    EXPECT_EQ(p.msg.region_id, 3u);
+    EXPECT_EQ(p.msg.chunk_bytes, msg.chunk_bytes);
+    EXPECT_EQ(p.msg.direct_bytes, msg.direct_bytes);
+    ASSERT_EQ(p.msg.ranges.size(), p.gather.size());
+    ASSERT_EQ(p.msg.strided.size(), p.rows.size());
+    const uint64_t bytes = *TotalBytes(p.msg.ranges, p.msg.strided);
+    const uint64_t last = p.msg.strided.empty() ? p.msg.ranges.back().length : 64 << 10;
+    EXPECT_GT(bytes, 0u);
+    EXPECT_LT(bytes - last, piece_bytes);  // full only with its last entry
+    joined.ranges.insert(joined.ranges.end(), p.msg.ranges.begin(), p.msg.ranges.end());
+    joined.strided.insert(joined.strided.end(), p.msg.strided.begin(), p.msg.strided.end());
+    joined_gather.insert(joined_gather.end(), p.gather.begin(), p.gather.end());
+    joined_rows.insert(joined_rows.end(), p.rows.begin(), p.rows.end());
+  }
+  EXPECT_EQ(joined.ranges, msg.ranges);
+  EXPECT_EQ(joined.strided, msg.strided);
+  EXPECT_EQ(joined_gather, gather);
+  EXPECT_EQ(joined_rows, rows);
+  // No cut for a batch that fits, or with piece_bytes 0.
+  EXPECT_EQ(CutIntoPieces(msg, gather, rows, total).size(), 1u);
+  EXPECT_EQ(CutIntoPieces(msg, gather, rows, 0).size(), 1u);
+  EXPECT_EQ(CutIntoPieces(msg, gather, rows, 0)[0].msg, msg);
+}
+
+// A put's pieces complete it once, after the last of them, with the first error among them.
+TEST(NcclWireTest, APutCutIntoPiecesCompletesOnceAfterItsLastPiece) {
+  int calls = 0;
+  Status got;
+  std::vector<Completion> parts = SplitCompletion(
+      [&](Status s) {
+        ++calls;
+        got = std::move(s);
+      },
+      3);
+  ASSERT_EQ(parts.size(), 3u);
+  parts[2](Status::Ok());
+  parts[0](Status::Timeout("first"));
+  EXPECT_EQ(calls, 0);
+  parts[1](Status::Unavailable("second"));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(got.code(), Code::kTimeout);
 }
 
 // Rows gathered chunk by chunk on the sender and scattered chunk by chunk on the receiver, each

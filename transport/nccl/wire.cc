@@ -392,6 +392,41 @@ void SplitGet(std::span<const Run> runs, std::span<const RunGroup> groups,
   req->strided = std::move(asked.strided);
 }
 
+std::vector<Piece> CutIntoPieces(DataMsg msg, std::vector<Range> gather, std::vector<Strided> rows,
+                                 uint64_t piece_bytes) {
+  std::vector<Piece> pieces;
+  const Result<uint64_t> total = TotalBytes(msg.ranges, msg.strided);
+  if (piece_bytes == 0 || (total.ok() && *total <= piece_bytes)) {
+    pieces.push_back({std::move(msg), std::move(gather), std::move(rows)});
+    return pieces;
+  }
+  const auto start = [&] {
+    Piece p;
+    p.msg.seq = msg.seq;
+    p.msg.reply_to = msg.reply_to;
+    p.msg.region_id = msg.region_id;
+    p.msg.chunk_bytes = msg.chunk_bytes;
+    p.msg.direct_bytes = msg.direct_bytes;
+    pieces.push_back(std::move(p));
+    return uint64_t{0};
+  };
+  uint64_t held = start();
+  for (size_t i = 0; i < msg.ranges.size(); ++i) {
+    if (held >= piece_bytes) held = start();
+    pieces.back().msg.ranges.push_back(msg.ranges[i]);
+    pieces.back().gather.push_back(gather[i]);
+    held += msg.ranges[i].length;
+  }
+  for (size_t i = 0; i < msg.strided.size(); ++i) {
+    if (held >= piece_bytes) held = start();
+    const Strided& e = msg.strided[i];
+    pieces.back().msg.strided.push_back(e);
+    pieces.back().rows.push_back(rows[i]);
+    held += e.length * e.count * e.outer_count;  // the sender's own rows: no overflow
+  }
+  return pieces;
+}
+
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {
   // Rows of one shape lie in the region iff the first row's offset lies in [lowest, highest]:
   // worked out once per shape (a batch's entries nearly all share one), so each entry costs a

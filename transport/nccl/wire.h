@@ -168,6 +168,20 @@ void SplitGet(std::span<const Run> runs, std::span<const RunGroup> groups,
               std::span<const GroupBlocks> blocks, GetRequestMsg* req, std::vector<Range>* ranges,
               std::vector<Strided>* rows);
 
+// A put cut into pieces that move as batches of their own, each of its entries in order (the
+// ranges, then the rows), `gather` and `rows` (the sender's views) cut alike. A piece ends once it
+// holds `piece_bytes`, so it holds at most that plus one entry; an entry is never cut. So a large
+// batch's first bytes move while the sender lays out the rest, and no announcement grows with its
+// batch. The pieces' seq and reply_to are the batch's: the caller numbers them. piece_bytes 0:
+// one piece.
+struct Piece {
+  DataMsg msg;
+  std::vector<Range> gather;
+  std::vector<Strided> rows;
+};
+std::vector<Piece> CutIntoPieces(DataMsg msg, std::vector<Range> gather, std::vector<Strided> rows,
+                                 uint64_t piece_bytes);
+
 // A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
 // staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one
 // offset in the region and the other inside the chunk (see ChunkRuns).

@@ -1,4 +1,4 @@
-// The work items of one nccl Link (nccl_link.cc): what its threads queue for each other.
+// The work items of one nccl Link (link_impl.h): what its threads queue for each other.
 // Internal to the backend; not thread-safe by themselves (the link guards them with its mutex).
 #pragma once
 

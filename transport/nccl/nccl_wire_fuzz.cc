@@ -1,6 +1,6 @@
 // libFuzzer target: bytes as a frame a peer's nccl side channel delivered (after its seal was
 // opened), decoded as the link's reader does, then, for a put's announcement, checked and laid
-// out in chunks as the receive worker does (transport/nccl/nccl_link.cc ReceiveData, staging.cc
+// out in chunks as the receive worker does (transport/nccl/link_receive.cc ReceiveData, staging.cc
 // Receive), and for a get's request as the responder gathers its reply (AnswerGet, staging.cc
 // Send), against a 16 MiB region and 32 MiB staging slots. Nothing may crash, read out of
 // bounds or overflow (ASan, UBSan), and what is decoded must hold together:

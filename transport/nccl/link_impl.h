@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -81,11 +82,16 @@ struct Link::Impl {
   // ---- sender thread (nccl_link.cc) ----
 
   void SendLoop();
-  // A put, or a get's reply: split into rows and pieces, announced, and its sends enqueued.
+  // A put, or a get's reply: cut into pieces (a put larger than piece_bytes), each split into
+  // rows as it goes, announced, and its sends enqueued.
   Status SendData(SendJob& job);
-  // A put's pieces after the first become batches of their own (a seq and a PendingPut each), and
-  // the put completes once every piece has. False if the put is gone (the reader expired it).
-  bool NumberPieces(std::vector<Piece>& pieces);
+  // One batch (a put's piece, or a get's reply): announced, and its sends enqueued.
+  Status SendPiece(const SendJob& job, const DataMsg& msg, std::span<const Range> gather,
+                   std::span<const Strided> rows);
+  // The seqs of put `seq`'s pieces, in `seqs`: the first is `seq`, the others batches of their
+  // own (a PendingPut each), and the put completes once every piece has. False if the put is gone
+  // (the reader expired it).
+  bool NumberPieces(uint64_t seq, size_t pieces, std::vector<uint64_t>* seqs);
   // A get's request. Its rows are named here, off the thread that posted it, and its PendingGet
   // learns where they land before the request leaves: no reply can come sooner.
   Status SendGet(SendJob& job);

@@ -91,34 +91,59 @@ Status Link::Impl::SendData(SendJob& job) {
   if (!out) {
     KV_ASSIGN_OR_RETURN(out, Staging::Create(Staged(), failed));
   }
-  SplitGroups(job.groups, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
-  SplitBlocks(job.blocks, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
-  job.groups = {};
-  job.blocks = {};
-  std::vector<Piece> pieces =
-      CutIntoPieces(std::move(job.data), std::move(job.gather), std::move(job.rows),
-                    job.is_put ? options.piece_bytes : 0);
-  if (pieces.size() > 1 && !NumberPieces(pieces)) return Status::Ok();
-  for (const Piece& piece : pieces) {
-    if (&piece != &pieces[0]) Trace("n_take", piece.msg.seq);  // a batch of its own from here
-    KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(piece.msg), job.deadline));
-    Trace("n_announced", piece.msg.seq);
-    KV_RETURN_IF_ERROR(out->Send(lanes_out, job.local_base, piece.gather, piece.rows,
-                                 piece.msg.chunk_bytes, piece.msg.direct_bytes, job.deadline));
-    Trace("n_enqueued", piece.msg.seq);
+  const std::vector<PieceStart> at =
+      CutIntoPieces(job.data.ranges, job.groups, job.blocks, job.is_put ? options.piece_bytes : 0);
+  const size_t pieces = at.size() - 1;
+  if (pieces == 1) {  // a get's reply always: its rows are the request's, in job.rows
+    SplitGroups(job.groups, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
+    SplitBlocks(job.blocks, job.data.chunk_bytes, &job.data, &job.gather, &job.rows);
+    return SendPiece(job, job.data, job.gather, job.rows);
+  }
+  std::vector<uint64_t> seqs;
+  if (!NumberPieces(job.data.seq, pieces, &seqs)) return Status::Ok();
+  const std::span<const RunGroup> groups = job.groups;
+  const std::span<const GroupBlocks> blocks = job.blocks;
+  for (size_t k = 0; k < pieces; ++k) {
+    const PieceStart& a = at[k];
+    const PieceStart& b = at[k + 1];
+    DataMsg msg;
+    msg.seq = seqs[k];
+    msg.region_id = job.data.region_id;
+    msg.chunk_bytes = job.data.chunk_bytes;
+    msg.direct_bytes = job.data.direct_bytes;
+    msg.ranges.assign(job.data.ranges.begin() + a.ranges, job.data.ranges.begin() + b.ranges);
+    std::vector<Range> gather(job.gather.begin() + a.ranges, job.gather.begin() + b.ranges);
+    std::vector<Strided> rows;
+    SplitGroups(groups.subspan(a.groups, b.groups - a.groups), msg.chunk_bytes, &msg, &gather,
+                &rows);
+    SplitBlocks(blocks.subspan(a.blocks, b.blocks - a.blocks), msg.chunk_bytes, &msg, &gather,
+                &rows);
+    if (k > 0) Trace("n_take", msg.seq);  // a batch of its own from here
+    KV_RETURN_IF_ERROR(SendPiece(job, msg, gather, rows));
   }
   return Status::Ok();
 }
 
-bool Link::Impl::NumberPieces(std::vector<Piece>& pieces) {
+Status Link::Impl::SendPiece(const SendJob& job, const DataMsg& msg, std::span<const Range> gather,
+                             std::span<const Strided> rows) {
+  KV_RETURN_IF_ERROR(socket.SendFrame(EncodeData(msg), job.deadline));
+  Trace("n_announced", msg.seq);
+  KV_RETURN_IF_ERROR(out->Send(lanes_out, job.local_base, gather, rows, msg.chunk_bytes,
+                               msg.direct_bytes, job.deadline));
+  Trace("n_enqueued", msg.seq);
+  return Status::Ok();
+}
+
+bool Link::Impl::NumberPieces(uint64_t seq, size_t pieces, std::vector<uint64_t>* seqs) {
   std::lock_guard lock(mu);
-  auto it = puts.find(pieces[0].msg.seq);
+  auto it = puts.find(seq);
   if (it == puts.end()) return false;
-  std::vector<Completion> parts = SplitCompletion(std::move(it->second.done), pieces.size());
+  std::vector<Completion> parts = SplitCompletion(std::move(it->second.done), pieces);
   it->second.done = std::move(parts[0]);
-  for (size_t i = 1; i < pieces.size(); ++i) {
-    pieces[i].msg.seq = next_seq++;
-    puts[pieces[i].msg.seq] = PendingPut{std::move(parts[i]), it->second.deadline, true};
+  seqs->push_back(seq);
+  for (size_t k = 1; k < pieces; ++k) {
+    seqs->push_back(next_seq++);
+    puts[seqs->back()] = PendingPut{std::move(parts[k]), it->second.deadline, true};
   }
   return true;
 }

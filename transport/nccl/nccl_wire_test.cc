@@ -14,27 +14,11 @@
 #include "kernels/plan_copy.h"
 #include "layout/kv_region.h"
 #include "transport/nccl/chunk_tables.h"
-#include "transport/nccl/link_work.h"
 #include "transport/nccl/wire.h"
+#include "transport/nccl/wire_test_util.h"
 
 namespace kv::transport::nccl {
 namespace {
-
-// Every row of `entries`, in order, as runs: `src_side` gives the sender's view (offsets in
-// src_offset), else the receiver's (in dst_offset).
-std::vector<kv::Run> RowsOf(std::span<const Strided> entries, bool src_side) {
-  std::vector<kv::Run> rows;
-  for (const Strided& e : entries) {
-    for (uint64_t o = 0; o < e.outer_count; ++o) {
-      const Strided b = e.block(o);
-      for (uint64_t i = 0; i < b.count; ++i) {
-        const uint64_t at = b.offset + i * static_cast<uint64_t>(b.stride);
-        rows.push_back(src_side ? kv::Run{at, 0, b.length} : kv::Run{0, at, b.length});
-      }
-    }
-  }
-  return rows;
-}
 
 TEST(NcclWireTest, LongRangesGoDirectInPiecesAndTheRestStaysStagedInOrder) {
   const std::vector<Range> ranges = {{0, 100}, {1000, 250}, {5000, 0}, {9000, 99}, {20000, 500}};
@@ -229,21 +213,6 @@ TEST(NcclWireTest, APeersBlocksMustHoldEnoughBytesAndNotOverlap) {
   EXPECT_EQ(*TotalBytes({}, {{{0, 512, 16, 512, 8, 8192}}}), 64u << 10);
 }
 
-// A page of 8 heads of 512 B per token; rank `tp_rank` of `tp_size` holds its share of them.
-KvRegion PageRegion(const std::string& order, int64_t blocks, int tp_size = 1, int tp_rank = 0) {
-  LayoutSpec s;
-  s.order = order;
-  s.layers = 2;
-  s.block_size = 16;
-  s.blocks = blocks;
-  s.heads = 8 / tp_size;
-  s.total_heads = 8;
-  s.tp_size = tp_size;
-  s.tp_rank = tp_rank;
-  s.content_bytes = 512;
-  return KvRegion::Create(s).value();
-}
-
 // kvbench's LBNHC -> BLHNC request, random block ids: SplitGroups makes each page's 8 head groups
 // one entry of 8 blocks on both sides, the rows in the same order as the plan's, and the
 // receiver's view passes the peer's checks.
@@ -368,166 +337,6 @@ TEST(NcclWireTest, GroupsThatTheChecksWouldRefuseAsBlocksStayApart) {
                    {1024, 20000, 512, 16, 4096, 512}}),
             2u);
   EXPECT_EQ(split({{0, 0, 512, 16, 4096, 512}, {512, 8192, 512, 16, 2048, 512}}), 2u);
-}
-
-// A get's request names its groups' rows as entries, checked by the responder as a put's receiver
-// checks its rows: LBNHC -> BLHNC pulled names a head's 16 rows as one entry (its heads interleave
-// in the responder's page, so they stay apart), and the requester's rows, chunked as the reply
-// is, land each row where the plan says.
-TEST(NcclWireTest, AGetNamesItsRowsAsEntriesTheResponderTakes) {
-  const int64_t blocks = 32;
-  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
-  std::iota(src_ids.begin(), src_ids.end(), 0);
-  std::iota(dst_ids.begin(), dst_ids.end(), 0);
-  std::mt19937_64 rng(11);
-  std::shuffle(src_ids.begin(), src_ids.end(), rng);
-  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
-  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
-  auto layer = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
-  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
-  Plan plan;
-  ASSERT_TRUE(layer->AppendLayers(0, 2, &plan).ok());
-  ASSERT_FALSE(plan.blocks.empty());
-  const std::vector<kv::Run> one_run = {{0, dst.span_bytes() - 4096, 4096}};  // a plain run too
-
-  GetRequestMsg req;
-  req.seq = 3;
-  req.region_id = 9;
-  req.chunk_bytes = 1 << 20;
-  std::vector<Range> ranges;
-  std::vector<Strided> rows;
-  SplitGet(one_run, {}, plan.blocks, &req, &ranges, &rows);
-  ASSERT_EQ(req.ranges.size(), 1u);
-  EXPECT_EQ(req.ranges[0], (Range{0, 4096}));
-  ASSERT_EQ(ranges.size(), 1u);
-  EXPECT_EQ(ranges[0], (Range{dst.span_bytes() - 4096, 4096}));
-  ASSERT_EQ(rows.size(), req.strided.size());
-  std::vector<kv::Run> expected;
-  std::vector<RunGroup> groups;
-  ExpandBlocks(plan.blocks, &groups);
-  ExpandGroups(groups, &expected);
-  EXPECT_EQ(req.strided.size(), groups.size());  // a head's rows in one entry, not one per row
-  EXPECT_LT(req.strided.size() * 16, expected.size() + 1);
-  const std::vector<kv::Run> asked = RowsOf(req.strided, true), landed = RowsOf(rows, false);
-  ASSERT_EQ(asked.size(), expected.size());
-  ASSERT_EQ(landed.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    ASSERT_EQ(asked[i].src_offset, expected[i].src_offset) << i;
-    ASSERT_EQ(landed[i].dst_offset, expected[i].dst_offset) << i;
-    ASSERT_EQ(asked[i].length, expected[i].length) << i;
-  }
-  EXPECT_TRUE(CheckStrided(req.strided, src.span_bytes(), req.chunk_bytes).ok());
-  EXPECT_EQ(*TotalBytes(req.ranges, req.strided), plan.bytes + 4096);
-  EXPECT_EQ(ChunkGroups(req.strided, req.chunk_bytes, Direction::kGather).bytes,
-            ChunkGroups(rows, req.chunk_bytes, Direction::kScatter).bytes);
-
-  auto back = DecodeGetRequest(EncodeGetRequest(req));
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(*back, req);
-  req.chunk_bytes = kMinChunkBytes - 1;  // a peer's chunks smaller than any link takes
-  EXPECT_EQ(DecodeGetRequest(EncodeGetRequest(req)).status().code(), Code::kInvalidArgument);
-}
-
-// A TP 1 -> 2 pull: each token's slice of the page is a row, and the request names a page's rows
-// as one entry where it named every row before (kvd-nccl/7).
-TEST(NcclWireTest, AGetOfATpSliceNamesAPagesRowsAsOneEntry) {
-  const int64_t blocks = 16;
-  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("LBNHC", blocks, 2, 1);
-  std::vector<int64_t> ids(blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::mt19937_64 rng(13);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  const TransferSpec spec{ids, ids, blocks * 16};
-  auto layer = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
-  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
-  Plan plan;
-  ASSERT_TRUE(layer->AppendLayer(0, &plan).ok());
-  GetRequestMsg req;
-  req.chunk_bytes = 1 << 20;
-  std::vector<Range> ranges;
-  std::vector<Strided> rows;
-  SplitGet(plan.runs, plan.groups, plan.blocks, &req, &ranges, &rows);
-  std::vector<kv::Run> expected = plan.runs;
-  std::vector<RunGroup> groups = plan.groups;
-  ExpandBlocks(plan.blocks, &groups);
-  ExpandGroups(groups, &expected);
-  ASSERT_EQ(expected.size(), 16u * blocks);  // a row per token, not one per page
-  EXPECT_LE(req.ranges.size() + req.strided.size(), 2u * blocks);
-  EXPECT_TRUE(CheckStrided(req.strided, src.span_bytes(), req.chunk_bytes).ok());
-  EXPECT_EQ(*TotalBytes(req.ranges, req.strided), *TotalBytes(ranges, rows));
-  EXPECT_EQ(*TotalBytes(ranges, rows), plan.bytes);
-}
-
-// A pulled request's put (one batch of 512 MiB) moves as pieces of about piece_bytes: every entry
-// once, in order, on both sides alike, no piece holding more than piece_bytes and one entry.
-TEST(NcclWireTest, ALargePutMovesAsPiecesOfItsEntriesInOrder) {
-  DataMsg msg;
-  msg.seq = 7;
-  msg.region_id = 3;
-  msg.chunk_bytes = 1 << 20;
-  msg.direct_bytes = 8 << 20;
-  std::vector<Range> gather;
-  std::vector<Strided> rows;
-  for (uint64_t i = 0; i < 100; ++i) {  // ranges of 64 KiB to 9 MiB
-    const uint64_t length = (64 << 10) * (1 + i % 144);
-    msg.ranges.push_back({i << 24, length});
-    gather.push_back({(i << 24) + 8, length});
-  }
-  for (uint64_t i = 0; i < 300; ++i) {  // entries of 8 heads of 16 rows of 512 B: 64 KiB
-    msg.strided.push_back({(2000ull + i) << 20, 512, 16, 512, 8, 8192});
-    rows.push_back({(4000ull + i) << 20, 512, 16, 4096, 8, 512});
-  }
-  const uint64_t total = *TotalBytes(msg.ranges, msg.strided);
-  const uint64_t piece_bytes = 16 << 20;
-  const std::vector<Piece> pieces = CutIntoPieces(msg, gather, rows, piece_bytes);
-  ASSERT_GT(pieces.size(), total / (piece_bytes + (9 << 20)));
-  DataMsg joined;
-  std::vector<Range> joined_gather;
-  std::vector<Strided> joined_rows;
-  for (const Piece& p : pieces) {
-    EXPECT_EQ(p.msg.seq, 7u);
-    EXPECT_EQ(p.msg.region_id, 3u);
-    EXPECT_EQ(p.msg.chunk_bytes, msg.chunk_bytes);
-    EXPECT_EQ(p.msg.direct_bytes, msg.direct_bytes);
-    ASSERT_EQ(p.msg.ranges.size(), p.gather.size());
-    ASSERT_EQ(p.msg.strided.size(), p.rows.size());
-    const uint64_t bytes = *TotalBytes(p.msg.ranges, p.msg.strided);
-    const uint64_t last = p.msg.strided.empty() ? p.msg.ranges.back().length : 64 << 10;
-    EXPECT_GT(bytes, 0u);
-    EXPECT_LT(bytes - last, piece_bytes);  // full only with its last entry
-    joined.ranges.insert(joined.ranges.end(), p.msg.ranges.begin(), p.msg.ranges.end());
-    joined.strided.insert(joined.strided.end(), p.msg.strided.begin(), p.msg.strided.end());
-    joined_gather.insert(joined_gather.end(), p.gather.begin(), p.gather.end());
-    joined_rows.insert(joined_rows.end(), p.rows.begin(), p.rows.end());
-  }
-  EXPECT_EQ(joined.ranges, msg.ranges);
-  EXPECT_EQ(joined.strided, msg.strided);
-  EXPECT_EQ(joined_gather, gather);
-  EXPECT_EQ(joined_rows, rows);
-  // No cut for a batch that fits, or with piece_bytes 0.
-  EXPECT_EQ(CutIntoPieces(msg, gather, rows, total).size(), 1u);
-  EXPECT_EQ(CutIntoPieces(msg, gather, rows, 0).size(), 1u);
-  EXPECT_EQ(CutIntoPieces(msg, gather, rows, 0)[0].msg, msg);
-}
-
-// A put's pieces complete it once, after the last of them, with the first error among them.
-TEST(NcclWireTest, APutCutIntoPiecesCompletesOnceAfterItsLastPiece) {
-  int calls = 0;
-  Status got;
-  std::vector<Completion> parts = SplitCompletion(
-      [&](Status s) {
-        ++calls;
-        got = std::move(s);
-      },
-      3);
-  ASSERT_EQ(parts.size(), 3u);
-  parts[2](Status::Ok());
-  parts[0](Status::Timeout("first"));
-  EXPECT_EQ(calls, 0);
-  parts[1](Status::Unavailable("second"));
-  EXPECT_EQ(calls, 1);
-  EXPECT_EQ(got.code(), Code::kTimeout);
 }
 
 // Rows gathered chunk by chunk on the sender and scattered chunk by chunk on the receiver, each

@@ -392,39 +392,35 @@ void SplitGet(std::span<const Run> runs, std::span<const RunGroup> groups,
   req->strided = std::move(asked.strided);
 }
 
-std::vector<Piece> CutIntoPieces(DataMsg msg, std::vector<Range> gather, std::vector<Strided> rows,
-                                 uint64_t piece_bytes) {
-  std::vector<Piece> pieces;
-  const Result<uint64_t> total = TotalBytes(msg.ranges, msg.strided);
-  if (piece_bytes == 0 || (total.ok() && *total <= piece_bytes)) {
-    pieces.push_back({std::move(msg), std::move(gather), std::move(rows)});
-    return pieces;
-  }
-  const auto start = [&] {
-    Piece p;
-    p.msg.seq = msg.seq;
-    p.msg.reply_to = msg.reply_to;
-    p.msg.region_id = msg.region_id;
-    p.msg.chunk_bytes = msg.chunk_bytes;
-    p.msg.direct_bytes = msg.direct_bytes;
-    pieces.push_back(std::move(p));
-    return uint64_t{0};
+std::vector<PieceStart> CutIntoPieces(std::span<const Range> ranges,
+                                      std::span<const RunGroup> groups,
+                                      std::span<const GroupBlocks> blocks, uint64_t piece_bytes) {
+  std::vector<PieceStart> at = {PieceStart{}};
+  PieceStart next;
+  uint64_t held = 0;
+  // Entry `bytes` joins the open piece, which ends once it holds piece_bytes. The sender's own
+  // entries: their sizes do not overflow.
+  const auto add = [&](uint64_t bytes) {
+    held += bytes;
+    if (piece_bytes != 0 && held >= piece_bytes) {
+      at.push_back(next);
+      held = 0;
+    }
   };
-  uint64_t held = start();
-  for (size_t i = 0; i < msg.ranges.size(); ++i) {
-    if (held >= piece_bytes) held = start();
-    pieces.back().msg.ranges.push_back(msg.ranges[i]);
-    pieces.back().gather.push_back(gather[i]);
-    held += msg.ranges[i].length;
+  for (const Range& r : ranges) {
+    ++next.ranges;
+    add(r.length);
   }
-  for (size_t i = 0; i < msg.strided.size(); ++i) {
-    if (held >= piece_bytes) held = start();
-    const Strided& e = msg.strided[i];
-    pieces.back().msg.strided.push_back(e);
-    pieces.back().rows.push_back(rows[i]);
-    held += e.length * e.count * e.outer_count;  // the sender's own rows: no overflow
+  for (const RunGroup& g : groups) {
+    ++next.groups;
+    add(g.length * g.count);
   }
-  return pieces;
+  for (const GroupBlocks& b : blocks) {
+    ++next.blocks;
+    add(b.group.length * b.group.count * b.outer_count);
+  }
+  if (held > 0 || at.size() == 1) at.push_back(next);
+  return at;
 }
 
 Status CheckStrided(std::span<const Strided> strided, uint64_t region_bytes, uint64_t chunk_bytes) {

@@ -168,19 +168,21 @@ void SplitGet(std::span<const Run> runs, std::span<const RunGroup> groups,
               std::span<const GroupBlocks> blocks, GetRequestMsg* req, std::vector<Range>* ranges,
               std::vector<Strided>* rows);
 
-// A put cut into pieces that move as batches of their own, each of its entries in order (the
-// ranges, then the rows), `gather` and `rows` (the sender's views) cut alike. A piece ends once it
-// holds `piece_bytes`, so it holds at most that plus one entry; an entry is never cut. So a large
-// batch's first bytes move while the sender lays out the rest, and no announcement grows with its
-// batch. The pieces' seq and reply_to are the batch's: the caller numbers them. piece_bytes 0:
-// one piece.
-struct Piece {
-  DataMsg msg;
-  std::vector<Range> gather;
-  std::vector<Strided> rows;
+// Where a put is cut into pieces that move as batches of their own: piece k is entries
+// [at[k], at[k + 1]) of its ranges, of its run groups and of its blocks of groups, in that order
+// (`at` has one more element than there are pieces). A piece ends once it holds `piece_bytes`, so
+// it holds at most that plus one entry; an entry is never cut; piece_bytes 0: one piece. The
+// sender splits each piece into rows (SplitGroups, SplitBlocks) as it goes, so a large batch's
+// first bytes move while it lays out the rest, and no announcement grows with its batch.
+struct PieceStart {
+  size_t ranges = 0;
+  size_t groups = 0;
+  size_t blocks = 0;
+  bool operator==(const PieceStart&) const = default;
 };
-std::vector<Piece> CutIntoPieces(DataMsg msg, std::vector<Range> gather, std::vector<Strided> rows,
-                                 uint64_t piece_bytes);
+std::vector<PieceStart> CutIntoPieces(std::span<const Range> ranges,
+                                      std::span<const RunGroup> groups,
+                                      std::span<const GroupBlocks> blocks, uint64_t piece_bytes);
 
 // A batch's ranges laid end to end in staging and cut into chunks of at most `chunk_bytes` of
 // staging. Chunk k is runs[starts[k], starts[k + 1]) and holds bytes[k] bytes; its runs have one

@@ -1,0 +1,47 @@
+// What the nccl backend's host tests share (nccl_wire_test.cc, nccl_batch_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "layout/kv_region.h"
+#include "layout/plan.h"
+#include "transport/nccl/wire.h"
+
+namespace kv::transport::nccl {
+
+// Every row of `entries`, in order, as runs: `src_side` gives the sender's view (offsets in
+// src_offset), else the receiver's (in dst_offset).
+inline std::vector<kv::Run> RowsOf(std::span<const Strided> entries, bool src_side) {
+  std::vector<kv::Run> rows;
+  for (const Strided& e : entries) {
+    for (uint64_t o = 0; o < e.outer_count; ++o) {
+      const Strided b = e.block(o);
+      for (uint64_t i = 0; i < b.count; ++i) {
+        const uint64_t at = b.offset + i * static_cast<uint64_t>(b.stride);
+        rows.push_back(src_side ? kv::Run{at, 0, b.length} : kv::Run{0, at, b.length});
+      }
+    }
+  }
+  return rows;
+}
+
+// A page of 8 heads of 512 B per token; rank `tp_rank` of `tp_size` holds its share of them.
+inline KvRegion PageRegion(const std::string& order, int64_t blocks, int tp_size = 1,
+                           int tp_rank = 0) {
+  LayoutSpec s;
+  s.order = order;
+  s.layers = 2;
+  s.block_size = 16;
+  s.blocks = blocks;
+  s.heads = 8 / tp_size;
+  s.total_heads = 8;
+  s.tp_size = tp_size;
+  s.tp_rank = tp_rank;
+  s.content_bytes = 512;
+  return KvRegion::Create(s).value();
+}
+
+}  // namespace kv::transport::nccl

@@ -23,13 +23,8 @@ namespace {
 TEST(NcclWireTest, AGetNamesItsRowsAsEntriesTheResponderTakes) {
   const int64_t blocks = 32;
   const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
-  std::iota(src_ids.begin(), src_ids.end(), 0);
-  std::iota(dst_ids.begin(), dst_ids.end(), 0);
-  std::mt19937_64 rng(11);
-  std::shuffle(src_ids.begin(), src_ids.end(), rng);
-  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
-  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  const RandomBlocks ids(blocks, 11);
+  const TransferSpec spec = ids.spec();
   auto layer = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
   ASSERT_TRUE(layer.ok()) << layer.status().ToString();
   Plan plan;
@@ -125,13 +120,8 @@ std::vector<kv::Run> PutRows(const DataMsg& msg, std::span<const Range> gather,
 TEST(NcclWireTest, ALargePutMovesAsPiecesOfItsEntriesInOrder) {
   const int64_t blocks = 32;
   const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
-  std::iota(src_ids.begin(), src_ids.end(), 0);
-  std::iota(dst_ids.begin(), dst_ids.end(), 0);
-  std::mt19937_64 rng(17);
-  std::shuffle(src_ids.begin(), src_ids.end(), rng);
-  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
-  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  const RandomBlocks ids(blocks, 17);
+  const TransferSpec spec = ids.spec();
   auto grouped = LayerPlan::Create(src, dst, spec, PlanEntries::kGroups);
   auto blocked = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
   ASSERT_TRUE(grouped.ok() && blocked.ok());

@@ -219,13 +219,8 @@ TEST(NcclWireTest, APeersBlocksMustHoldEnoughBytesAndNotOverlap) {
 TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
   const int64_t blocks = 64;
   const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
-  std::iota(src_ids.begin(), src_ids.end(), 0);
-  std::iota(dst_ids.begin(), dst_ids.end(), 0);
-  std::mt19937_64 rng(7);
-  std::shuffle(src_ids.begin(), src_ids.end(), rng);
-  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
-  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  const RandomBlocks ids(blocks, 7);
+  const TransferSpec spec = ids.spec();
   auto layer = LayerPlan::Create(src, dst, spec, /*groups=*/true);
   ASSERT_TRUE(layer.ok()) << layer.status().ToString();
   Plan plan;
@@ -264,13 +259,8 @@ TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
 TEST(NcclWireTest, ThePlannersBlocksTravelAsTheEntriesSplitGroupsMakes) {
   const int64_t blocks = 64;
   const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  std::vector<int64_t> src_ids(blocks), dst_ids(blocks);
-  std::iota(src_ids.begin(), src_ids.end(), 0);
-  std::iota(dst_ids.begin(), dst_ids.end(), 0);
-  std::mt19937_64 rng(9);
-  std::shuffle(src_ids.begin(), src_ids.end(), rng);
-  std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
-  const TransferSpec spec{src_ids, dst_ids, blocks * 16};
+  const RandomBlocks ids(blocks, 9);
+  const TransferSpec spec = ids.spec();
   auto grouped = LayerPlan::Create(src, dst, spec, PlanEntries::kGroups);
   auto blocked = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
   ASSERT_TRUE(grouped.ok() && blocked.ok());

@@ -1,7 +1,10 @@
 // What the nccl backend's host tests share (nccl_wire_test.cc, nccl_batch_test.cc).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,5 +46,19 @@ inline KvRegion PageRegion(const std::string& order, int64_t blocks, int tp_size
   s.content_bytes = 512;
   return KvRegion::Create(s).value();
 }
+
+// Block ids 0..blocks-1 shuffled on each side (kvbench's --block-ids random) for a request of
+// 16 tokens a block.
+struct RandomBlocks {
+  RandomBlocks(int64_t blocks, uint64_t seed) : src(blocks), dst(blocks) {
+    std::iota(src.begin(), src.end(), 0);
+    std::iota(dst.begin(), dst.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(src.begin(), src.end(), rng);
+    std::shuffle(dst.begin(), dst.end(), rng);
+  }
+  TransferSpec spec() const { return {src, dst, static_cast<int64_t>(src.size()) * 16}; }
+  std::vector<int64_t> src, dst;
+};
 
 }  // namespace kv::transport::nccl

@@ -186,32 +186,21 @@ void Link::Impl::DeliverNotes() {
 void Link::Impl::CheckDeadlines() {
   std::vector<Completion> expired, unsent;
   const auto now = Clock::now();
+  // Puts and gets alike: one never sent fails alone and the link stays.
+  const auto take_expired = [&](auto& pending) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (now < it->second.deadline) {
+        ++it;
+        continue;
+      }
+      (it->second.sent ? expired : unsent).push_back(std::move(it->second.done));
+      it = pending.erase(it);
+    }
+  };
   {
     std::lock_guard lock(mu);
-    for (auto it = puts.begin(); it != puts.end();) {
-      if (now < it->second.deadline) {
-        ++it;
-        continue;
-      }
-      if (!it->second.sent) {  // never announced: it fails alone and the link stays
-        unsent.push_back(std::move(it->second.done));
-      } else {
-        expired.push_back(std::move(it->second.done));
-      }
-      it = puts.erase(it);
-    }
-    for (auto it = gets.begin(); it != gets.end();) {
-      if (now < it->second.deadline) {
-        ++it;
-        continue;
-      }
-      if (!it->second.named) {  // never asked for: it fails alone and the link stays
-        unsent.push_back(std::move(it->second.done));
-      } else {
-        expired.push_back(std::move(it->second.done));
-      }
-      it = gets.erase(it);
-    }
+    take_expired(puts);
+    take_expired(gets);
   }
   for (Completion& done : unsent) {
     done(Status::Timeout("nccl: batch passed its deadline before it was sent"));
@@ -281,7 +270,7 @@ Status Link::Impl::ReceiveData(const DataMsg& msg) {
     }
     std::lock_guard lock(mu);
     auto it = gets.find(msg.reply_to);
-    if (it == gets.end() || !it->second.named) {
+    if (it == gets.end() || !it->second.sent) {
       return Status::InvalidArgument("data for an unknown get");
     }
     PendingGet& get = it->second;

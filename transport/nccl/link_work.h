@@ -69,13 +69,11 @@ struct PendingPut {
 
 struct PendingGet {
   char* local_base = nullptr;
-  // Where the bytes go, in order: filled in when the request is sent (`named`), in chunks of
-  // chunk_bytes.
+  // Where the bytes go, in order, in chunks of chunk_bytes: filled in when the request is sent.
   std::vector<Range> ranges;
   std::vector<Strided> rows;
   uint64_t chunk_bytes = 0;
-  uint64_t bytes = 0;
-  bool named = false;
+  bool sent = false;  // asked of the peer: a loss past the deadline then resets the link
   Completion done;
   Clock::time_point deadline;
 };

@@ -152,26 +152,14 @@ Status Link::Impl::SendGet(SendJob& job) {
   std::vector<Range> ranges;
   std::vector<Strided> rows;
   SplitGet(job.runs, job.groups, job.blocks, &job.request, &ranges, &rows);
-  Result<uint64_t> bytes = TotalBytes(ranges, rows);
-  Completion refused;
   {
     std::lock_guard lock(mu);
     auto it = gets.find(job.request.seq);
     if (it == gets.end()) return Status::Ok();  // the reader timed it out while it queued
-    if (bytes.ok()) {
-      it->second.ranges = std::move(ranges);
-      it->second.rows = std::move(rows);
-      it->second.chunk_bytes = job.request.chunk_bytes;
-      it->second.bytes = *bytes;
-      it->second.named = true;
-    } else {
-      refused = std::move(it->second.done);
-      gets.erase(it);
-    }
-  }
-  if (refused) {
-    refused(bytes.status());  // it fails alone: nothing was asked of the peer
-    return Status::Ok();
+    it->second.ranges = std::move(ranges);
+    it->second.rows = std::move(rows);
+    it->second.chunk_bytes = job.request.chunk_bytes;
+    it->second.sent = true;
   }
   return socket.SendFrame(EncodeGetRequest(job.request), job.deadline);
 }

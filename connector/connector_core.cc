@@ -253,6 +253,9 @@ Result<bool> ConnectorCore::RecordLayer(int layer, void* cuda_stream) {
 
 namespace {
 
+// A save that leaves its blocks out: kvd takes the ones the request's first save named.
+constexpr std::span<const int64_t> kNoBlocks;
+
 proto::EngineMessage SaveMessage(const std::string& request, int layer,
                                  std::span<const int64_t> block_ids, bool written) {
   proto::EngineMessage m;
@@ -268,7 +271,11 @@ proto::EngineMessage SaveMessage(const std::string& request, int layer,
 
 Status ConnectorCore::SendSave(const std::string& request, int layer,
                                std::span<const int64_t> block_ids, bool written) {
-  return client_->Send(SaveMessage(request, layer, block_ids, written));
+  std::lock_guard<std::mutex> lock(named_mu_);
+  const bool repeat = named_.Repeats(request, block_ids);
+  Status s = client_->Send(SaveMessage(request, layer, repeat ? kNoBlocks : block_ids, written));
+  if (!s.ok()) named_.Forget(request);  // kvd may not have had them
+  return s;
 }
 
 Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const SaveSpec> saves,
@@ -286,6 +293,7 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
   out.reserve(saves.size());
   std::vector<proto::EngineMessage> messages;
   std::vector<size_t> sent;  // of out: the saves that go out
+  std::lock_guard<std::mutex> lock(named_mu_);
   for (const SaveSpec& save : saves) {
     Status s =
         save.request.empty() || save.request.size() > kMaxIdBytes
@@ -302,7 +310,9 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
     }
     if (s.ok()) s = client_->SaveError(save.request);
     if (s.ok()) {
-      messages.push_back(SaveMessage(save.request, layer, save.block_ids, written));
+      const bool repeat = named_.Repeats(save.request, save.block_ids);
+      messages.push_back(
+          SaveMessage(save.request, layer, repeat ? kNoBlocks : save.block_ids, written));
       sent.push_back(out.size());
     }
     out.push_back(std::move(s));
@@ -311,7 +321,10 @@ Result<std::vector<Status>> ConnectorCore::SaveLayers(int layer, std::span<const
   // engine's step one kvd wake-up per request (issue 24: a wave's saves crowd out its loads'
   // hops on a host short of cores).
   const Status s = client_->SendAll(messages);
-  for (size_t i : sent) out[i] = s;
+  for (size_t i : sent) {
+    out[i] = s;
+    if (!s.ok()) named_.Forget(saves[i].request);  // kvd may not have had them
+  }
   return out;
 }
 
@@ -354,8 +367,14 @@ Result<TransferParams> FinishParams(const proto::Reply& reply, const std::string
 
 }  // namespace
 
+void ConnectorCore::ForgetNamedBlocks(std::span<const std::string> requests) {
+  std::lock_guard<std::mutex> lock(named_mu_);
+  for (const std::string& request : requests) named_.Forget(request);
+}
+
 Result<TransferParams> ConnectorCore::RequestFinished(const std::string& request,
                                                       const std::string& transfer_token) {
+  ForgetNamedBlocks({&request, 1});
   auto reply = client_->Call(FinishMessage(request, transfer_token));
   // kvd answers after every save sent before: a save it refused has been heard of by now.
   KV_RETURN_IF_ERROR(client_->TakeSaveError(request));
@@ -373,8 +392,12 @@ Result<std::vector<Result<TransferParams>>> ConnectorCore::RequestsFinished(
   }
   std::vector<proto::EngineMessage> messages;
   messages.reserve(finishes.size());
-  for (const FinishSpec& f : finishes)
+  std::vector<std::string> requests;
+  for (const FinishSpec& f : finishes) {
     messages.push_back(FinishMessage(f.request, f.transfer_token));
+    requests.push_back(f.request);
+  }
+  ForgetNamedBlocks(requests);
   std::vector<Result<proto::Reply>> replies = client_->CallAll(messages);
   std::vector<Result<TransferParams>> out;
   out.reserve(finishes.size());

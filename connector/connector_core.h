@@ -16,6 +16,7 @@
 
 #include "base/shared_memory.h"
 #include "base/status.h"
+#include "connector/named_blocks.h"
 #include "gpu/layer_events.h"
 #include "kv/connector.h"
 #include "layout/kv_region.h"
@@ -145,6 +146,8 @@ class ConnectorCore {
   Result<bool> RecordLayer(int layer, void* cuda_stream);
   Status SendSave(const std::string& request, int layer, std::span<const int64_t> block_ids,
                   bool written);
+  // A finished request's next save (a reused id) names its blocks again.
+  void ForgetNamedBlocks(std::span<const std::string> requests);
   Result<int> RegionLayers(uint32_t region) const;
   Status WaitOffload(const std::string& id, int layer);
   void ForgetOffload(const std::string& id);
@@ -153,6 +156,10 @@ class ConnectorCore {
   int64_t region_blocks_ = 0;       // the fewest blocks of any registered cache
   std::atomic<uint64_t> next_offload_ = 1;
   std::mutex offload_mu_;  // taken before the client's lock, never after it
+  // Held from deciding whether a save leaves its blocks out until it was written (NamedBlocks);
+  // taken before the client's lock, never after it.
+  std::mutex named_mu_;
+  NamedBlocks named_;
   // Ops a live handle names, and those of them GetFinished() took as done from the client
   // (the client then no longer knows them).
   std::set<std::string> live_offloads_, done_offloads_;

@@ -37,9 +37,32 @@ Status Scheduler::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
     return Status::OutOfRange("layer " + std::to_string(save.layer()) + " out of range [0, " +
                               std::to_string(layers) + ")");
   }
-  KV_RETURN_IF_ERROR(CheckBlocks(IdsOf(save.block_ids()), LayoutsOf(engine), 0));
-  // Only a new request takes room: a full table still serves the ones it holds.
-  if (!sources_.contains(save.request_id())) KV_RETURN_IF_ERROR(CheckSourceRoom(save.request_id()));
+  // A rank's blocks are checked once, at its first save; a later save names the same ones or
+  // none (engine protocol 7).
+  const auto& ids = save.block_ids();
+  auto held = sources_.find(save.request_id());
+  const SourceRank* named = nullptr;
+  if (held != sources_.end() && held->second.instance == engine.instance) {
+    auto r = held->second.ranks.find(engine.tp_rank);
+    if (r != held->second.ranks.end()) named = &r->second;
+  }
+  if (named != nullptr) {
+    if (!ids.empty() &&
+        !std::equal(ids.begin(), ids.end(), named->blocks.begin(), named->blocks.end())) {
+      return Status::InvalidArgument("request " + save.request_id() +
+                                     ": save_layer named other blocks than before");
+    }
+  } else {
+    if (ids.empty()) {
+      return Status::InvalidArgument(
+          "request " + save.request_id() + " layer " + std::to_string(save.layer()) +
+          ": a save without block ids continues a request, and this rank saved none of it (it "
+          "finished, failed, or never started here)");
+    }
+    KV_RETURN_IF_ERROR(CheckBlocks(IdsOf(ids), LayoutsOf(engine), 0));
+    // Only a new request takes room: a full table still serves the ones it holds.
+    if (held == sources_.end()) KV_RETURN_IF_ERROR(CheckSourceRoom(save.request_id()));
+  }
   auto [it, created] = sources_.try_emplace(save.request_id());
   SourceRequest& request = it->second;
   if (created) {
@@ -63,15 +86,11 @@ Status Scheduler::SaveLayer(Engine& engine, const proto::SaveLayer& save) {
   }
   auto [rank_it, new_rank] = request.ranks.try_emplace(engine.tp_rank);
   SourceRank& rank = rank_it->second;
-  std::vector<int64_t> blocks(save.block_ids().begin(), save.block_ids().end());
   if (new_rank) {
     rank.engine_id = engine.id;
-    rank.blocks = std::move(blocks);
+    rank.blocks.assign(ids.begin(), ids.end());
     rank.saved.assign(layers, false);
     rank.recorded.assign(layers, false);
-  } else if (rank.blocks != blocks) {
-    return Status::InvalidArgument("request " + request.id +
-                                   ": save_layer named other blocks than before");
   }
   rank.saved[save.layer()] = true;
   if (!save.written()) rank.recorded[save.layer()] = true;

@@ -248,6 +248,8 @@ class KV_EXPORT Connector {
   // One-way: it returns once kvd has the message. What it can check here (request id, layer,
   // block ids against the registered caches, an earlier failure of the request) it returns at
   // once; a save kvd refuses later fails the request, and RequestFinished returns that error.
+  // Every save of a request names the same blocks (other ones fail it); only the first, and any
+  // that differs from the last, carries them to kvd, so a request's later layers cost no ids.
   Status SaveLayer(const std::string& request, int layer, std::span<const int64_t> block_ids,
                    void* cuda_stream = nullptr);
   // SaveLayer of one layer for every request of a step in one call (an engine's forward pass

@@ -154,7 +154,7 @@ class EngineMemory : public ::testing::Test {
     return CallWithMemfd(HostRegion(bytes), bytes, seal);
   }
 
-  // A save of `layer` naming `ids`, answered.
+  // A save of `layer` naming `ids` (none: the blocks of the request's first save), answered.
   Status Save(const std::string& request, int layer, const std::vector<int64_t>& ids) {
     proto::EngineMessage m;
     m.set_seq(++seq_);
@@ -172,7 +172,8 @@ class EngineMemory : public ::testing::Test {
   uint64_t seq_ = 1;
 };
 
-// Saves as kvd takes them from a raw engine, into a source table of one request.
+// Saves as kvd takes them from a raw engine: the blocks named once (engine protocol 7), and a
+// source table of one request.
 class EngineSaves : public EngineMemory {
  protected:
   EngineSaves() { max_source_requests_ = 1; }
@@ -305,6 +306,22 @@ TEST_F(EngineMemory, AGpuRegionTakesTheSamePath) {
   EXPECT_EQ(daemon_->Snapshot().regions(), 0u);
 }
 
+// A request's first save on a rank names its blocks; a later one may leave them out and then
+// stands for the same blocks, or name them again; other blocks, or none at first, are refused.
+TEST_F(EngineSaves, ALaterSaveMayLeaveTheBlocksOutButNotTheFirst) {
+  ASSERT_TRUE(CallWithMemfd(HostRegion(4096, /*layers=*/2), 4096).ok());
+  Status first = Save("a", 1, {});
+  EXPECT_EQ(first.code(), Code::kInvalidArgument) << first.ToString();
+  EXPECT_NE(first.message().find("saved none of it"), std::string::npos) << first.ToString();
+  ASSERT_TRUE(Save("a", 0, {0}).ok());
+  EXPECT_TRUE(Save("a", 1, {}).ok());
+  EXPECT_TRUE(Save("a", 1, {0}).ok());
+  Status other = Save("a", 0, {0, 0});
+  EXPECT_EQ(other.code(), Code::kInvalidArgument) << other.ToString();
+  EXPECT_NE(other.message().find("other blocks than before"), std::string::npos)
+      << other.ToString();
+}
+
 // max_source_requests bounds the requests held, not the saves of one held: a full table refuses a
 // new request and keeps taking the layers of the one it holds (it refused them too before).
 TEST_F(EngineSaves, AFullSourceTableTakesTheLaterLayersOfARequestItHolds) {
@@ -314,6 +331,7 @@ TEST_F(EngineSaves, AFullSourceTableTakesTheLaterLayersOfARequestItHolds) {
   EXPECT_EQ(full.code(), Code::kResourceExhausted) << full.ToString();
   Status held = Save("a", 1, {0});
   EXPECT_TRUE(held.ok()) << held.ToString();
+  EXPECT_TRUE(Save("a", 1, {}).ok());
 }
 
 }  // namespace

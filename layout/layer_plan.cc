@@ -1,7 +1,11 @@
 // LayerPlan (plan.h): layer 0 planned once per request, as runs, groups or blocks of groups,
 // and shifted to any layer.
 #include <algorithm>
+#include <cstdint>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "layout/plan.h"
 #include "layout/plan_into.h"
@@ -10,6 +14,59 @@ namespace kv {
 
 using internal::Blocks;
 using internal::PlanInto;
+
+namespace {
+
+// Whether a run of some layer ends where a run of another starts, on both sides: the only runs
+// PlanTransfer over a range of layers could join across them. Layer a's run r and layer a + k's
+// run q abut when r's end is q's start shifted by k strides on each side; the offsets bound k, so
+// a layers-first plan (strides spanning the whole cache) has at most k = 1 to look up. Where k
+// could be 2 or more (blocks-first), it says they may, and the range is planned whole as before.
+bool RunsAdjoinAcrossLayers(std::span<const Run> runs, int64_t layers, uint64_t src_stride,
+                            uint64_t dst_stride) {
+  if (runs.empty() || layers < 2) return false;
+  if (src_stride == 0 || dst_stride == 0) return true;  // no bound: say they may
+  const auto s = static_cast<int64_t>(src_stride), d = static_cast<int64_t>(dst_stride);
+  int64_t min_src = INT64_MAX, max_src = 0, min_src_end = INT64_MAX, max_src_end = 0;
+  int64_t min_dst = INT64_MAX, max_dst = 0, min_dst_end = INT64_MAX, max_dst_end = 0;
+  std::vector<std::pair<int64_t, int64_t>> starts;
+  starts.reserve(runs.size());
+  for (const Run& r : runs) {
+    const auto src = static_cast<int64_t>(r.src_offset), dst = static_cast<int64_t>(r.dst_offset);
+    const auto length = static_cast<int64_t>(r.length);
+    min_src = std::min(min_src, src), max_src = std::max(max_src, src);
+    min_dst = std::min(min_dst, dst), max_dst = std::max(max_dst, dst);
+    min_src_end = std::min(min_src_end, src + length);
+    max_src_end = std::max(max_src_end, src + length);
+    min_dst_end = std::min(min_dst_end, dst + length);
+    max_dst_end = std::max(max_dst_end, dst + length);
+    starts.emplace_back(src, dst);
+  }
+  // end - start lies in [lo, hi] on each side, and must be k strides.
+  auto floor_div = [](int64_t a, int64_t b) { return a / b - (a % b != 0 && a < 0); };
+  auto ceil_div = [&](int64_t a, int64_t b) { return -floor_div(-a, b); };
+  const int64_t k_lo = std::max(
+      {ceil_div(min_src_end - max_src, s), ceil_div(min_dst_end - max_dst, d), -(layers - 1)});
+  const int64_t k_hi = std::min(
+      {floor_div(max_src_end - min_src, s), floor_div(max_dst_end - min_dst, d), layers - 1});
+  if (k_lo > k_hi || (k_lo == 0 && k_hi == 0)) return false;
+  // Layers two or more apart could abut (a blocks-first layout): say they may rather than search
+  // every distance.
+  if (k_lo < -1 || k_hi > 1) return true;
+  std::sort(starts.begin(), starts.end());
+  for (int64_t k = k_lo; k <= k_hi; ++k) {
+    if (k == 0) continue;  // within a layer: PlanTransfer of the layer joined those already
+    for (const Run& r : runs) {
+      const auto length = static_cast<int64_t>(r.length);
+      const std::pair<int64_t, int64_t> start{static_cast<int64_t>(r.src_offset) + length - k * s,
+                                              static_cast<int64_t>(r.dst_offset) + length - k * d};
+      if (std::binary_search(starts.begin(), starts.end(), start)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
 
 Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
                                     const TransferSpec& spec, bool groups) {
@@ -70,6 +127,8 @@ Result<LayerPlan> LayerPlan::Create(const KvRegion& src, const KvRegion& dst,
       layer0.blocks = {};
     }
   }
+  plan.layers_adjoin_ = RunsAdjoinAcrossLayers(layer0.runs, plan.layers_, plan.src_layer_stride_,
+                                               plan.dst_layer_stride_);
   return plan;
 }
 

@@ -174,6 +174,11 @@ class LayerPlan {
     return layer0_.runs.size() + layer0_.groups.size() + layer0_.blocks.size();
   }
   uint64_t bytes_per_layer() const { return layer0_.bytes; }
+  // Whether a run of one layer ends where a run of the next starts, on both sides (a
+  // blocks-first layout: a block's layers lie next to each other). Only then may PlanTransfer
+  // over a range of layers join runs across them; elsewhere AppendLayers gives the same runs for
+  // a fraction of the planning. False for a layer planned as groups or blocks.
+  bool layers_adjoin() const { return layers_adjoin_; }
 
   // Below this many rows per group on average, groups are not worth a second copy path: a TP 1
   // request with random block ids pairs its 64 KiB pages two by two, a TP 1 -> 2 split groups
@@ -185,6 +190,7 @@ class LayerPlan {
   int64_t layers_ = 0;
   uint64_t src_layer_stride_ = 0;
   uint64_t dst_layer_stride_ = 0;
+  bool layers_adjoin_ = false;
 };
 
 // Checks that every run lies inside [0, src_bytes) on the source and [0, dst_bytes) on the

@@ -200,7 +200,7 @@ TEST(PlanProperty, MatchesByteReferenceWithMinimalRuns) {
 // PlanTransfer's runs for that layer, and the groups pass the bounds check. Returns how many
 // layers were compared and how many of them came out as groups.
 struct LayerPlanCounts {
-  int compared = 0, grouped = 0;
+  int compared = 0, grouped = 0, adjoining = 0, apart = 0;
 };
 LayerPlanCounts CheckLayerPlans(uint32_t seed, bool groups) {
   Gen gen(seed);
@@ -216,6 +216,7 @@ LayerPlanCounts CheckLayerPlans(uint32_t seed, bool groups) {
     EXPECT_EQ(layers.ok(), PlanTransfer(*src, *dst, spec).ok()) << Describe(c);
     if (!layers.ok()) continue;
     const kv::Run before{1, 2, 3};
+    size_t layer_runs = 0;  // PlanTransfer's, layer by layer
     for (int64_t l = 0; l < c.src.layers; ++l) {
       auto expected = PlanTransfer(*src, *dst, {c.src_blocks, c.dst_blocks, c.tokens, l, l + 1});
       EXPECT_TRUE(expected.ok()) << Describe(c);
@@ -228,6 +229,7 @@ LayerPlanCounts CheckLayerPlans(uint32_t seed, bool groups) {
       EXPECT_TRUE(ValidateGroups(actual.groups, src->span_bytes(), dst->span_bytes()).ok());
       EXPECT_EQ(actual.run_count(), expected->runs.size());
       EXPECT_EQ(layers->runs_per_layer(), expected->runs.size());
+      layer_runs += expected->runs.size();
       if (!actual.groups.empty()) {
         EXPECT_TRUE(groups) << "groups from a plan without them";
         EXPECT_TRUE(actual.runs.empty());
@@ -240,6 +242,17 @@ LayerPlanCounts CheckLayerPlans(uint32_t seed, bool groups) {
       if (::testing::Test::HasFailure()) return counts;
       ++counts.compared;
     }
+    // Where the layers do not adjoin, PlanTransfer over them all joins no run across layers, so
+    // kvd loses nothing appending a pulled range layer by layer (SendLayers).
+    auto whole = PlanTransfer(*src, *dst, {c.src_blocks, c.dst_blocks, c.tokens, 0, c.src.layers});
+    EXPECT_TRUE(whole.ok()) << Describe(c);
+    if (!whole.ok()) return counts;
+    if (layers->layers_adjoin()) {
+      ++counts.adjoining;
+    } else if (layers->entries_per_layer() == layers->runs_per_layer()) {  // planned as runs
+      ++counts.apart;
+      EXPECT_EQ(whole->runs.size(), layer_runs) << Describe(c);
+    }
     Plan untouched;
     EXPECT_EQ(layers->AppendLayer(c.src.layers, &untouched).code(), Code::kOutOfRange);
     EXPECT_TRUE(untouched.runs.empty() && untouched.groups.empty());
@@ -251,6 +264,9 @@ TEST(PlanProperty, LayerPlanShiftsLayerZeroToEveryLayer) {
   const LayerPlanCounts counts = CheckLayerPlans(20261122, /*groups=*/false);
   EXPECT_GT(counts.compared, 2000);
   EXPECT_EQ(counts.grouped, 0);
+  // Both kinds of layout came up: blocks-first ones whose layers adjoin, and others.
+  EXPECT_GT(counts.adjoining, 10);
+  EXPECT_GT(counts.apart, 500);
 }
 
 // With groups on, a TP split's layer becomes groups that expand to the same runs.

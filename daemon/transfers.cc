@@ -374,8 +374,7 @@ Status Scheduler::SendLayers(SourceRequest& request, SourceDestination& to, int 
         // the cached plan: a compressed layer (groups or blocks: a layout or TP conversion that
         // cuts pages into rows) planned whole would be a run per row, a million for an
         // LBNHC -> BLHNC request; and a layers-first request's runs, the same either way, cost
-        // ~7x more planned whole (~0.2 ms of a window-8 pull's first post; kvbench plan
-        // kvd_request/*).
+        // ~4x more planned whole (kvbench plan pull_plan/*).
         const bool by_layer = end - begin == 1 || !layer_plan.layers_adjoin();
         auto append = [&](Plan* plan) {
           return by_layer ? layer_plan.AppendLayers(begin, end, plan)

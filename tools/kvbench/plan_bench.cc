@@ -263,6 +263,56 @@ void LayerPlanCase(benchmark::State& state, int dst_tp, bool regrouped, const ch
   state.counters["x_ceiling"] = per_plan / ceiling;
 }
 
+// A pulled request's 32 layers in one plan, as kvd's SendLayers plans a pull: PlanTransfer over
+// the range (`whole`), or, where the layers do not adjoin, a LayerPlan shifted to every layer
+// (`by_layer`; LayerPlan::layers_adjoin). The ceiling is writing the same runs into a fresh
+// vector.
+void PullPlanCase(benchmark::State& state, const char* order, bool by_layer) {
+  const KvRegion src = PathRegion(1, 0, order), dst = PathRegion(1, 0, order);
+  const auto src_ids = Blocks(kPathTokens / 16, true, 1),
+             dst_ids = Blocks(kPathTokens / 16, true, 2);
+  const TransferSpec spec{src_ids, dst_ids, kPathTokens, 0, kPathLayers};
+  auto reference = PlanTransfer(src, dst, spec);
+  auto layers = LayerPlan::Create(src, dst, spec);
+  if (!reference.ok() || !layers.ok()) {
+    state.SkipWithError("planning failed");
+    return;
+  }
+  Plan plan;
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    plan.runs.clear();
+    plan.bytes = 0;
+    Status s = Status::Ok();
+    if (by_layer) {
+      auto fresh = LayerPlan::Create(src, dst, spec);  // once per request and destination
+      s = fresh.ok() ? fresh->AppendLayers(0, kPathLayers, &plan) : fresh.status();
+    } else {
+      s = PlanTransfer(src, dst, spec, &plan);
+    }
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(plan.runs.data());
+  }
+  const double per_plan = SecondsSince(start) / static_cast<double>(state.iterations());
+  int reps = 0;
+  start = std::chrono::steady_clock::now();
+  do {
+    std::vector<Run> copy(reference->runs.begin(), reference->runs.end());
+    benchmark::DoNotOptimize(copy.data());
+    ++reps;
+  } while (SecondsSince(start) < 0.05);
+  const double ceiling = SecondsSince(start) / reps;
+  state.counters["runs"] = static_cast<double>(plan.runs.size());
+  state.counters["whole_runs"] = static_cast<double>(reference->runs.size());
+  state.counters["layers_adjoin"] = layers->layers_adjoin() ? 1 : 0;
+  state.counters["us_per_request"] = per_plan * 1e6;
+  state.counters["ceiling_us"] = ceiling * 1e6;
+  state.counters["x_ceiling"] = per_plan / ceiling;
+}
+
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
       {"LBNHC/scattered", "LBNHC", "LBNHC"},
@@ -304,7 +354,11 @@ void PrintHelp() {
       "us_per_request, runs_per_request, entries_per_request (runs + groups), ns_per_run.\n"
       "\nlayer_plan/* time LayerPlan::Create with groups on for one such request and decode rank\n"
       "(`groups`), against planning layer 0's runs and grouping them after (`runs_then_grouped`,\n"
-      "what it did before); ceiling_us writes the same groups into a fresh vector.\n");
+      "what it did before); ceiling_us writes the same groups into a fresh vector.\n"
+      "\npull_plan/* time planning one such request's 32 layers at once, TP 1, as kvd plans a\n"
+      "pull: PlanTransfer over the range (`whole`) against a LayerPlan shifted to every layer\n"
+      "(`by_layer`, what kvd does where layers_adjoin is 0); runs and whole_runs count both\n"
+      "plans' runs; ceiling_us writes the same runs into a fresh vector.\n");
 }
 
 int PlanBenchMain(int argc, char** argv) {
@@ -350,6 +404,15 @@ int PlanBenchMain(int argc, char** argv) {
       const std::string name = "layer_plan/" + std::string(shape) + "/" + kind;
       benchmark::RegisterBenchmark(name.c_str(), LayerPlanCase, tp, flags.first, order,
                                    flags.second)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (const char* order : {"LBNHC", "BLHNC"}) {
+    for (bool by_layer : {false, true}) {
+      ++cases;
+      const std::string name =
+          "pull_plan/" + std::string(order) + "/" + (by_layer ? "by_layer" : "whole");
+      benchmark::RegisterBenchmark(name.c_str(), PullPlanCase, order, by_layer)
           ->Unit(benchmark::kMicrosecond);
     }
   }

@@ -21,14 +21,10 @@ namespace {
 // in the responder's page, so they stay apart), and the requester's rows, chunked as the reply
 // is, land each row where the plan says.
 TEST(NcclWireTest, AGetNamesItsRowsAsEntriesTheResponderTakes) {
-  const int64_t blocks = 32;
-  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  const RandomBlocks ids(blocks, 11);
-  const TransferSpec spec = ids.spec();
-  auto layer = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
-  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  const Conversion c(32, 11);
+  const KvRegion &src = c.src, &dst = c.dst;
   Plan plan;
-  ASSERT_TRUE(layer->AppendLayers(0, 2, &plan).ok());
+  ASSERT_TRUE(c.Append(PlanEntries::kGroupBlocks, 0, 2, &plan).ok());
   ASSERT_FALSE(plan.blocks.empty());
   const std::vector<kv::Run> one_run = {{0, dst.span_bytes() - 4096, 4096}};  // a plain run too
 
@@ -118,16 +114,11 @@ std::vector<kv::Run> PutRows(const DataMsg& msg, std::span<const Range> gather,
 // each split into rows on its own: every entry once, in order, no piece holding more than
 // piece_bytes and one entry, and the pieces' rows together are the whole batch's, in order.
 TEST(NcclWireTest, ALargePutMovesAsPiecesOfItsEntriesInOrder) {
-  const int64_t blocks = 32;
-  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  const RandomBlocks ids(blocks, 17);
-  const TransferSpec spec = ids.spec();
-  auto grouped = LayerPlan::Create(src, dst, spec, PlanEntries::kGroups);
-  auto blocked = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
-  ASSERT_TRUE(grouped.ok() && blocked.ok());
+  const Conversion c(32, 17);
+  const KvRegion &src = c.src, &dst = c.dst;
   Plan plan;  // groups of one layer, blocks of the other, and a few plain runs
-  ASSERT_TRUE(grouped->AppendLayer(0, &plan).ok());
-  ASSERT_TRUE(blocked->AppendLayer(1, &plan).ok());
+  ASSERT_TRUE(c.Append(PlanEntries::kGroups, 0, 1, &plan).ok());
+  ASSERT_TRUE(c.Append(PlanEntries::kGroupBlocks, 1, 2, &plan).ok());
   std::vector<Range> ranges, gather;
   for (uint64_t i = 0; i < 20; ++i) {
     ranges.push_back({dst.span_bytes() + i * 100000, 1000 + i * 3000});

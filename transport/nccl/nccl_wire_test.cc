@@ -218,13 +218,9 @@ TEST(NcclWireTest, APeersBlocksMustHoldEnoughBytesAndNotOverlap) {
 // receiver's view passes the peer's checks.
 TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
   const int64_t blocks = 64;
-  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  const RandomBlocks ids(blocks, 7);
-  const TransferSpec spec = ids.spec();
-  auto layer = LayerPlan::Create(src, dst, spec, /*groups=*/true);
-  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  const Conversion c(blocks, 7);
   Plan plan;
-  ASSERT_TRUE(layer->AppendLayer(1, &plan).ok());
+  ASSERT_TRUE(c.Append(PlanEntries::kGroups, 1, 2, &plan).ok());
   ASSERT_EQ(plan.groups.size(), static_cast<size_t>(blocks) * 8);
 
   DataMsg msg;
@@ -247,7 +243,7 @@ TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
     ASSERT_EQ(landed[i].dst_offset, expected[i].dst_offset) << i;
     ASSERT_EQ(sent[i].length, expected[i].length) << i;
   }
-  EXPECT_TRUE(CheckStrided(msg.strided, dst.span_bytes(), 32 << 20).ok());
+  EXPECT_TRUE(CheckStrided(msg.strided, c.dst.span_bytes(), 32 << 20).ok());
   EXPECT_EQ(*TotalBytes({}, msg.strided), plan.bytes);
   auto back = DecodeData(EncodeData(msg));
   ASSERT_TRUE(back.ok());
@@ -258,15 +254,10 @@ TEST(NcclWireTest, APagesHeadGroupsTravelAsOneEntryOfBlocks) {
 // the same order, as SplitGroups makes of the plan's groups.
 TEST(NcclWireTest, ThePlannersBlocksTravelAsTheEntriesSplitGroupsMakes) {
   const int64_t blocks = 64;
-  const KvRegion src = PageRegion("LBNHC", blocks), dst = PageRegion("BLHNC", blocks);
-  const RandomBlocks ids(blocks, 9);
-  const TransferSpec spec = ids.spec();
-  auto grouped = LayerPlan::Create(src, dst, spec, PlanEntries::kGroups);
-  auto blocked = LayerPlan::Create(src, dst, spec, PlanEntries::kGroupBlocks);
-  ASSERT_TRUE(grouped.ok() && blocked.ok());
+  const Conversion c(blocks, 9);
   Plan g, b;
-  ASSERT_TRUE(grouped->AppendLayer(1, &g).ok());
-  ASSERT_TRUE(blocked->AppendLayer(1, &b).ok());
+  ASSERT_TRUE(c.Append(PlanEntries::kGroups, 1, 2, &g).ok());
+  ASSERT_TRUE(c.Append(PlanEntries::kGroupBlocks, 1, 2, &b).ok());
   ASSERT_EQ(b.blocks.size(), static_cast<size_t>(blocks));
   DataMsg from_groups, from_blocks;
   std::vector<Range> gather_g, gather_b;
@@ -276,7 +267,7 @@ TEST(NcclWireTest, ThePlannersBlocksTravelAsTheEntriesSplitGroupsMakes) {
   EXPECT_EQ(from_blocks.strided, from_groups.strided);
   EXPECT_EQ(rows_b, rows_g);
   EXPECT_TRUE(gather_b.empty());
-  EXPECT_TRUE(CheckStrided(from_blocks.strided, dst.span_bytes(), 32 << 20).ok());
+  EXPECT_TRUE(CheckStrided(from_blocks.strided, c.dst.span_bytes(), 32 << 20).ok());
 }
 
 // A block the receiver would refuse whole (blocks under kMinBlockBytes, rows longer than a

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "layout/kv_region.h"
 #include "layout/plan.h"
 #include "transport/nccl/wire.h"
@@ -59,6 +60,20 @@ struct RandomBlocks {
   }
   TransferSpec spec() const { return {src, dst, static_cast<int64_t>(src.size()) * 16}; }
   std::vector<int64_t> src, dst;
+};
+
+// kvbench's LBNHC -> BLHNC request of `blocks` shuffled blocks (a page's 8 heads land 16 rows
+// apart): the conversion the nccl tests plan their groups and blocks of groups from.
+struct Conversion {
+  Conversion(int64_t blocks, uint64_t seed)
+      : src(PageRegion("LBNHC", blocks)), dst(PageRegion("BLHNC", blocks)), ids(blocks, seed) {}
+  // Layers [begin, end) planned as `entries` (a LayerPlan), appended to *plan.
+  Status Append(PlanEntries entries, int64_t begin, int64_t end, Plan* plan) const {
+    KV_ASSIGN_OR_RETURN(LayerPlan layer, LayerPlan::Create(src, dst, ids.spec(), entries));
+    return layer.AppendLayers(begin, end, plan);
+  }
+  KvRegion src, dst;
+  RandomBlocks ids;
 };
 
 }  // namespace kv::transport::nccl

@@ -307,18 +307,42 @@ class CudaIpcTransport final : public Transport {
     }
   }
 
+  // Asks the driver, without mu_, which batches of each channel finished: a channel runs its
+  // batches in queue order, so each channel's answers stop at its first unfinished batch.
+  // Outside the lock because a cudaEventQuery costs 1.3-2.1 µs on the GPU hosts and this thread
+  // polls without pause: holding mu_ across the queries kept post(), notify() and the poster's
+  // OnLaunched waiting (benchmarks/pd_gpu.md, twenty-seventh session). The handles stay valid
+  // unlocked: only this thread removes batches from pending_ and recycles their events.
+  void QueryChannels() {
+    for (auto& events : probe_events_) events.clear();
+    {
+      std::lock_guard lock(mu_);
+      for (const Pending& p : pending_) {
+        if (!p.is_note) probe_events_[p.channel].push_back(p.event.get());
+      }
+    }
+    for (int c = 0; c < kChannels; ++c) {
+      probes_[c].clear();
+      for (cudaEvent_t event : probe_events_[c]) {
+        probes_[c].push_back(gpu::QueryEvent(event));
+        if (!probes_[c].back().ok() || !*probes_[c].back()) break;
+      }
+    }
+  }
+
   // Returns whether any batch finished (or failed).
   bool CompleteReady() {
     std::vector<std::pair<Completion, Status>> finished;
     std::vector<uint64_t> finished_seqs;  // for trace_ only
     std::vector<Pending> notes;
     std::vector<CudaEvent> spare;
+    QueryChannels();
     {
       std::lock_guard lock(mu_);
-      // A channel runs its batches in queue order: behind an unfinished one, all of its later
-      // ones are unfinished, and only deadlines need a look. Querying one event per channel and
-      // pass instead of every one keeps mu_ free for post() when many batches are queued.
-      std::array<bool, kChannels> stalled{};
+      // The k-th batch of a channel in pending_ is the k-th QueryChannels asked about: batches
+      // launched since come after it. Past the answers, a channel's batches are unfinished, and
+      // only deadlines need a look.
+      std::array<size_t, kChannels> asked{};
       const auto now = Clock::now();
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->is_note) {
@@ -334,9 +358,10 @@ class CudaIpcTransport final : public Transport {
           it = pending_.erase(it);
           continue;
         }
-        Result<bool> done = stalled[it->channel] ? Result<bool>(false) : it->event.Query();
+        const size_t k = asked[it->channel]++;
+        const std::vector<Result<bool>>& answers = probes_[it->channel];
+        Result<bool> done = k < answers.size() ? answers[k] : Result<bool>(false);
         if (done.ok() && !*done && now < it->deadline) {
-          stalled[it->channel] = true;
           ++it;
           continue;
         }
@@ -373,6 +398,9 @@ class CudaIpcTransport final : public Transport {
   std::unique_ptr<SameHostChannel> channel_;  // its peers guarded by mu_; Poll is progress_'s
   std::deque<Pending> pending_;
   NoteGate gate_;  // guarded by mu_
+  // QueryChannels' per channel: the events asked about, and the answers. progress_'s alone.
+  std::array<std::vector<cudaEvent_t>, kChannels> probe_events_;
+  std::array<std::vector<Result<bool>>, kChannels> probes_;
 };
 
 }  // namespace

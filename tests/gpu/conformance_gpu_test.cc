@@ -71,6 +71,9 @@ std::string Unless(const std::string& backend, int devices) {
 std::string UnlessCudaIpc() {
   return Unless("cuda_ipc", 2);
 }
+std::string UnlessAnyCudaIpc() {
+  return Unless("cuda_ipc", 1);
+}
 std::string UnlessNccl() {
   return Unless("nccl", 2);
 }
@@ -97,6 +100,16 @@ std::vector<Backend> GpuBackends() {
        .initiator_device = 0,
        .target_device = 1,
        .unavailable = &UnlessCudaIpc,
+       .kill_outpaces_data = false,
+       .traces_steps = true},
+      // Both processes on GPU 0 (the CUDA IPC mapping is opened on the device it lives on): the
+      // poster, progress thread and note gate run on a host with one GPU too.
+      {.name = "cuda_ipc_one_gpu",
+       .transport = "cuda_ipc",
+       .memory = &CudaMemory,
+       .initiator_device = 0,
+       .target_device = 0,
+       .unavailable = &UnlessAnyCudaIpc,
        .kill_outpaces_data = false,
        .traces_steps = true},
       // 64 KiB staging: a gigabyte is 16384 chunks, still in the pipeline when the kill lands.

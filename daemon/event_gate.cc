@@ -2,6 +2,7 @@
 
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -31,8 +32,8 @@ EventGate::~EventGate() {
   for (Held& h : left) h.fail(Status::Aborted("kvd's event gate stopped; nothing was started"));
 }
 
-Status EventGate::Post(const transport::Batch& batch, EventProbe fired,
-                       transport::Completion done) {
+Status EventGate::Post(const transport::Batch& batch, EventProbe fired, transport::Completion done,
+                       EventKey key) {
   if (fired) {
     Result<bool> now = fired();
     if (!now.ok()) return now.status().WithContext("the engine's event");
@@ -44,6 +45,7 @@ Status EventGate::Post(const transport::Batch& batch, EventProbe fired,
   auto shared_done = std::make_shared<transport::Completion>(std::move(done));
   Held h;
   h.fired = std::move(fired);
+  h.key = key;
   h.deadline = batch.deadline;
   h.peer = batch.remote->peer();
   h.start = [this, op = batch.op, local = batch.local, remote = batch.remote,
@@ -80,7 +82,7 @@ Status EventGate::Notify(PeerId peer, std::string message, std::function<void(St
 }
 
 void EventGate::Hold(EventProbe fired, Clock::time_point deadline, std::function<void()> start,
-                     std::function<void(Status)> fail) {
+                     std::function<void(Status)> fail, EventKey key) {
   if (fired) {
     Result<bool> now = fired();
     if (!now.ok()) return fail(now.status().WithContext("the engine's event"));
@@ -89,6 +91,7 @@ void EventGate::Hold(EventProbe fired, Clock::time_point deadline, std::function
   if (!fired) return start();
   Held h;
   h.fired = std::move(fired);
+  h.key = key;
   h.deadline = deadline;
   h.start = [start = std::move(start)] {
     start();
@@ -158,6 +161,8 @@ void EventGate::Loop() {
       added_ = false;
       last_opened = Clock::now();
     }
+    AskKeys(lock);
+    if (stop_) return;
     if (TakeOpenLocked(&start, &failed)) last_opened = Clock::now();
     if (start.empty() && failed.empty()) continue;
     lock.unlock();
@@ -182,17 +187,43 @@ void EventGate::Loop() {
   }
 }
 
+void EventGate::AskKeys(std::unique_lock<std::mutex>& lock) {
+  asks_.clear();
+  answers_.clear();
+  for (const Held& h : held_) {
+    if (h.key.empty()) continue;
+    const bool asked = std::any_of(asks_.begin(), asks_.end(),
+                                   [&](const auto& ask) { return ask.first == h.key; });
+    if (!asked) asks_.emplace_back(h.key, h.fired);
+  }
+  if (asks_.empty()) return;
+  // The probes are copies (they keep what they ask open), so work that leaves held_ meanwhile
+  // (Disconnect) takes nothing from under them.
+  lock.unlock();
+  for (auto& [key, probe] : asks_) answers_.emplace_back(key, probe());
+  asks_.clear();
+  lock.lock();
+}
+
 bool EventGate::TakeOpenLocked(std::vector<Held>* start,
                                std::vector<std::pair<Held, Status>>* failed) {
   const size_t before = start->size() + failed->size();
   const size_t failed_before = failed->size();
+  // A keyed probe's answer is AskKeys'; work held since it asked waits for the next pass.
+  auto answer = [&](Held& h) -> Result<bool> {
+    if (h.key.empty()) return h.fired();
+    for (const auto& [key, answered] : answers_) {
+      if (key == h.key) return answered;
+    }
+    return false;
+  };
   const auto now = Clock::now();
   for (auto it = held_.begin(); it != held_.end();) {
     if (now >= it->deadline) {
       failed->emplace_back(std::move(*it),
                            Status::Timeout("the engine's event did not fire before the deadline; "
                                            "nothing was started"));
-    } else if (Result<bool> fired = it->fired(); !fired.ok()) {
+    } else if (Result<bool> fired = answer(*it); !fired.ok()) {
       failed->emplace_back(std::move(*it), fired.status().WithContext("the engine's event"));
     } else if (*fired) {
       start->push_back(std::move(*it));

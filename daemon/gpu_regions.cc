@@ -18,10 +18,10 @@ Status Daemon::Core::PostFromEngine(const Engine& engine, int event_layer,
   }
   // Posted at once when the event fired already; else held in the gate until it has, seen from
   // the host. The probe keeps the engine's events open while the batch waits, even if the engine
-  // leaves meanwhile.
+  // leaves meanwhile; the batches of one engine's layer share an answer per pass (the key).
   return event_gate_->Post(
       batch, [events = engine.layer_events, event_layer] { return events->Fired(event_layer); },
-      std::move(done));
+      std::move(done), EventKey{engine.layer_events.get(), event_layer});
 }
 
 }  // namespace kv::daemon

@@ -229,7 +229,8 @@ Result<OffloadService::Copy> OffloadService::Prepare(Engine& engine, const Messa
                                                                std::function<void(Status)> fail) {
         const int last = events->layers() - 1;
         gate->Hold([events, last] { return events->Fired(last); },
-                   Clock::now() + kStoreEventTimeout, std::move(start), std::move(fail));
+                   Clock::now() + kStoreEventTimeout, std::move(start), std::move(fail),
+                   EventKey{events.get(), last});
       };
     }
   }

@@ -3,7 +3,8 @@
 // work goes the moment its event fires, later work goes ahead of held work, held work whose
 // event never fires fails alone at its deadline having started nothing, notes wait for the held
 // batches of their peer (and are dropped behind one that failed), a disconnect fails the peer's
-// held batches, and a store whose event never fires frees its pool slots. Every wait is bounded.
+// held batches, and a store whose event never fires frees its pool slots; batches sharing an
+// event's key are asked once a pass, without the gate's lock. Every wait is bounded.
 #include "daemon/event_gate.h"
 
 #include <gtest/gtest.h>
@@ -198,6 +199,68 @@ TEST_F(EventGateTest, ABatchWhoseEventNeverFiresFailsAloneAtItsDeadline) {
   EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
   EXPECT_GE(std::chrono::steady_clock::now() - start, 200ms);
   EXPECT_EQ(transport_.events(), (std::vector<std::string>{"post:31", "post:32"}));
+}
+
+// A step's saves of one layer wait for one event: with a key, the poller asks it once a pass for
+// all of them (each batch's own probe ran once, on the caller's thread, when it was posted), and
+// they all go once it fired, in order.
+TEST_F(EventGateTest, BatchesSharingAKeyAreAskedOnceForAll) {
+  EventGate gate(&transport_);
+  FakeEvent layer;
+  std::vector<std::shared_ptr<std::atomic<int>>> asked;
+  std::vector<Done> done(8);
+  const EventKey key{&layer, 3};
+  for (int i = 0; i < 8; ++i) {
+    auto count = asked.emplace_back(std::make_shared<std::atomic<int>>(0));
+    EventProbe probe = [count, inner = layer.probe()] {
+      ++*count;
+      return inner();
+    };
+    ASSERT_TRUE(gate.Post(MakeBatch(1, 50 + i), probe, done[i].callback(), key).ok());
+  }
+  std::this_thread::sleep_for(50ms);  // many passes of the poller
+  EXPECT_EQ(gate.held(), 8u);
+  EXPECT_GT(asked[0]->load(), 2) << "the poller did not ask the key";
+  for (int i = 1; i < 8; ++i) EXPECT_EQ(asked[i]->load(), 1) << "batch " << i << " asked again";
+  layer.fired = true;
+  for (Done& d : done) EXPECT_TRUE(d.Wait().ok());
+  std::vector<std::string> posts;
+  for (int i = 0; i < 8; ++i) posts.push_back("post:" + std::to_string(50 + i));
+  EXPECT_EQ(transport_.events(), posts);
+}
+
+// A keyed probe runs without the gate's lock: Post, Notify and held() go on while it takes its
+// time (a cudaEventQuery costs microseconds; kvd's io thread must not wait behind it).
+TEST_F(EventGateTest, AKeyedProbeRunsWithoutTheGatesLock) {
+  EventGate gate(&transport_);
+  std::promise<void> entered, release;
+  auto entered_future = entered.get_future();
+  auto release_future = release.get_future().share();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  EventProbe slow = [calls, &entered, release_future]() -> Result<bool> {
+    if (++*calls == 1) return false;  // Post's own look, on the caller's thread
+    if (*calls == 2) {
+      entered.set_value();
+      if (release_future.wait_for(kBound) != std::future_status::ready) return false;
+    }
+    return true;
+  };
+  Done held, beside;
+  ASSERT_TRUE(gate.Post(MakeBatch(1, 60), slow, held.callback(), EventKey{&calls, 0}).ok());
+  ASSERT_EQ(entered_future.wait_for(kBound), std::future_status::ready);
+  // The poller is inside the probe now: with the lock held these would wait for it.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(gate.held(), 1u);
+  ASSERT_TRUE(gate.Post(MakeBatch(1, 61), nullptr, beside.callback()).ok());
+  EXPECT_TRUE(gate.Notify(1, "after").ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_TRUE(beside.ready());
+  EXPECT_FALSE(held.ready());
+  release.set_value();
+  EXPECT_TRUE(held.Wait().ok());
+  EXPECT_TRUE(transport_.Saw("note:after"));
+  // The note waited for the batch held before it.
+  EXPECT_EQ(transport_.events(), (std::vector<std::string>{"post:61", "post:60", "note:after"}));
 }
 
 TEST_F(EventGateTest, AnEventThatFailsFailsItsBatchUnposted) {

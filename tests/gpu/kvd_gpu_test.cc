@@ -500,7 +500,8 @@ TEST(KvdGpuRegistration, RefusesVmmMemoryWithoutTheFdHandleType) {
   o.name = "vmm";
   o.socket_path = (dir / "vmm.sock").string();
   o.transport = "ipc";
-  o.extra_args = {"--log-level", "warn"};
+  // The side channel's sockets in the test's directory too: kvd is SIGKILLed at the end.
+  o.extra_args = {"--log-level", "warn", "--transport-opt", "socket_dir=" + dir.string()};
   auto kvd = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(kvd.ok()) << kvd.status().ToString();
   connector::ConnectorOptions options;
@@ -547,6 +548,9 @@ TEST(KvdGpuRegistration, RefusesMemoryItCannotShare) {
     o.socket_path = (dir / (name + ".sock")).string();
     o.transport = transport;
     o.extra_args = {"--log-level", "warn"};
+    if (transport == "ipc") {  // its side channel's sockets in here: kvd is SIGKILLed at the end
+      o.extra_args.insert(o.extra_args.end(), {"--transport-opt", "socket_dir=" + dir.string()});
+    }
     return kv::harness::KvdProcess::Start(o);
   };
   auto ipc = start("ipc", "ipc");

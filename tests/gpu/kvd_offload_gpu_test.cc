@@ -139,7 +139,9 @@ TEST(OffloadGpu, AnEngineThatRestartsLoadsItsGpuPagesBack) {
   o.name = "offload-gpu";
   o.socket_path = (dir / "kvd.sock").string();
   o.transport = "ipc";
-  o.extra_args = {"--device", "0", "--offload-bytes", "16M", "--log-level", "warn"};
+  // The side channel's sockets in the test's directory: kvd is SIGKILLed at the end.
+  o.extra_args = {"--device",    "0",    "--offload-bytes", "16M",
+                  "--log-level", "warn", "--transport-opt", "socket_dir=" + dir.string()};
   auto kvd = kv::harness::KvdProcess::Start(o);
   ASSERT_TRUE(kvd.ok()) << kvd.status().ToString();
 

@@ -11,10 +11,14 @@
 // with a predicate: a spinning waiter reads the notify counter under the lock, so a change made
 // after it released the lock bumps the counter it watches.
 //
+// AwaitUntil is Await with a deadline: it returns `ready()` as it stands at the deadline (lock
+// held), so every wait of a caller that promises a bound keeps it in both modes.
+//
 // Thread-safety: Notify from any thread; Await from any number of threads, each with the lock.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -42,6 +46,25 @@ class Waker {
       while (notifies_.load(std::memory_order_acquire) == seen) Pause();
       lock.lock();
     }
+  }
+
+  template <typename Ready>
+  bool AwaitUntil(std::unique_lock<std::mutex>& lock,
+                  std::chrono::steady_clock::time_point deadline, Ready ready) {
+    if (!spin_) return cv_.wait_until(lock, deadline, ready);
+    while (!ready()) {
+      const uint64_t seen = notifies_.load(std::memory_order_acquire);
+      lock.unlock();
+      while (notifies_.load(std::memory_order_acquire) == seen) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          lock.lock();
+          return ready();
+        }
+        Pause();
+      }
+      lock.lock();
+    }
+    return true;
   }
 
   static void Pause() {

@@ -183,6 +183,7 @@ kv::Result<kv::connector::ConnectorOptions> Options(const kv_connector_options* 
                                    " is negative (0 means the default, 30000)");
   }
   out.timeout = std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : 30000);
+  out.busy_poll = o.busy_poll != 0;
   return out;
 }
 

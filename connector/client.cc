@@ -14,7 +14,7 @@
 namespace kv::connector {
 
 Result<std::unique_ptr<ConnectorCore::Client>> ConnectorCore::Client::Create(
-    int fd, std::chrono::milliseconds timeout) {
+    int fd, std::chrono::milliseconds timeout, bool busy_poll) {
   // A kvd that stops reading cannot block a sender past the timeout.
   timeval tv{};
   tv.tv_sec = timeout.count() / 1000;
@@ -25,11 +25,11 @@ Result<std::unique_ptr<ConnectorCore::Client>> ConnectorCore::Client::Create(
     close(fd);
     return s;
   }
-  return std::unique_ptr<Client>(new Client(fd, timeout));
+  return std::unique_ptr<Client>(new Client(fd, timeout, busy_poll));
 }
 
-ConnectorCore::Client::Client(int fd, std::chrono::milliseconds timeout)
-    : fd_(fd), timeout_(timeout) {
+ConnectorCore::Client::Client(int fd, std::chrono::milliseconds timeout, bool busy_poll)
+    : fd_(fd), timeout_(timeout), busy_poll_(busy_poll), waker_(busy_poll) {
   reader_ = std::thread([this] { ReadLoop(); });
 }
 
@@ -86,8 +86,9 @@ std::vector<Result<proto::Reply>> ConnectorCore::Client::CallAll(
     return it != replies_.end() && it->second.has_value();
   };
   if (s.ok()) {
-    const bool all = cv_.wait_for(
-        lock, timeout_, [&] { return closed_ || std::all_of(seqs.begin(), seqs.end(), answered); });
+    const bool all = waker_.AwaitUntil(lock, std::chrono::steady_clock::now() + timeout_, [&] {
+      return closed_ || std::all_of(seqs.begin(), seqs.end(), answered);
+    });
     if (!all) {
       s = Status::Timeout("kvd did not answer within " + std::to_string(timeout_.count()) + " ms");
     } else if (closed_) {
@@ -156,8 +157,14 @@ void ConnectorCore::Client::ReadLoop() {
   char buf[64 * 1024];
   Status why = Status::Unavailable("kvd closed the connection");
   for (;;) {
-    ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+    // Spinning, a reply or LayerReady is seen within microseconds, not a wake-up (41-114 us p50
+    // on the GPU host, benchmarks/pd_gpu.md); the destructor's shutdown ends both loops alike.
+    ssize_t n = recv(fd_, buf, sizeof(buf), busy_poll_ ? MSG_DONTWAIT : 0);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && busy_poll_ && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      kv::Waker::Pause();
+      continue;
+    }
     if (n <= 0) {
       if (n < 0) why = Status::Unavailable(std::string("read from kvd: ") + std::strerror(errno));
       break;
@@ -177,13 +184,13 @@ void ConnectorCore::Client::ReadLoop() {
       Apply(std::move(message));
     }
     if (broken) break;
-    cv_.notify_all();
+    waker_.Notify();
   }
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;
   closed_reason_ = why;
   for (auto& [id, load] : loads_) FailLoad(load, why);
-  cv_.notify_all();
+  waker_.Notify();
 }
 
 void ConnectorCore::Client::FailLoad(Load& load, const Status& why) {
@@ -245,7 +252,7 @@ bool ConnectorCore::Client::ExpectLoad(const std::string& request, std::vector<i
 void ConnectorCore::Client::ForgetLoad(const std::string& request) {
   std::lock_guard<std::mutex> lock(mu_);
   loads_.erase(request);
-  cv_.notify_all();  // a waiter on it answers kNotFound now, not at its timeout
+  waker_.Notify();  // a waiter on it answers kNotFound now, not at its timeout
 }
 
 Status ConnectorCore::Client::WaitLayer(const std::string& request, int layer) {
@@ -258,7 +265,7 @@ Status ConnectorCore::Client::WaitLayer(const std::string& request, int layer) {
     load = it == loads_.end() ? nullptr : &it->second;
     return load == nullptr || load->IsReady(layer) || !load->failed.ok();
   };
-  cv_.wait_for(lock, timeout_, settled);
+  waker_.AwaitUntil(lock, std::chrono::steady_clock::now() + timeout_, settled);
   if (load == nullptr) return Status::NotFound("no load of request " + request);
   if (load->IsReady(layer)) return Status::Ok();
   if (!load->failed.ok()) return load->failed;

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/waker.h"
 #include "connector/connector_core.h"
 #include "protocol/kvd.pb.h"
 
@@ -28,8 +28,11 @@ namespace kv::connector {
 class ConnectorCore::Client {
  public:
   // Takes ownership of `fd`, a connected stream socket to kvd, on every path. Sends to kvd are
-  // bounded by `timeout` (SO_SNDTIMEO); kIoError when the socket refuses that bound.
-  static Result<std::unique_ptr<Client>> Create(int fd, std::chrono::milliseconds timeout);
+  // bounded by `timeout` (SO_SNDTIMEO); kIoError when the socket refuses that bound. With
+  // `busy_poll` the reader spins on the socket and the waiting calls on its news instead of
+  // sleeping (ConnectorOptions::busy_poll): a core for the reader, another while a call waits.
+  static Result<std::unique_ptr<Client>> Create(int fd, std::chrono::milliseconds timeout,
+                                                bool busy_poll = false);
   ~Client();
 
   // Sends `message` (and `pass_fd` with it when >= 0) and waits for the reply: the reply's
@@ -71,7 +74,7 @@ class ConnectorCore::Client {
   Status LoadError(const std::string& request);
 
  private:
-  Client(int fd, std::chrono::milliseconds timeout);
+  Client(int fd, std::chrono::milliseconds timeout, bool busy_poll);
 
   struct Load {
     // The layers in place, as kvd's LayerReady named them: [begin, end) each.
@@ -92,9 +95,10 @@ class ConnectorCore::Client {
 
   const int fd_;
   const std::chrono::milliseconds timeout_;
+  const bool busy_poll_;
   std::mutex send_mu_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  kv::Waker waker_;  // notified after each change under mu_ that a waiting call may wait for
   uint64_t next_seq_ = 1;
   std::map<uint64_t, std::optional<proto::Reply>> replies_;
   bool closed_ = false;

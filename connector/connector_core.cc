@@ -92,7 +92,7 @@ ConnectorCore::~ConnectorCore() = default;
 
 Result<std::unique_ptr<ConnectorCore>> ConnectorCore::Connect(
     int fd, ConnectorOptions options, std::shared_ptr<daemon::Daemon> embedded) {
-  KV_ASSIGN_OR_RETURN(auto client, Client::Create(fd, options.timeout));
+  KV_ASSIGN_OR_RETURN(auto client, Client::Create(fd, options.timeout, options.busy_poll));
   proto::EngineMessage m;
   auto* hello = m.mutable_hello();
   hello->set_protocol_version(proto::PROTOCOL_VERSION);

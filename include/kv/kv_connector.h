@@ -116,6 +116,9 @@ typedef struct {
   int timeout_ms; /* bound of every blocking call; 0: 30000 */
   /* Whose blocks in kvd's offload pool this engine stores and sees; NULL: the instance. */
   const char* offload_namespace;
+  /* Nonzero: the connection's reader spins on kvd's socket and waiting calls spin instead of
+   * sleeping, a core each (ConnectorOptions::busy_poll; pair with kvd --busy-poll). 0: sleep. */
+  int busy_poll;
 } kv_connector_options;
 
 /* Connects to the kvd listening on the unix socket `socket_path` (kvd --socket). */

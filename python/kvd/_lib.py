@@ -35,7 +35,8 @@ class KvDaemonOptions(Structure):
 
 class KvConnectorOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("instance", c_char_p), ("tp_rank", c_int),
-                ("tp_size", c_int), ("timeout_ms", c_int), ("offload_namespace", c_char_p)]
+                ("tp_size", c_int), ("timeout_ms", c_int), ("offload_namespace", c_char_p),
+                ("busy_poll", c_int)]
 
 
 class KvLayoutStruct(Structure):

@@ -80,5 +80,38 @@ TEST(WakerTest, AwaitReturnsAtOnceWhenAlreadyReadyAndOtherwiseOnlyAfterTheChange
   }
 }
 
+// AwaitUntil keeps its deadline in both modes: with nothing changing it returns false (the lock
+// held) no earlier than the deadline; a change notified before it returns true at once.
+TEST(WakerTest, AwaitUntilReturnsAtItsDeadlineOrWithTheChange) {
+  using namespace std::chrono_literals;
+  for (bool spin : {false, true}) {
+    Waker waker(spin);
+    std::mutex mu;
+    bool ready = false;
+    std::unique_lock lock(mu);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_FALSE(waker.AwaitUntil(lock, start + 50ms, [&] { return ready; })) << spin;
+    EXPECT_TRUE(lock.owns_lock());
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 50ms) << spin;
+    lock.unlock();
+
+    std::thread changer([&] {
+      std::this_thread::sleep_for(20ms);
+      {
+        std::lock_guard guard(mu);
+        ready = true;
+      }
+      waker.Notify();
+    });
+    lock.lock();
+    const auto again = std::chrono::steady_clock::now();
+    EXPECT_TRUE(waker.AwaitUntil(lock, again + 10s, [&] { return ready; })) << spin;
+    EXPECT_TRUE(lock.owns_lock());
+    EXPECT_LT(std::chrono::steady_clock::now() - again, 5s) << spin;
+    lock.unlock();
+    changer.join();
+  }
+}
+
 }  // namespace
 }  // namespace kv

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -240,6 +242,57 @@ TEST(CApiEarlyToken, AFixedTokenLetsLayersStreamBeforeTheRequestFinished) {
   kv_daemon_stop(d);
   unlink(secret.c_str());
   rmdir(dir_template);
+}
+
+// busy_poll: both connectors spin (their readers on kvd's socket, kv_wait_layer while it waits).
+// A request moves as it does sleeping, and a wait for a layer that never comes still ends at the
+// connector's timeout. A caller built before busy_poll existed (a shorter struct) still opens.
+TEST(CApiBusyPoll, SpinningConnectorsMoveARequestAndStillTimeOut) {
+  kv_error err{};
+  kv_daemon *p = nullptr, *d = nullptr;
+  ASSERT_EQ(StartDaemon("p", "127.0.0.1:0", "local", 0, &p, &err), 0) << err.message;
+  ASSERT_EQ(StartDaemon("d", "127.0.0.1:0", "local", 0, &d, &err), 0) << err.message;
+  kv_connector *prefill = nullptr, *decode = nullptr, *older = nullptr;
+  kv_connector_options spin = ConnectorOptions("prefill", 300);
+  spin.busy_poll = 1;
+  ASSERT_EQ(kv_connector_open_embedded(p, &spin, &prefill, &err), 0) << err.message;
+  spin.instance = "decode";
+  ASSERT_EQ(kv_connector_open_embedded(d, &spin, &decode, &err), 0) << err.message;
+  kv_connector_options before = ConnectorOptions("older");
+  before.struct_size = offsetof(kv_connector_options, busy_poll);
+  ASSERT_EQ(kv_connector_open_embedded(d, &before, &older, &err), 0) << err.message;
+  void *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(RegisterOne(prefill, Layout(), &src, &err), 0) << err.message;
+  ASSERT_EQ(RegisterOne(decode, Layout(), &dst, &err), 0) << err.message;
+
+  kv_transfer_params params = ParamsFrom(kv_daemon_address(p), 4);  // one block
+  const int64_t src_blocks[] = {2}, dst_blocks[] = {5};
+  ASSERT_EQ(kv_start_load(decode, "r", &params, dst_blocks, 1, &err), 0) << err.message;
+  for (int l = 0; l < 2; ++l) {
+    std::memset(SmallPage(src, l, 2), 0x70 + l, 128);
+    ASSERT_EQ(kv_save_layer(prefill, "r", l, src_blocks, 1, nullptr, &err), 0) << err.message;
+  }
+  kv_transfer_params out;
+  KV_INIT(out);
+  ASSERT_EQ(kv_request_finished(prefill, "r", &out, nullptr, 0, nullptr, &err), 0) << err.message;
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_EQ(kv_wait_layer(decode, "r", l, &err), 0) << err.message;
+    for (int i = 0; i < 128; ++i) ASSERT_EQ(SmallPage(dst, l, 5)[i], 0x70 + l);
+  }
+
+  // Asked for, never saved: the spinning wait gives up at the connector's 300 ms.
+  ASSERT_EQ(kv_start_load(decode, "never", &params, dst_blocks, 1, &err), 0) << err.message;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(kv_wait_layer(decode, "never", 0, &err), 7) << err.message;  // kTimeout
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(290));
+  EXPECT_LT(waited, std::chrono::seconds(10));
+
+  kv_connector_close(older);
+  kv_connector_close(prefill);
+  kv_connector_close(decode);
+  kv_daemon_stop(p);
+  kv_daemon_stop(d);
 }
 
 }  // namespace

@@ -245,6 +245,11 @@ int PdMain(int argc, char** argv) {
        "the kvds started here spin instead of sleeping (kvd --busy-poll: lower latency per "
        "message, a core per spinning thread)",
        true},
+      {"engine-busy-poll",
+       "the engines' connectors spin on their kvd's socket and in their waits instead of "
+       "sleeping (ConnectorOptions::busy_poll, kvd_busy_poll in vLLM's extra config): a core per "
+       "engine, and the waiting thread's while it waits",
+       true},
       {"trace",
        "kvd's per-layer trace with the engines' side (wave start, first save, loads sent, each "
        "layer in place) on stderr, for tools/pd_timeline.py: the kvds started here log at debug "
@@ -369,6 +374,7 @@ int PdMain(int argc, char** argv) {
   if (mode != "push" && mode != "pull") return Fail("--mode must be push or pull, not " + mode);
   c.mode = mode == "pull" ? connector::Mode::kPull : connector::Mode::kPush;
   c.stop_at_failed_wave = !flags.has("keep-going");
+  c.engine_busy_poll = flags.has("engine-busy-poll");
   c.tag = flags.str("tag", "");
   c.peer_by_name = flags.has("peer-by-name");
   for (bool prefill : {true, false}) {

@@ -27,6 +27,9 @@ EXTRA_KEYS = {
                                          "finds: engines that share it share prefixes, across "
                                          "restarts (default: vllm:<model>)"),
     "timeout_s": (float, 30.0, "bound of every blocking call into kvd"),
+    "kvd_busy_poll": (bool, False, "the workers' connectors spin instead of sleeping: on kvd's "
+                                   "socket (a core per worker) and in wait_for_layer_load; pair "
+                                   "with kvd --busy-poll"),
     "lease_s": (float, 30.0, "advertised in the params; the prefill kvd's --lease-ms decides"),
     "kvd_peer_address": (str, None, "the address the decode side dials (default: the prefill "
                                     "kvd's listen address), or the prefill kvd's --name: a "
@@ -52,6 +55,7 @@ class KvdConfig:
     engine_id: str
     load_failure_policy: str
     offload_namespace: str = "vllm"
+    busy_poll: bool = False
 
     @property
     def is_producer(self):
@@ -124,7 +128,8 @@ def parse_config(kv_transfer_config, check_socket: bool = True) -> KvdConfig:
                      timeout_s=values["timeout_s"], lease_s=values["lease_s"],
                      peer_address=values["kvd_peer_address"], role=role, engine_id=engine_id,
                      load_failure_policy=policy,
-                     offload_namespace=values["kvd_offload_namespace"] or "vllm")
+                     offload_namespace=values["kvd_offload_namespace"] or "vllm",
+                     busy_poll=values["kvd_busy_poll"])
 
 
 # ---- layout fingerprint --------------------------------------------------------------------------

@@ -90,10 +90,12 @@ class WorkerSide:
                                          "with kvd.vllm.register_embedded_daemon)")
                 return kvd.Connector(daemon=d, instance=instance, tp_rank=self.tp_rank,
                                      tp_size=self.tp_size, timeout=self.cfg.timeout_s,
-                             offload_namespace=self.cfg.offload_namespace)
+                             offload_namespace=self.cfg.offload_namespace,
+                             busy_poll=self.cfg.busy_poll)
             return kvd.Connector(socket=self.cfg.socket, instance=instance, tp_rank=self.tp_rank,
                                  tp_size=self.tp_size, timeout=self.cfg.timeout_s,
-                             offload_namespace=self.cfg.offload_namespace)
+                             offload_namespace=self.cfg.offload_namespace,
+                             busy_poll=self.cfg.busy_poll)
         except kvd.KvdError as e:
             raise RuntimeError(f"KvdConnector (TP rank {self.tp_rank}): cannot reach kvd at "
                                f"{self.cfg.socket or self.cfg.embedded}: {e}") from e

@@ -158,6 +158,22 @@ def test_pd_embedded(daemons, case):
         decode.shutdown()
 
 
+def test_pd_with_spinning_worker_connectors(daemons):
+    """kvd_busy_poll: the workers' connectors spin on kvd's socket and in their waits; requests
+    move and verify as they do sleeping, and the schedulers' connectors stay asleep."""
+    prefill, decode = engines({"kvd_embedded": "p", "kvd_busy_poll": "true"},
+                              {"kvd_embedded": "d", "kvd_busy_poll": True, "mode": "pull"},
+                              [Group()], [Group(order="BLNHC")])
+    try:
+        assert prefill.workers[0].kvd_config.busy_poll and decode.workers[0].kvd_config.busy_poll
+        run_pd(prefill, decode)
+        assert sum(w.stats["loads"] for w in decode.workers) == 3
+        assert all(w.stats["load_failures"] == 0 for w in decode.workers)
+    finally:
+        prefill.shutdown()
+        decode.shutdown()
+
+
 def test_sliding_window_moves_its_tail(daemons):
     """A 600-token prompt with a 32-token sliding-window group: that group moves only from
     token 512 on (whole 256-token units before the window), the full group everything."""
@@ -424,6 +440,11 @@ def test_bad_config_is_refused(tmp_path):
     with pytest.raises(kv.ConfigError, match="unknown key"):
         kv.parse_config({**base, "kv_connector_extra_config": {"kvd_embedded": "x",
                                                                "offlaod": True}})
+    with pytest.raises(kv.ConfigError, match="kvd_busy_poll must be true or false"):
+        kv.parse_config({**base, "kv_connector_extra_config": {"kvd_embedded": "x",
+                                                               "kvd_busy_poll": "spin"}})
+    assert not kv.parse_config({**base, "kv_connector_extra_config": {"kvd_embedded": "x"}}
+                               ).busy_poll
     with pytest.raises(kv.ConfigError, match="kv_role"):
         kv.parse_config({"kv_connector_extra_config": {"kvd_embedded": "x"}})
 

@@ -134,7 +134,8 @@ Result<PdResult> RunPd(const PdConfig& c, const ConnectorFactory& prefill_factor
       ConnectorOptions options{.instance = c.tag.empty() ? side : c.tag + "-" + side,
                                .tp_rank = r,
                                .tp_size = tp,
-                               .timeout = c.timeout};
+                               .timeout = c.timeout,
+                               .busy_poll = c.engine_busy_poll};
       auto connector = (prefill ? prefill_factory : decode_factory)(options);
       if (!connector.ok()) return connector.status();
       KV_ASSIGN_OR_RETURN(KvCache cache, memory->Register(**connector, spec, prefill));

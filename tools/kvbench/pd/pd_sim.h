@@ -58,6 +58,9 @@ struct PdConfig {
   // The forward pass of one layer on the prefill ranks, before they write it (0: none).
   std::chrono::microseconds layer_time{0};
   std::chrono::milliseconds timeout{20000};
+  // The engines' connectors spin on their kvd's socket and in their waits
+  // (ConnectorOptions::busy_poll), as the kvds do with `kvd --busy-poll`.
+  bool engine_busy_poll = false;
   // Security issue 19: end the run after the first wave with a failed request (kvbench pd
   // without --keep-going) instead of starting more waves against a dead kvd; that wave does not
   // wait for the sources to release its requests.

@@ -266,7 +266,9 @@ class CudaIpcTransport final : public Transport {
       if (job.done) job.done(std::move(failed));
       return;
     }
-    channel_->Wake();  // the progress thread starts watching the batch's event, or the note, now
+    // The progress thread polls from the submission on; one asleep (a 100 us pause, see
+    // ProgressLoop) starts watching the batch's event, or the note, now.
+    WakeProgressIfAsleep();
   }
 
   // Makes `why` the outcome of `peer`'s batches in pending_ and drops its notes (caller holds
@@ -312,19 +314,18 @@ class CudaIpcTransport final : public Transport {
       // holding a core.
       const auto now = Clock::now();
       if (!busy || progressed) last_progress = now;
-      const bool spin = busy_poll_ || (busy && now - last_progress < kSpinWindow);
-      if (!busy && !spin) {
+      const bool spin = busy && now - last_progress < kSpinWindow;
+      if (!spin) {
         progress_asleep_.store(true, std::memory_order_seq_cst);
-        // A submission that read the flag before it was set is seen here instead.
-        if (poster_->HasUnlaunched()) {
+        // A submission that read the flag before it was set is seen here instead (busy, the
+        // sleep is 100 us at most).
+        if (!busy && poster_->HasUnlaunched()) {
           progress_asleep_.store(false, std::memory_order_seq_cst);
           continue;
         }
       }
-      progressed = channel_->Poll(std::chrono::microseconds(!busy  ? (spin ? 0 : 50'000)
-                                                            : spin ? 0
-                                                                   : 100));
-      progress_asleep_.store(false, std::memory_order_seq_cst);
+      progressed = channel_->Poll(std::chrono::microseconds(!busy ? 50'000 : spin ? 0 : 100));
+      if (!spin) progress_asleep_.store(false, std::memory_order_seq_cst);
       progressed |= CompleteReady();
     }
   }
@@ -412,7 +413,7 @@ class CudaIpcTransport final : public Transport {
   const bool busy_poll_;
   const TraceFn trace_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> progress_asleep_{false};  // ProgressLoop is in (or entering) a 50 ms poll
+  std::atomic<bool> progress_asleep_{false};  // ProgressLoop is in (or entering) a sleeping poll
   std::thread progress_;
   std::unique_ptr<cuda_ipc::Poster>
       poster_;  // its thread calls OnLaunched: reset in the destructor

@@ -183,7 +183,6 @@ class CudaIpcTransport final : public Transport {
     KV_RETURN_IF_ERROR(channel_->CheckPeerLocked(job.peer));
     job.seq = gate_.BatchPosted(job.peer);
     poster_->Submit(std::move(job));
-    WakeProgressIfAsleep();
     return Status::Ok();
   }
 
@@ -202,7 +201,6 @@ class CudaIpcTransport final : public Transport {
     job.first = ticket.first;
     job.seq = ticket.last;
     poster_->Submit(std::move(job));  // behind the batches posted before it (poster.h)
-    WakeProgressIfAsleep();
     return Status::Ok();
   }
 
@@ -266,9 +264,7 @@ class CudaIpcTransport final : public Transport {
       if (job.done) job.done(std::move(failed));
       return;
     }
-    // The progress thread polls from the submission on; one asleep (a 100 us pause, see
-    // ProgressLoop) starts watching the batch's event, or the note, now.
-    WakeProgressIfAsleep();
+    channel_->Wake();  // the progress thread starts watching the batch's event, or the note, now
   }
 
   // Makes `why` the outcome of `peer`'s batches in pending_ and drops its notes (caller holds
@@ -288,22 +284,13 @@ class CudaIpcTransport final : public Transport {
     }
   }
 
-  // A batch just submitted wakes a sleeping progress thread at once, so that its wake-up (41-114
-  // µs p50 on the GPU hosts) passes while the poster launches, not after (benchmarks/pd_gpu.md,
-  // twenty-eighth session). Pairs with the re-check in ProgressLoop: the poster's count goes up
-  // before this reads the flag, and the flag is set before that thread reads the count.
-  void WakeProgressIfAsleep() {
-    if (progress_asleep_.load(std::memory_order_seq_cst)) channel_->Wake();
-  }
-
   // The side channel's passes (same_host_channel.h), each followed by a look at pending_.
   void ProgressLoop() {
     Clock::time_point last_progress = Clock::now();
     bool progressed = false;  // a batch was posted or completed since the last pass
     while (!stop_) {
-      // Busy from the batch's submission on (its launch comes next), not only once it is pending.
-      bool busy = poster_->HasUnlaunched();
-      if (!busy) {
+      bool busy = false;
+      {
         std::lock_guard lock(mu_);
         busy = !pending_.empty();
       }
@@ -315,17 +302,7 @@ class CudaIpcTransport final : public Transport {
       const auto now = Clock::now();
       if (!busy || progressed) last_progress = now;
       const bool spin = busy && now - last_progress < kSpinWindow;
-      if (!spin) {
-        progress_asleep_.store(true, std::memory_order_seq_cst);
-        // A submission that read the flag before it was set is seen here instead (busy, the
-        // sleep is 100 us at most).
-        if (!busy && poster_->HasUnlaunched()) {
-          progress_asleep_.store(false, std::memory_order_seq_cst);
-          continue;
-        }
-      }
       progressed = channel_->Poll(std::chrono::microseconds(!busy ? 50'000 : spin ? 0 : 100));
-      if (!spin) progress_asleep_.store(false, std::memory_order_seq_cst);
       progressed |= CompleteReady();
     }
   }
@@ -413,7 +390,6 @@ class CudaIpcTransport final : public Transport {
   const bool busy_poll_;
   const TraceFn trace_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> progress_asleep_{false};  // ProgressLoop is in (or entering) a sleeping poll
   std::thread progress_;
   std::unique_ptr<cuda_ipc::Poster>
       poster_;  // its thread calls OnLaunched: reset in the destructor

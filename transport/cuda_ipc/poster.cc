@@ -70,7 +70,6 @@ Poster::~Poster() {
 void Poster::Submit(PostJob job) {
   {
     std::lock_guard lock(mu_);
-    unlaunched_.fetch_add(1, std::memory_order_seq_cst);
     queue_.push_back(std::move(job));
     submitted_.fetch_add(1, std::memory_order_release);
   }
@@ -79,14 +78,7 @@ void Poster::Submit(PostJob job) {
 
 void Poster::TakeQueued(PeerId peer, std::vector<Completion>* failed) {
   std::lock_guard lock(mu_);
-  const size_t before = queue_.size();
   TakeJobsOf(&queue_, peer, failed);
-  unlaunched_.fetch_sub(static_cast<int64_t>(before - queue_.size()), std::memory_order_seq_cst);
-}
-
-void Poster::Hand(PostJob job, Launch launch) {
-  launched_(std::move(job), std::move(launch));
-  unlaunched_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void Poster::Recycle(CudaEvent event) {
@@ -143,12 +135,12 @@ void Poster::SpinPast(uint64_t seen) const {
 
 void Poster::Dispatch(PostJob job) {
   if (job.is_note) {
-    Hand(std::move(job), Launch{});  // the caller holds it to the batches before it
+    launched_(std::move(job), Launch{});  // the caller holds it to the batches before it
     return;
   }
   if (trace_) trace_("i_take", job.seq);
   if (Clock::now() >= job.deadline) {
-    Hand(
+    launched_(
         std::move(job),
         Launch{
             -1, {}, Status::Timeout("cuda_ipc: batch passed its deadline before it was launched")});
@@ -177,7 +169,7 @@ void Poster::LaunchCoalesced(PostJob job) {
   }
   if (jobs.size() == 1) {
     Launch launch = LaunchBatch(jobs[0]);
-    Hand(std::move(jobs[0]), std::move(launch));
+    launched_(std::move(jobs[0]), std::move(launch));
     return;
   }
   merged_.src = jobs[0].src;
@@ -199,7 +191,7 @@ void Poster::LaunchCoalesced(PostJob job) {
     launches.push_back(first.event.get() != nullptr ? RecordBehind(first.channel, first.status)
                                                     : Launch{first.channel, {}, first.status});
   }
-  for (size_t i = 0; i < jobs.size(); ++i) Hand(std::move(jobs[i]), std::move(launches[i]));
+  for (size_t i = 0; i < jobs.size(); ++i) launched_(std::move(jobs[i]), std::move(launches[i]));
 }
 
 Launch Poster::RecordBehind(int channel, Status status) {

@@ -102,9 +102,6 @@ class Poster {
   // An event whose batch finished, for a later batch to record again: no cudaEventCreate on the
   // posting path.
   void Recycle(CudaEvent event);
-  // Whether a submitted job has not yet returned from `launched`: the transport's progress thread
-  // keeps polling while one is on its way, so it is not asleep when the batch lands in pending_.
-  bool HasUnlaunched() const { return unlaunched_.load(std::memory_order_seq_cst) > 0; }
 
   static constexpr auto kDrainTimeout = std::chrono::seconds(10);
   static constexpr size_t kMaxCoalesced = 8;
@@ -131,19 +128,16 @@ class Poster {
   // An event recorded on `channel` behind what is on it; a failure waits for the channel
   // (bounded) instead, since copies may still run with nothing to watch them by.
   Launch RecordBehind(int channel, Status status);
-  // `launched_`, then the job no longer counts as unlaunched.
-  void Hand(PostJob job, Launch launch);
   Result<CudaEvent> TakeEvent();
 
   const int device_;
   const bool busy_poll_;
   const Launched launched_;
   const TraceFn trace_;
-  std::atomic<int64_t> unlaunched_{0};  // submitted, not yet back from `launched_` (or taken)
-  std::vector<Channel> channels_;       // the poster's thread only (and Start / the destructor)
-  int next_channel_ = 0;                // likewise
-  std::vector<PostJob> coalesced_;      // LaunchCoalesced's, reused: likewise
-  PostJob merged_;                      // likewise
+  std::vector<Channel> channels_;   // the poster's thread only (and Start / the destructor)
+  int next_channel_ = 0;            // likewise
+  std::vector<PostJob> coalesced_;  // LaunchCoalesced's, reused: likewise
+  PostJob merged_;                  // likewise
 
   std::mutex mu_;
   std::condition_variable wake_;
